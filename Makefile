@@ -1,0 +1,26 @@
+# Two commands set everything up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CONFIG ?= config.toml
+
+.PHONY: run test check bench clean
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+run: $(VENV)/.installed  ## start the demo: simulated pools + the gateway on 127.0.0.1:8000
+	$(BIN)/latgate demo --config $(CONFIG)
+
+test: $(VENV)/.installed  ## install and run the test suite
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+check: $(VENV)/.installed
+	$(BIN)/latgate check --config $(CONFIG)
+
+clean:
+	rm -rf $(VENV) .pytest_cache build dist

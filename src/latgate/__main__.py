@@ -1,0 +1,3 @@
+from latgate.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""The ``latgate`` command line: serve, check, route, sim, demo, bench.
+
+Each command lives in its own module exposing ``add_arguments(parser)`` and
+``main(args) -> int`` (the exit code); this file only wires them, importing each
+lazily so ``latgate sim`` does not pay for the gateway's imports. A user mistake
+prints one ``latgate: error: ...`` line and exits non-zero, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from latgate import __version__
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("latgate.server", "run the gateway"),
+    "check": ("latgate.config.report", "validate the config and print providers, models and routes"),
+    "route": ("latgate.routing.dryrun", "print the routing decision for a request body, contacting nothing"),
+    "sim": ("latgate.sim.cli", "run an OpenAI-compatible engine simulator"),
+    "demo": ("latgate.demo", "start one simulator per provider, then the gateway"),
+    "bench": ("latgate.bench.cli", "measure TTFT, e2e latency and tokens/s against a base URL"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="latgate", description="latency-aware LLM routing gateway")
+    parser.add_argument("--version", action="version", version=f"latgate {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    argv = sys.argv[1:]
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        # Only the chosen command's module is imported (keeps `latgate sim` start-up light).
+        if name in argv or "-h" in argv or "--help" in argv:
+            importlib.import_module(module).add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``latgate`` console script; returns the exit code."""
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    parser = build_parser()
+    args = parser.parse_args()
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.main(args) or 0)
+    except KeyboardInterrupt:
+        return 130

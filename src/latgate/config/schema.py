@@ -1,0 +1,201 @@
+"""The resolved configuration: frozen pydantic models every other module reads.
+
+The loader (:mod:`latgate.config.loader`) turns a TOML file, in the canonical form or
+either seed form, into one :class:`Config`. Everything here is already validated and
+normalised: provider names referenced by routing exist, connectors are known, URLs
+parse, aliases are resolved per provider. Code downstream never re-checks.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_VERSION_SUFFIX = re.compile(r"/v\d+(?:beta\d*|alpha\d*)?$")
+
+
+class Frozen(BaseModel):
+    """Base for config models: immutable, unknown fields rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def versioned_base(api_base: str) -> str:
+    """Return ``api_base`` with exactly one API version path segment.
+
+    ``http://h:1/v1`` and ``http://h:1/v1/`` stay ``http://h:1/v1``;
+    ``https://taotoken.net/api`` becomes ``https://taotoken.net/api/v1``. A base that
+    already ends in another version (``/v3``, ``/v1beta``) is kept as it is. So the
+    OpenAI paths (``/chat/completions``...) are appended to the result, never giving
+    ``/v1/v1`` nor a missing version.
+    """
+    base = api_base.rstrip("/")
+    if _VERSION_SUFFIX.search(base):
+        return base
+    return base + "/v1"
+
+
+class ServerConfig(Frozen):
+    """``[server]``: where the gateway listens."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    api_compat: Literal["openai"] = "openai"
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+
+
+class DefaultsConfig(Frozen):
+    """``[defaults]`` (seed2: ``[default]``): timeouts in seconds and retry count."""
+
+    timeout_sec: float = Field(default=600.0, gt=0)
+    connect_timeout_sec: float = Field(default=5.0, gt=0)
+    first_token_timeout_sec: float | None = Field(default=None, gt=0)
+    max_retries: int = Field(default=1, ge=0, le=10)
+
+
+class EndpointConfig(Frozen):
+    """One replica of a provider.
+
+    ``id`` is stable and bounded (``NAME-0``, ``NAME-1``...): it is used as a metric
+    label. ``api_base`` is the base URL as configured (trailing slash removed);
+    ``base_url`` is the same with exactly one version segment (see
+    :func:`versioned_base`), to which OpenAI paths such as ``/chat/completions`` are
+    appended.
+    """
+
+    id: str
+    api_base: str
+
+    @property
+    def base_url(self) -> str:
+        return versioned_base(self.api_base)
+
+
+class ProviderConfig(Frozen):
+    """``[providers.NAME]``: one pool or upstream.
+
+    ``models`` empty means the provider accepts any model name. ``connector`` is a
+    registered connector name (validated by the loader). ``hints`` keeps any other
+    engine capacity hints the config gave (``chunked_prefill``,
+    ``max_num_batched_tokens``...), shown by ``latgate check``.
+    """
+
+    name: str
+    endpoints: tuple[EndpointConfig, ...]
+    api_key_env: str | None = None
+    models: tuple[str, ...] = ()
+    extra_body: dict[str, object] = Field(default_factory=dict)
+    engine: str | None = None
+    connector: str = "openai"
+    role: Literal["decode", "prefill", "upstream"] | None = None
+    max_batch_size: int | None = Field(default=None, gt=0)
+    enable_prefix_cache: bool = False
+    tokenizer: str | None = None
+    latency_sensitive: bool = False
+    timeout_sec: float | None = Field(default=None, gt=0)
+    hints: dict[str, object] = Field(default_factory=dict)
+
+    def serves(self, model: str) -> bool:
+        """True when this provider accepts ``model`` as an upstream model name."""
+        return not self.models or model in self.models
+
+
+class PolicyConfig(Frozen):
+    """``[routing.policies.NAME]``, selected by ``X-Route-Policy`` or a key's policy."""
+
+    latency_sensitive: bool | None = None
+    route_to: str | None = None
+    long_context_provider: str | None = None
+    latency_budget_ms: int | None = Field(default=None, gt=0)
+    hedge: bool = False
+
+
+class RoutingConfig(Frozen):
+    """``[routing]``: the rules of :mod:`latgate.routing.decision`.
+
+    ``default_route`` is always set after loading (the first provider when the file
+    names none). ``fallbacks`` maps a provider to the providers tried, in order, when
+    it fails before the first byte reached the client.
+    """
+
+    default_route: str
+    latency_threshold_ms: int | None = Field(default=None, gt=0)
+    route_latency_sensitive_to: str | None = None
+    long_context_threshold: int | None = Field(default=None, gt=0)
+    long_context_provider: str | None = None
+    default_model: str | None = None
+    fallbacks: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    allow_route_override: bool = False
+    strategy: str = "rules"
+    policies: dict[str, PolicyConfig] = Field(default_factory=dict)
+
+
+class ModelConfig(Frozen):
+    """``[models."public-name"]``: per-model behaviour."""
+
+    latency_sensitive: bool = False
+    fallback_model: str | None = None
+    max_context_tokens: int | None = Field(default=None, gt=0)
+
+
+class AuthKey(Frozen):
+    """One ``[[auth.keys]]`` entry. Exactly one of ``key`` / ``key_sha256`` is set."""
+
+    name: str
+    key: str | None = None
+    key_sha256: str | None = None
+    rpm: int | None = Field(default=None, gt=0)
+    tpm: int | None = Field(default=None, gt=0)
+    models: tuple[str, ...] = ()
+    policy: str | None = None
+    admin: bool = False
+
+
+class AuthConfig(Frozen):
+    """``[auth]``: gateway keys. Absent from :class:`Config` means no authentication."""
+
+    keys: tuple[AuthKey, ...] = ()
+
+
+class StateConfig(Frozen):
+    """``[state]``: shared state for replicas. No ``redis_url``: in-process state."""
+
+    redis_url: str | None = None
+
+
+class Config(Frozen):
+    """The whole resolved configuration.
+
+    ``providers`` keeps file order. ``aliases`` maps a public model name to
+    ``{provider: served model name}`` for every provider that takes it (string aliases
+    are expanded to every provider serving the target; the implicit alias of a
+    provider serving exactly one model is *not* listed here, routing applies it).
+    ``source`` is the path the config was read from (``<builtin>`` for the embedded
+    default), used in messages.
+    """
+
+    source: str = "<memory>"
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    defaults: DefaultsConfig = Field(default_factory=DefaultsConfig)
+    providers: dict[str, ProviderConfig]
+    routing: RoutingConfig
+    aliases: dict[str, dict[str, str]] = Field(default_factory=dict)
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
+    auth: AuthConfig | None = None
+    state: StateConfig = Field(default_factory=StateConfig)
+
+    def public_models(self) -> list[str]:
+        """Every model name a client may ask for: served names, then aliases, no repeats."""
+        seen: dict[str, None] = {}
+        for provider in self.providers.values():
+            for model in provider.models:
+                seen.setdefault(model, None)
+        for public in self.aliases:
+            seen.setdefault(public, None)
+        for public in self.models:
+            seen.setdefault(public, None)
+        if self.routing.default_model:
+            seen.setdefault(self.routing.default_model, None)
+        return list(seen)

@@ -1,0 +1,120 @@
+"""Gateway errors: a small typed tree rendered to the OpenAI error envelope in one place.
+
+::
+
+    GatewayError                 (status, OpenAI ``type``, ``code``, ``param``)
+    ├── InvalidRequest           400 invalid_request_error
+    │   └── BodyTooLarge         413
+    ├── AuthenticationFailed     401 authentication_error
+    ├── PermissionDenied         403 permission_error
+    ├── NotFound                 404 invalid_request_error, code model_not_found / not_found
+    ├── RateLimited              429 rate_limit_error
+    └── UpstreamError            the upstream's status (502 when it sent none), api_error
+        ├── UpstreamUnavailable  502/503: connection refused, reset, DNS
+        └── UpstreamTimeout      504: connect / first-token / read timeout
+
+The envelope is ``{"error": {"message", "type", "param", "code"}}`` as in the OpenAI API
+reference ("Error codes"; schema ``ErrorResponse`` in the OpenAPI spec). Messages never
+carry an upstream URL or key: callers give the provider *name*.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+
+class GatewayError(Exception):
+    """Base class. ``status`` is the HTTP status sent to the client."""
+
+    status: int = 500
+    type: str = "api_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+        self.headers = headers or {}
+
+    def envelope(self) -> dict[str, dict[str, object]]:
+        """The OpenAI error envelope for this error."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def body(self) -> bytes:
+        """The envelope as JSON bytes."""
+        return orjson.dumps(self.envelope())
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class BodyTooLarge(InvalidRequest):
+    status = 413
+    code = "request_too_large"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "permission_error"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    type = "api_error"
+    code = "upstream_error"
+
+
+class UpstreamUnavailable(UpstreamError):
+    status = 502
+    code = "upstream_unavailable"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+
+
+def error_body(
+    message: str, *, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> bytes:
+    """An OpenAI error envelope as bytes, for callers that have no exception at hand."""
+    return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})

@@ -1,0 +1,1 @@
+"""Routing: prompt-token estimation and the rules that pick a provider."""
