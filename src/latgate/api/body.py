@@ -1,0 +1,68 @@
+"""Reading and validating request bodies, and rendering errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from latgate.errors import BodyTooLarge, GatewayError, InvalidRequest
+
+
+async def read_json_object(request: Request, *, max_bytes: int) -> dict[str, Any]:
+    """The request body as a JSON object, read at most ``max_bytes`` bytes.
+
+    Raises:
+        BodyTooLarge: the declared or actual size exceeds ``max_bytes`` (413).
+        InvalidRequest: not valid UTF-8 JSON, or not an object (400).
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise BodyTooLarge(f"request body of {int(declared)} bytes exceeds the limit of {max_bytes} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise BodyTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
+        chunks.append(chunk)
+    raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if not raw:
+        raise InvalidRequest("request body is empty; expected a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        reason = "not valid UTF-8" if "utf-8" in str(exc).lower() else "not valid JSON"
+        raise InvalidRequest(f"request body is {reason}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    return body
+
+
+def require(body: dict[str, Any], field: str, kind: type | tuple[type, ...], *, what: str) -> Any:
+    """``body[field]`` when present and of ``kind``.
+
+    Raises:
+        InvalidRequest: missing or of the wrong type, naming ``field`` as ``param``.
+    """
+    value = body.get(field)
+    if value is None:
+        raise InvalidRequest(f"'{field}' is required", param=field, code="missing_required_parameter")
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InvalidRequest(f"'{field}' must be {what}", param=field, code="invalid_type")
+    return value
+
+
+def error_response(error: GatewayError, *, request_id: str, extra_headers: dict[str, str] | None = None) -> Response:
+    """The OpenAI error envelope for ``error`` with its status and retry hints.
+
+    ``x-should-retry`` tells the openai SDKs whether retrying can help (they read it
+    before their own status rules): true for 408/409/429/5xx, false otherwise.
+    """
+    headers = {"x-request-id": request_id, **error.headers}
+    headers["x-should-retry"] = "true" if error.status in (408, 409, 429) or error.status >= 500 else "false"
+    if extra_headers:
+        headers.update(extra_headers)
+    return Response(content=error.body(), status_code=error.status, headers=headers, media_type="application/json")

@@ -1,0 +1,104 @@
+"""``create_app``: builds one gateway app from a config. No singletons, no import-time
+state, so tests run many configs in one process.
+
+One request: ``api/openai.py`` handler -> ``Gateway.handle`` (``gateway.py``): body ->
+``Router.decide`` (``routing/decision.py``) -> ``Forwarder.forward``
+(``proxy/forward.py``: retries, fallback, first-token deadline) -> ``StreamRelay``
+(``proxy/relay.py``, SSE tap in ``proxy/sse.py``) -> metrics and access log
+(``proxy/exchange.py``, ``metrics.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+
+import httpx
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from latgate import __version__
+from latgate.api import admin, openai
+from latgate.api.body import error_response
+from latgate.config.schema import Config
+from latgate.errors import GatewayError, InvalidRequest, NotFound
+from latgate.gateway import Gateway
+from latgate.metrics import Metrics
+from latgate.proxy.upstream import UpstreamClient
+
+log = logging.getLogger("latgate")
+
+
+def create_app(
+    config: Config,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    env: Mapping[str, str] | None = None,
+) -> FastAPI:
+    """A gateway ASGI app for ``config``.
+
+    Args:
+        config: the resolved config (see :func:`latgate.config.load_config`).
+        transport: replaces the upstream transport (tests: respx, an ASGI transport).
+        env: environment read for provider keys (``os.environ`` by default).
+
+    The upstream client is opened lazily on the app's event loop and closed on shutdown.
+    """
+    metrics = Metrics(
+        providers=config.providers,
+        models=_model_labels(config),
+    )
+    client = UpstreamClient(
+        connect_timeout_seconds=config.defaults.connect_timeout_sec,
+        read_timeout_seconds=config.defaults.timeout_sec,
+        transport=transport,
+    )
+    gateway = Gateway(config=config, client=client, metrics=metrics, env=env)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await client.aclose()
+
+    app = FastAPI(
+        title="latgate",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.gateway = gateway
+    app.router.routes.extend(openai.routes())
+    app.router.routes.extend(admin.routes())
+    app.add_exception_handler(HTTPException, _http_exception)
+    app.add_exception_handler(Exception, _unexpected)
+    return app
+
+
+async def _http_exception(request: Request, exc: HTTPException) -> Response:
+    """Starlette's 404/405 in the OpenAI envelope."""
+    if exc.status_code == 404:
+        error: GatewayError = NotFound(f"no route for {request.method} {request.url.path}")
+    else:
+        error = InvalidRequest(str(exc.detail), status=exc.status_code, code="method_not_allowed" if exc.status_code == 405 else None)
+    return error_response(error, request_id=request.headers.get("x-request-id", "-")[:128], extra_headers=exc.headers)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    """A bug: logged as one line (no traceback, no request content), 500 envelope."""
+    log.error("internal error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    error = GatewayError("internal error in latgate", code="internal_error")
+    return error_response(error, request_id="-")
+
+
+def _model_labels(config: Config) -> set[str]:
+    names = set(config.public_models())
+    for provider in config.providers.values():
+        names.update(provider.models)
+    return names

@@ -1,0 +1,118 @@
+"""The gateway's run-time core: one request from parsed body to ASGI response.
+
+``Gateway.handle`` is the whole path of a proxied request and reads top to bottom:
+read body -> validate -> ``Router.decide`` -> ``Forwarder.forward`` (retries, fallback,
+stream relay) -> metrics and access log via the request's :class:`Exchange`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from latgate.api.body import error_response, read_json_object, require
+from latgate.config.schema import Config
+from latgate.errors import GatewayError, InvalidRequest
+from latgate.metrics import Metrics
+from latgate.providers import ProviderPool
+from latgate.proxy.exchange import Exchange
+from latgate.proxy.forward import Forwarder
+from latgate.proxy.upstream import UpstreamClient
+from latgate.routing.decision import Router
+
+log = logging.getLogger("latgate")
+
+#: What each proxied path requires in its body: (field, type, description).
+REQUIRED_FIELDS: dict[str, tuple[str, type | tuple[type, ...], str]] = {
+    "/chat/completions": ("messages", list, "an array of messages"),
+    "/completions": ("prompt", (str, list), "a string or an array"),
+    "/embeddings": ("input", (str, list), "a string or an array"),
+}
+MAX_REQUEST_ID_LENGTH = 128
+
+
+class Gateway:
+    """Everything one app instance needs at run time (no globals).
+
+    Args:
+        config: the resolved config.
+        client: the pooled upstream client.
+        metrics: this app's metrics.
+        env: where provider keys are read from (``os.environ`` by default).
+    """
+
+    def __init__(self, *, config: Config, client: UpstreamClient, metrics: Metrics, env: Mapping[str, str] | None = None) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.client = client
+        self.router = Router(config)
+        self.pool = ProviderPool(config, metrics=metrics, env=env)
+        self.forwarder = Forwarder(config=config, pool=self.pool, client=client, metrics=metrics)
+        self.models_body = orjson.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {"id": name, "object": "model", "created": 0, "owned_by": "latgate"} for name in config.public_models()
+                ],
+            }
+        )
+
+    async def handle(self, request: Request, *, path: str) -> Any:
+        """Proxy one OpenAI request (``path`` is ``/chat/completions``, ``/completions`` or
+        ``/embeddings``). Never raises: errors become envelopes."""
+        received_at = time.perf_counter()
+        request_id = _request_id(request.headers.get("x-request-id"))
+        exchange = Exchange(request_id=request_id, received_at=received_at, path=path, stream=False)
+        try:
+            body = await read_json_object(request, max_bytes=self.config.server.max_body_bytes)
+            field, kind, what = REQUIRED_FIELDS[path]
+            require(body, field, kind, what=what)
+            stream = body.get("stream", False)
+            if not isinstance(stream, bool):
+                raise InvalidRequest("'stream' must be a boolean", param="stream", code="invalid_type")
+            exchange.stream = stream and path != "/embeddings"
+            decision = self.router.decide(body, request.headers)
+            exchange.public_model = decision.public_model
+            exchange.prompt_tokens = decision.prompt_tokens
+            self.metrics.record_route(provider=decision.provider, reason=decision.reason)
+            if "model" not in body:
+                body["model"] = decision.public_model
+            return await self.forwarder.forward(exchange=exchange, decision=decision, body=body, path=path)
+        except GatewayError as error:
+            exchange.status = error.status
+            exchange.error_kind = error.code or error.type
+            exchange.finish(self.metrics)
+            headers = {}
+            if exchange.provider:
+                headers = {"x-latgate-provider": exchange.provider, "x-latgate-route-reason": exchange.reason}
+            return error_response(error, request_id=request_id, extra_headers=headers)
+
+    def models(self) -> Response:
+        """``GET /v1/models``: the union of providers' models and aliases (OpenAI list shape)."""
+        return Response(self.models_body, media_type="application/json")
+
+    def model(self, model_id: str) -> Response:
+        """``GET /v1/models/{id}``: one model object, or a 404 envelope."""
+        if model_id in self.config.public_models():
+            return Response(
+                orjson.dumps({"id": model_id, "object": "model", "created": 0, "owned_by": "latgate"}),
+                media_type="application/json",
+            )
+        from latgate.errors import NotFound
+
+        error = NotFound(f"model {model_id!r} does not exist", param="model", code="model_not_found")
+        return error_response(error, request_id=_request_id(None))
+
+
+def _request_id(given: str | None) -> str:
+    """The client's ``X-Request-Id`` when it is short and printable, else a new one."""
+    if given and len(given) <= MAX_REQUEST_ID_LENGTH and given.isascii() and given.isprintable():
+        return given
+    return uuid.uuid4().hex

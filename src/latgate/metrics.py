@@ -1,0 +1,150 @@
+"""Every Prometheus metric latgate exports, behind typed ``record_*`` methods.
+
+Names, types and labels follow DESIGN.md's table. Label values come only from
+configured sets: provider names, endpoint ids and configured model names (any other
+model is ``other``), so cardinality is bounded whatever clients send. Call sites never
+spell a label: they call :class:`Metrics` methods, which cache the labelled children
+(``labels()`` costs about a microsecond; the cache makes the per-chunk path a dict hit).
+
+Histogram buckets follow vLLM's TTFT / time-per-output-token / e2e buckets, extended
+downwards because a low-latency decode pool answers in single milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+TTFT_BUCKETS_SECONDS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
+)
+ITL_BUCKETS_SECONDS = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+    0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 80.0,
+)
+E2E_BUCKETS_SECONDS = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)
+TOKENS_PER_SECOND_BUCKETS = (
+    1, 5, 10, 20, 30, 40, 50, 75, 100, 150, 200, 300, 400, 500, 750, 1000, 1500, 2000, 3000, 5000, 10000,
+)
+OVERHEAD_BUCKETS_SECONDS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
+    0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+)
+
+OTHER_MODEL = "other"
+
+
+class Metrics:
+    """The gateway's metrics in their own registry (one per app; no global state).
+
+    Args:
+        providers: configured provider names (label values of ``provider``).
+        models: configured public and served model names; others are reported as
+            ``other``.
+        registry: where to register; a fresh :class:`CollectorRegistry` by default.
+    """
+
+    def __init__(
+        self,
+        *,
+        providers: Iterable[str],
+        models: Iterable[str],
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self._providers = frozenset(providers)
+        self._models = frozenset(models)
+        r = self.registry
+        pm = ("provider", "model")
+        self.requests = Counter("latgate_requests", "Requests answered, by final provider, model and HTTP status code", ("provider", "model", "code"), registry=r)
+        self.route_decisions = Counter("latgate_route_decisions", "Routing decisions by chosen provider and reason", ("provider", "reason"), registry=r)
+        self.ttft = Histogram("latgate_time_to_first_token_seconds", "Gateway receipt of the request to the first generated-content chunk written to the client", pm, buckets=TTFT_BUCKETS_SECONDS, registry=r)
+        self.itl = Histogram("latgate_inter_token_latency_seconds", "Time between generated-content chunks written to the client", pm, buckets=ITL_BUCKETS_SECONDS, registry=r)
+        self.e2e = Histogram("latgate_e2e_request_latency_seconds", "Gateway receipt of the request to the last byte written", pm, buckets=E2E_BUCKETS_SECONDS, registry=r)
+        self.tokens_per_second = Histogram("latgate_output_tokens_per_second", "Completion tokens / (last token time - first token time), as a client measures it", pm, buckets=TOKENS_PER_SECOND_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("latgate_prompt_tokens", "Prompt tokens (upstream usage when reported, else latgate's estimate)", pm, registry=r)
+        self.completion_tokens = Counter("latgate_completion_tokens", "Completion tokens (upstream usage when reported, else counted chunks)", pm, registry=r)
+        self.in_flight = Gauge("latgate_in_flight_requests", "Requests being served, by provider", ("provider",), registry=r)
+        self.upstream_errors = Counter("latgate_upstream_errors", "Upstream failures by provider and kind", ("provider", "kind"), registry=r)
+        self.retries = Counter("latgate_retries", "Retries of a request on the same provider", ("provider",), registry=r)
+        self.fallbacks = Counter("latgate_fallbacks", "Requests moved to the next provider before the first byte", ("from", "to"), registry=r)
+        self.provider_healthy = Gauge("latgate_provider_healthy", "1 when the endpoint can take traffic", ("provider", "endpoint"), registry=r)
+        self.overhead = Histogram("latgate_gateway_overhead_seconds", "Time latgate itself spent on a request before sending it upstream", buckets=OVERHEAD_BUCKETS_SECONDS, registry=r)
+        self._children: dict[tuple[object, ...], object] = {}
+
+    def model_label(self, model: str | None) -> str:
+        """``model`` if configured, else ``other`` (keeps label cardinality bounded)."""
+        return model if model in self._models else OTHER_MODEL
+
+    def _child(self, metric, *labels: str):
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = metric.labels(*labels)
+            self._children[key] = child
+        return child
+
+    # typed recorders -----------------------------------------------------------------
+
+    def record_route(self, *, provider: str, reason: str) -> None:
+        """A routing decision (``reason`` with its ``:NAME`` suffix dropped for policies)."""
+        self._child(self.route_decisions, provider, reason).inc()
+
+    def record_request(self, *, provider: str, model: str, code: int | str) -> None:
+        self._child(self.requests, provider, self.model_label(model), str(code)).inc()
+
+    def record_ttft(self, *, provider: str, model: str, seconds: float) -> None:
+        self._child(self.ttft, provider, self.model_label(model)).observe(seconds)
+
+    def itl_observer(self, *, provider: str, model: str):
+        """The histogram child's ``observe`` for one stream's inter-token gaps (seconds)."""
+        return self._child(self.itl, provider, self.model_label(model)).observe
+
+    def record_completion(
+        self,
+        *,
+        provider: str,
+        model: str,
+        e2e_seconds: float,
+        prompt_tokens: int,
+        completion_tokens: int,
+        decode_seconds: float | None,
+    ) -> None:
+        """End of a successful request: e2e latency, token counters, tokens/s."""
+        label = self.model_label(model)
+        self._child(self.e2e, provider, label).observe(e2e_seconds)
+        if prompt_tokens:
+            self._child(self.prompt_tokens, provider, label).inc(prompt_tokens)
+        if completion_tokens:
+            self._child(self.completion_tokens, provider, label).inc(completion_tokens)
+        if decode_seconds and decode_seconds > 0 and completion_tokens > 1:
+            self._child(self.tokens_per_second, provider, label).observe(completion_tokens / decode_seconds)
+
+    def in_flight_gauge(self, provider: str):
+        return self._child(self.in_flight, provider)
+
+    def record_upstream_error(self, *, provider: str, kind: str) -> None:
+        """``kind``: connect, timeout, status_4xx, status_429, status_5xx, stream_error, ..."""
+        self._child(self.upstream_errors, provider, kind).inc()
+
+    def record_retry(self, *, provider: str) -> None:
+        self._child(self.retries, provider).inc()
+
+    def record_fallback(self, *, from_provider: str, to_provider: str) -> None:
+        self._child(self.fallbacks, from_provider, to_provider).inc()
+
+    def set_endpoint_health(self, *, provider: str, endpoint: str, healthy: bool) -> None:
+        self._child(self.provider_healthy, provider, endpoint).set(1 if healthy else 0)
+
+    def record_overhead(self, seconds: float) -> None:
+        self.overhead.observe(seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type, for ``GET /metrics``."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

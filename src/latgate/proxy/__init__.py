@@ -1,0 +1,1 @@
+"""Proxying: the upstream client, the SSE tap and relay, retries and fallback."""

@@ -1,0 +1,105 @@
+"""One request's record: what was asked, where it went, its timings and its outcome.
+
+An :class:`Exchange` is created when the gateway receives a request and finished
+exactly once, whatever path the request took (answered, failed over, upstream error,
+client gone). :meth:`Exchange.finish` turns it into metrics and one structured access
+log line. Times are ``time.perf_counter()`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from latgate.metrics import Metrics
+
+access_log = logging.getLogger("latgate.access")
+
+#: requests_total ``code`` for a client that went away before the response ended (nginx's).
+CLIENT_CLOSED = 499
+
+
+@dataclass(slots=True)
+class Exchange:
+    """Per-request state shared by the handler, the forwarder and the relay.
+
+    ``provider`` / ``endpoint`` / ``upstream_model`` are those of the attempt that
+    answered (or the last one tried). ``prompt_tokens`` starts as latgate's estimate and
+    is replaced by the upstream's ``usage`` when it reports one.
+    """
+
+    request_id: str
+    received_at: float
+    path: str
+    stream: bool
+    public_model: str = ""
+    upstream_model: str = ""
+    provider: str = ""
+    endpoint: str = ""
+    reason: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    status: int = 0
+    error_kind: str | None = None
+    attempts: int = 0
+    finished: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def apply_usage(self, usage: dict[str, Any] | None) -> None:
+        """Take token counts from an OpenAI ``usage`` object when it has them."""
+        if not usage:
+            return
+        prompt = usage.get("prompt_tokens")
+        completion = usage.get("completion_tokens")
+        if isinstance(prompt, int):
+            self.prompt_tokens = prompt
+        if isinstance(completion, int):
+            self.completion_tokens = completion
+
+    def finish(self, metrics: Metrics, *, now: float | None = None) -> None:
+        """Record metrics and the access log line (idempotent)."""
+        if self.finished:
+            return
+        self.finished = True
+        end = time.perf_counter() if now is None else now
+        e2e = end - self.received_at
+        provider = self.provider or "none"
+        metrics.record_request(provider=provider, model=self.public_model, code=self.status)
+        if 200 <= self.status < 300 and self.provider:
+            decode = None
+            if self.first_token_at is not None and self.last_token_at is not None:
+                decode = self.last_token_at - self.first_token_at
+            metrics.record_completion(
+                provider=provider,
+                model=self.public_model,
+                e2e_seconds=e2e,
+                prompt_tokens=self.prompt_tokens,
+                completion_tokens=self.completion_tokens,
+                decode_seconds=decode,
+            )
+        if access_log.isEnabledFor(logging.INFO):
+            ttft = None if self.first_token_at is None else round((self.first_token_at - self.received_at) * 1000, 3)
+            line = {
+                "request_id": self.request_id,
+                "path": self.path,
+                "provider": self.provider or None,
+                "endpoint": self.endpoint or None,
+                "model": self.public_model,
+                "upstream_model": self.upstream_model or None,
+                "reason": self.reason or None,
+                "stream": self.stream,
+                "status": self.status,
+                "error": self.error_kind,
+                "attempts": self.attempts,
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "ttft_ms": ttft,
+                "e2e_ms": round(e2e * 1000, 3),
+            }
+            access_log.info(orjson.dumps(line).decode())

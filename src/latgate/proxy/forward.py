@@ -1,0 +1,348 @@
+"""Sending a routed request upstream: retries on the same provider, then the fallback
+order, and only ever before the first byte reached the client.
+
+For streams, latgate reads the upstream until the first event carrying generated
+content (or the end of the stream) *before* answering the client: the role-only chunk
+carries nothing a client can show, and holding it costs nothing in time to first
+token, but it means an upstream that fails, stalls past ``first_token_timeout_sec`` or
+answers a 200 whose first event is an error object can still be retried or failed over.
+
+Retryable: connection failures, timeouts, HTTP 408/429/500/502/503/504 and in-band
+error events. 401/403 mean the provider rejects latgate's own key: no retry on that
+provider, but the fallbacks are tried. Any other 4xx is the client's request: it is
+returned at once, in the OpenAI envelope with the upstream's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from latgate.config.schema import Config
+from latgate.errors import GatewayError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from latgate.metrics import Metrics
+from latgate.providers import EndpointState, ProviderPool, ProviderRuntime
+from latgate.proxy.exchange import Exchange
+from latgate.proxy.relay import StreamRelay
+from latgate.proxy.sse import StreamTap
+from latgate.proxy.upstream import UpstreamClient, UpstreamFailure, upstream_errors, upstream_headers
+from latgate.routing.decision import RouteDecision, Target
+
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+PROVIDER_AUTH_STATUSES = frozenset({401, 403})
+MAX_ERROR_BODY_BYTES = 64 * 1024
+BACKOFF_BASE_SECONDS = 0.05
+BACKOFF_CAP_SECONDS = 1.0
+MAX_RETRY_AFTER_SECONDS = 5.0
+_URL = re.compile(rb"https?://[^\s\"'<>]+")
+
+
+class _AttemptFailed(Exception):
+    """One attempt failed before anything reached the client."""
+
+    def __init__(self, error: GatewayError, *, retryable: bool, retry_after: float | None = None) -> None:
+        self.error = error
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class Forwarder:
+    """Owns the send -> retry -> fallback loop for every request.
+
+    Args:
+        config: the resolved config (timeouts, retries).
+        pool: providers' run-time state.
+        client: the pooled upstream client.
+        metrics: where retries, fallbacks and errors are counted.
+        sleep: awaited between retries (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        pool: ProviderPool,
+        client: UpstreamClient,
+        metrics: Metrics,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+    ) -> None:
+        self._config = config
+        self._pool = pool
+        self._client = client
+        self._metrics = metrics
+        self._sleep = sleep
+
+    async def forward(self, *, exchange: Exchange, decision: RouteDecision, body: dict[str, Any], path: str) -> Any:
+        """Send ``body`` to ``path`` (``/chat/completions``...) of the decision's candidates.
+
+        Returns:
+            an ASGI response: a :class:`StreamRelay` for streams, else a ``Response``.
+
+        Raises:
+            GatewayError: every candidate failed; the last failure (its upstream status
+                and error envelope where there was one).
+        """
+        max_retries = self._config.defaults.max_retries
+        last: GatewayError = UpstreamUnavailable("no provider could take the request")
+        previous: str | None = None
+        for target in decision.candidates:
+            provider = self._pool[target.provider]
+            if previous is not None:
+                self._metrics.record_fallback(from_provider=previous, to_provider=target.provider)
+            previous = target.provider
+            payload = self._payload(body, target, provider, stream=exchange.stream)
+            for attempt in range(max_retries + 1):
+                if attempt:
+                    self._metrics.record_retry(provider=provider.name)
+                endpoint = provider.pick_endpoint()
+                exchange.provider, exchange.endpoint = provider.name, endpoint.config.id
+                exchange.upstream_model, exchange.reason = target.model, target.reason
+                exchange.attempts += 1
+                tap = StreamTap(drop_usage_chunk=tap_drop(body), model_rewrite=_rewrite(body, target)) if exchange.stream else None
+                try:
+                    return await self._attempt(exchange, provider, endpoint, payload, tap, path)
+                except _AttemptFailed as failed:
+                    last = failed.error
+                    if not failed.retryable or attempt == max_retries:
+                        break
+                    delay = failed.retry_after
+                    if delay is None:
+                        delay = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * (2**attempt))
+                    elif delay > MAX_RETRY_AFTER_SECONDS:
+                        break  # the provider asks for a long pause: move on to the fallbacks
+                    await self._sleep(delay)
+            if isinstance(last, GatewayError) and last.status < 500 and last.status not in RETRYABLE_STATUSES | PROVIDER_AUTH_STATUSES:
+                break  # the client's own mistake: another provider would say the same
+        raise last
+
+    def _payload(self, body: dict[str, Any], target: Target, provider: ProviderRuntime, *, stream: bool) -> bytes:
+        """The upstream body: the client's, with the upstream model, the provider's
+        ``extra_body`` fields the client did not set, and usage asked for on streams."""
+        out = dict(body)
+        out["model"] = target.model
+        for key, value in provider.config.extra_body.items():
+            out.setdefault(key, value)
+        if stream and tap_drop(body):
+            options = dict(out.get("stream_options") or {})
+            options["include_usage"] = True
+            out["stream_options"] = options
+        return orjson.dumps(out)
+
+    async def _attempt(
+        self,
+        exchange: Exchange,
+        provider: ProviderRuntime,
+        endpoint: EndpointState,
+        payload: bytes,
+        tap: StreamTap | None,
+        path: str,
+    ) -> Any:
+        stack = contextlib.AsyncExitStack()
+        await stack.enter_async_context(self._pool.in_flight(provider, endpoint))
+        handed_off = False
+        try:
+            headers = upstream_headers(auth=provider.auth_headers, request_id=exchange.request_id, stream=exchange.stream)
+            url = provider.connector.url(endpoint.config, path)
+            read_timeout = provider.config.timeout_sec
+            if exchange.attempts == 1:
+                self._metrics.record_overhead(time.perf_counter() - exchange.received_at)
+            try:
+                response = await self._client.open(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout)
+            except UpstreamFailure as failure:
+                raise self._failed(provider, endpoint, failure) from None
+            stack.push_async_callback(response.aclose)
+            if response.status_code != 200:
+                raise await self._status_failure(provider, endpoint, response)
+            if tap is None:
+                return await self._complete(exchange, provider, endpoint, response)
+            relay = await self._start_stream(exchange, provider, endpoint, response, tap, stack)
+            handed_off = True
+            return relay
+        finally:
+            if not handed_off:
+                await stack.aclose()
+
+    async def _start_stream(
+        self,
+        exchange: Exchange,
+        provider: ProviderRuntime,
+        endpoint: EndpointState,
+        response: Any,
+        tap: StreamTap,
+        stack: contextlib.AsyncExitStack,
+    ) -> StreamRelay:
+        """Read up to the first generated content (under the first-token deadline), then
+        hand the rest to a :class:`StreamRelay`."""
+        body = response.aiter_raw()
+        head: list[bytes] = []
+        units = 0
+        timeout = self._config.defaults.first_token_timeout_sec
+        try:
+            async with asyncio.timeout(timeout):
+                with upstream_errors():
+                    while True:
+                        try:
+                            data = await anext(body)
+                        except StopAsyncIteration:
+                            break
+                        out, units = tap.feed(data)
+                        if out:
+                            head.append(out)
+                        if tap.error is not None or units or tap.done:
+                            break
+        except TimeoutError:
+            raise self._failed(provider, endpoint, UpstreamFailure("timeout", "no first token before the deadline")) from None
+        except UpstreamFailure as failure:
+            raise self._failed(provider, endpoint, failure) from None
+        if tap.error is not None:
+            self._pool.record_outcome(provider, endpoint, ok=False)
+            self._metrics.record_upstream_error(provider=provider.name, kind="error_event")
+            message = _scrub(str(tap.error.get("message") or "upstream error").encode()).decode()
+            raise _AttemptFailed(UpstreamError(f"provider {provider.name!r}: {message}"), retryable=True)
+        self._pool.record_outcome(provider, endpoint, ok=True)
+        handed = stack.pop_all()
+        return StreamRelay(
+            headers=self._headers(exchange, response.headers.get("content-type", "text/event-stream")),
+            head=b"".join(head),
+            head_units=units,
+            body=body,
+            tap=tap,
+            exchange=exchange,
+            metrics=self._metrics,
+            on_close=handed.aclose,
+            on_upstream_failure=lambda kind: self._pool.record_outcome(provider, endpoint, ok=False),
+        )
+
+    async def _complete(self, exchange: Exchange, provider: ProviderRuntime, endpoint: EndpointState, response: Any) -> Response:
+        """A non-streamed answer: read it whole, take its usage, rewrite the model name."""
+        try:
+            with upstream_errors():
+                data = await response.aread()
+        except UpstreamFailure as failure:
+            raise self._failed(provider, endpoint, failure) from None
+        self._pool.record_outcome(provider, endpoint, ok=True)
+        try:
+            parsed = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            exchange.apply_usage(parsed.get("usage"))
+            if exchange.upstream_model != exchange.public_model and parsed.get("model") == exchange.upstream_model:
+                parsed["model"] = exchange.public_model
+                data = orjson.dumps(parsed)
+        exchange.status = 200
+        headers = dict(self._headers(exchange, response.headers.get("content-type", "application/json"), raw=False))
+        return Response(content=data, status_code=200, headers=headers)
+
+    def _headers(self, exchange: Exchange, content_type: str, *, raw: bool = True) -> Any:
+        pairs = [
+            ("content-type", content_type),
+            ("cache-control", "no-cache"),
+            ("x-accel-buffering", "no"),
+            ("x-request-id", exchange.request_id),
+            ("x-latgate-provider", exchange.provider),
+            ("x-latgate-route-reason", exchange.reason),
+            ("x-latgate-prompt-tokens", str(exchange.prompt_tokens)),
+        ]
+        if exchange.upstream_model != exchange.public_model:
+            pairs.append(("x-latgate-upstream-model", exchange.upstream_model))
+        if not raw:
+            return pairs
+        return [(k.encode(), v.encode("latin-1", "replace")) for k, v in pairs]
+
+    def _failed(self, provider: ProviderRuntime, endpoint: EndpointState, failure: UpstreamFailure) -> _AttemptFailed:
+        self._pool.record_outcome(provider, endpoint, ok=False)
+        self._metrics.record_upstream_error(provider=provider.name, kind=failure.kind)
+        if failure.kind == "timeout":
+            error: GatewayError = UpstreamTimeout(f"provider {provider.name!r} timed out: {failure}")
+        else:
+            error = UpstreamUnavailable(f"provider {provider.name!r} is unavailable: {failure}")
+        return _AttemptFailed(error, retryable=True)
+
+    async def _status_failure(self, provider: ProviderRuntime, endpoint: EndpointState, response: Any) -> _AttemptFailed:
+        status = response.status_code
+        data = b""
+        with contextlib.suppress(UpstreamFailure):
+            with upstream_errors():
+                async for chunk in response.aiter_raw():
+                    data += chunk
+                    if len(data) >= MAX_ERROR_BODY_BYTES:
+                        break
+        retryable = status in RETRYABLE_STATUSES
+        if retryable or status in PROVIDER_AUTH_STATUSES:
+            self._pool.record_outcome(provider, endpoint, ok=status == 429)
+            kind = "status_429" if status == 429 else f"status_{status // 100}xx"
+            self._metrics.record_upstream_error(provider=provider.name, kind=kind)
+        error = _upstream_error(provider, status, data)
+        retry_after = _retry_after(response.headers.get("retry-after"))
+        if status == 429 and retry_after is not None:
+            error.headers["retry-after"] = response.headers["retry-after"]
+        return _AttemptFailed(error, retryable=retryable, retry_after=retry_after)
+
+
+def tap_drop(body: dict[str, Any]) -> bool:
+    """True when the client did not ask for usage on its stream (latgate asks instead and
+    keeps the usage-only chunk from the client)."""
+    options = body.get("stream_options")
+    return not (isinstance(options, dict) and options.get("include_usage"))
+
+
+def _rewrite(body: dict[str, Any], target: Target) -> tuple[str, str] | None:
+    public = body.get("model")
+    if isinstance(public, str) and public != target.model:
+        return (target.model, public)
+    return None
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def _scrub(data: bytes) -> bytes:
+    """Remove URLs from upstream error text (they can name internal hosts)."""
+    return _URL.sub(b"<upstream-url>", data)
+
+
+def _upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> GatewayError:
+    """The client-facing error for an upstream's non-200 answer, in the OpenAI envelope."""
+    message = None
+    err_type = "api_error" if status >= 500 else "invalid_request_error"
+    code: str | None = None
+    param = None
+    try:
+        parsed = orjson.loads(_scrub(data)) if data else None
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict):
+        err = parsed.get("error", parsed)
+        if isinstance(err, dict):
+            message = err.get("message") or err.get("detail")
+            err_type = str(err.get("type") or err_type)
+            code = err.get("code") if isinstance(err.get("code"), str) else None
+            param = err.get("param") if isinstance(err.get("param"), str) else None
+        elif isinstance(err, str):
+            message = err
+    if status in PROVIDER_AUTH_STATUSES:
+        env = provider.config.api_key_env
+        hint = f"check that {env} is set in the gateway's environment" if env else "configure api_key_env for it"
+        message = f"provider {provider.name!r} rejected latgate's credentials (HTTP {status}): {hint}"
+        err_type = "authentication_error" if status == 401 else "permission_error"
+    elif not message:
+        message = f"provider {provider.name!r} returned HTTP {status}"
+    else:
+        message = f"provider {provider.name!r}: {message}"
+    error = UpstreamError(message, status=status, code=code, param=param)
+    error.type = err_type
+    return error

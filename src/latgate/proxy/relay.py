@@ -1,0 +1,161 @@
+"""The stream relay: an ASGI response that passes upstream SSE bytes to the client as they
+arrive, taps them for timing and usage, and closes the upstream when done or when the
+client goes away.
+
+Why not Starlette's ``StreamingResponse``: the relay needs to (a) stop at once when the
+client disconnects even while the upstream is silent, (b) time the moment each
+generated-content chunk was handed to the server, and (c) end a broken stream with an
+error event. ``StreamingResponse`` does (a) with a task group per response; doing it
+here with one watcher task keeps the per-chunk path to one ``send`` call.
+
+After output began, a failing upstream ends the stream with one SSE error event
+``data: {"error": {...}}`` and no ``[DONE]``, so clients see a failure rather than a
+silently truncated answer (the OpenAI Python SDK raises ``APIError`` on such an event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+import orjson
+
+from latgate.metrics import Metrics
+from latgate.proxy.exchange import CLIENT_CLOSED, Exchange
+from latgate.proxy.sse import StreamTap
+from latgate.proxy.upstream import UpstreamFailure, upstream_errors
+
+Scope = dict
+Receive = Callable
+Send = Callable
+
+
+def error_event(message: str, *, code: str = "upstream_error") -> bytes:
+    """One SSE event carrying an OpenAI error object."""
+    return b"data: " + orjson.dumps({"error": {"message": message, "type": "api_error", "param": None, "code": code}}) + b"\n\n"
+
+
+class StreamRelay:
+    """ASGI app relaying one upstream stream.
+
+    Args:
+        headers: raw response headers for the client.
+        head: bytes already read from the upstream and not yet forwarded (the events
+            read while waiting for the first generated content).
+        head_units: content units in ``head``.
+        body: the rest of the upstream body (raw reads).
+        tap: the stream's tap (already fed ``head``).
+        exchange: the request record; finished here.
+        metrics: for TTFT / ITL.
+        on_close: awaited once at the end (closes the upstream response, releases the
+            in-flight slot).
+        on_upstream_failure: called with the failure kind when the upstream breaks
+            mid-stream (passive health).
+    """
+
+    def __init__(
+        self,
+        *,
+        headers: list[tuple[bytes, bytes]],
+        head: bytes,
+        head_units: int,
+        body: AsyncIterator[bytes],
+        tap: StreamTap,
+        exchange: Exchange,
+        metrics: Metrics,
+        on_close: Callable[[], object],
+        on_upstream_failure: Callable[[str], None],
+    ) -> None:
+        self.headers = headers
+        self.head = head
+        self.head_units = head_units
+        self.body = body
+        self.tap = tap
+        self.exchange = exchange
+        self.metrics = metrics
+        self.on_close = on_close
+        self.on_upstream_failure = on_upstream_failure
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ex = self.exchange
+        state = {"closing": False, "disconnected": False}
+        task = asyncio.current_task()
+        assert task is not None
+
+        async def watch_disconnect() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    if not state["closing"]:
+                        state["disconnected"] = True
+                        task.cancel()
+                    return
+
+        watcher = asyncio.create_task(watch_disconnect())
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+            ex.status = 200
+            await self._relay(send)
+            state["closing"] = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not state["disconnected"]:
+                raise
+            task.uncancel()
+            ex.status = CLIENT_CLOSED
+        except OSError:  # the server could not write: the client is gone
+            ex.status = CLIENT_CLOSED
+        finally:
+            state["closing"] = True
+            watcher.cancel()
+            with contextlib.suppress(Exception):
+                await self.on_close()
+            ex.apply_usage(self.tap.usage)
+            if ex.completion_tokens == 0:
+                ex.completion_tokens = self.tap.content_chunks
+            ex.finish(self.metrics)
+
+    async def _relay(self, send: Send) -> None:
+        ex = self.exchange
+        tap = self.tap
+        observe_itl = self.metrics.itl_observer(provider=ex.provider, model=ex.public_model)
+        clock = time.perf_counter
+        if self.head:
+            await send({"type": "http.response.body", "body": self.head, "more_body": True})
+            if self.head_units:
+                self._first_token(clock())
+        try:
+            with upstream_errors():
+                async for data in self.body:
+                    out, units = tap.feed(data)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                        if units:
+                            now = clock()
+                            if ex.first_token_at is None:
+                                self._first_token(now)
+                            else:
+                                observe_itl(now - ex.last_token_at)
+                                ex.last_token_at = now
+            out, units = tap.flush()
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+                if units and ex.first_token_at is None:
+                    self._first_token(clock())
+        except UpstreamFailure as failure:
+            ex.error_kind = "stream_" + failure.kind
+            self.on_upstream_failure(failure.kind)
+            self.metrics.record_upstream_error(provider=ex.provider, kind="stream_" + failure.kind)
+            out, _ = tap.flush()
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+            message = f"provider {ex.provider!r} failed mid-stream ({failure}); the response is incomplete"
+            await send({"type": "http.response.body", "body": error_event(message), "more_body": True})
+            ex.status = 502
+
+    def _first_token(self, now: float) -> None:
+        ex = self.exchange
+        ex.first_token_at = ex.last_token_at = now
+        self.metrics.record_ttft(provider=ex.provider, model=ex.public_model, seconds=now - ex.received_at)

@@ -1,0 +1,169 @@
+"""The SSE tap: finds event boundaries in upstream bytes, reads events only to time and
+count them, and hands back the bytes to forward.
+
+Format: the HTML Living Standard, "Server-sent events" (9.2.6, interpreting an event
+stream): lines end in CRLF, LF or CR; a blank line dispatches the event; lines starting
+with ``:`` are comments; ``data:`` may or may not be followed by one space; several
+``data`` lines join with LF. OpenAI-style streams carry one JSON chunk per event and
+end with ``data: [DONE]`` (OpenAI API reference, "Streaming"; chunk schema
+``CreateChatCompletionStreamResponse``).
+
+Forwarding is event-aligned: each :meth:`StreamTap.feed` returns the complete events
+received so far and keeps a partial trailing event until its end arrives. So any split
+of a stream into reads (an event across reads, a multi-byte UTF-8 character across
+reads, CRLF across reads) forwards the same bytes, in order, unchanged, except for two
+opt-in edits: dropping the usage-only chunk latgate asked for on the client's behalf,
+and rewriting the upstream model name back to the alias the client asked for.
+Lone-CR line endings are forwarded untouched but not parsed (no known engine sends
+them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+_LF_SEP = b"\n\n"
+_CRLF_SEP = b"\r\n\r\n"
+
+
+class StreamTap:
+    """Per-stream parser state.
+
+    Args:
+        drop_usage_chunk: drop events whose ``choices`` is empty and that carry
+            ``usage`` (latgate added ``stream_options.include_usage`` itself).
+        model_rewrite: ``(served, public)`` model names: ``"model":"served"`` becomes
+            ``"model":"public"`` in forwarded bytes.
+
+    Attributes (read after feeding):
+        content_chunks: generated-content units seen (a choice whose delta carries
+            non-empty ``content``, ``reasoning_content``/``reasoning`` or
+            ``tool_calls``, or a completions ``text``), summed over choices.
+        usage: the last ``usage`` object seen, or ``None``.
+        done: ``data: [DONE]`` was seen.
+        error: the first event's ``error`` object when an event carried one.
+        events: complete events seen.
+    """
+
+    __slots__ = (
+        "_pending", "_sep", "_drop_usage", "_rewrite", "content_chunks", "usage", "done", "error", "events",
+    )
+
+    def __init__(self, *, drop_usage_chunk: bool = False, model_rewrite: tuple[str, str] | None = None) -> None:
+        self._pending = b""
+        self._sep: bytes | None = None
+        self._drop_usage = drop_usage_chunk
+        self._rewrite: tuple[tuple[bytes, bytes], ...] | None = None
+        if model_rewrite is not None:
+            served, public = (orjson.dumps(name) for name in model_rewrite)
+            self._rewrite = ((b'"model":' + served, b'"model":' + public), (b'"model": ' + served, b'"model": ' + public))
+        self.content_chunks = 0
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+        self.error: dict[str, Any] | None = None
+        self.events = 0
+
+    def feed(self, data: bytes) -> tuple[bytes, int]:
+        """Take one read of upstream bytes.
+
+        Returns:
+            ``(to_forward, content_units)``: the bytes of the events completed by this
+            read (possibly ``b""``) and how many generated-content units they carry.
+        """
+        buf = self._pending + data if self._pending else data
+        sep = self._sep
+        if sep is None:
+            lf = buf.find(b"\n")
+            if lf < 0:
+                self._pending = buf
+                return b"", 0
+            sep = self._sep = _CRLF_SEP if lf > 0 and buf[lf - 1] == 13 else _LF_SEP
+        end = buf.rfind(sep)
+        if end < 0:
+            self._pending = buf
+            return b"", 0
+        end += len(sep)
+        complete = buf[:end]
+        self._pending = buf[end:]
+        return self._take(complete, sep)
+
+    def flush(self) -> tuple[bytes, int]:
+        """At end of stream: the trailing bytes (an event missing its blank line), parsed
+        leniently and forwarded as they are."""
+        rest, self._pending = self._pending, b""
+        if not rest:
+            return b"", 0
+        return self._take(rest, self._sep or _LF_SEP)
+
+    def _take(self, complete: bytes, sep: bytes) -> tuple[bytes, int]:
+        units = 0
+        dropped = False
+        kept: list[bytes] = []
+        for event in complete.split(sep):
+            if not event:
+                continue
+            self.events += 1
+            result = self._inspect(event, sep)
+            if result < 0:
+                dropped = True
+                continue
+            units += result
+            kept.append(event)
+        if dropped:
+            complete = sep.join(kept) + sep if kept else b""
+        if self._rewrite is not None and complete:
+            for old, new in self._rewrite:
+                complete = complete.replace(old, new)
+        return complete, units
+
+    def _inspect(self, event: bytes, sep: bytes) -> int:
+        """Content units in one event; -1 when the event is to be dropped."""
+        payload = _data_of(event, sep)
+        if payload is None:
+            return 0
+        if payload == b"[DONE]":
+            self.done = True
+            return 0
+        try:
+            chunk = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return 0
+        if not isinstance(chunk, dict):
+            return 0
+        error = chunk.get("error")
+        if error is not None and self.error is None:
+            self.error = error if isinstance(error, dict) else {"message": str(error)}
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = usage
+        choices = chunk.get("choices")
+        if not choices:
+            return -1 if (usage and self._drop_usage and choices is not None) else 0
+        units = 0
+        for choice in choices:
+            delta = choice.get("delta")
+            if delta:
+                if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls") or delta.get(
+                    "reasoning"
+                ):
+                    units += 1
+            elif choice.get("text"):
+                units += 1
+        self.content_chunks += units
+        return units
+
+
+def _data_of(event: bytes, sep: bytes) -> bytes | None:
+    """The joined ``data`` field of one event, or ``None`` when it has none."""
+    if event.startswith(b"data:") and b"\n" not in event:  # the common one-line event
+        return event[6:] if event[5:6] == b" " else event[5:]
+    newline = b"\r\n" if sep == _CRLF_SEP else b"\n"
+    parts = []
+    for line in event.split(newline):
+        if line.startswith(b"data:"):
+            parts.append(line[6:] if line[5:6] == b" " else line[5:])
+    if not parts:
+        return None
+    return b"\n".join(parts)
