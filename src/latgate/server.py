@@ -1,0 +1,103 @@
+"""``latgate serve``: run the gateway under uvicorn (uvloop + httptools when installed)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from latgate.config import ConfigError, config_warnings, load_config, resolve_config_path
+
+log = logging.getLogger("latgate")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="config file (default: $LATGATE_CONFIG, else ./config.toml)")
+    parser.add_argument("--host", help="listen address (default: [server] host)")
+    parser.add_argument("--port", type=int, help="listen port (default: [server] port)")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="default info")
+
+
+def setup_logging(level: str) -> None:
+    """Plain one-line records on stderr; access lines are JSON objects already."""
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+
+
+def describe(config) -> list[str]:
+    """The startup lines: which providers, connectors and routes are live."""
+    lines = []
+    for name, provider in config.providers.items():
+        models = ", ".join(provider.models) or "any model"
+        lines.append(
+            f"provider {name}: connector={provider.connector} role={provider.role or '-'} "
+            f"endpoints={len(provider.endpoints)} models=[{models}] key={'set' if provider.api_key_env and os.environ.get(provider.api_key_env) else 'none'}"
+        )
+    r = config.routing
+    rules = []
+    if r.allow_route_override:
+        rules.append("X-Route-To")
+    if r.long_context_provider and r.long_context_threshold:
+        rules.append(f"long_context>{r.long_context_threshold} tokens->{r.long_context_provider}")
+    if r.route_latency_sensitive_to:
+        rules.append(f"latency_sensitive->{r.route_latency_sensitive_to}")
+    if r.policies:
+        rules.append("policies=" + ",".join(r.policies))
+    rules.append(f"default->{r.default_route}")
+    lines.append("routes: " + " | ".join(rules))
+    return lines
+
+
+def app_factory():
+    """uvicorn factory for ``--workers N``: each worker loads ``$LATGATE_CONFIG``."""
+    from latgate.app import create_app
+
+    return create_app(load_config(os.environ["LATGATE_CONFIG"]))
+
+
+def main(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    try:
+        path = resolve_config_path(args.config)
+        config = load_config(path)
+    except ConfigError as exc:
+        print(f"latgate: error: {exc}", file=sys.stderr)
+        return 1
+    for warning in config_warnings(config):
+        log.warning(warning)
+    host = args.host or config.server.host
+    port = args.port if args.port is not None else config.server.port
+    if args.workers < 1:
+        print("latgate: error: --workers must be at least 1", file=sys.stderr)
+        return 2
+    for line in describe(config):
+        log.info(line)
+    log.info("listening on http://%s:%d (config %s, %d worker(s))", host, port, path, args.workers)
+    return run(config, host=host, port=port, workers=args.workers, log_level=args.log_level, config_path=str(path))
+
+
+def run(config, *, host: str, port: int, workers: int = 1, log_level: str = "info", config_path: str | None = None) -> int:
+    """Serve until interrupted. Exit code 0 on a clean stop, 1 when the port is taken."""
+    import uvicorn
+
+    options = dict(
+        host=host,
+        port=port,
+        log_level="warning" if log_level == "info" else log_level,
+        access_log=False,
+        loop="auto",
+        http="auto",
+        timeout_keep_alive=75,
+        server_header=False,
+    )
+    if workers > 1 and config_path:
+        os.environ["LATGATE_CONFIG"] = os.path.abspath(config_path)
+        uvicorn.run("latgate.server:app_factory", factory=True, workers=workers, **options)
+        return 0
+    from latgate.app import create_app
+
+    server = uvicorn.Server(uvicorn.Config(create_app(config), **options))
+    server.run()
+    return 0 if server.started else 1
