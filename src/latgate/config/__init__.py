@@ -1,0 +1,25 @@
+"""Configuration: config.toml (canonical or either seed form) -> one frozen :class:`Config`.
+
+Public API:
+
+- :func:`load_config` / :func:`load_config_text`: parse, expand ``${VAR}``, validate;
+  raise :class:`ConfigError` (one line: file, key, fix).
+- :func:`config_warnings`: problems that do not stop start-up (unset key variables,
+  no auth on a public address).
+- :func:`resolve_config_path`: ``--config``, else ``$LATGATE_CONFIG``, else
+  ``./config.toml``.
+"""
+
+from latgate.config.errors import ConfigError
+from latgate.config.loader import load_config, load_config_text, resolve_config_path
+from latgate.config.schema import Config
+from latgate.config.warnings import config_warnings
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "config_warnings",
+    "load_config",
+    "load_config_text",
+    "resolve_config_path",
+]

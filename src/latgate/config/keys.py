@@ -1,0 +1,229 @@
+"""The config vocabulary: which keys each section accepts, and how a mistake is reported.
+
+Every :class:`~latgate.config.errors.ConfigError` raised here names the key path as it
+is written in the file (``providers.vllm.api_bse``, ``decode.engine``,
+``auth.keys[0].rpm``), says what is wrong in one line and how to fix it, with the
+closest valid name (:mod:`difflib`) when one is near. Pydantic's validation errors are
+translated here and only here, so its multi-line dump never reaches a user.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Collection, Mapping
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from latgate.config.errors import ConfigError
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+SECTIONS = (
+    "server",
+    "defaults",
+    "default",
+    "providers",
+    "upstream",
+    "decode",
+    "prefill",
+    "routing",
+    "aliases",
+    "models",
+    "auth",
+    "state",
+)
+"""Top-level tables: the canonical ones plus the seed forms (``default``, ``upstream``,
+``decode``, ``prefill``)."""
+
+PROVIDER_KEYS = (
+    "api_base",
+    "base_url",
+    "endpoints",
+    "api_key_env",
+    "models",
+    "extra_body",
+    "engine",
+    "connector",
+    "role",
+    "max_batch_size",
+    "enable_prefix_cache",
+    "tokenizer",
+    "latency_sensitive",
+    "timeout_sec",
+    "hints",
+)
+"""Keys of ``[providers.NAME]`` (and of the seed1 shorthand sections)."""
+
+ENGINE_HINT_KEYS = (
+    # vLLM engine arguments
+    "chunked_prefill",
+    "enable_chunked_prefill",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "max_model_len",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "gpu_memory_utilization",
+    "kv_cache_dtype",
+    "dtype",
+    "quantization",
+    "block_size",
+    "swap_space",
+    "speculative_model",
+    "num_speculative_tokens",
+    # SGLang server arguments
+    "tp_size",
+    "dp_size",
+    "mem_fraction_static",
+    "chunked_prefill_size",
+    "max_running_requests",
+    "max_prefill_tokens",
+    "context_length",
+    "attention_backend",
+    "schedule_policy",
+)
+"""Engine capacity/launch settings accepted beside the provider keys and kept, untouched,
+in ``ProviderConfig.hints`` (shown by ``latgate check``; latgate does not act on them).
+Anything else goes under an explicit ``hints = { ... }`` table."""
+
+DEFAULT_SECTION_KEYS = ("provider", "api_base", "base_url", "api_key_env")
+"""Keys seed2's ``[default]`` accepts besides the ``[defaults]`` ones."""
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def key_path(prefix: str, *parts: str | int) -> str:
+    """Join a key path as TOML would spell it: ``models."a/b".latency_sensitive``, ``keys[0]``."""
+    path = prefix
+    for part in parts:
+        if isinstance(part, int):
+            path += f"[{part}]"
+            continue
+        segment = part if _BARE_KEY.match(part) else json.dumps(part, ensure_ascii=False)
+        path = f"{path}.{segment}" if path else segment
+    return path
+
+
+def closest(name: str, choices: Collection[str]) -> str | None:
+    """The valid name nearest to ``name``, or None.
+
+    difflib's best match (ratio >= 0.6) first; failing that, a choice that contains
+    ``name`` or is contained in it, ignoring case and ``-``/``_`` (``tile-rt`` ->
+    ``tile_rt_connector``).
+    """
+    matches = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    if matches:
+        return matches[0]
+    folded = _fold(name)
+    if len(folded) < 3:
+        return None
+    return next((c for c in choices if len(c) >= 3 and (folded in _fold(c) or _fold(c) in folded)), None)
+
+
+def _fold(name: str) -> str:
+    return name.lower().replace("-", "_")
+
+
+def suggestion(name: str, choices: Collection[str], *, noun: str, plural: str | None = None) -> str:
+    """Fix text: ``did you mean "x"? (NOUNs: a, b, c)``, or only the list when nothing is near."""
+    plural = plural or f"{noun}s"
+    listing = f"{plural}: {', '.join(choices)}" if choices else f"no {plural} are defined"
+    near = closest(name, choices)
+    return f'did you mean "{near}"? ({listing})' if near else listing
+
+
+def show(value: object) -> str:
+    """A config value as it would be written in TOML, shortened for a one-line message."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list | tuple):
+        return "a list"
+    text = json.dumps(value, ensure_ascii=False) if isinstance(value, str) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def require_table(value: object, *, source: str, key: str) -> dict[str, object]:
+    """``value`` as a dict, or a ConfigError saying ``key`` must be a table."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            source=source,
+            key=key,
+            message=f"expected a table, got {show(value)}",
+            fix=f"write it as a [{key}] section or {key.rsplit('.', 1)[-1]} = {{ ... }}",
+        )
+    return dict(value)
+
+
+def check_keys(
+    table: Mapping[str, object], allowed: Collection[str], *, source: str, prefix: str, extra_fix: str = ""
+) -> None:
+    """Raise a ConfigError for the first key of ``table`` not in ``allowed``."""
+    noun = "key" if prefix else "section"
+    for key in table:
+        if key not in allowed:
+            near = closest(key, allowed)
+            shown = (f'"{near}"' if prefix else f"[{near}]") if near else ""
+            fix = f"did you mean {shown}?" if near else f"valid {noun}s here: {', '.join(allowed)}"
+            raise ConfigError(
+                source=source, key=key_path(prefix, key), message=f"unknown {noun}", fix=f"{fix}{extra_fix}"
+            )
+
+
+def validate_model(
+    model_cls: type[ModelT], data: Mapping[str, object], *, source: str, prefix: str
+) -> ModelT:
+    """``model_cls.model_validate(data)``, with the first error translated to a ConfigError.
+
+    ``prefix`` is where ``data`` sits in the file (``server``, ``providers.vllm``,
+    ``decode``), so the error names ``decode.max_batch_size``, not a pydantic location.
+    """
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as exc:
+        raise _translate(exc.errors()[0], source=source, prefix=prefix) from None
+
+
+def _translate(error: ErrorDetails, *, source: str, prefix: str) -> ConfigError:
+    loc = error["loc"]
+    key = key_path(prefix, *loc)
+    leaf = next((part for part in reversed(loc) if isinstance(part, str)), key)
+    kind = str(error["type"])
+    if kind == "extra_forbidden":
+        return ConfigError(
+            source=source, key=key, message="unknown key", fix="remove it (see README, config.toml)"
+        )
+    if kind == "missing":
+        return ConfigError(source=source, key=key, message="missing", fix=f"add {leaf} = ...")
+    message = str(error["msg"])
+    message = message[0].lower() + message[1:]
+    return ConfigError(
+        source=source,
+        key=key,
+        message=f"{message} (got {show(error.get('input'))})",
+        fix=_type_fix(kind, leaf),
+    )
+
+
+def _type_fix(kind: str, leaf: str) -> str:
+    if kind.startswith("int_"):
+        return f"write a whole number without quotes, e.g. {leaf} = 8"
+    if kind.startswith("float_"):
+        return f"write a number without quotes, e.g. {leaf} = 30"
+    if kind.startswith("bool_"):
+        return f"write {leaf} = true or {leaf} = false"
+    if kind.startswith("string_"):
+        return f'write a quoted string, e.g. {leaf} = "..."'
+    if kind.startswith(("list_", "tuple_", "set_")):
+        return f'write a list, e.g. {leaf} = ["a", "b"]'
+    if kind.startswith(("dict_", "model_")):
+        return f'write a table, e.g. {leaf} = {{ name = "value" }}'
+    if kind == "literal_error":
+        return "use one of the values listed"
+    return "change the value"

@@ -1,0 +1,190 @@
+"""Provider sections -> :class:`~latgate.config.schema.ProviderConfig`.
+
+One section gives its address as ``api_base`` (``base_url`` is a synonym) or as
+``endpoints = ["http://a:1/v1", {url = "http://b:2/v1"}]`` for replicas, whose ids are
+``NAME-0``, ``NAME-1``... in order (one ``api_base`` is the endpoint ``NAME-0``). URLs
+must be http(s) with a host; only a trailing slash is removed (the version segment is
+:attr:`EndpointConfig.base_url`'s business). Engine settings from
+:data:`~latgate.config.keys.ENGINE_HINT_KEYS` and an explicit ``hints`` table go to
+``hints``. ``connector`` defaults to the ``engine`` when that names a connector
+(``engine = "vllm"`` gets vLLM's load gauges), else ``openai``.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+from latgate.config.errors import ConfigError
+from latgate.config.keys import (
+    ENGINE_HINT_KEYS,
+    PROVIDER_KEYS,
+    check_keys,
+    key_path,
+    require_table,
+    show,
+    suggestion,
+    validate_model,
+)
+from latgate.config.schema import EndpointConfig, ProviderConfig
+from latgate.config.seedforms import ProviderSection
+from latgate.connectors import UnknownConnector, get_connector, known_connectors
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ADDRESS_FIX = 'add api_base = "http://HOST:PORT/v1" (or endpoints = [...])'
+
+
+def build_provider(section: ProviderSection, *, source: str) -> ProviderConfig:
+    """Validate one provider section and return its frozen config.
+
+    Raises:
+        ConfigError: unknown key (closest name given), no address or two kinds of
+            address, a URL that is not http(s) with a host, a duplicate endpoint URL,
+            an ``api_key_env`` that is not a variable name, an unknown connector
+            (the known ones listed), or a wrong type.
+    """
+    table = section.table
+    check_keys(
+        table,
+        (*PROVIDER_KEYS, *ENGINE_HINT_KEYS),
+        source=source,
+        prefix=section.key,
+        extra_fix=" (other engine settings go under hints = { ... })",
+    )
+    endpoints = _endpoints(section, source=source)
+    connector = table.get("connector", _connector_for_engine(table.get("engine")))
+    _check_connector(connector, source=source, key=key_path(section.key, "connector"))
+    _check_api_key_env(table.get("api_key_env"), source=source, key=key_path(section.key, "api_key_env"))
+    hints = dict(require_table(table.get("hints", {}), source=source, key=key_path(section.key, "hints")))
+    hints.update({k: v for k, v in table.items() if k in ENGINE_HINT_KEYS})
+    fields = {
+        k: v for k, v in table.items() if k not in ENGINE_HINT_KEYS and k not in ("api_base", "base_url")
+    }
+    fields.update(name=section.name, endpoints=endpoints, connector=connector, hints=hints)
+    if section.role is not None:
+        fields["role"] = section.role
+    return validate_model(ProviderConfig, fields, source=source, prefix=section.key)
+
+
+def _endpoints(section: ProviderSection, *, source: str) -> tuple[EndpointConfig, ...]:
+    table = section.table
+    given = [k for k in ("api_base", "base_url", "endpoints") if k in table]
+    if not given:
+        raise ConfigError(
+            source=source,
+            key=key_path(section.key, "api_base"),
+            message=f"{section.label} gives no address for its engine",
+            fix=_ADDRESS_FIX,
+        )
+    if len(given) > 1:
+        raise ConfigError(
+            source=source,
+            key=key_path(section.key, given[1]),
+            message=f"{given[0]} is given too",
+            fix="give one address: api_base (base_url is the same key) or endpoints = [...] for replicas",
+        )
+    if given[0] != "endpoints":
+        urls = [(key_path(section.key, given[0]), table[given[0]])]
+    else:
+        urls = _endpoint_urls(table["endpoints"], source=source, key=key_path(section.key, "endpoints"))
+    seen: dict[str, str] = {}
+    endpoints = []
+    for index, (key, url) in enumerate(urls):
+        api_base = _checked_url(url, source=source, key=key)
+        if api_base in seen:
+            raise ConfigError(
+                source=source,
+                key=key,
+                message=f"duplicate endpoint {show(api_base)} (also {seen[api_base]})",
+                fix="list each replica once",
+            )
+        seen[api_base] = key
+        endpoints.append(EndpointConfig(id=f"{section.name}-{index}", api_base=api_base))
+    return tuple(endpoints)
+
+
+def _endpoint_urls(value: object, *, source: str, key: str) -> list[tuple[str, object]]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(
+            source=source,
+            key=key,
+            message=f"expected a non-empty list of URLs, got {show(value)}",
+            fix='write endpoints = ["http://HOST:PORT/v1", ...] or [{ url = "http://HOST:PORT/v1" }, ...]',
+        )
+    urls: list[tuple[str, object]] = []
+    for index, item in enumerate(value):
+        if isinstance(item, dict):
+            check_keys(item, ("url",), source=source, prefix=key_path(key, index))
+            if "url" not in item:
+                raise ConfigError(
+                    source=source,
+                    key=key_path(key, index, "url"),
+                    message="missing",
+                    fix='write { url = "http://HOST:PORT/v1" }',
+                )
+            urls.append((key_path(key, index, "url"), item["url"]))
+        else:
+            urls.append((key_path(key, index), item))
+    return urls
+
+
+def _checked_url(url: object, *, source: str, key: str) -> str:
+    """``url`` with a trailing slash removed, or a ConfigError if it is not http(s) with a host."""
+    if not isinstance(url, str):
+        problem: str | None = f"expected a URL string, got {show(url)}"
+    else:
+        url = url.strip()
+        problem = _url_problem(url)
+    if problem:
+        raise ConfigError(source=source, key=key, message=problem, fix='write it like "http://HOST:PORT/v1"')
+    return str(url).rstrip("/")
+
+
+def _url_problem(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError for a bad port)
+    except ValueError as exc:
+        return f"{show(url)} is not a valid URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{show(url)} is not an http(s) URL with a host"
+    if parts.query or parts.fragment:
+        return f"{show(url)} has a query or fragment, which a base URL cannot have"
+    return None
+
+
+def _connector_for_engine(engine: object) -> str:
+    return engine if isinstance(engine, str) and engine in known_connectors() else "openai"
+
+
+def _check_connector(name: object, *, source: str, key: str) -> None:
+    known = known_connectors()
+    if not isinstance(name, str) or name not in known:
+        text = name if isinstance(name, str) else show(name)
+        raise ConfigError(
+            source=source,
+            key=key,
+            message=f"unknown connector {show(name)}",
+            fix=suggestion(text, known, noun="known connector"),
+        )
+    try:
+        get_connector(name)
+    except UnknownConnector as exc:
+        raise ConfigError(
+            source=source,
+            key=key,
+            message=str(exc),
+            fix="reinstall the package that provides it, or pick another",
+        ) from None
+
+
+def _check_api_key_env(name: object, *, source: str, key: str) -> None:
+    if name is None:
+        return
+    if not isinstance(name, str) or not _ENV_NAME.match(name):
+        raise ConfigError(
+            source=source,
+            key=key,
+            message=f"{show(name)} is not an environment variable name",
+            fix='api_key_env names the variable holding the key (e.g. "MY_API_KEY"), not the key itself',
+        )

@@ -1,0 +1,203 @@
+"""``latgate check [--config PATH] [--probe]``: validate the config and show what it means.
+
+Prints, as plain aligned text (it reads the same in a terminal, a pipe or a CI log):
+each provider (connector, role, engine, endpoints with their URLs, models or "any",
+the implicit alias of a single-model provider, extra_body keys, capacity hints), the
+aliases, the ``[models]`` settings, the routing rules in the order they apply, and the
+warnings. ``check`` is an operator tool, so URLs are shown; keys never are.
+
+Exit codes: 0 ok, 1 config error (one ``latgate: error: ...`` line on stderr),
+2 an endpoint failed its probe (``--probe``: ``GET`` the connector's health path on
+every endpoint, with the provider's key when its variable is set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import TextIO
+
+import httpx
+
+from latgate.config.errors import ConfigError
+from latgate.config.loader import load_config, resolve_config_path
+from latgate.config.schema import Config, ProviderConfig
+from latgate.config.warnings import config_warnings
+from latgate.connectors import get_connector
+
+PROBE_TIMEOUT_SECONDS = 3.0
+_LABEL_WIDTH = 21
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``latgate check``."""
+    parser.add_argument(
+        "--config", metavar="PATH", help="config file (default: $LATGATE_CONFIG, else ./config.toml)"
+    )
+    parser.add_argument(
+        "--probe", action="store_true", help="also GET each endpoint's health path (exit 2 if any fails)"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``latgate check``; returns the exit code (0 ok, 1 config error, 2 probe failed)."""
+    path = resolve_config_path(args.config)
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        print(f"latgate: error: {exc}", file=sys.stderr)
+        return 1
+    out = sys.stdout
+    out.write("\n".join(report_lines(config, warnings=config_warnings(config))) + "\n")
+    if not args.probe:
+        return 0
+    return 0 if probe(config, env=os.environ, out=out) else 2
+
+
+def report_lines(config: Config, *, warnings: list[str]) -> list[str]:
+    """The report as lines of text (no trailing newlines)."""
+    auth = f"{len(config.auth.keys)} key(s)" if config.auth else "none"
+    lines = [
+        f"config   {config.source}",
+        f"server   {config.server.host}:{config.server.port}   auth: {auth}",
+        "",
+    ]
+    lines.append(f"providers ({len(config.providers)})")
+    for provider in config.providers.values():
+        lines += _provider_lines(provider)
+    lines += ["", "aliases"]
+    lines += [
+        _row(public, ", ".join(f"{p}: {served}" for p, served in targets.items()))
+        for public, targets in config.aliases.items()
+    ] or ["  (none)"]
+    lines += ["", "models"]
+    lines += [_row(public, _model_text(config, public)) for public in config.models] or ["  (none)"]
+    lines += ["", "routing (first matching rule wins)"]
+    lines += _routing_lines(config)
+    lines += ["", "warnings"]
+    lines += [f"  {warning}" for warning in warnings] or ["  (none)"]
+    return lines
+
+
+def _row(label: str, value: str, *, indent: int = 2) -> str:
+    return f"{' ' * indent}{label:<{_LABEL_WIDTH}} {value}".rstrip()
+
+
+def _provider_lines(provider: ProviderConfig) -> list[str]:
+    summary = f"connector {provider.connector}, role {provider.role or '-'}, engine {provider.engine or '-'}"
+    lines = ["", f"  {provider.name}   ({summary})"]
+    for endpoint in provider.endpoints:
+        lines.append(
+            _row("endpoint", f"{endpoint.id}  {endpoint.api_base}  (calls {endpoint.base_url}/...)", indent=4)
+        )
+    lines.append(_row("models", ", ".join(provider.models) if provider.models else "any", indent=4))
+    if len(provider.models) == 1:
+        lines.append(_row("implicit alias", f"* -> {provider.models[0]}", indent=4))
+    if provider.api_key_env:
+        lines.append(_row("api key", f"${provider.api_key_env}", indent=4))
+    if provider.extra_body:
+        lines.append(_row("extra_body", ", ".join(provider.extra_body), indent=4))
+    capacity = [f"max_batch_size {provider.max_batch_size}"] if provider.max_batch_size else []
+    capacity += ["prefix cache on"] if provider.enable_prefix_cache else []
+    capacity += [f"{key} {_value(value)}" for key, value in provider.hints.items()]
+    if capacity:
+        lines.append(_row("capacity", ", ".join(capacity), indent=4))
+    if provider.latency_sensitive or provider.timeout_sec or provider.tokenizer:
+        extras = ["latency-sensitive"] if provider.latency_sensitive else []
+        extras += [f"timeout {provider.timeout_sec:g} s"] if provider.timeout_sec else []
+        extras += [f"tokenizer {provider.tokenizer}"] if provider.tokenizer else []
+        lines.append(_row("other", ", ".join(extras), indent=4))
+    return lines
+
+
+def _value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _model_text(config: Config, public: str) -> str:
+    model = config.models[public]
+    parts = ["latency-sensitive"] if model.latency_sensitive else []
+    parts += [f"fallback model {model.fallback_model}"] if model.fallback_model else []
+    parts += [f"max context {model.max_context_tokens} tokens"] if model.max_context_tokens else []
+    return ", ".join(parts) or "(defaults)"
+
+
+def _routing_lines(config: Config) -> list[str]:
+    routing = config.routing
+    override = (
+        "X-Route-To: PROVIDER honoured"
+        if routing.allow_route_override
+        else ("X-Route-To ignored (allow_route_override = false)")
+    )
+    long_context = (
+        f"prompt > {routing.long_context_threshold} tokens -> {routing.long_context_provider}"
+        if routing.long_context_threshold and routing.long_context_provider
+        else "off"
+    )
+    marker = "X-Latency-Sensitive: 1"
+    if routing.latency_threshold_ms:
+        marker += f" or X-Latency-Budget-Ms <= {routing.latency_threshold_ms}"
+    latency = (
+        f"{marker} -> {routing.route_latency_sensitive_to}"
+        if routing.route_latency_sensitive_to
+        else ("off (no route_latency_sensitive_to)")
+    )
+    rules = [("override", override), ("long context", long_context), ("latency-sensitive", latency)]
+    policies = [
+        f'"{name}": {_policy_text(policy.model_dump(exclude_defaults=True))}'
+        for name, policy in routing.policies.items()
+    ]
+    rules.append(
+        ("policy", "; ".join(policies) if policies else "none (X-Route-Policy has nothing to select)")
+    )
+    rules.append(("model", "a model only some providers serve goes to those providers"))
+    rules.append(("default", f"-> {routing.default_route}"))
+    lines = [_row(f"{i}. {name}", text) for i, (name, text) in enumerate(rules, start=1)]
+    fallbacks = ", ".join(f"{origin} -> {' -> '.join(nexts)}" for origin, nexts in routing.fallbacks.items())
+    lines.append(_row("fallbacks", fallbacks or "none"))
+    lines.append(_row("default model", routing.default_model or "none (the client's model is required)"))
+    lines.append(_row("strategy", routing.strategy))
+    return lines
+
+
+def _policy_text(fields: Mapping[str, object]) -> str:
+    return ", ".join(f"{key} {_value(value)}" for key, value in fields.items()) or "(no overrides)"
+
+
+def probe(config: Config, *, env: Mapping[str, str], out: TextIO) -> bool:
+    """``GET`` each endpoint's health URL (timeout 3 s); print ok/failed lines; True if all ok.
+
+    The provider's key (``api_key_env`` from ``env``) is sent as ``Authorization:
+    Bearer`` when set, and never printed.
+    """
+    out.write("\nprobe\n")
+    all_ok = True
+    with httpx.Client(timeout=PROBE_TIMEOUT_SECONDS) as client:
+        for provider in config.providers.values():
+            connector = get_connector(provider.connector)
+            key = env.get(provider.api_key_env) if provider.api_key_env else None
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            for endpoint in provider.endpoints:
+                url = connector.url(endpoint, connector.health_path)
+                ok, detail = _probe_one(client, url, headers=headers)
+                all_ok &= ok
+                out.write(f"  {'ok' if ok else 'failed':<7} {endpoint.id:<{_LABEL_WIDTH}} {url}  {detail}\n")
+    return all_ok
+
+
+def _probe_one(client: httpx.Client, url: str, *, headers: Mapping[str, str]) -> tuple[bool, str]:
+    started = time.perf_counter()
+    try:
+        response = client.get(url, headers=headers)
+    except httpx.HTTPError as exc:
+        return False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    detail = f"HTTP {response.status_code} in {elapsed_ms:.0f} ms"
+    if response.status_code in (401, 403):
+        detail += " (check the provider's api_key_env)"
+    return response.is_success, detail

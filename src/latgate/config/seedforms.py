@@ -1,0 +1,276 @@
+"""The document: a parsed config.toml, in either seed form, as canonical sections.
+
+Two older spellings are rewritten here, so the rest of the loader sees one form:
+
+- seed1: ``[upstream]``, ``[decode]`` and ``[prefill]`` are shorthand providers.
+  ``[upstream]`` is the provider ``upstream`` (role ``upstream``); ``[decode]`` and
+  ``[prefill]`` are named after their ``engine`` value (roles ``decode``/``prefill``),
+  which is the name its ``[routing]`` refers to.
+- seed2: ``[default]`` is ``[defaults]`` plus ``provider`` (the default route) and the
+  ``api_base``/``api_key_env`` of that provider repeated. Those fill in what the
+  provider section leaves out and must agree with what it gives; when the named
+  provider has no section but ``api_base`` is given, ``[default]`` defines it.
+
+Providers keep file order. Each remembers where it was written (``providers.vllm``,
+``decode``), so messages name the key the user typed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from latgate.config.errors import ConfigError
+from latgate.config.keys import (
+    DEFAULT_SECTION_KEYS,
+    SECTIONS,
+    check_keys,
+    key_path,
+    require_table,
+    show,
+    suggestion,
+)
+from latgate.config.schema import DefaultsConfig
+
+_PROVIDER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+_SHORTHAND_ROLES: dict[str, Literal["upstream", "decode", "prefill"]] = {
+    "upstream": "upstream",
+    "decode": "decode",
+    "prefill": "prefill",
+}
+
+
+@dataclass(frozen=True)
+class ProviderSection:
+    """One provider table as written.
+
+    ``key`` is its key path in the file (``providers.vllm``, ``decode``); ``name_key``
+    the key that gave its name (``prefill.engine`` for a shorthand); ``label`` how
+    messages refer to it; ``role`` the role a shorthand section implies. ``table`` may
+    be completed by seed2's ``[default]`` (see :func:`canonical_document`).
+    """
+
+    name: str
+    key: str
+    name_key: str
+    label: str
+    table: dict[str, object]
+    role: Literal["upstream", "decode", "prefill"] | None = None
+
+
+@dataclass
+class Document:
+    """The canonical sections of one file, still plain tables (validated later).
+
+    ``default_route_key`` is where ``routing.default_route`` was written
+    (``default.provider`` in seed2) and ``defaults_key`` where the defaults were;
+    ``seen_names`` maps each provider name to the section that defined it.
+    """
+
+    sections: dict[str, dict[str, object]]
+    providers: list[ProviderSection]
+    auth_given: bool = False
+    defaults_key: str = "defaults"
+    default_route_key: str = "routing.default_route"
+    seen_names: dict[str, str] = field(default_factory=dict)
+
+
+def canonical_document(raw: dict[str, object], *, source: str) -> Document:
+    """Rewrite a parsed (and env-expanded) file into a :class:`Document`.
+
+    Raises:
+        ConfigError: unknown section, a section that is not a table, a shorthand
+            without ``engine``, a provider defined twice, a bad provider name, or a
+            ``[default]`` that contradicts the provider it names.
+    """
+    check_keys(raw, SECTIONS, source=source, prefix="")
+    tables = {name: require_table(value, source=source, key=name) for name, value in raw.items()}
+    doc = Document(
+        sections={
+            name: tables.get(name, {})
+            for name in ("server", "defaults", "routing", "aliases", "models", "auth", "state")
+        },
+        providers=[],
+        auth_given="auth" in tables,
+    )
+    for name, table in tables.items():
+        if name == "providers":
+            for provider, body in table.items():
+                key = key_path("providers", provider)
+                _add(
+                    doc,
+                    ProviderSection(
+                        name=provider,
+                        key=key,
+                        name_key=key,
+                        label=f'provider "{provider}"',
+                        table=require_table(body, source=source, key=key),
+                    ),
+                    source=source,
+                )
+        elif name in _SHORTHAND_ROLES:
+            _add(doc, _shorthand(name, table, source=source), source=source)
+    if "default" in tables:
+        _merge_default_section(doc, tables["default"], source=source, defaults_given="defaults" in tables)
+    return doc
+
+
+def _shorthand(section: str, table: dict[str, object], *, source: str) -> ProviderSection:
+    role = _SHORTHAND_ROLES[section]
+    given_role = table.get("role", role)
+    if given_role != role:
+        raise ConfigError(
+            source=source,
+            key=f"{section}.role",
+            message=f"role {show(given_role)} contradicts section [{section}]",
+            fix="remove role (the section name sets it), or move the table to [providers.NAME]",
+        )
+    if section == "upstream":
+        return ProviderSection(
+            name="upstream",
+            key="upstream",
+            name_key="upstream",
+            label="section [upstream]",
+            table={k: v for k, v in table.items() if k != "role"},
+            role=role,
+        )
+    engine = table.get("engine")
+    if not isinstance(engine, str) or not engine:
+        raise ConfigError(
+            source=source,
+            key=f"{section}.engine",
+            message=f"section [{section}] gives no engine name",
+            fix='add engine = "NAME" (the provider name [routing] refers to, e.g. "vllm")',
+        )
+    return ProviderSection(
+        name=engine,
+        key=section,
+        name_key=f"{section}.engine",
+        label=f'section [{section}] (engine "{engine}")',
+        table={k: v for k, v in table.items() if k != "role"},
+        role=role,
+    )
+
+
+def _add(doc: Document, section: ProviderSection, *, source: str) -> None:
+    if not _PROVIDER_NAME.match(section.name):
+        raise ConfigError(
+            source=source,
+            key=section.name_key,
+            message=f"provider name {show(section.name)} is not usable",
+            fix="use letters, digits and _ . : - only, starting with a letter or digit",
+        )
+    earlier = doc.seen_names.get(section.name)
+    if earlier is not None:
+        raise ConfigError(
+            source=source,
+            key=section.name_key,
+            message=f'provider "{section.name}" is defined twice (also at {earlier})',
+            fix="remove one of them, or give one a different name",
+        )
+    doc.seen_names[section.name] = section.key
+    doc.providers.append(section)
+
+
+def _merge_default_section(
+    doc: Document, table: dict[str, object], *, source: str, defaults_given: bool
+) -> None:
+    if defaults_given:
+        raise ConfigError(
+            source=source,
+            key="default",
+            message="both [default] and [defaults] are given",
+            fix="merge them into [defaults] (and move provider to [routing] default_route)",
+        )
+    check_keys(table, (*DefaultsConfig.model_fields, *DEFAULT_SECTION_KEYS), source=source, prefix="default")
+    doc.sections["defaults"] = {k: v for k, v in table.items() if k in DefaultsConfig.model_fields}
+    doc.defaults_key = "default"
+    repeated = {k: v for k, v in table.items() if k in ("api_base", "base_url", "api_key_env")}
+    provider = table.get("provider")
+    if provider is None:
+        if repeated:
+            raise ConfigError(
+                source=source,
+                key=key_path("default", next(iter(repeated))),
+                message="given without default.provider, so it belongs to no provider",
+                fix='add provider = "NAME" to [default], or move it to [providers.NAME]',
+            )
+        return
+    if not isinstance(provider, str):
+        raise ConfigError(
+            source=source,
+            key="default.provider",
+            message=f"expected a provider name, got {show(provider)}",
+            fix='write provider = "NAME"',
+        )
+    routing = doc.sections["routing"]
+    if "default_route" in routing and routing["default_route"] != provider:
+        raise ConfigError(
+            source=source,
+            key="default.provider",
+            message=f'"{provider}" contradicts routing.default_route {show(routing["default_route"])}',
+            fix="keep only one of them",
+        )
+    if "default_route" not in routing:
+        routing["default_route"] = provider
+        doc.default_route_key = "default.provider"
+    _apply_repeated_settings(doc, provider, repeated, source=source)
+
+
+def _apply_repeated_settings(
+    doc: Document, provider: str, repeated: dict[str, object], *, source: str
+) -> None:
+    target = next((p for p in doc.providers if p.name == provider), None)
+    if target is None:
+        if "api_base" not in repeated and "base_url" not in repeated:
+            names = [p.name for p in doc.providers]
+            raise ConfigError(
+                source=source,
+                key="default.provider",
+                message=f'unknown provider "{provider}"',
+                fix=suggestion(provider, names, noun="provider"),
+            )
+        doc.providers.insert(
+            0,
+            ProviderSection(
+                name=provider,
+                key="default",
+                name_key="default.provider",
+                label=f'section [default] (provider "{provider}")',
+                table=dict(repeated),
+            ),
+        )
+        doc.seen_names[provider] = "default"
+        return
+    addresses = _addresses(target.table)
+    for key, value in repeated.items():
+        if key == "api_key_env":
+            given = target.table.get("api_key_env")
+            if given is None:
+                target.table["api_key_env"] = value
+            elif given != value:
+                raise ConfigError(
+                    source=source,
+                    key="default.api_key_env",
+                    message=f"{show(value)} differs from {target.key}.api_key_env {show(given)}",
+                    fix="remove it from [default] or make the two equal",
+                )
+        elif not addresses:
+            target.table["api_base"] = value
+        elif not isinstance(value, str) or value.rstrip("/") not in addresses:
+            raise ConfigError(
+                source=source,
+                key=f"default.{key}",
+                message=f"{show(value)} is not an address of {target.label} ({', '.join(sorted(addresses))})",
+                fix="remove it from [default] or make it equal to the provider's api_base",
+            )
+
+
+def _addresses(table: dict[str, object]) -> set[str]:
+    """The URLs a provider table gives, trailing slash removed (malformed entries skipped)."""
+    found = [table.get("api_base"), table.get("base_url")]
+    endpoints = table.get("endpoints")
+    if isinstance(endpoints, list):
+        found += [e.get("url") if isinstance(e, dict) else e for e in endpoints]
+    return {url.rstrip("/") for url in found if isinstance(url, str)}

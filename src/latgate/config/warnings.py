@@ -1,0 +1,59 @@
+"""Warnings about a valid config: things that load but will likely hurt at run time."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+
+from latgate.config.schema import Config
+
+_LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+_MIN_SANE_TIMEOUT_SECONDS = 1.0
+
+
+def config_warnings(config: Config, env: Mapping[str, str] | None = None) -> list[str]:
+    """One line per problem that does not stop the gateway from starting.
+
+    - a provider's ``api_key_env`` is not set in ``env`` (requests then go without a
+      key, and the upstream answers 401);
+    - ``[auth]`` is absent while ``server.host`` is not a loopback address;
+    - a timeout under 1 s (such timeouts cause retry storms and explode tail latency).
+
+    ``env`` defaults to :data:`os.environ`: pass the environment the gateway will run
+    with. Key values are never included.
+    """
+    env = os.environ if env is None else env
+    warnings = [
+        f'provider "{p.name}": api_key_env {p.api_key_env} is not set; requests to it will be sent '
+        "without a key (expect 401 from the upstream)"
+        for p in config.providers.values()
+        if p.api_key_env and p.api_key_env not in env
+    ]
+    if config.auth is None and not is_loopback(config.server.host):
+        warnings.append(
+            f"server.host {config.server.host} is reachable from other machines and [auth] is absent: "
+            "anyone who can connect may use the providers (add [[auth.keys]] or bind to 127.0.0.1)"
+        )
+    timeouts = {
+        "defaults.timeout_sec": config.defaults.timeout_sec,
+        "defaults.first_token_timeout_sec": config.defaults.first_token_timeout_sec,
+        **{f"providers.{p.name}.timeout_sec": p.timeout_sec for p in config.providers.values()},
+    }
+    for key, seconds in timeouts.items():
+        if seconds is not None and seconds < _MIN_SANE_TIMEOUT_SECONDS:
+            warnings.append(
+                f"{key} = {seconds} s is under 1 s: slow first tokens will time out and be retried, "
+                "inflating tail latency"
+            )
+    return warnings
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (``127.0.0.0/8``, ``::1``)."""
+    if host.lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,115 @@
+"""``latgate check`` run as a user runs it: a subprocess, exit codes, stdout/stderr."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from servers import serve_app
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+SEEDS = Path(__file__).parent / "fixtures" / "seeds"
+KEY_VARS = ("TAOTOKEN_API_KEY", "SGLANG_LOCAL_KEY", "SGLANG_TILELANG_KEY", "LATGATE_CONFIG", "POOL_KEY")
+
+
+def run_check(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    base_env = {k: v for k, v in os.environ.items() if k not in KEY_VARS}
+    return subprocess.run(
+        [sys.executable, "-m", "latgate", "check", *args],
+        capture_output=True,
+        text=True,
+        env={**base_env, **(env or {})},
+        cwd=cwd,
+        timeout=60,
+    )
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_check_on_seed2_shows_providers_routes_and_warns_for_unset_key_variables():
+    result = run_check("--config", str(SEEDS / "seed2.config.toml"), env={"SGLANG_LOCAL_KEY": "k"})
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for text in (
+        "taotoken",
+        "sglang_local",
+        "sglang_tilelang",
+        "https://taotoken.net/api",
+        "* -> meta-llama/Meta-Llama-3-8B-Instruct",
+        "top_k, repetition_penalty",
+        "prompt > 16384 tokens -> sglang_tilelang",
+    ):
+        assert text in out
+    assert re.search(r"default +-> taotoken", out)
+    assert 'provider "taotoken": api_key_env TAOTOKEN_API_KEY is not set' in out
+    assert 'provider "sglang_tilelang": api_key_env SGLANG_TILELANG_KEY is not set' in out
+    assert 'provider "sglang_local": api_key_env' not in out
+
+
+def test_check_on_seed1_verbatim_fails_with_one_line_and_no_traceback():
+    result = run_check("--config", str(SEEDS / "seed1.config.toml"))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("latgate: error: ")
+    assert 'decode.api_base: section [decode] (engine "tile-rt") gives no address for its engine' in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_check_reads_latgate_config_when_no_flag_is_given(tmp_path):
+    result = run_check(env={"LATGATE_CONFIG": str(SEEDS / "seed2.config.toml")}, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "sglang_tilelang" in result.stdout
+
+
+def test_check_without_any_config_file_is_a_one_line_error(tmp_path):
+    result = run_check(cwd=tmp_path)
+    assert result.returncode == 1
+    assert (
+        result.stderr == "latgate: error: config.toml: file: no such file; "
+        "create it, pass --config PATH or set $LATGATE_CONFIG\n"
+    )
+
+
+def test_probe_reports_ok_and_sends_the_provider_key_without_printing_it(tmp_path):
+    seen_auth: list[str | None] = []
+
+    async def models(request: Request) -> JSONResponse:
+        seen_auth.append(request.headers.get("authorization"))
+        return JSONResponse({"object": "list", "data": []})
+
+    app = Starlette(routes=[Route("/v1/models", models)])
+    with serve_app(app) as base_url:
+        config = tmp_path / "config.toml"
+        config.write_text(
+            f'[providers.pool]\nendpoints = ["{base_url}", "{base_url}/v1/"]\napi_key_env = "POOL_KEY"\n'
+        )
+        result = run_check("--config", str(config), "--probe", env={"POOL_KEY": "sk-secret-123"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert seen_auth == ["Bearer sk-secret-123", "Bearer sk-secret-123"]
+    probe_lines = result.stdout.split("\nprobe\n")[1].splitlines()
+    assert [line.split()[:2] for line in probe_lines] == [["ok", "pool-0"], ["ok", "pool-1"]]
+    assert "sk-secret-123" not in result.stdout + result.stderr
+
+
+def test_probe_of_a_closed_port_fails_with_exit_code_2(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(f'[providers.gone]\napi_base = "http://127.0.0.1:{closed_port()}/v1"\n')
+    result = run_check("--config", str(config), "--probe")
+    assert result.returncode == 2
+    assert "failed  gone-0" in result.stdout
+    assert "Traceback" not in result.stderr
