@@ -158,7 +158,7 @@ def _routing_lines(config: Config) -> list[str]:
     rules.append(("model", "a model only some providers serve goes to those providers"))
     rules.append(("default", f"-> {routing.default_route}"))
     lines = [_row(f"{i}. {name}", text) for i, (name, text) in enumerate(rules, start=1)]
-    fallbacks = ", ".join(f"{origin} -> {' -> '.join(nexts)}" for origin, nexts in routing.fallbacks.items())
+    fallbacks = "; ".join(f"{origin} -> {' -> '.join(nexts)}" for origin, nexts in routing.fallbacks.items())
     lines.append(_row("fallbacks", fallbacks or "none"))
     lines.append(_row("default model", routing.default_model or "none (the client's model is required)"))
     lines.append(_row("strategy", routing.strategy))
