@@ -143,10 +143,15 @@ class StreamTap:
             return -1 if (usage and self._drop_usage and choices is not None) else 0
         units = 0
         for choice in choices:
+            if not isinstance(choice, dict):
+                continue
             delta = choice.get("delta")
-            if delta:
-                if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls") or delta.get(
-                    "reasoning"
+            if isinstance(delta, dict):
+                if (
+                    delta.get("content")
+                    or delta.get("reasoning_content")
+                    or delta.get("tool_calls")
+                    or delta.get("reasoning")
                 ):
                     units += 1
             elif choice.get("text"):
