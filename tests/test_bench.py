@@ -237,6 +237,7 @@ def test_percentiles_interpolate_between_ranks():
         ("http://127.0.0.1:8000/", "http://127.0.0.1:8000/v1"),
         ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000/v1"),
         ("https://taotoken.net/api", "https://taotoken.net/api/v1"),
+        ("http://127.0.0.1:8000/v1/chat/completions", "http://127.0.0.1:8000/v1"),
     ],
 )
 def test_base_url_gets_v1_unless_it_ends_with_it(given, normalized):
@@ -461,3 +462,18 @@ def test_bench_runs_as_a_subprocess(tmp_path):
     assert re.search(r"^TTFT [\d.]+ ms, total [\d.]+ ms, 3 completion tokens", completed.stdout, re.M)
     assert "bench: 1/1 requests done, 0 errors" in completed.stderr  # plain progress off a terminal
     assert json.loads(json_path.read_text())["totals"]["completion_tokens"] == 3
+
+
+def test_bench_against_the_engine_simulator():
+    sim_app = pytest.importorskip("latgate.sim.app", reason="the simulator has not landed")
+    sim_options = pytest.importorskip("latgate.sim.options")
+    with serve_app(sim_app.create_sim_app(sim_options.SimOptions(tpot_ms=0.5, seed=1))) as base_url:
+        result = asyncio.run(
+            run_bench(bench_config(base_url, requests=4, concurrency=2, max_tokens=12, prompt_tokens=200))
+        )
+    assert all(s.ok and s.usage_reported for s in result.samples), [s.error_message for s in result.samples]
+    assert {(s.completion_tokens, s.output_chunks, len(s.itl_ms)) for s in result.samples} == {(12, 12, 11)}
+    assert all(s.prompt_tokens >= 150 for s in result.samples)
+    with serve_app(sim_app.create_sim_app(sim_options.SimOptions(rate_limit_rate=1.0, seed=1))) as base_url:
+        limited = asyncio.run(run_bench(bench_config(base_url, requests=3, concurrency=3)))
+    assert summarize_samples(limited.samples, duration_seconds=1.0).errors == {"http_429": 3}

@@ -5,7 +5,8 @@ and reports p50/p90/p99 of time to first token, e2e latency, inter-token gaps an
 tokens/s, errors by kind, and which provider answered (latgate's
 ``X-Latgate-Provider`` header). The base URL may be given with or without ``/v1``:
 ``/v1`` is appended when the URL's path does not end with it, so
-``http://127.0.0.1:8000`` and ``http://127.0.0.1:8000/v1`` are the same.
+``http://127.0.0.1:8000`` and ``http://127.0.0.1:8000/v1`` are the same (a full
+``.../v1/chat/completions`` URL is accepted too).
 
 Exit status: 0 when at least one request succeeded, 1 when every request failed (for
 example connection refused), 2 for bad arguments.
@@ -43,6 +44,11 @@ class BenchUsageError(ValueError):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register ``latgate bench`` options on ``parser``."""
+    parser.epilog = (
+        "/v1 is appended to --base-url unless its path already ends with it. TTFT runs from sending to the "
+        "first chunk with generated content; decode tokens/s = completion tokens / (last - first output "
+        "chunk time); e2e tokens/s divides by the whole request time. Exit 1 when every request failed."
+    )
     parser.add_argument("--base-url", required=True, help="OpenAI-compatible base URL, with or without /v1")
     parser.add_argument("--model", required=True, help="the model field to send")
     parser.add_argument("-n", "--requests", type=int, default=10, help="number of requests (default 10)")

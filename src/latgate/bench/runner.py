@@ -70,7 +70,8 @@ def normalize_base_url(url: str) -> str:
     """``url`` without a trailing slash and with ``/v1`` appended unless its path ends so.
 
     ``http://h:8000`` and ``http://h:8000/v1/`` both become ``http://h:8000/v1``;
-    ``https://taotoken.net/api`` becomes ``https://taotoken.net/api/v1``.
+    ``https://taotoken.net/api`` becomes ``https://taotoken.net/api/v1``. A full
+    endpoint URL (``.../v1/chat/completions``) is cut back to its base.
     Raises ValueError for a URL that is not ``http(s)://host[:port][/path]``.
     """
     parts = urlsplit(url.strip())
@@ -82,7 +83,7 @@ def normalize_base_url(url: str) -> str:
         raise ValueError(f"--base-url has an invalid port: {url!r}") from None
     if parts.query or parts.fragment:
         raise ValueError(f"--base-url must not have a query or fragment: {url!r}")
-    path = parts.path.rstrip("/")
+    path = parts.path.rstrip("/").removesuffix("/chat/completions")
     if not path.endswith("/v1"):
         path = f"{path}/v1"
     return f"{parts.scheme}://{parts.netloc}{path}"
