@@ -398,7 +398,10 @@ def test_connection_refused_for_every_request_exits_1(capsys):
     captured = capsys.readouterr()
     assert status == 1
     assert "connect_error x3" in captured.out
-    assert captured.err.strip().splitlines()[-1].startswith("latgate: error: all 3 requests failed")
+    assert captured.err.strip().splitlines()[-1] == (
+        f"latgate: error: all 3 requests failed; first: connect_error: cannot connect to 127.0.0.1:{port}: "
+        "Connection refused"
+    )
     assert "Traceback" not in captured.err
 
 
@@ -477,3 +480,14 @@ def test_bench_against_the_engine_simulator():
     with serve_app(sim_app.create_sim_app(sim_options.SimOptions(rate_limit_rate=1.0, seed=1))) as base_url:
         limited = asyncio.run(run_bench(bench_config(base_url, requests=3, concurrency=3)))
     assert summarize_samples(limited.samples, duration_seconds=1.0).errors == {"http_429": 3}
+
+
+def test_server_that_never_answers_is_a_timeout():
+    with socket.socket() as silent:  # listens (the kernel completes handshakes) but never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        base_url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        result = asyncio.run(
+            run_bench(bench_config(base_url, requests=2, concurrency=2, timeout_seconds=0.2))
+        )
+    assert [s.error_kind for s in result.samples] == ["timeout", "timeout"]

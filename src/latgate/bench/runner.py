@@ -14,6 +14,7 @@ mapped to ``error_kind`` values here and nowhere else.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,6 +99,17 @@ def transport_error_kind(exc: BaseException) -> str:
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError)):
         return "read_error"
     return "transport_error"
+
+
+def transport_error_message(exc: BaseException) -> str:
+    """A short description of an aiohttp (or timeout) exception, e.g. for connection refused."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        errno = exc.os_error.errno
+        reason = os.strerror(errno) if errno else str(exc.os_error)
+        return f"cannot connect to {exc.host}:{exc.port}: {reason}"
+    if isinstance(exc, TimeoutError):
+        return f"timed out ({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})"
+    return str(exc) or type(exc).__name__
 
 
 async def run_bench(
@@ -199,5 +211,5 @@ async def _send_one(
             else:  # not streamed, or a server that ignored ``stream: true``
                 recorder.on_json_body(await response.read(), at=clock())
     except (aiohttp.ClientError, TimeoutError) as exc:
-        recorder.fail(kind=transport_error_kind(exc), message=str(exc) or type(exc).__name__)
+        recorder.fail(kind=transport_error_kind(exc), message=transport_error_message(exc))
     return recorder.finish(at=clock())
