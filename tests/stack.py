@@ -1,0 +1,127 @@
+"""Gateway stacks on loopback for end-to-end tests: simulators or replay upstreams, a
+config pointing at them, and the gateway under uvicorn, each on a free port."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from latgate.app import create_app
+from latgate.config import load_config_text
+from latgate.config.schema import Config
+from latgate.sim import SimApp, SimOptions, create_sim_app
+from servers import serve_app
+
+FAST = dict(tpot_ms=0.5, tpot_growth_ms=0.0, ttft_overhead_ms=1.0, default_max_tokens=16)
+
+
+@dataclass
+class Stack:
+    """A running gateway: its base URL, config and the simulators behind it by provider."""
+
+    url: str
+    config: Config
+    sims: dict[str, SimApp] = field(default_factory=dict)
+    app: object = None
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+
+@contextlib.contextmanager
+def gateway(config_text: str, *, env: Mapping[str, str] | None = None) -> Iterator[Stack]:
+    """Serve a gateway for ``config_text`` (TOML)."""
+    env = dict(env or {})
+    config = load_config_text(config_text, source="test.config.toml", env=env)
+    app = create_app(config, env=env)
+    with serve_app(app) as url:
+        yield Stack(url=url, config=config, app=app)
+
+
+@contextlib.contextmanager
+def simulators(options: Mapping[str, SimOptions]) -> Iterator[dict[str, tuple[str, SimApp]]]:
+    """One simulator per name: ``{name: (base_url, app)}``."""
+    with contextlib.ExitStack() as stack:
+        out = {}
+        for name, opts in options.items():
+            app = create_sim_app(opts)
+            out[name] = (stack.enter_context(serve_app(app)), app)
+        yield out
+
+
+DEMO_TEMPLATE = """
+[defaults]
+timeout_sec = 30
+connect_timeout_sec = 2
+max_retries = {max_retries}
+
+[providers.tile-rt]
+api_base = "{tile}/v1"
+connector = "tile_rt_connector"
+engine = "tile-rt"
+role = "decode"
+models = ["glm-5.1"]
+max_batch_size = 8
+enable_prefix_cache = true
+
+[providers.vllm]
+api_base = "{vllm}/v1"
+connector = "vllm"
+role = "prefill"
+models = ["glm-5.1"]
+
+[providers.taotoken]
+api_base = "{tao}"
+api_key_env = "TAOTOKEN_API_KEY"
+role = "upstream"
+models = ["glm-5.1", "qwen2.5-72b-instruct"]
+
+[routing]
+default_route = "vllm"
+default_model = "glm-5.1"
+latency_threshold_ms = 200
+route_latency_sensitive_to = "tile-rt"
+long_context_threshold = 16384
+long_context_provider = "vllm"
+fallbacks = {{ "tile-rt" = ["vllm", "taotoken"], "vllm" = ["taotoken"] }}
+
+[routing.policies.interactive]
+latency_sensitive = true
+
+[aliases]
+"glm-5.1-highspeed" = "glm-5.1"
+
+[models."glm-5.1-highspeed"]
+latency_sensitive = true
+"""
+
+
+@contextlib.contextmanager
+def demo_stack(
+    *,
+    tile: SimOptions | None = None,
+    vllm: SimOptions | None = None,
+    tao: SimOptions | None = None,
+    env: Mapping[str, str] | None = None,
+    max_retries: int = 1,
+) -> Iterator[Stack]:
+    """The bundled seed1 system (decode pool, throughput pool, upstream) on simulators."""
+    opts = {
+        "tile-rt": tile or SimOptions(name="tile-rt", **FAST),
+        "vllm": vllm or SimOptions(name="vllm", **FAST),
+        "taotoken": tao or SimOptions(name="taotoken", **FAST),
+    }
+    with simulators(opts) as sims:
+        text = DEMO_TEMPLATE.format(
+            tile=sims["tile-rt"][0], vllm=sims["vllm"][0], tao=sims["taotoken"][0] + "/v1", max_retries=max_retries
+        )
+        with gateway(text, env=env) as stack:
+            stack.sims = {name: app for name, (_, app) in sims.items()}
+            yield stack
+
+
+def quiet_access_log() -> None:
+    logging.getLogger("latgate.access").setLevel(logging.INFO)
