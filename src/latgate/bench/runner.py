@@ -194,7 +194,7 @@ async def _send_one(
 ) -> RequestSample:
     recorder = SampleRecorder(index=index, started_at=clock())
     try:
-        async with session.post(url, data=body) as response:
+        async with session.post(url, data=body, allow_redirects=False) as response:
             recorder.on_response(status_code=response.status, headers=response.headers)
             if response.status >= 300:
                 recorder.on_error_body(await response.read())
