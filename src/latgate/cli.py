@@ -24,15 +24,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="latgate", description="latency-aware LLM routing gateway")
     parser.add_argument("--version", action="version", version=f"latgate {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    argv = sys.argv[1:]
+    chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         # Only the chosen command's module is imported (keeps `latgate sim` start-up light).
-        if name in argv or "-h" in argv or "--help" in argv:
+        if name == chosen:
             importlib.import_module(module).add_arguments(p)
         p.set_defaults(_module=module)
     return parser
@@ -40,10 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``latgate`` console script; returns the exit code."""
-    if argv is not None:
-        sys.argv = [sys.argv[0], *argv]
-    parser = build_parser()
-    args = parser.parse_args()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
     module = importlib.import_module(args._module)
     try:
         return int(module.main(args) or 0)
