@@ -1,0 +1,369 @@
+"""The simulator's HTTP face: a plain ASGI 3 app, cheap per request and per chunk.
+
+Routes (each also without the ``/v1`` prefix): ``POST /v1/chat/completions``,
+``POST /v1/completions``, ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /health``,
+``GET /metrics``. Errors use the OpenAI envelope (:mod:`latgate.errors`).
+
+Streaming writes the precomputed bytes of :mod:`latgate.sim.wire` with one ``send`` per
+token while a second task listens for ``http.disconnect``: when the client goes away
+the reply stops at once, leaves the engine, and ``app.state.sim.disconnects`` counts it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+
+from latgate.errors import GatewayError, InvalidRequest, NotFound, RateLimited
+from latgate.routing.tokens import estimate_prompt_tokens
+from latgate.sim import embeddings, replies, wire
+from latgate.sim.asgi import (
+    JSON_HEADERS,
+    SSE_HEADERS,
+    Outcome,
+    Receive,
+    Scope,
+    Send,
+    lifespan,
+    read_body,
+    request_id,
+    send_bytes,
+    until_disconnect,
+)
+from latgate.sim.clock import Clock, MonotonicClock
+from latgate.sim.engine import Engine, Generation
+from latgate.sim.faults import FaultInjector, FaultPlan
+from latgate.sim.options import SimOptions
+from latgate.sim.prefix_cache import prefix_digests
+from latgate.sim.replies import ChoicePlan
+from latgate.sim.stats import ReceivedRequest, SimStats, prometheus_text
+
+
+class _MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+def create_sim_app(options: SimOptions, *, clock: Clock | None = None) -> SimApp:
+    """Build one simulated engine as an ASGI app.
+
+    Args:
+        options: timing, limits and faults (:class:`~latgate.sim.options.SimOptions`).
+        clock: time source; default the real monotonic clock.
+
+    Returns:
+        A :class:`SimApp`; ``app.state.sim`` holds its :class:`~latgate.sim.stats.SimStats`
+        and ``app.engine`` its scheduler. Example::
+
+            with serve_app(create_sim_app(SimOptions(models=("m",)))) as base_url:
+                httpx.post(base_url + "/v1/chat/completions", json={...})
+    """
+    return SimApp(options=options, clock=clock or MonotonicClock())
+
+
+class SimApp:
+    """An OpenAI-compatible simulated engine (ASGI 3); build it with :func:`create_sim_app`."""
+
+    def __init__(self, *, options: SimOptions, clock: Clock) -> None:
+        self.options = options
+        self.engine = Engine(options=options, clock=clock)
+        self.stats = SimStats()
+        self.state = SimpleNamespace(sim=self.stats, engine=self.engine, options=options)
+        self._faults = FaultInjector(options=options)
+        self._seed = options.seed or 0
+        self._seed_bytes = str(self._seed).encode()
+        self._started_at = int(time.time())
+        self._routes: dict[str, tuple[str, Callable[[Scope, Receive, Send], Awaitable[None]]]] = {
+            "/chat/completions": ("POST", self._chat),
+            "/completions": ("POST", self._completions),
+            "/embeddings": ("POST", self._embeddings),
+            "/models": ("GET", self._models),
+            "/health": ("GET", self._health),
+            "/metrics": ("GET", self._metrics),
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path = scope["path"].rstrip("/")
+        if path.startswith("/v1/"):
+            path = path[3:]
+        try:
+            route = self._routes.get(path)
+            if route is None:
+                raise NotFound(f"no route {scope['method']} {scope['path']}")
+            if scope["method"] != route[0]:
+                raise _MethodNotAllowed(f"{scope['path']} accepts {route[0]} only")
+            await route[1](scope, receive, send)
+        except GatewayError as error:
+            headers = [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+            await send_bytes(send, error.status, error.body(), headers=JSON_HEADERS + headers)
+
+    # -- generation endpoints ------------------------------------------------------
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def reply(body: dict[str, Any]) -> Outcome:
+            model = self._model(body)
+            messages = body.get("messages")
+            if (
+                not isinstance(messages, list)
+                or not messages
+                or not all(isinstance(m, Mapping) for m in messages)
+            ):
+                raise InvalidRequest("messages must be a non-empty list of message objects", param="messages")
+            digests = prefix_digests(messages, context=body.get("tools"))
+            plans = replies.plan_chat(
+                body,
+                rng_seed=self._seed_bytes + digests[-1],
+                default_max_tokens=self.options.default_max_tokens,
+                max_output_tokens=self.options.max_output_tokens,
+            )
+            prompt_tokens = estimate_prompt_tokens(body)
+            cached = self.engine.cached_prefix_segments(digests)
+            cached_tokens = 0
+            if cached == len(messages):
+                cached_tokens = prompt_tokens - 1
+            elif cached:
+                cached_tokens = min(
+                    estimate_prompt_tokens({**body, "messages": messages[:cached]}), prompt_tokens - 1
+                )
+            envelope = self._envelope("chatcmpl", body, model=model, prompt_tokens=prompt_tokens)
+            generation = self.engine.start(
+                prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, prefix_digests=digests
+            )
+            render = wire.chat_stream if wants_stream(body) else wire.chat_body
+            return await self._generate(scope, receive, send, generation, plans, render(plans, envelope))
+
+        await self._generation_request(scope, receive, send, reply)
+
+    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def reply(body: dict[str, Any]) -> Outcome:
+            model = self._model(body)
+            prompt = body.get("prompt")
+            if not isinstance(prompt, (str, list)) or not prompt:
+                raise InvalidRequest("prompt must be a non-empty string or list", param="prompt")
+            digests = prefix_digests([prompt])
+            plans = replies.plan_text(
+                rng_seed=self._seed_bytes + digests[-1],
+                n=replies.choice_count(body),
+                max_tokens=replies.requested_max_tokens(body),
+                default_max_tokens=self.options.default_max_tokens,
+                max_output_tokens=self.options.max_output_tokens,
+            )
+            prompt_tokens = estimate_prompt_tokens(body)
+            cached_tokens = prompt_tokens - 1 if self.engine.cached_prefix_segments(digests) else 0
+            envelope = self._envelope("cmpl", body, model=model, prompt_tokens=prompt_tokens)
+            generation = self.engine.start(
+                prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, prefix_digests=digests
+            )
+            render = wire.completion_stream if wants_stream(body) else wire.completion_body
+            return await self._generate(scope, receive, send, generation, plans, render(plans, envelope))
+
+        await self._generation_request(scope, receive, send, reply)
+
+    async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def reply(body: dict[str, Any]) -> Outcome:
+            model = self._model(body)
+            items = body.get("input")
+            if isinstance(items, str) or (isinstance(items, list) and items and isinstance(items[0], int)):
+                items = [items]
+            if not isinstance(items, list) or not items or not all(isinstance(i, (str, list)) for i in items):
+                raise InvalidRequest(
+                    "input must be a string, a list of strings or token lists", param="input"
+                )
+            dimensions = body.get("dimensions") or embeddings.DEFAULT_DIMENSIONS
+            if not isinstance(dimensions, int) or not 1 <= dimensions <= embeddings.MAX_DIMENSIONS:
+                raise InvalidRequest("dimensions must be an integer between 1 and 4096", param="dimensions")
+            encoding = body.get("encoding_format") or "float"
+            if encoding not in ("float", "base64"):
+                raise InvalidRequest("encoding_format must be 'float' or 'base64'", param="encoding_format")
+            data = []
+            for index, item in enumerate(items):
+                vector = embeddings.embedding_vector(item, seed=self._seed, dimensions=dimensions)
+                value = embeddings.encode_base64(vector) if encoding == "base64" else vector
+                data.append({"object": "embedding", "index": index, "embedding": value})
+            prompt_tokens = estimate_prompt_tokens(body)
+            self.stats.prompt_tokens_total += prompt_tokens
+            usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+            payload = {"object": "list", "data": data, "model": model, "usage": usage}
+            await send_bytes(send, 200, orjson.dumps(payload), headers=JSON_HEADERS + request_id(scope))
+            return Outcome.COMPLETED
+
+        await self._generation_request(scope, receive, send, reply)
+
+    async def _generation_request(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        reply: Callable[[dict[str, Any]], Awaitable[Outcome]],
+    ) -> None:
+        """Count, parse and answer one generation request; a disconnect is counted after cleanup."""
+        self.stats.requests_total += 1
+        self.stats.in_flight += 1
+        outcome = None
+        try:
+            raw = await read_body(receive)
+            if raw is None:
+                outcome = Outcome.DISCONNECTED
+                return
+            body = self._parse(scope, raw)
+            outcome = await reply(body)
+            if outcome is Outcome.COMPLETED:
+                self.stats.completed += 1
+        finally:
+            self.stats.in_flight -= 1
+            if outcome is Outcome.DISCONNECTED:
+                self.stats.record_disconnect()
+
+    async def _generate(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        generation: Generation,
+        plans: list[ChoicePlan],
+        rendered: wire.StreamPlan | bytes,
+    ) -> Outcome:
+        """Inject faults, then send ``rendered`` on the engine's schedule until done or disconnected."""
+        try:
+            steps = max(plan.completion_tokens for plan in plans)
+            fault = self._faults.plan(steps=steps)
+            if fault.error:
+                self.stats.errors_injected += 1
+                raise GatewayError("the simulated engine failed (injected fault)", code="internal_error")
+            if fault.rate_limited:
+                self.stats.rate_limited += 1
+                raise RateLimited(
+                    "simulated rate limit (injected fault)",
+                    headers={"Retry-After": str(self.options.retry_after_seconds)},
+                )
+            if isinstance(rendered, wire.StreamPlan):
+                work = self._stream(scope, send, generation, rendered, fault)
+            else:
+                work = self._respond(scope, send, generation, rendered, steps, fault)
+            outcome = await until_disconnect(receive, work)
+        finally:
+            generation.close()
+        if outcome is Outcome.COMPLETED:
+            usage = wire.usage(plans, generation.prompt_tokens)
+            self.stats.prompt_tokens_total += usage["prompt_tokens"]
+            self.stats.completion_tokens_total += usage["completion_tokens"]
+        return outcome
+
+    async def _stream(
+        self, scope: Scope, send: Send, generation: Generation, stream: wire.StreamPlan, fault: FaultPlan
+    ) -> Outcome:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + request_id(scope)})
+        await generation.first_token()
+        last = len(stream.steps)
+        for index in range(last + 1):
+            if 0 < index < last:
+                await generation.next_token()
+            if await self._fault_before(index, generation, fault):
+                return Outcome.DROPPED
+            body = stream.tail if index == last else stream.steps[index]
+            await send({"type": "http.response.body", "body": body, "more_body": index < last})
+        return Outcome.COMPLETED
+
+    async def _respond(
+        self, scope: Scope, send: Send, generation: Generation, body: bytes, steps: int, fault: FaultPlan
+    ) -> Outcome:
+        await generation.first_token()
+        for index in range(1, steps + 1):
+            if index < steps:
+                await generation.next_token()
+            if await self._fault_before(index, generation, fault):
+                # Headers and half the body, then the connection closes (the ASGI server
+                # closes it when the app returns with the response incomplete).
+                start = {"type": "http.response.start", "status": 200}
+                start["headers"] = JSON_HEADERS + [(b"content-length", str(len(body)).encode())]
+                await send(start)
+                await send({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
+                return Outcome.DROPPED
+        await send_bytes(send, 200, body, headers=JSON_HEADERS + request_id(scope))
+        return Outcome.COMPLETED
+
+    async def _fault_before(self, index: int, generation: Generation, fault: FaultPlan) -> bool:
+        """Apply a stall due before step ``index``; True when the connection must drop there."""
+        if index == fault.stall_before_step:
+            self.stats.stalls += 1
+            await generation.pause(self.options.stall_ms / 1000.0)
+        if index == fault.drop_before_step:
+            self.stats.drops += 1
+            return True
+        return False
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _parse(self, scope: Scope, raw: bytes) -> dict[str, Any]:
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        self.stats.received.append(ReceivedRequest(scope["method"], scope["path"], headers, body))
+        if not isinstance(body, dict):
+            raise InvalidRequest("the request body must be a JSON object")
+        return body
+
+    def _model(self, body: Mapping[str, Any]) -> str:
+        model = body.get("model")
+        if model is None:
+            return self.options.default_model
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("model must be a non-empty string", param="model")
+        if self.options.models and model not in self.options.models:
+            raise NotFound(f"The model `{model}` does not exist.", param="model", code="model_not_found")
+        return model
+
+    def _envelope(
+        self, prefix: str, body: Mapping[str, Any], *, model: str, prompt_tokens: int
+    ) -> wire.Envelope:
+        stream_options = body.get("stream_options")
+        include_usage = isinstance(stream_options, Mapping) and stream_options.get("include_usage") is True
+        return wire.Envelope(
+            id=f"{prefix}-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=model,
+            prompt_tokens=prompt_tokens,
+            include_usage=include_usage,
+        )
+
+    # -- plain endpoints -----------------------------------------------------------
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        names = self.options.models or (self.options.default_model,)
+        data = [
+            {"id": m, "object": "model", "created": self._started_at, "owned_by": "latgate-sim"}
+            for m in names
+        ]
+        await send_bytes(send, 200, orjson.dumps({"object": "list", "data": data}), headers=JSON_HEADERS)
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_bytes(send, 200, b"", headers=[])
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        text = prometheus_text(
+            self.stats,
+            running=self.engine.running,
+            waiting=self.engine.waiting,
+            model_name=self.options.models[0] if self.options.models else self.options.name,
+        )
+        await send_bytes(
+            send, 200, text, headers=[(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+        )
+
+
+def wants_stream(body: Mapping[str, Any]) -> bool:
+    """True when the request asks for an SSE stream (``"stream": true``)."""
+    return body.get("stream") is True

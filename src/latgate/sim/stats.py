@@ -1,0 +1,107 @@
+"""What a simulator has seen: counters for tests, and its Prometheus ``/metrics`` text.
+
+The counters live on ``app.state.sim`` (a :class:`SimStats`), written only by the
+server's event loop; tests read them from their own thread. A test that needs to know
+the simulator noticed a client going away waits on :attr:`SimStats.disconnected_event`
+(a ``threading.Event``, since the server usually runs in another thread).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+RECENT_REQUESTS = 256
+
+
+@dataclass(frozen=True)
+class ReceivedRequest:
+    """One request as it arrived: ``headers`` lower-cased, ``body`` the parsed JSON or ``None``."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class SimStats:
+    """Counters since start (generation endpoints: chat and legacy completions, embeddings).
+
+    Attributes:
+        requests_total: generation requests received, valid or not.
+        in_flight: generation requests not yet answered (queued, prefilling, streaming).
+        completed: replies sent in full.
+        disconnects: replies abandoned because the client went away; each one also sets
+            ``disconnected_event`` (after the request left the engine and ``in_flight``).
+        errors_injected / rate_limited / stalls / drops: faults injected.
+        prompt_tokens_total / completion_tokens_total: usage of completed replies.
+        received: the last 256 requests (:class:`ReceivedRequest`), newest last.
+    """
+
+    requests_total: int = 0
+    in_flight: int = 0
+    completed: int = 0
+    disconnects: int = 0
+    errors_injected: int = 0
+    rate_limited: int = 0
+    stalls: int = 0
+    drops: int = 0
+    prompt_tokens_total: int = 0
+    completion_tokens_total: int = 0
+    received: deque[ReceivedRequest] = field(
+        default_factory=lambda: deque(maxlen=RECENT_REQUESTS), repr=False
+    )
+    disconnected_event: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def last_request(self) -> ReceivedRequest | None:
+        """The newest received request, if any."""
+        return self.received[-1] if self.received else None
+
+    def record_disconnect(self) -> None:
+        self.disconnects += 1
+        self.disconnected_event.set()
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus_text(stats: SimStats, *, running: int, waiting: int, model_name: str) -> bytes:
+    """Prometheus text exposition (format 0.0.4) of the engine gauges and counters.
+
+    Gauges carry the names vLLM exports (``vllm:num_requests_running``,
+    ``vllm:num_requests_waiting``, label ``model_name``) and SGLang's
+    (``sglang:num_running_reqs``, ``sglang:num_queue_reqs``), so either connector can
+    read the simulator's load.
+    """
+    label = f'{{model_name="{_label(model_name)}"}}'
+    rows: list[tuple[str, str, str, list[tuple[str, float]]]] = [
+        ("vllm:num_requests_running", "gauge", "Requests in the running batch.", [(label, running)]),
+        ("vllm:num_requests_waiting", "gauge", "Requests waiting for a batch slot.", [(label, waiting)]),
+        ("sglang:num_running_reqs", "gauge", "Requests in the running batch.", [(label, running)]),
+        ("sglang:num_queue_reqs", "gauge", "Requests waiting for a batch slot.", [(label, waiting)]),
+        ("vllm:prompt_tokens_total", "counter", "Prompt tokens of completed requests.",
+         [(label, stats.prompt_tokens_total)]),
+        ("vllm:generation_tokens_total", "counter", "Generated tokens of completed requests.",
+         [(label, stats.completion_tokens_total)]),
+        ("vllm:request_success_total", "counter", "Requests completed.", [(label, stats.completed)]),
+        ("latgate_sim_requests_total", "counter", "Generation requests received.", [("", stats.requests_total)]),
+        ("latgate_sim_disconnects_total", "counter", "Replies abandoned by the client.",
+         [("", stats.disconnects)]),
+        ("latgate_sim_faults_total", "counter", "Faults injected, by kind.", [
+            ('{kind="error"}', stats.errors_injected),
+            ('{kind="rate_limit"}', stats.rate_limited),
+            ('{kind="stall"}', stats.stalls),
+            ('{kind="drop"}', stats.drops),
+        ]),
+    ]  # fmt: skip
+    lines = []
+    for name, kind, help_text, samples in rows:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(f"{name}{labels} {float(value)}" for labels, value in samples)
+    return ("\n".join(lines) + "\n").encode()
