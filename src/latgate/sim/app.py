@@ -68,7 +68,14 @@ def create_sim_app(options: SimOptions, *, clock: Clock | None = None) -> SimApp
 
 
 class SimApp:
-    """An OpenAI-compatible simulated engine (ASGI 3); build it with :func:`create_sim_app`."""
+    """An OpenAI-compatible simulated engine (ASGI 3); build it with :func:`create_sim_app`.
+
+    Attributes:
+        options: the :class:`~latgate.sim.options.SimOptions` it runs with.
+        engine: its :class:`~latgate.sim.engine.Engine` (``running`` / ``waiting``).
+        stats: its :class:`~latgate.sim.stats.SimStats` (counters, recent requests,
+            ``disconnected_event``); also reachable as ``state.sim``, Starlette-style.
+    """
 
     def __init__(self, *, options: SimOptions, clock: Clock) -> None:
         self.options = options
