@@ -63,7 +63,7 @@ KOREAN = (
 )
 MIXED = (
     "请帮我检查下面这段代码为什么会报错：\n```python\nimport json\n\ndef load(path):\n"
-    "    with open(path) as f:\n        return json.load(f)[\"items\"]\n```\n"
+    '    with open(path) as f:\n        return json.load(f)["items"]\n```\n'
     "运行时提示 KeyError: 'items'，但是文件里明明有这个字段。"
 )
 SEED2_LONG_PROMPT = "请总结以下内容：" + "测试" * 20000
@@ -87,7 +87,9 @@ def test_empty_text_has_no_tokens_and_any_text_at_least_one() -> None:
     assert estimate_text_tokens(" ") == 1
 
 
-@pytest.mark.parametrize("text", ["测试" * 500, "ひらがなとカタカナ" * 100, "안녕하세요" * 200, "「」，。！？" * 100])
+@pytest.mark.parametrize(
+    "text", ["测试" * 500, "ひらがなとカタカナ" * 100, "안녕하세요" * 200, "「」，。！？" * 100]
+)
 def test_cjk_kana_hangul_and_fullwidth_punctuation_count_one_token_per_character(text: str) -> None:
     assert estimate_text_tokens(text) == len(text)
 
@@ -146,12 +148,16 @@ def _chat(*messages: dict[str, object], **extra: object) -> dict[str, object]:
 def test_chat_body_counts_content_plus_per_message_overhead() -> None:
     one = estimate_prompt_tokens(_chat({"role": "user", "content": ENGLISH}))
     assert estimate_text_tokens(ENGLISH) < one <= estimate_text_tokens(ENGLISH) + 10
-    two = estimate_prompt_tokens(_chat({"role": "system", "content": "Be brief."}, {"role": "user", "content": ENGLISH}))
+    two = estimate_prompt_tokens(
+        _chat({"role": "system", "content": "Be brief."}, {"role": "user", "content": ENGLISH})
+    )
     assert two > one + 2
 
 
 def test_multipart_content_counts_text_parts_and_a_fixed_cost_per_image() -> None:
-    text_only = estimate_prompt_tokens(_chat({"role": "user", "content": [{"type": "text", "text": ENGLISH}]}))
+    text_only = estimate_prompt_tokens(
+        _chat({"role": "user", "content": [{"type": "text", "text": ENGLISH}]})
+    )
     assert text_only == estimate_prompt_tokens(_chat({"role": "user", "content": ENGLISH}))
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 50_000}}
     low = {"type": "image_url", "image_url": {"url": "https://example.invalid/a.png", "detail": "low"}}
@@ -166,8 +172,17 @@ def test_tool_calls_arguments_and_tool_definitions_are_counted() -> None:
     base = _chat({"role": "user", "content": "read it"})
     with_call = _chat(
         {"role": "user", "content": "read it"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": arguments}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": arguments},
+                }
+            ],
+        },
     )
     assert estimate_prompt_tokens(with_call) >= estimate_prompt_tokens(base) + estimate_text_tokens(arguments)
     import json
@@ -181,7 +196,8 @@ def test_tool_calls_arguments_and_tool_definitions_are_counted() -> None:
 def test_completions_prompt_as_string_list_and_token_ids() -> None:
     assert estimate_prompt_tokens({"model": "m", "prompt": ENGLISH}) == estimate_text_tokens(ENGLISH)
     assert estimate_prompt_tokens({"model": "m", "prompt": [ENGLISH, ENGLISH]}) == pytest.approx(
-        2 * estimate_text_tokens(ENGLISH), abs=1)
+        2 * estimate_text_tokens(ENGLISH), abs=1
+    )
     assert estimate_prompt_tokens({"model": "m", "prompt": [1, 2, 3, 4, 5]}) == 5
     assert estimate_prompt_tokens({"model": "m", "prompt": [[1, 2, 3], [4, 5]]}) == 5
 
@@ -197,10 +213,22 @@ def test_anthropic_system_and_content_blocks_are_counted() -> None:
         "system": [{"type": "text", "text": ENGLISH}],
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-            {"role": "assistant", "content": [
-                {"type": "tool_use", "id": "t1", "name": "read_file", "input": {"path": "a" * 400}}]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": CHINESE}]}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": "t1", "name": "read_file", "input": {"path": "a" * 400}}
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [{"type": "text", "text": CHINESE}],
+                    }
+                ],
+            },
         ],
     }
     total = estimate_prompt_tokens(body)
@@ -220,8 +248,14 @@ def test_responses_api_instructions_and_input_items_are_counted() -> None:
 
 
 def test_malformed_bodies_are_estimated_without_raising() -> None:
-    for body in ({}, {"messages": "oops"}, {"messages": [None, 3, {"content": {"x": 1}}]},
-                 {"prompt": None}, {"input": [None]}, {"tools": "x"}):
+    for body in (
+        {},
+        {"messages": "oops"},
+        {"messages": [None, 3, {"content": {"x": 1}}]},
+        {"prompt": None},
+        {"input": [None]},
+        {"tools": "x"},
+    ):
         assert estimate_prompt_tokens(body) >= 0
 
 
@@ -233,7 +267,8 @@ def _word_level_tokenizer(path: Path, *, split_every_character: bool, corpus: li
 
     tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = (
-        pre_tokenizers.Split(Regex("."), behavior="isolated") if split_every_character
+        pre_tokenizers.Split(Regex("."), behavior="isolated")
+        if split_every_character
         else pre_tokenizers.Whitespace()
     )
     tokenizer.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=["[UNK]"]))

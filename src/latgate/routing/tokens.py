@@ -2,56 +2,59 @@
 
 Routing compares a request's prompt size with ``routing.long_context_threshold`` before
 anything is sent upstream, so the count has to be cheap and has to be right about the
-prompts that matter: long ones, in any script. :func:`estimate_text_tokens` classifies
-the UTF-8 bytes of a text with one ``bytes.translate`` pass and a few ``bytes.count``
-calls (all C loops), then weighs each class by what BPE tokenizers of the cl100k/o200k
-family spend on it:
+prompts that matter: long ones, in any script. :func:`estimate_text_tokens` gives every
+UTF-8 byte a weight, what BPE tokenizers of the cl100k/o200k family spend on it, and
+sums them with three C-speed calls (``bytes.translate`` to a byte whose popcount is
+the weight in tenths of a token, ``int.from_bytes``, ``int.bit_count``); no Python
+loop runs per character.
 
-==========================================  ===============  =====================
-class                                        tokens each      measured on
-==========================================  ===============  =====================
-ASCII letter                                 0.20             English prose, code
-ASCII digit                                  0.84             code, JSON
-ASCII punctuation / symbol                   0.60             code, JSON
-space or tab                                 0.04             (merged into words)
-newline                                      1.15             code
-2-byte UTF-8 char (Latin accents, Cyrillic)  0.5              Russian
-3-byte UTF-8 char (CJK, kana, hangul, ...)   1.0              Chinese, Japanese, Korean
-4-byte UTF-8 char (emoji, CJK ext. B)        2.0              (byte-level fallback)
-==========================================  ===============  =====================
+============================================  ===========  ==========================
+class                                         tokens each  fitted on
+============================================  ===========  ==========================
+ASCII letter                                  0.2          English prose, code
+ASCII digit                                   0.8          code, JSON
+ASCII punctuation, symbol, control            0.6          code, JSON
+space, tab                                    0.1          (mostly merged into words)
+newline (a CR just before it is free)         0.8          code
+2-byte UTF-8 char (accented Latin, Cyrillic)  0.5          Russian
+3-byte UTF-8 char (CJK, kana, hangul, ...)    1.0          Chinese, Japanese, Korean
+4-byte UTF-8 char (emoji, CJK ext. B)         2.0          (byte-level fallback)
+============================================  ===========  ==========================
 
-Calibration (``tiktoken``-compatible cl100k_base / o200k_base vocabularies, offline, on
-~1.6 M characters of local text: licence texts and docstrings, Python/C/JS sources,
-JSON, and zh/ja/ko/ru/de UI message catalogues): mean relative error per sample,
-estimate vs exact.
+Calibration: exact counts with the cl100k_base and o200k_base vocabularies (a
+tiktoken-compatible BPE package, offline) of ~1.6 M characters of local text: licence
+texts and docstrings, Python/C/JS sources, JSON, and zh/ja/ko/ru/de message
+catalogues. Mean relative error of the estimate per ~2,000-character sample:
 
-================  ==========  ==========
-text              cl100k      o200k
-================  ==========  ==========
-English prose     -3 .. 0 %   -3 .. 0 %
-Python / C / JS   -2 .. +1 %  -3 .. +1 %
-JSON              -15 %       -13 %
-Chinese (simpl.)  -6 %        +15 %
-Japanese          -4 %        +26 %
-Korean            -13 %       +19 %
-Russian           +3 %        +46 %
-German            -26 %       -17 %
-zh text + code    -2 %        +7 %
-================  ==========  ==========
+===================  ========  ========
+text                 cl100k    o200k
+===================  ========  ========
+English prose        -4..0 %   -3..0 %
+Python / C / JS      -1..+4 %  -2..+3 %
+JSON                 -16 %     -13 %  (median -6 %; base64 strings pull it down)
+Chinese (simpl.)     -8 %      +12 %
+Japanese             -6 %      +24 %
+Korean               -13 %     +19 %
+Russian              +3 %      +46 %
+German               -28 %     -18 %
+Chinese text + code  -3 %      +6 %
+===================  ========  ========
 
-Single samples stray further: base64 blobs (~-60 %), column-aligned tables
-(~-35 %), rare traditional Han characters (cl100k spends two tokens on many). CJK is
+Single samples stray further: base64 blobs (-60 %), column-aligned tables (-45 %),
+rare traditional Han characters (cl100k spends two tokens on many). CJK is
 deliberately ~1 token per character, the conservative end: o200k-style vocabularies
-spend 0.6-0.8, cl100k 0.8-1.2, and an over-estimate only sends a borderline prompt to
-the long-context pool. A repeated common word is the extreme: ``'测试' * 20000`` is
-40,000 characters but 20,000 cl100k tokens; it is estimated at 40,000.
+spend 0.6-0.8 per character, cl100k 0.8-1.2, and an over-estimate only sends a
+borderline prompt to the long-context pool. A repeated common word is the extreme:
+``'测试' * 20000`` is 40,000 characters but 20,000 cl100k tokens; it is estimated at
+40,000.
 
-Speed (CPython 3.11, this project's 2-core CI machine, ``timeit``):
+Speed (CPython 3.11 on the project's 2-core machine, best of 7 ``timeit`` runs; the
+spread between runs on a loaded machine is up to 2x):
 
-- short chat body (one 20-character user message): ~3 µs per
+- a short chat body (one 19-character user message): 1.5-2.5 µs per
   :func:`estimate_prompt_tokens`;
-- ``'请总结以下内容：' + '测试' * 20000`` (40,008 CJK characters): ~0.4 ms;
-- 100 KB of Python source: ~0.5 ms.
+- ``'请总结以下内容：' + '测试' * 20000`` (40,008 CJK characters): 0.3-0.5 ms;
+- 100 KB of Python source: 0.2-0.35 ms.
 
 Chat bodies add a fixed overhead per message (:data:`MESSAGE_OVERHEAD_TOKENS`), per
 reply (:data:`REPLY_PRIMER_TOKENS`) and per image part (:data:`IMAGE_TOKENS`), as the
@@ -217,7 +220,9 @@ def _part_tokens(part: object, count: Callable[[str], float]) -> float:
         if isinstance(value, str):
             return count(value) + _content_tokens(part.get("name"), count)
     if kind == "tool_use":
-        return _content_tokens(part.get("name"), count) + count(orjson.dumps(part.get("input"), default=str).decode())
+        return _content_tokens(part.get("name"), count) + count(
+            orjson.dumps(part.get("input"), default=str).decode()
+        )
     if kind == "tool_result":
         return _content_tokens(part.get("content"), count)
     return 0.0
@@ -274,7 +279,7 @@ class ExactTokenizer:
             ) from None
         try:
             self._tokenizer = Tokenizer.from_file(self.path)
-        except Exception as exc:  # the Rust binding raises plain Exception
+        except Exception as exc:  # noqa: BLE001 - the Rust binding raises plain Exception
             raise TokenizerError(f"cannot load tokenizer {self.path}: {exc}") from None
 
     def count_text(self, text: str) -> int:

@@ -1,0 +1,175 @@
+"""``latgate route``: the routing dry run, as a subprocess and in-process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from latgate.routing import dryrun
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SEED1 = FIXTURES / "seed1.with-addresses.config.toml"
+SEED2 = FIXTURES / "seeds" / "seed2.config.toml"
+SEED2_LONG_PROMPT = "请总结以下内容：" + "测试" * 20000
+
+
+def _write_body(tmp_path: Path, body: object, name: str = "request.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(body, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def _route(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser(prog="latgate route")
+    dryrun.add_arguments(parser)
+    code = dryrun.main(parser.parse_args(list(argv)))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_route_command_sends_seed2_long_cjk_prompt_to_sglang_tilelang(tmp_path: Path) -> None:
+    body = _write_body(
+        tmp_path,
+        {"model": "llama-3-8b-instruct", "messages": [{"role": "user", "content": SEED2_LONG_PROMPT}]},
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "latgate",
+            "route",
+            "--config",
+            str(SEED2),
+            "-H",
+            "X-Route-Policy: long-context-prefer-tilelang",
+            str(body),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    decision = json.loads(result.stdout)
+    assert decision["provider"] == "sglang_tilelang"
+    assert decision["endpoint"] == "sglang_tilelang-0"
+    assert decision["model"] == "meta-llama/Meta-Llama-3-8B-Instruct"
+    assert decision["reason"] == "long_context"
+    assert decision["prompt_tokens"] > 16384
+    assert decision["latency_sensitive"] is False
+    assert decision["candidates"][0] == {
+        "provider": "sglang_tilelang",
+        "endpoint": "sglang_tilelang-0",
+        "model": "meta-llama/Meta-Llama-3-8B-Instruct",
+        "reason": "long_context",
+    }
+    assert len(decision["notes"]) == 1 and "long-context-prefer-tilelang" in decision["notes"][0]
+
+
+def test_route_command_reports_an_unknown_model_in_one_line_and_exits_1(tmp_path: Path) -> None:
+    body = _write_body(tmp_path, {"model": "gpt-4o", "messages": []})
+    result = subprocess.run(
+        [sys.executable, "-m", "latgate", "route", "--config", str(SEED2), str(body)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "gpt-4o" in result.stderr and "llama-3-8b-instruct" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("headers", "provider", "reason"),
+    [
+        (["X-Latency-Sensitive: 1"], "tile-rt", "latency_sensitive"),
+        (["x-latency-budget-ms:150"], "tile-rt", "latency_sensitive"),
+        (["X-Latency-Budget-Ms: 500"], "vllm", "default"),
+    ],
+)
+def test_route_headers_mark_latency_on_seed1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], headers: list[str], provider: str, reason: str
+) -> None:
+    body = _write_body(
+        tmp_path, {"model": "glm-5.1-highspeed", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    args = [arg for header in headers for arg in ("-H", header)]
+    code, out, _ = _route("--config", str(SEED1), *args, str(body), capsys=capsys)
+    decision = json.loads(out)
+    assert code == 0
+    assert (decision["provider"], decision["reason"], decision["endpoint"]) == (
+        provider,
+        reason,
+        f"{provider}-0",
+    )
+    assert decision["candidates"][1] == {
+        "provider": provider,
+        "endpoint": f"{provider}-0",
+        "model": "glm-5.1",
+        "reason": f"fallback:{provider}",
+    }
+
+
+def test_route_reads_the_body_from_stdin(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    monkeypatch.setattr(
+        sys, "stdin", io.StringIO(json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
+    )
+    code, out, _ = _route("--config", str(SEED2), "-", capsys=capsys)
+    assert code == 0
+    assert json.loads(out)["model"] == "llama-3-8b-instruct"  # seed2's default_model
+
+
+def test_route_uses_latgate_config_from_the_environment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LATGATE_CONFIG", str(SEED2))
+    code, out, _ = _route(str(_write_body(tmp_path, {"model": "qwen2.5-72b-instruct"})), capsys=capsys)
+    assert code == 0 and json.loads(out)["provider"] == "taotoken"
+
+
+@pytest.mark.parametrize(
+    ("argv_tail", "body", "message"),
+    [
+        ([], "{not json", "not valid JSON"),
+        ([], "[1, 2]", "must be a JSON object"),
+        (["-H", "X-Latency-Budget-Ms: soon"], '{"model": "llama-3-8b-instruct"}', "X-Latency-Budget-Ms"),
+        (["-H", "no colon here"], '{"model": "llama-3-8b-instruct"}', "'Name: value'"),
+    ],
+)
+def test_route_bad_input_is_one_error_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv_tail: list[str], body: str, message: str
+) -> None:
+    path = tmp_path / "request.json"
+    path.write_text(body, encoding="utf-8")
+    code, out, err = _route("--config", str(SEED2), *argv_tail, str(path), capsys=capsys)
+    assert code == 1 and out == ""
+    assert err.startswith("latgate: error: ") and err.count("\n") == 1
+    assert message in err
+
+
+def test_route_missing_files_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _route("--config", str(SEED2), str(tmp_path / "absent.json"), capsys=capsys)
+    assert code == 1 and "absent.json: no such file" in err
+    body = _write_body(tmp_path, {"model": "m"})
+    code, _, err = _route("--config", str(tmp_path / "absent.toml"), str(body), capsys=capsys)
+    assert code == 1 and "absent.toml" in err and err.count("\n") == 1
+
+
+def test_route_config_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    verbatim_seed1 = FIXTURES / "seeds" / "seed1.config.toml"
+    code, out, err = _route(
+        "--config", str(verbatim_seed1), str(_write_body(tmp_path, {"model": "m"})), capsys=capsys
+    )
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"latgate: error: {verbatim_seed1}")
