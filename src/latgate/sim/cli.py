@@ -55,7 +55,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a served model name (repeatable); other names get 404. Default: any name",
     )
     for flag, field, kind, help_text in _FLAGS:
-        parser.add_argument(flag, dest=field, type=kind, default=getattr(_DEFAULTS, field), help=help_text)
+        metavar = (
+            "MS"
+            if field.endswith("_ms")
+            else "P"
+            if field.endswith("_rate")
+            else field.split("_")[-1].upper()
+        )
+        parser.add_argument(
+            flag, dest=field, type=kind, default=getattr(_DEFAULTS, field), metavar=metavar, help=help_text
+        )
     parser.add_argument(
         "--prefix-cache",
         action=argparse.BooleanOptionalAction,
