@@ -55,7 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a served model name (repeatable); other names get 404. Default: any name",
     )
     for flag, field, kind, help_text in _FLAGS:
-        metavar = "MS" if field.endswith("_ms") else "P" if field.endswith("_rate") else "N"
+        metavar = (
+            "MS"
+            if field.endswith("_ms")
+            else "P"
+            if field.endswith("_rate")
+            else "NAME"
+            if kind is str
+            else "N"
+        )
         parser.add_argument(
             flag, dest=field, type=kind, default=getattr(_DEFAULTS, field), metavar=metavar, help=help_text
         )
