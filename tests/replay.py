@@ -474,7 +474,7 @@ def replay_server(
     :class:`ReplayServer`; on exit every connection is closed and the thread joined, and
     the first unexpected server-side exception is re-raised.
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     sock.listen(128)

@@ -238,12 +238,12 @@ def test_model_rule_prefers_a_provider_that_lists_the_model_over_one_that_serves
 
 
 def test_unknown_model_is_404_listing_the_available_models() -> None:
-    config = _config(_provider("general", "a", "b"), _provider("special", "c"))
+    config = _config(_provider("general", "a", "b"), _provider("special", "c", "d"))
     with pytest.raises(NotFound) as caught:
         Router(config).decide(_chat(model="gpt-4o"), {})
     error = caught.value
     assert (error.status, error.code, error.param) == (404, "model_not_found", "model")
-    assert "'gpt-4o'" in error.message and "a, b, c" in error.message
+    assert "'gpt-4o'" in error.message and "a, b, c, d" in error.message
 
 
 def test_missing_model_uses_default_model_or_is_a_bad_request() -> None:
@@ -289,6 +289,19 @@ def test_single_model_provider_never_substitutes_a_different_model() -> None:
         "default",
     )
     assert any("long_context rule skipped" in note and "local" in note for note in decision.notes)
+
+
+def test_single_model_provider_takes_a_name_the_config_does_not_list() -> None:
+    config = _config(
+        _provider("general", "a", "b"), _provider("local", "org/Local-7B"), _provider("other", "c")
+    )
+    decision = Router(config).decide(_chat(model="gpt-4o"), {})
+    assert (decision.provider, decision.model, decision.public_model, decision.reason) == (
+        "local",
+        "org/Local-7B",
+        "gpt-4o",
+        "model",
+    )
 
 
 def test_rule_whose_provider_cannot_serve_the_model_is_skipped_for_the_next_rule() -> None:
