@@ -41,6 +41,7 @@ MAX_ERROR_BODY_BYTES = 64 * 1024
 BACKOFF_BASE_SECONDS = 0.05
 BACKOFF_CAP_SECONDS = 1.0
 MAX_RETRY_AFTER_SECONDS = 5.0
+_NO_FIRST_TOKEN = UpstreamFailure("timeout", "no first token before first_token_timeout_sec")
 _URL = re.compile(rb"https?://[^\s\"'<>]+")
 
 
@@ -153,8 +154,15 @@ class Forwarder:
             read_timeout = provider.config.timeout_sec
             if exchange.attempts == 1:
                 self._metrics.record_overhead(time.perf_counter() - exchange.received_at)
+            first_token_timeout = self._config.defaults.first_token_timeout_sec
+            deadline = None
+            if tap is not None and first_token_timeout:
+                deadline = asyncio.get_running_loop().time() + first_token_timeout
             try:
-                response = await self._client.open(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout)
+                async with asyncio.timeout_at(deadline):
+                    response = await self._client.open(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout)
+            except TimeoutError:
+                raise self._failed(provider, endpoint, _NO_FIRST_TOKEN) from None
             except UpstreamFailure as failure:
                 raise self._failed(provider, endpoint, failure) from None
             stack.push_async_callback(response.aclose)
@@ -162,7 +170,7 @@ class Forwarder:
                 raise await self._status_failure(provider, endpoint, response)
             if tap is None:
                 return await self._complete(exchange, provider, endpoint, response)
-            relay = await self._start_stream(exchange, provider, endpoint, response, tap, stack)
+            relay = await self._start_stream(exchange, provider, endpoint, response, tap, stack, deadline)
             handed_off = True
             return relay
         finally:
@@ -177,15 +185,15 @@ class Forwarder:
         response: Any,
         tap: StreamTap,
         stack: contextlib.AsyncExitStack,
+        deadline: float | None,
     ) -> StreamRelay:
         """Read up to the first generated content (under the first-token deadline), then
         hand the rest to a :class:`StreamRelay`."""
         body = response.aiter_raw()
         head: list[bytes] = []
         units = 0
-        timeout = self._config.defaults.first_token_timeout_sec
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout_at(deadline):
                 with upstream_errors():
                     while True:
                         try:
@@ -198,7 +206,7 @@ class Forwarder:
                         if tap.error is not None or units or tap.done:
                             break
         except TimeoutError:
-            raise self._failed(provider, endpoint, UpstreamFailure("timeout", "no first token before the deadline")) from None
+            raise self._failed(provider, endpoint, _NO_FIRST_TOKEN) from None
         except UpstreamFailure as failure:
             raise self._failed(provider, endpoint, failure) from None
         if tap.error is not None:
