@@ -627,3 +627,12 @@ def test_sim_help_exits_zero_and_bad_options_print_one_line():
     assert bad.stderr.strip().splitlines() == [
         "latgate sim: error: error_rate must be between 0 and 1, got 2.0"
     ]
+
+
+def test_openai_paths_are_served_behind_a_base_path_prefix() -> None:
+    from latgate.sim import SimOptions, create_sim_app
+    from servers import serve_app
+
+    with serve_app(create_sim_app(SimOptions())) as url:
+        r = httpx.post(url + "/api/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.json()["object"] == "chat.completion"

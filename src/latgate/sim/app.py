@@ -102,8 +102,9 @@ class SimApp:
         if scope["type"] != "http":
             return
         path = scope["path"].rstrip("/")
-        if path.startswith("/v1/"):
-            path = path[3:]
+        version = path.find("/v1/")
+        if version >= 0:  # "/v1/models", and behind a prefix as hosted upstreams have ("/api/v1/...")
+            path = path[version + 3 :]
         try:
             route = self._routes.get(path)
             if route is None:
