@@ -72,9 +72,14 @@ def test_route_command_sends_seed2_long_cjk_prompt_to_sglang_tilelang(tmp_path: 
 
 
 def test_route_command_reports_an_unknown_model_in_one_line_and_exits_1(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[providers.hosted]\napi_base = "http://127.0.0.1:9/v1"\nmodels = ["llama-3-8b-instruct", "qwen2.5-72b-instruct"]\n',
+        encoding="utf-8",
+    )
     body = _write_body(tmp_path, {"model": "gpt-4o", "messages": []})
     result = subprocess.run(
-        [sys.executable, "-m", "latgate", "route", "--config", str(SEED2), str(body)],
+        [sys.executable, "-m", "latgate", "route", "--config", str(config), str(body)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -83,7 +88,7 @@ def test_route_command_reports_an_unknown_model_in_one_line_and_exits_1(tmp_path
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    assert "gpt-4o" in result.stderr and "llama-3-8b-instruct" in result.stderr
+    assert "gpt-4o" in result.stderr and "llama-3-8b-instruct, qwen2.5-72b-instruct" in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -305,7 +305,7 @@ def test_single_model_provider_takes_a_name_the_config_does_not_list() -> None:
 
 
 def test_rule_whose_provider_cannot_serve_the_model_is_skipped_for_the_next_rule() -> None:
-    config = _config(_provider("slow"), _provider("fast", "other"), _provider("big"), **dict(ALL_RULES))
+    config = _config(_provider("slow"), _provider("fast", "other", "another"), _provider("big"), **ALL_RULES)
     decision = Router(config).decide(_chat(), {"x-latency-sensitive": "1", "x-route-policy": "pin"})
     assert (decision.provider, decision.reason) == ("big", "policy:pin")
     assert any("latency_sensitive rule skipped" in note for note in decision.notes)

@@ -19,11 +19,13 @@ Rules, first match wins (``reason`` as in the ``X-Latgate-Route-Reason`` header)
 6. ``default``: ``routing.default_route``.
 
 A rule whose provider cannot serve the requested model is skipped, and ``notes`` says
-why. The upstream model name for a provider is, in order: its ``[aliases]`` entry, the
-public name itself when the provider serves it, or the implicit alias of a provider
-serving exactly one model, when that model's name contains every word of the public
-name (``llama-3-8b-instruct`` -> ``meta-llama/Meta-Llama-3-8B-Instruct``, never
-``qwen2.5-72b-instruct`` -> that Llama: a different model is never substituted).
+why. The upstream model name for a provider is, in order: its ``[aliases]`` entry; the
+public name itself when the provider serves it; else the implicit alias of a provider
+serving exactly one model, which takes any name the config does not list (clients
+with a hard-coded model name) and a listed name of the same model family, whose words
+all appear in the served name (``llama-3-8b-instruct`` ->
+``meta-llama/Meta-Llama-3-8B-Instruct``). A listed name of another model
+(``qwen2.5-72b-instruct``) is never replaced by that Llama.
 
 Speed: 6-8 µs per decision for a short chat (CPython 3.11 on the project's 2-core
 machine, best of 7 ``timeit`` runs), of which 1.5-2.5 µs is token estimation.
@@ -127,6 +129,7 @@ class Router:
         self._routing = routing
         self._providers = config.providers
         self._public_models = tuple(config.public_models())
+        self._listed = frozenset(config.aliases).union(*(p.models for p in config.providers.values()))
         self._exact = dict(exact_tokenizers) if exact_tokenizers is not None else _load_tokenizers(config)
         self._latency_target = routing.route_latency_sensitive_to or next(
             (name for name, provider in config.providers.items() if provider.latency_sensitive), None
@@ -222,7 +225,7 @@ class Router:
         aliases = self._config.aliases.get(public, {})
         serving: dict[str, str] = {}
         for name, provider in self._providers.items():
-            upstream = aliases.get(name) or _upstream_model(provider, public)
+            upstream = aliases.get(name) or _upstream_model(provider, public, listed=public in self._listed)
             if upstream is not None:
                 serving[name] = upstream
         return serving
@@ -349,11 +352,15 @@ def _take(
     return None
 
 
-def _upstream_model(provider: ProviderConfig, public: str) -> str | None:
-    """The model ``provider`` is sent for ``public`` without an explicit alias, or None."""
+def _upstream_model(provider: ProviderConfig, public: str, *, listed: bool) -> str | None:
+    """The model ``provider`` is sent for ``public`` without an explicit alias, or None.
+
+    ``listed``: some provider lists ``public`` or an alias defines it, so it names a
+    known model that a single-model provider must not silently replace.
+    """
     if provider.serves(public):
         return public
-    if len(provider.models) == 1 and _same_model_family(public, provider.models[0]):
+    if len(provider.models) == 1 and (not listed or _same_model_family(public, provider.models[0])):
         return provider.models[0]
     return None
 
