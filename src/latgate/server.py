@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def setup_logging(level: str) -> None:
     """Plain one-line records on stderr; access lines are JSON objects already."""
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    # httpx logs every request with its full URL at INFO: internal addresses stay out of logs.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def describe(config) -> list[str]:
