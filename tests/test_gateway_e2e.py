@@ -230,3 +230,17 @@ def test_completions_and_embeddings_are_proxied() -> None:
         assert "".join(c.choices[0].text for c in chunks if c.choices)
         emb = client.embeddings.create(model="glm-5.1", input=["a", "b"])
         assert len(emb.data) == 2 and emb.data[0].embedding
+
+
+def test_log_lines_carry_no_internal_upstream_address(caplog) -> None:
+    from latgate.server import setup_logging
+
+    setup_logging("info")
+    caplog.set_level(logging.INFO)
+    with demo_stack() as stack:
+        r = httpx.post(stack.v1 + "/chat/completions", json={"model": "glm-5.1", "messages": MESSAGES, "stream": True})
+        assert r.status_code == 200
+        ports = {str(app_url.rsplit(":", 1)[1]) for app_url in [stack.config.providers[p].endpoints[0].api_base.removesuffix("/v1") for p in stack.config.providers]}
+    assert '"provider":"vllm"' in caplog.text
+    for port in ports:
+        assert f"127.0.0.1:{port}" not in caplog.text
