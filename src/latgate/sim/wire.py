@@ -109,7 +109,7 @@ def chat_body(plans: Sequence[ChoicePlan], envelope: Envelope) -> bytes:
     """The JSON body of a non-streamed chat completion (``object: chat.completion``)."""
     choices = []
     for plan in plans:
-        message: dict[str, Any] = {"role": "assistant", "content": plan.text}
+        message: dict[str, Any] = {"role": "assistant", "content": plan.text, "refusal": None}
         if plan.tool_call is not None:
             call = plan.tool_call
             message["content"] = None
