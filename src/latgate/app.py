@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -32,12 +33,45 @@ from latgate.proxy.upstream import UpstreamClient
 log = logging.getLogger("latgate")
 
 
+class LatgateApp:
+    """The ASGI app: proxied OpenAI POSTs go straight to their handler; everything else
+    (operator routes, 404/405, lifespan) goes through FastAPI.
+
+    Why: FastAPI's middleware stack (error, exception, exit-stack, body-limit and
+    telemetry layers, the last reading ``os.environ`` on every request) cost about 10%
+    of a proxied request's CPU in a profile; a dict lookup on the path costs nothing.
+
+    Attributes:
+        fastapi: the FastAPI app behind it.
+        state: the FastAPI app's state (``state.gateway`` is the :class:`Gateway`).
+    """
+
+    def __init__(self, fastapi: FastAPI, hot_routes: dict[str, Any]) -> None:
+        self.fastapi = fastapi
+        self.state = fastapi.state
+        self._hot = hot_routes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = self._hot.get(scope["path"])
+            if handler is not None:
+                request = Request(scope, receive)
+                request.scope["app"] = self.fastapi
+                try:
+                    response = await handler(request)
+                except Exception as exc:  # a bug: never a traceback to the client
+                    response = await _unexpected(request, exc)
+                await response(scope, receive, send)
+                return
+        await self.fastapi(scope, receive, send)
+
+
 def create_app(
     config: Config,
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     env: Mapping[str, str] | None = None,
-) -> FastAPI:
+) -> LatgateApp:
     """A gateway ASGI app for ``config``.
 
     Args:
@@ -78,7 +112,7 @@ def create_app(
     app.router.routes.extend(admin.routes())
     app.add_exception_handler(HTTPException, _http_exception)
     app.add_exception_handler(Exception, _unexpected)
-    return app
+    return LatgateApp(app, openai.hot_routes())
 
 
 async def _http_exception(request: Request, exc: HTTPException) -> Response:

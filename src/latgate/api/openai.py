@@ -36,6 +36,12 @@ async def get_model(request: Request):
     return _gateway(request).model(request.path_params["model_id"])
 
 
+def hot_routes() -> dict[str, object]:
+    """Path -> handler for the proxied POSTs, dispatched without the framework's routing."""
+    table = {"/chat/completions": chat_completions, "/completions": completions, "/embeddings": embeddings}
+    return {prefix + path: handler for prefix in ("/v1", "") for path, handler in table.items()}
+
+
 def routes() -> list[Route]:
     """The OpenAI routes, each at ``/v1/...`` and at ``/...``."""
     table = [
