@@ -16,6 +16,7 @@ import sys
 from urllib.parse import urlsplit
 
 from latgate.config import ConfigError, config_warnings, load_config, resolve_config_path
+from latgate.listen import ListenError, bind_socket
 from latgate.server import LOG_LEVELS, describe, setup_logging
 
 log = logging.getLogger("latgate")
@@ -53,16 +54,19 @@ def main(args: argparse.Namespace) -> int:
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
     try:
-        asyncio.run(_run(config, host=host, port=port, log_level=args.log_level))
+        sockets = [(name, bind_socket(h, p)) for name, h, p in simulated_endpoints(config)]
+        sockets.append(("gateway", bind_socket(host, port)))
+    except ListenError as exc:
+        print(f"latgate: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        asyncio.run(_run(config, sockets=sockets, log_level=args.log_level))
     except KeyboardInterrupt:
         pass
-    except OSError as exc:
-        print(f"latgate: error: {exc.strerror or exc} (is another latgate or simulator running?)", file=sys.stderr)
-        return 1
     return 0
 
 
-async def _run(config, *, host: str, port: int, log_level: str) -> None:
+async def _run(config, *, sockets: list, log_level: str) -> None:
     import uvicorn
 
     from latgate.app import create_app
@@ -70,16 +74,23 @@ async def _run(config, *, host: str, port: int, log_level: str) -> None:
 
     uv_level = "warning" if log_level == "info" else log_level
     servers = []
-    for name, sim_host, sim_port in simulated_endpoints(config):
-        options = profile_for(config.providers[name])
-        app = create_sim_app(options)
-        servers.append(uvicorn.Server(uvicorn.Config(app, host=sim_host, port=sim_port, log_level=uv_level, access_log=False)))
-        log.info("simulator for %s on http://%s:%d", name, sim_host, sim_port)
+    for name, sock in sockets:
+        if name == "gateway":
+            app = create_app(config)
+        else:
+            app = create_sim_app(profile_for(config.providers[name]))
+            log.info("simulator for %s on http://%s", name, _address(sock))
+        options = uvicorn.Config(app, log_level=uv_level, access_log=False, server_header=False, proxy_headers=False)
+        servers.append((uvicorn.Server(options), sock))
     for line in describe(config):
         log.info(line)
-    gateway = uvicorn.Server(
-        uvicorn.Config(create_app(config), host=host, port=port, log_level=uv_level, access_log=False, server_header=False)
-    )
-    servers.append(gateway)
-    log.info("gateway on http://%s:%d/v1 -- try: curl http://%s:%d/v1/models", host, port, host, port)
-    await asyncio.gather(*(s.serve() for s in servers))
+    url = f"http://{_address(sockets[-1][1])}"
+    log.info("gateway on %s/v1 -- try: curl %s/v1/models", url, url)
+    # Each server installs its signal handler over the previous one and, on exit, hands
+    # the captured signal back down the chain: one Ctrl-C stops them all.
+    await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
+
+
+def _address(sock) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

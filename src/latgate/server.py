@@ -93,13 +93,20 @@ def run(config, *, host: str, port: int, workers: int = 1, log_level: str = "inf
         http="auto",
         timeout_keep_alive=75,
         server_header=False,
+        proxy_headers=False,  # latgate reads no client address; skips a middleware per request
     )
     if workers > 1 and config_path:
         os.environ["LATGATE_CONFIG"] = os.path.abspath(config_path)
         uvicorn.run("latgate.server:app_factory", factory=True, workers=workers, **options)
         return 0
     from latgate.app import create_app
+    from latgate.listen import ListenError, bind_socket
 
+    try:
+        sock = bind_socket(host, port)
+    except ListenError as exc:
+        print(f"latgate: error: {exc}", file=sys.stderr)
+        return 1
     server = uvicorn.Server(uvicorn.Config(create_app(config), **options))
-    server.run()
-    return 0 if server.started else 1
+    server.run(sockets=[sock])
+    return 0

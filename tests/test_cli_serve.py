@@ -1,0 +1,106 @@
+"""``latgate serve`` and ``latgate demo`` as a user runs them: real processes, Ctrl-C."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from servers import listening_socket
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [listening_socket() for _ in range(n)]
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def start(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "latgate", *args], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def wait_for_line(proc: subprocess.Popen, pattern: str) -> str:
+    """Read the process's stderr until a line matches (the process says it is ready)."""
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if re.search(pattern, line):
+            return line
+    raise AssertionError("process ended without printing %r:\n%s" % (pattern, "".join(seen)))
+
+
+def test_demo_serves_the_bundled_system_and_stops_on_ctrl_c(tmp_path) -> None:
+    gw, *sims = free_ports(4)
+    text = (ROOT / "config.toml").read_text()
+    for old, new in zip(("9101", "9102", "9103"), sims):
+        text = text.replace(f"127.0.0.1:{old}", f"127.0.0.1:{new}")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(text)
+    proc = start(["demo", "--config", str(cfg), "--port", str(gw)])
+    try:
+        wait_for_line(proc, r"gateway on http://127\.0\.0\.1:%d/v1" % gw)
+        r = httpx.post(
+            f"http://127.0.0.1:{gw}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "stream": True},
+            headers={"X-Latency-Sensitive": "1"},
+        )
+        assert r.status_code == 200 and r.headers["x-latgate-provider"] == "tile-rt"
+        assert r.text.rstrip().endswith("data: [DONE]")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=20) == 0
+    assert "Traceback" not in rest
+
+
+def test_serve_reports_a_taken_port_in_one_line(tmp_path) -> None:
+    taken = listening_socket()
+    port = taken.getsockname()[1]
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n')
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "latgate", "serve", "--config", str(cfg), "--port", str(port)],
+            capture_output=True, text=True, timeout=60,
+        )
+    finally:
+        taken.close()
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_with_a_broken_config_exits_1_with_one_line(tmp_path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[providers.p]\napi_base = "http://127.0.0.1:9/v1"\nconector = "vllm"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "latgate", "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "providers.p.conector" in lines[0] and "connector" in lines[0]
+
+
+def test_serve_answers_and_stops_on_sigterm(tmp_path) -> None:
+    (port,) = free_ports(1)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n')
+    proc = start(["serve", "--config", str(cfg), "--port", str(port)])
+    try:
+        wait_for_line(proc, r"listening on http://127\.0\.0\.1:%d" % port)
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": []})
+        assert r.status_code == 502  # nothing listens on the provider's port
+        assert "127.0.0.1:9" not in r.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        # uvicorn shuts down, then re-raises SIGTERM: the conventional "killed by TERM" status
+        assert proc.wait(timeout=20) in (0, -signal.SIGTERM)
