@@ -76,7 +76,6 @@ def main(args: argparse.Namespace) -> int:
         return 2
     for line in describe(config):
         log.info(line)
-    log.info("listening on http://%s:%d (config %s, %d worker(s))", host, port, path, args.workers)
     return run(config, host=host, port=port, workers=args.workers, log_level=args.log_level, config_path=str(path))
 
 
@@ -96,6 +95,7 @@ def run(config, *, host: str, port: int, workers: int = 1, log_level: str = "inf
         proxy_headers=False,  # latgate reads no client address; skips a middleware per request
     )
     if workers > 1 and config_path:
+        log.info("listening on http://%s:%d (config %s, %d workers)", host, port, config_path, workers)
         os.environ["LATGATE_CONFIG"] = os.path.abspath(config_path)
         uvicorn.run("latgate.server:app_factory", factory=True, workers=workers, **options)
         return 0
@@ -108,5 +108,6 @@ def run(config, *, host: str, port: int, workers: int = 1, log_level: str = "inf
         print(f"latgate: error: {exc}", file=sys.stderr)
         return 1
     server = uvicorn.Server(uvicorn.Config(create_app(config), **options))
+    log.info("listening on http://%s:%d (config %s)", host, port, config_path or config.source)
     server.run(sockets=[sock])
     return 0
