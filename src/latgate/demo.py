@@ -15,9 +15,8 @@ import logging
 import sys
 from urllib.parse import urlsplit
 
-from latgate.config import ConfigError, config_warnings, load_config, resolve_config_path
 from latgate.listen import ListenError, bind_socket
-from latgate.server import LOG_LEVELS, describe, setup_logging
+from latgate.server import LOG_LEVELS, describe, startup
 
 log = logging.getLogger("latgate")
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -42,17 +41,10 @@ def simulated_endpoints(config) -> list[tuple[str, str, int]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    setup_logging(args.log_level)
-    try:
-        path = resolve_config_path(args.config)
-        config = load_config(path)
-    except ConfigError as exc:
-        print(f"latgate: error: {exc}", file=sys.stderr)
+    started = startup(args)
+    if started is None:
         return 1
-    for warning in config_warnings(config):
-        log.warning(warning)
-    host = args.host or config.server.host
-    port = args.port if args.port is not None else config.server.port
+    config, _, host, port = started
     try:
         sockets = [(name, bind_socket(h, p)) for name, h, p in simulated_endpoints(config)]
         sockets.append(("gateway", bind_socket(host, port)))

@@ -59,18 +59,30 @@ def app_factory():
     return create_app(load_config(os.environ["LATGATE_CONFIG"]))
 
 
-def main(args: argparse.Namespace) -> int:
+def startup(args: argparse.Namespace):
+    """Shared start of ``serve`` and ``demo``: logging, config, warnings.
+
+    Returns ``(config, path, host, port)``, or ``None`` after printing the config error.
+    """
     setup_logging(args.log_level)
     try:
         path = resolve_config_path(args.config)
         config = load_config(path)
     except ConfigError as exc:
         print(f"latgate: error: {exc}", file=sys.stderr)
-        return 1
+        return None
     for warning in config_warnings(config):
         log.warning(warning)
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
+    return config, path, host, port
+
+
+def main(args: argparse.Namespace) -> int:
+    started = startup(args)
+    if started is None:
+        return 1
+    config, path, host, port = started
     if args.workers < 1:
         print("latgate: error: --workers must be at least 1", file=sys.stderr)
         return 2

@@ -277,12 +277,11 @@ class Forwarder:
     async def _status_failure(self, provider: ProviderRuntime, endpoint: EndpointState, response: Any) -> _AttemptFailed:
         status = response.status_code
         data = b""
-        with contextlib.suppress(UpstreamFailure):
-            with upstream_errors():
-                async for chunk in response.aiter_raw():
-                    data += chunk
-                    if len(data) >= MAX_ERROR_BODY_BYTES:
-                        break
+        with contextlib.suppress(UpstreamFailure), upstream_errors():
+            async for chunk in response.aiter_raw():
+                data += chunk
+                if len(data) >= MAX_ERROR_BODY_BYTES:
+                    break
         retryable = status in RETRYABLE_STATUSES
         if retryable or status in PROVIDER_AUTH_STATUSES:
             self._pool.record_outcome(provider, endpoint, ok=status == 429)

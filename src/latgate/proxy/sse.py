@@ -48,7 +48,15 @@ class StreamTap:
     """
 
     __slots__ = (
-        "_pending", "_sep", "_drop_usage", "_rewrite", "content_chunks", "usage", "done", "error", "events",
+        "_drop_usage",
+        "_pending",
+        "_rewrite",
+        "_sep",
+        "content_chunks",
+        "done",
+        "error",
+        "events",
+        "usage",
     )
 
     def __init__(self, *, drop_usage_chunk: bool = False, model_rewrite: tuple[str, str] | None = None) -> None:

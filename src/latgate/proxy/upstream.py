@@ -55,7 +55,7 @@ def upstream_errors() -> Iterator[None]:
         if isinstance(cause, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
             raise UpstreamFailure("timeout", "upstream timed out") from None
         raise UpstreamFailure("connect", "could not connect to upstream") from None
-    except (httpx.TimeoutException, asyncio.TimeoutError, aiohttp.ServerTimeoutError):
+    except (TimeoutError, httpx.TimeoutException, aiohttp.ServerTimeoutError):
         raise UpstreamFailure("timeout", "upstream timed out") from None
     except (httpx.HTTPError, aiohttp.ClientError, OSError) as exc:
         raise UpstreamFailure("read", f"upstream connection failed ({type(exc).__name__})") from None
