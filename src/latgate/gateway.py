@@ -24,6 +24,7 @@ from latgate.metrics import Metrics
 from latgate.providers import ProviderPool
 from latgate.proxy.exchange import Exchange
 from latgate.proxy.forward import Forwarder
+from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
 from latgate.routing.decision import Router
 
@@ -67,32 +68,69 @@ class Gateway:
     async def handle(self, request: Request, *, path: str) -> Any:
         """Proxy one OpenAI request (``path`` is ``/chat/completions``, ``/completions`` or
         ``/embeddings``). Never raises: errors become envelopes."""
-        received_at = time.perf_counter()
-        request_id = _request_id(request.headers.get("x-request-id"))
-        exchange = Exchange(request_id=request_id, received_at=received_at, path=path, stream=False)
+        exchange = self.new_exchange(request, path=path)
+        request_id = exchange.request_id
         try:
             body = await read_json_object(request, max_bytes=self.config.server.max_body_bytes)
             field, kind, what = REQUIRED_FIELDS[path]
             require(body, field, kind, what=what)
-            stream = body.get("stream", False)
-            if not isinstance(stream, bool):
-                raise InvalidRequest("'stream' must be a boolean", param="stream", code="invalid_type")
-            exchange.stream = stream and path != "/embeddings"
-            decision = self.router.decide(body, request.headers)
-            exchange.public_model = decision.public_model
-            exchange.prompt_tokens = decision.prompt_tokens
-            self.metrics.record_route(provider=decision.provider, reason=decision.reason)
-            if "model" not in body:
-                body["model"] = decision.public_model
-            return await self.forwarder.forward(exchange=exchange, decision=decision, body=body, path=path)
+            return await self.proxy(exchange, body=body, headers=request.headers, path=path)
         except GatewayError as error:
-            exchange.status = error.status
-            exchange.error_kind = error.code or error.type
-            exchange.finish(self.metrics)
-            headers = {}
-            if exchange.provider:
-                headers = {"x-latgate-provider": exchange.provider, "x-latgate-route-reason": exchange.reason}
-            return error_response(error, request_id=request_id, extra_headers=headers)
+            self.fail(exchange, error)
+            return error_response(error, request_id=request_id, extra_headers=self.route_headers(exchange))
+
+    async def proxy(
+        self,
+        exchange: Exchange,
+        *,
+        body: dict[str, Any],
+        headers: Mapping[str, str],
+        path: str,
+        transform: ResponseTransform | None = None,
+    ) -> Any:
+        """Route and forward an OpenAI-shaped ``body``; the entry point for translated
+        APIs too (they pass a ``transform`` for the answer).
+
+        Returns:
+            an ASGI response.
+
+        Raises:
+            GatewayError: bad request, no route, or every candidate failed; the caller
+                renders it in its API's envelope and calls :meth:`fail`.
+        """
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise InvalidRequest("'stream' must be a boolean", param="stream", code="invalid_type")
+        exchange.stream = stream and path != "/embeddings"
+        decision = self.router.decide(body, headers)
+        exchange.public_model = decision.public_model
+        exchange.prompt_tokens = decision.prompt_tokens
+        self.metrics.record_route(provider=decision.provider, reason=decision.reason)
+        if "model" not in body:
+            body["model"] = decision.public_model
+        return await self.forwarder.forward(exchange=exchange, decision=decision, body=body, path=path, transform=transform)
+
+    def new_exchange(self, request: Request, *, path: str) -> Exchange:
+        """A request record started now, with the client's or a new request id."""
+        return Exchange(
+            request_id=_request_id(request.headers.get("x-request-id")),
+            received_at=time.perf_counter(),
+            path=path,
+            stream=False,
+        )
+
+    def fail(self, exchange: Exchange, error: GatewayError) -> None:
+        """Record a request that ended in ``error`` (metrics, access log)."""
+        exchange.status = error.status
+        exchange.error_kind = error.code or error.type
+        exchange.finish(self.metrics)
+
+    @staticmethod
+    def route_headers(exchange: Exchange) -> dict[str, str]:
+        """Response headers naming where a failed request went, when it went anywhere."""
+        if not exchange.provider:
+            return {}
+        return {"x-latgate-provider": exchange.provider, "x-latgate-route-reason": exchange.reason}
 
     def models(self) -> Response:
         """``GET /v1/models``: the union of providers' models and aliases (OpenAI list shape)."""

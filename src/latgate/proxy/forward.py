@@ -32,6 +32,7 @@ from latgate.providers import EndpointState, ProviderPool, ProviderRuntime
 from latgate.proxy.exchange import Exchange
 from latgate.proxy.relay import StreamRelay
 from latgate.proxy.sse import StreamTap
+from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure, upstream_errors, upstream_headers
 from latgate.routing.decision import RouteDecision, Target
 
@@ -80,8 +81,19 @@ class Forwarder:
         self._metrics = metrics
         self._sleep = sleep
 
-    async def forward(self, *, exchange: Exchange, decision: RouteDecision, body: dict[str, Any], path: str) -> Any:
+    async def forward(
+        self,
+        *,
+        exchange: Exchange,
+        decision: RouteDecision,
+        body: dict[str, Any],
+        path: str,
+        transform: ResponseTransform | None = None,
+    ) -> Any:
         """Send ``body`` to ``path`` (``/chat/completions``...) of the decision's candidates.
+
+        ``transform`` converts the answer into another API's wire format (see
+        :mod:`latgate.proxy.transform`); without it the answer passes through.
 
         Returns:
             an ASGI response: a :class:`StreamRelay` for streams, else a ``Response``.
@@ -108,7 +120,7 @@ class Forwarder:
                 exchange.attempts += 1
                 tap = StreamTap(drop_usage_chunk=tap_drop(body), model_rewrite=_rewrite(body, target)) if exchange.stream else None
                 try:
-                    return await self._attempt(exchange, provider, endpoint, payload, tap, path)
+                    return await self._attempt(exchange, provider, endpoint, payload, tap, path, transform)
                 except _AttemptFailed as failed:
                     last = failed.error
                     if not failed.retryable or attempt == max_retries:
@@ -144,6 +156,7 @@ class Forwarder:
         payload: bytes,
         tap: StreamTap | None,
         path: str,
+        transform: ResponseTransform | None,
     ) -> Any:
         stack = contextlib.AsyncExitStack()
         await stack.enter_async_context(self._pool.in_flight(provider, endpoint))
@@ -169,8 +182,8 @@ class Forwarder:
             if response.status_code != 200:
                 raise await self._status_failure(provider, endpoint, response)
             if tap is None:
-                return await self._complete(exchange, provider, endpoint, response)
-            relay = await self._start_stream(exchange, provider, endpoint, response, tap, stack, deadline)
+                return await self._complete(exchange, provider, endpoint, response, transform)
+            relay = await self._start_stream(exchange, provider, endpoint, response, tap, stack, deadline, transform)
             handed_off = True
             return relay
         finally:
@@ -186,6 +199,7 @@ class Forwarder:
         tap: StreamTap,
         stack: contextlib.AsyncExitStack,
         deadline: float | None,
+        transform: ResponseTransform | None,
     ) -> StreamRelay:
         """Read up to the first generated content (under the first-token deadline), then
         hand the rest to a :class:`StreamRelay`."""
@@ -216,8 +230,11 @@ class Forwarder:
             raise _AttemptFailed(UpstreamError(f"provider {provider.name!r}: {message}"), retryable=True)
         self._pool.record_outcome(provider, endpoint, ok=True)
         handed = stack.pop_all()
+        content_type = response.headers.get("content-type", "text/event-stream")
+        if transform is not None:
+            content_type = transform.stream_content_type
         return StreamRelay(
-            headers=self._headers(exchange, response.headers.get("content-type", "text/event-stream")),
+            headers=self._headers(exchange, content_type),
             head=b"".join(head),
             head_units=units,
             body=body,
@@ -226,9 +243,17 @@ class Forwarder:
             metrics=self._metrics,
             on_close=handed.aclose,
             on_upstream_failure=lambda kind: self._pool.record_outcome(provider, endpoint, ok=False),
+            transform=transform,
         )
 
-    async def _complete(self, exchange: Exchange, provider: ProviderRuntime, endpoint: EndpointState, response: Any) -> Response:
+    async def _complete(
+        self,
+        exchange: Exchange,
+        provider: ProviderRuntime,
+        endpoint: EndpointState,
+        response: Any,
+        transform: ResponseTransform | None,
+    ) -> Response:
         """A non-streamed answer: read it whole, take its usage, rewrite the model name."""
         try:
             with upstream_errors():
@@ -246,6 +271,8 @@ class Forwarder:
                 parsed["model"] = exchange.public_model
                 data = orjson.dumps(parsed)
         exchange.status = 200
+        if transform is not None:
+            data = transform.complete(data)
         headers = dict(self._headers(exchange, response.headers.get("content-type", "application/json"), raw=False))
         return Response(content=data, status_code=200, headers=headers)
 

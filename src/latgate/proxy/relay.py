@@ -25,6 +25,7 @@ import orjson
 from latgate.metrics import Metrics
 from latgate.proxy.exchange import CLIENT_CLOSED, Exchange
 from latgate.proxy.sse import StreamTap
+from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamFailure, upstream_errors
 
 Scope = dict
@@ -53,6 +54,8 @@ class StreamRelay:
             in-flight slot).
         on_upstream_failure: called with the failure kind when the upstream breaks
             mid-stream (passive health).
+        transform: converts forwarded events to another dialect (see
+            :mod:`latgate.proxy.transform`); ``None`` relays bytes untouched.
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class StreamRelay:
         metrics: Metrics,
         on_close: Callable[[], object],
         on_upstream_failure: Callable[[str], None],
+        transform: ResponseTransform | None = None,
     ) -> None:
         self.headers = headers
         self.head = head
@@ -77,6 +81,7 @@ class StreamRelay:
         self.metrics = metrics
         self.on_close = on_close
         self.on_upstream_failure = on_upstream_failure
+        self.transform = transform
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ex = self.exchange
@@ -118,6 +123,8 @@ class StreamRelay:
             ex.finish(self.metrics)
 
     async def _relay(self, send: Send) -> None:
+        if self.transform is not None:
+            send = _transforming(send, self.transform)
         ex = self.exchange
         tap = self.tap
         observe_itl = self.metrics.itl_observer(provider=ex.provider, model=ex.public_model)
@@ -152,10 +159,31 @@ class StreamRelay:
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
             message = f"provider {ex.provider!r} failed mid-stream ({failure}); the response is incomplete"
-            await send({"type": "http.response.body", "body": error_event(message), "more_body": True})
             ex.status = 502
+            if self.transform is not None:
+                await send({"type": "latgate.finish", "error": message})
+            else:
+                await send({"type": "http.response.body", "body": error_event(message), "more_body": True})
+            return
+        if self.transform is not None:
+            await send({"type": "latgate.finish", "error": None})
 
     def _first_token(self, now: float) -> None:
         ex = self.exchange
         ex.first_token_at = ex.last_token_at = now
         self.metrics.record_ttft(provider=ex.provider, model=ex.public_model, seconds=now - ex.received_at)
+
+
+def _transforming(send: Send, transform: ResponseTransform) -> Send:
+    """``send`` with body bytes converted by ``transform``; ``latgate.finish`` messages
+    send the transform's closing bytes."""
+
+    async def transformed(message: dict) -> None:
+        if message["type"] == "latgate.finish":
+            body = transform.finish(error=message["error"])
+        else:
+            body = transform.feed(message["body"])
+        if body:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+
+    return transformed
