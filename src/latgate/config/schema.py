@@ -160,9 +160,16 @@ class AuthConfig(Frozen):
 
 
 class StateConfig(Frozen):
-    """``[state]``: shared state for replicas. No ``redis_url``: in-process state."""
+    """``[state]``: shared state for replicas. No ``redis_url``: in-process state.
+
+    ``fail_open``: when Redis cannot be reached, admit requests without rate limits
+    (true, the default) or refuse them with 503 (false). ``redis_timeout_ms`` bounds
+    every Redis call (connect and reply), so an unreachable Redis never hangs a request.
+    """
 
     redis_url: str | None = None
+    fail_open: bool = True
+    redis_timeout_ms: float = Field(default=100.0, gt=0, le=10_000)
 
 
 class Config(Frozen):
