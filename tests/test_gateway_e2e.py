@@ -244,3 +244,17 @@ def test_log_lines_carry_no_internal_upstream_address(caplog) -> None:
     assert '"provider":"vllm"' in caplog.text
     for port in ports:
         assert f"127.0.0.1:{port}" not in caplog.text
+
+
+def test_non_streamed_requests_are_measured_and_logged(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="latgate.access")
+    with demo_stack() as stack:
+        client = openai.OpenAI(base_url=stack.v1, api_key="k", max_retries=0)
+        client.chat.completions.create(model="glm-5.1", messages=MESSAGES, max_tokens=6)
+        client.completions.create(model="glm-5.1", prompt="x", max_tokens=3)
+        text = httpx.get(stack.url + "/metrics").text
+    assert 'latgate_requests_total{code="200",model="glm-5.1",provider="vllm"} 2.0' in text
+    assert 'latgate_completion_tokens_total{model="glm-5.1",provider="vllm"} 9.0' in text
+    assert 'latgate_e2e_request_latency_seconds_count{model="glm-5.1",provider="vllm"} 2.0' in text
+    lines = [r.getMessage() for r in caplog.records if r.name == "latgate.access"]
+    assert len(lines) == 2 and all('"stream":false' in line and '"status":200' in line for line in lines)

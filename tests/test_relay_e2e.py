@@ -180,3 +180,15 @@ def test_extra_body_fields_are_added_only_where_the_client_did_not_set_them() ->
             httpx.post(gw.v1 + "/chat/completions", json={**BODY, "top_k": 5})
         sent = upstream.requests[0].json()
         assert sent["top_k"] == 5 and sent["repetition_penalty"] == 1.05
+
+
+def test_an_upstream_echoing_latgates_key_in_its_error_never_shows_it_to_the_client() -> None:
+    secret = "sk-echo-secret-999"
+    echo = {"error": {"message": f"upstream rejected key Bearer {secret} (raw {secret})", "type": "invalid_request_error"}}
+    text = config("{base}") + 'api_key_env = "UP_KEY"\n'
+    with replay_server(ReplayScript.json_response(400, echo)) as upstream:
+        with gateway(text.replace("{base}", upstream.base_url), env={"UP_KEY": secret}) as gw:
+            r = httpx.post(gw.v1 + "/chat/completions", json=BODY)
+        assert upstream.requests[0].header("authorization") == f"Bearer {secret}"
+    assert r.status_code == 400
+    assert secret not in r.text and "<redacted>" in r.text

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+from starlette.background import BackgroundTask
 from starlette.responses import Response
 
 from latgate.config.schema import Config
@@ -44,6 +45,7 @@ BACKOFF_CAP_SECONDS = 1.0
 MAX_RETRY_AFTER_SECONDS = 5.0
 _NO_FIRST_TOKEN = UpstreamFailure("timeout", "no first token before first_token_timeout_sec")
 _URL = re.compile(rb"https?://[^\s\"'<>]+")
+_BEARER = re.compile(rb"(?i)bearer\s+[^\s\"',;]+")
 
 
 class _AttemptFailed(Exception):
@@ -226,7 +228,7 @@ class Forwarder:
         if tap.error is not None:
             self._pool.record_outcome(provider, endpoint, ok=False)
             self._metrics.record_upstream_error(provider=provider.name, kind="error_event")
-            message = _scrub(str(tap.error.get("message") or "upstream error").encode()).decode()
+            message = _scrub(str(tap.error.get("message") or "upstream error").encode(), _secrets(provider)).decode()
             raise _AttemptFailed(UpstreamError(f"provider {provider.name!r}: {message}"), retryable=True)
         self._pool.record_outcome(provider, endpoint, ok=True)
         handed = stack.pop_all()
@@ -274,13 +276,14 @@ class Forwarder:
         if transform is not None:
             data = transform.complete(data)
         headers = dict(self._headers(exchange, response.headers.get("content-type", "application/json"), raw=False))
-        return Response(content=data, status_code=200, headers=headers)
+        # Finished once the body was handed to the server (e2e includes writing it).
+        return Response(content=data, status_code=200, headers=headers, background=BackgroundTask(exchange.finish, self._metrics))
 
     def _headers(self, exchange: Exchange, content_type: str, *, raw: bool = True) -> Any:
-        pairs = [
-            ("content-type", content_type),
-            ("cache-control", "no-cache"),
-            ("x-accel-buffering", "no"),
+        pairs = [("content-type", content_type)]
+        if exchange.stream:  # no caching or proxy buffering of an event stream
+            pairs += [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
+        pairs += [
             ("x-request-id", exchange.request_id),
             ("x-latgate-provider", exchange.provider),
             ("x-latgate-route-reason", exchange.reason),
@@ -344,9 +347,20 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-def _scrub(data: bytes) -> bytes:
-    """Remove URLs from upstream error text (they can name internal hosts)."""
+def _scrub(data: bytes, secrets: tuple[bytes, ...] = ()) -> bytes:
+    """Remove URLs (they can name internal hosts), bearer tokens and the provider's own
+    key from upstream error text: an upstream may echo what it was sent."""
+    for secret in secrets:
+        if secret:
+            data = data.replace(secret, b"<redacted>")
+    data = _BEARER.sub(b"Bearer <redacted>", data)
     return _URL.sub(b"<upstream-url>", data)
+
+
+def _secrets(provider: ProviderRuntime) -> tuple[bytes, ...]:
+    """The provider's key as it could appear in an echo (the bare key, not only the header)."""
+    header = provider.auth_headers.get("authorization", "")
+    return (header.removeprefix("Bearer ").encode(),) if header else ()
 
 
 def _upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> GatewayError:
@@ -356,7 +370,7 @@ def _upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> Gate
     code: str | None = None
     param = None
     try:
-        parsed = orjson.loads(_scrub(data)) if data else None
+        parsed = orjson.loads(_scrub(data, _secrets(provider))) if data else None
     except orjson.JSONDecodeError:
         parsed = None
     if isinstance(parsed, dict):
