@@ -41,7 +41,7 @@ def simulated_endpoints(config) -> list[tuple[str, str, int]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    started = startup(args)
+    started = startup(args, simulated=lambda config: {name for name, _, _ in simulated_endpoints(config)})
     if started is None:
         return 1
     config, _, host, port = started

@@ -59,8 +59,9 @@ def app_factory():
     return create_app(load_config(os.environ["LATGATE_CONFIG"]))
 
 
-def startup(args: argparse.Namespace):
-    """Shared start of ``serve`` and ``demo``: logging, config, warnings.
+def startup(args: argparse.Namespace, *, simulated=lambda config: set()):
+    """Shared start of ``serve`` and ``demo``: logging, config, warnings (none about the
+    keys of the providers ``simulated(config)`` names: simulators need no key).
 
     Returns ``(config, path, host, port)``, or ``None`` after printing the config error.
     """
@@ -71,8 +72,10 @@ def startup(args: argparse.Namespace):
     except ConfigError as exc:
         print(f"latgate: error: {exc}", file=sys.stderr)
         return None
+    quiet = simulated(config)
     for warning in config_warnings(config):
-        log.warning(warning)
+        if not any(warning.startswith(f'provider "{name}": api_key_env') for name in quiet):
+            log.warning(warning)
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
     return config, path, host, port
