@@ -8,13 +8,20 @@ spell a label: they call :class:`Metrics` methods, which cache the labelled chil
 
 Histogram buckets follow vLLM's TTFT / time-per-output-token / e2e buckets, extended
 downwards because a low-latency decode pool answers in single milliseconds.
+
+With ``latgate serve --workers N`` each worker process records into prometheus-client's
+multiprocess files (``$PROMETHEUS_MULTIPROC_DIR``, set by the supervisor before the
+workers start) and ``GET /metrics`` on any worker aggregates every worker's files
+(:meth:`Metrics.render`). Gauges say how: in-flight requests are summed over live
+workers, endpoint health is the minimum over live workers (an endpoint any worker finds
+failing reads 0). A single process keeps the in-memory registry: no file I/O per sample.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 TTFT_BUCKETS_SECONDS = (
@@ -48,6 +55,10 @@ class Metrics:
         models: configured public and served model names; others are reported as
             ``other``.
         registry: where to register; a fresh :class:`CollectorRegistry` by default.
+        multiprocess_dir: prometheus-client's multiprocess directory when this process is
+            one of several workers (``/metrics`` then aggregates all workers' files);
+            ``None`` for a single process. The directory must also be in
+            ``$PROMETHEUS_MULTIPROC_DIR`` before ``prometheus_client`` is imported.
     """
 
     def __init__(
@@ -56,8 +67,10 @@ class Metrics:
         providers: Iterable[str],
         models: Iterable[str],
         registry: CollectorRegistry | None = None,
+        multiprocess_dir: str | None = None,
     ) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.multiprocess_dir = multiprocess_dir
         self._providers = frozenset(providers)
         self._models = frozenset(models)
         r = self.registry
@@ -70,11 +83,11 @@ class Metrics:
         self.tokens_per_second = Histogram("latgate_output_tokens_per_second", "Completion tokens / (last token time - first token time), as a client measures it", pm, buckets=TOKENS_PER_SECOND_BUCKETS, registry=r)
         self.prompt_tokens = Counter("latgate_prompt_tokens", "Prompt tokens (upstream usage when reported, else latgate's estimate)", pm, registry=r)
         self.completion_tokens = Counter("latgate_completion_tokens", "Completion tokens (upstream usage when reported, else counted chunks)", pm, registry=r)
-        self.in_flight = Gauge("latgate_in_flight_requests", "Requests being served, by provider", ("provider",), registry=r)
+        self.in_flight = Gauge("latgate_in_flight_requests", "Requests being served, by provider", ("provider",), multiprocess_mode="livesum", registry=r)
         self.upstream_errors = Counter("latgate_upstream_errors", "Upstream failures by provider and kind", ("provider", "kind"), registry=r)
         self.retries = Counter("latgate_retries", "Retries of a request on the same provider", ("provider",), registry=r)
         self.fallbacks = Counter("latgate_fallbacks", "Requests moved to the next provider before the first byte", ("from", "to"), registry=r)
-        self.provider_healthy = Gauge("latgate_provider_healthy", "1 when the endpoint can take traffic", ("provider", "endpoint"), registry=r)
+        self.provider_healthy = Gauge("latgate_provider_healthy", "1 when the endpoint can take traffic", ("provider", "endpoint"), multiprocess_mode="livemin", registry=r)
         self.overhead = Histogram("latgate_gateway_overhead_seconds", "Time latgate itself spent on a request before sending it upstream", buckets=OVERHEAD_BUCKETS_SECONDS, registry=r)
         self._children: dict[tuple[object, ...], object] = {}
 
@@ -145,6 +158,25 @@ class Metrics:
     def record_overhead(self, seconds: float) -> None:
         self.overhead.observe(seconds)
 
+    def reconfigure(self, *, providers: Iterable[str], models: Iterable[str], endpoints: Iterable[tuple[str, str]]) -> None:
+        """Adopt a reloaded config's label sets: ``models`` become the configured model
+        names, and health series of ``(provider, endpoint)`` pairs no longer configured
+        are dropped (counters keep their history, so rates stay continuous)."""
+        self._providers = frozenset(providers)
+        self._models = frozenset(models)
+        keep = set(endpoints)
+        for provider, endpoint in [labels for labels in self._health_labels() if labels not in keep]:
+            self.provider_healthy.remove(provider, endpoint)
+            self._children.pop((id(self.provider_healthy), provider, endpoint), None)
+
+    def _health_labels(self) -> list[tuple[str, str]]:
+        return [key[1:] for key in self._children if key[0] == id(self.provider_healthy)]  # type: ignore[misc]
+
     def render(self) -> tuple[bytes, str]:
-        """The exposition text and its content type, for ``GET /metrics``."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The exposition text and its content type, for ``GET /metrics`` (every worker's
+        samples, aggregated, when running as one of several workers)."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=self.multiprocess_dir)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
