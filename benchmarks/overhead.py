@@ -164,6 +164,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests (about a minute)")
     parser.add_argument("--json", help="write results to this file")
+    parser.add_argument(
+        "--transport",
+        choices=["aiohttp", "httpx"],
+        default="aiohttp",
+        help="latgate's upstream transport: aiohttp (shipped) or httpx's default, for comparison",
+    )
     parser.add_argument("--mock-upstream", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mock_upstream:
@@ -179,7 +185,8 @@ def main() -> int:
         cfg = Path(tempfile.mkdtemp()) / "config.toml"
         cfg.write_text(f'[providers.up]\napi_base = "http://127.0.0.1:{up_port}/v1"\nmodels = ["bench"]\n')
         gw_cmd = [sys.executable, "-m", "latgate", "serve", "--config", str(cfg), "--port", str(gw_port)]
-        gw = subprocess.Popen((pin + ["0"] if pin else []) + gw_cmd, stderr=subprocess.DEVNULL)
+        env = {**os.environ, "LATGATE_UPSTREAM_TRANSPORT": args.transport}
+        gw = subprocess.Popen((pin + ["0"] if pin else []) + gw_cmd, stderr=subprocess.DEVNULL, env=env)
         procs.append(gw)
         wait_port(up_port)
         wait_port(gw_port)
@@ -213,7 +220,7 @@ def main() -> int:
         for r in rows:
             if r["mode"] == "stream-64":
                 r["cpu_us_per_chunk"] = (r["cpu_us_per_request"] - base[r["concurrency"]]) / CHUNKS
-        print(f"gateway idle RSS {idle_rss:.1f} MB")
+        print(f"latgate upstream transport: {args.transport}; gateway idle RSS {idle_rss:.1f} MB")
         print(f"{'mode':<11}{'c':>4}{'rps direct':>12}{'rps latgate':>13}{'+p50 ms':>9}{'+p99 ms':>9}{'+ttfc ms':>10}{'cpu us/req':>12}{'cpu us/chunk':>14}{'rss MB':>8}")
         for r in rows:
             chunk = f"{r['cpu_us_per_chunk']:.1f}" if "cpu_us_per_chunk" in r else "-"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Iterator
 
 import aiohttp
@@ -83,9 +84,7 @@ class UpstreamClient:
     ) -> None:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         if transport is None:
-            from httpx_aiohttp import AiohttpTransport
-
-            transport = AiohttpTransport(limits=limits, verify=verify, trust_env=False)
+            transport = default_transport(limits=limits, verify=verify)
         self._timeout = httpx.Timeout(
             connect=connect_timeout_seconds,
             read=read_timeout_seconds,
@@ -141,6 +140,20 @@ class UpstreamClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+#: ``LATGATE_UPSTREAM_TRANSPORT=httpx`` selects httpx's own transport instead (for
+#: ``benchmarks/overhead.py``, which compares the two in one run).
+TRANSPORT_ENV_VAR = "LATGATE_UPSTREAM_TRANSPORT"
+
+
+def default_transport(*, limits: httpx.Limits, verify: bool) -> httpx.AsyncBaseTransport:
+    """The aiohttp transport, or httpx's default one when the environment asks for it."""
+    if os.environ.get(TRANSPORT_ENV_VAR) == "httpx":
+        return httpx.AsyncHTTPTransport(limits=limits, verify=verify, trust_env=False)
+    from httpx_aiohttp import AiohttpTransport
+
+    return AiohttpTransport(limits=limits, verify=verify, trust_env=False)
 
 
 def upstream_headers(*, auth: dict[str, str], request_id: str, stream: bool) -> dict[str, str]:
