@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from latgate import __version__
-from latgate.api import admin, openai
+from latgate.api import admin, openai, responses
 from latgate.api.body import error_response
 from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
@@ -112,7 +112,7 @@ def create_app(
     app.router.routes.extend(admin.routes())
     app.add_exception_handler(HTTPException, _http_exception)
     app.add_exception_handler(Exception, _unexpected)
-    return LatgateApp(app, openai.hot_routes())
+    return LatgateApp(app, {**openai.hot_routes(), **responses.hot_routes()})
 
 
 async def _http_exception(request: Request, exc: HTTPException) -> Response:

@@ -1,0 +1,185 @@
+"""Chat completions answer -> OpenAI Responses API ``Response`` object (non-streamed).
+
+Source: the OpenAI API reference, "Responses" (schemas ``Response``, ``OutputMessage``,
+``FunctionToolCall``, ``ReasoningItem``, ``ResponseUsage``) and "Chat Completions"
+(``CreateChatCompletionResponse``).
+
+The first choice becomes the response's ``output``, in the order a Responses model
+emits its items: a ``reasoning`` item (from ``reasoning_content`` / ``reasoning``), a
+``message`` item (text and refusal parts), then one ``function_call`` item per tool
+call. ``finish_reason`` ``length`` and ``content_filter`` make the response
+``incomplete`` with that reason, as the Responses API reports them. The shared helpers
+here also build the streamed events' response snapshots (:mod:`.responses_stream`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import orjson
+
+#: chat ``finish_reason`` -> Responses ``incomplete_details.reason``.
+INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def new_id(prefix: str) -> str:
+    """A fresh item id such as ``resp_9f...`` (prefixes as the Responses API uses them)."""
+    return f"{prefix}_{secrets.token_hex(16)}"
+
+
+def response_object(
+    *,
+    response_id: str,
+    created_at: int,
+    echo: dict[str, Any],
+    model: str,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+    incomplete_reason: str | None = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A ``Response`` object.
+
+    Args:
+        response_id: ``resp_...``.
+        created_at: Unix seconds.
+        echo: the request fields repeated back (:attr:`ChatTranslation.echo`).
+        model: the model name the client asked for.
+        status: ``in_progress``, ``completed``, ``incomplete`` or ``failed``.
+        output: the output items so far.
+        usage: a Responses ``usage`` object, or ``None`` until known.
+        incomplete_reason: ``max_output_tokens`` or ``content_filter`` when incomplete.
+        error: ``{"code", "message"}`` when failed.
+    """
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "completed_at": int(time.time()) if status == "completed" else None,
+        "error": error,
+        "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
+        "instructions": echo["instructions"],
+        "max_output_tokens": echo["max_output_tokens"],
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": echo["parallel_tool_calls"],
+        "previous_response_id": None,
+        "reasoning": echo["reasoning"],
+        "store": False,
+        "temperature": echo["temperature"],
+        "text": echo["text"],
+        "tool_choice": echo["tool_choice"],
+        "tools": echo["tools"],
+        "top_p": echo["top_p"],
+        "truncation": "disabled",
+        "usage": usage,
+        "user": echo["user"],
+        "metadata": echo["metadata"],
+        "prompt_cache_key": echo["prompt_cache_key"],
+    }
+
+
+def response_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A Responses ``usage`` object from a chat ``usage`` (``None`` stays ``None``).
+
+    ``prompt_tokens`` -> ``input_tokens`` (``prompt_tokens_details.cached_tokens`` ->
+    ``input_tokens_details.cached_tokens``), ``completion_tokens`` -> ``output_tokens``
+    (``completion_tokens_details.reasoning_tokens`` -> ``output_tokens_details``).
+    """
+    if not isinstance(usage, dict):
+        return None
+    prompt = _int(usage.get("prompt_tokens"))
+    completion = _int(usage.get("completion_tokens"))
+    prompt_details = usage.get("prompt_tokens_details") or {}
+    completion_details = usage.get("completion_tokens_details") or {}
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": _int(prompt_details.get("cached_tokens")), "cache_write_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": _int(completion_details.get("reasoning_tokens"))},
+        "total_tokens": _int(usage.get("total_tokens")) or prompt + completion,
+    }
+
+
+def message_item(*, item_id: str, status: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """An assistant ``message`` output item."""
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": parts}
+
+
+def text_part(text: str) -> dict[str, Any]:
+    """An ``output_text`` content part."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def refusal_part(text: str) -> dict[str, Any]:
+    """A ``refusal`` content part."""
+    return {"type": "refusal", "refusal": text}
+
+
+def function_call_item(*, item_id: str, status: str, call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """A ``function_call`` output item."""
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
+
+
+def reasoning_item(*, item_id: str, status: str, text: str) -> dict[str, Any]:
+    """A ``reasoning`` output item carrying the provider's reasoning text."""
+    content = [{"type": "reasoning_text", "text": text}] if text else []
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
+
+
+def chat_to_response(body: bytes, *, echo: dict[str, Any]) -> bytes:
+    """Translate a whole chat completions answer into a Responses ``Response`` (JSON bytes).
+
+    A body that is not a chat completion (not JSON, no ``choices``) is returned
+    unchanged, so an upstream's own error text still reaches the client.
+    """
+    try:
+        chat = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if not isinstance(chat, dict) or not isinstance(chat.get("choices"), list):
+        return body
+    choice = chat["choices"][0] if chat["choices"] else {}
+    message = choice.get("message") or {}
+    output: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        output.append(reasoning_item(item_id=new_id("rs"), status="completed", text=reasoning))
+    parts = []
+    if isinstance(message.get("content"), str) and message["content"]:
+        parts.append(text_part(message["content"]))
+    if isinstance(message.get("refusal"), str) and message["refusal"]:
+        parts.append(refusal_part(message["refusal"]))
+    if parts:
+        output.append(message_item(item_id=new_id("msg"), status="completed", parts=parts))
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        output.append(
+            function_call_item(
+                item_id=new_id("fc"),
+                status="completed",
+                call_id=str(call.get("id") or new_id("call")),
+                name=str(function.get("name") or ""),
+                arguments=str(function.get("arguments") or ""),
+            )
+        )
+    incomplete = INCOMPLETE_REASONS.get(choice.get("finish_reason"))
+    response = response_object(
+        response_id=new_id("resp"),
+        created_at=_int(chat.get("created")) or int(time.time()),
+        echo=echo,
+        model=str(chat.get("model") or echo["model"] or ""),
+        status="incomplete" if incomplete else "completed",
+        output=output,
+        usage=response_usage(chat.get("usage")),
+        incomplete_reason=incomplete,
+    )
+    return orjson.dumps(response)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
