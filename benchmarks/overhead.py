@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -175,7 +176,7 @@ def main() -> int:
     if args.mock_upstream:
         run_mock_upstream(args.mock_upstream)
         return 0
-    pin = ["taskset", "-c"] if subprocess.run(["which", "taskset"], capture_output=True).returncode == 0 else None
+    pin = ["taskset", "-c"] if shutil.which("taskset") else None
     os.sched_setaffinity(0, {1})
     up_port, gw_port = free_port(), free_port()
     procs = []
