@@ -1,0 +1,194 @@
+"""Reloading the config while serving: SIGHUP and ``POST /admin/reload``.
+
+A reload reads the config file the gateway was started with, validates it completely,
+builds a new :class:`~latgate.gateway.Gateway` from it, and only then swaps it into
+``app.state.gateway`` (one attribute assignment: atomic for the event loop). Requests
+already in flight keep the ``Gateway`` they started with and finish on the old config;
+new requests get the new one. An invalid file changes nothing: the error (one line:
+file, key, fix) is returned or logged, and the old config keeps serving.
+
+What carries over: the metrics (counters keep counting, so ``rate()`` stays continuous)
+and the pooled upstream client when the ``[defaults]`` timeouts are unchanged. What
+starts afresh: the providers' run-time state (in-flight counts, passive health). What
+needs a restart: the listen address (``[server] host``/``port``): a reload that changes
+it says so and keeps listening where it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from latgate.api.body import error_response
+from latgate.config import ConfigError, load_config
+from latgate.config.schema import Config
+from latgate.errors import InvalidRequest
+from latgate.gateway import Gateway
+from latgate.proxy.upstream import UpstreamClient
+
+log = logging.getLogger("latgate")
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    """What a successful reload changed.
+
+    Attributes:
+        source: the config file read.
+        providers: provider names now configured.
+        added / removed: providers that appeared / disappeared.
+        restart_needed: keys whose new value applies only after a restart.
+    """
+
+    source: str
+    providers: tuple[str, ...]
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    restart_needed: tuple[str, ...]
+
+    def summary(self) -> str:
+        """One log line's worth."""
+        parts = [f"reloaded {self.source}: providers {', '.join(self.providers)}"]
+        if self.added:
+            parts.append(f"added {', '.join(self.added)}")
+        if self.removed:
+            parts.append(f"removed {', '.join(self.removed)}")
+        if self.restart_needed:
+            parts.append(f"{', '.join(self.restart_needed)} changed: applies after a restart")
+        return "; ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "status": "reloaded",
+            "config": self.source,
+            "providers": list(self.providers),
+            "added": list(self.added),
+            "removed": list(self.removed),
+            "restart_needed": list(self.restart_needed),
+        }
+
+
+class UpstreamClients:
+    """The upstream client of the current config, and those retired by reloads.
+
+    A reload that keeps the ``[defaults]`` connect and read timeouts keeps the client
+    (and its warm connection pool); one that changes them gets a new client. A retired
+    client may still carry requests of the old config, so it is closed only by
+    :meth:`aclose` when the app shuts down.
+
+    Args:
+        transport: replaces the upstream transport of every client (tests).
+    """
+
+    def __init__(self, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self._transport = transport
+        self._current: UpstreamClient | None = None
+        self._timeouts: tuple[float, float] | None = None
+        self._retired: list[UpstreamClient] = []
+
+    def client_for(self, config: Config) -> UpstreamClient:
+        """The client to use for ``config``."""
+        timeouts = (config.defaults.connect_timeout_sec, config.defaults.timeout_sec)
+        if self._current is None or timeouts != self._timeouts:
+            if self._current is not None:
+                self._retired.append(self._current)
+            self._current = UpstreamClient(
+                connect_timeout_seconds=timeouts[0], read_timeout_seconds=timeouts[1], transport=self._transport
+            )
+            self._timeouts = timeouts
+        return self._current
+
+    async def aclose(self) -> None:
+        """Close every client (app shutdown)."""
+        for client in [*self._retired, *([self._current] if self._current else [])]:
+            await client.aclose()
+        self._retired.clear()
+        self._current = None
+
+
+class Reloader:
+    """Swaps a new :class:`Gateway` into ``state.gateway`` from the config file.
+
+    Args:
+        state: the app's state; ``state.gateway`` is read and replaced.
+        build_gateway: builds everything derived from a config (``create_app``'s).
+        env: variables for ``${VAR}`` expansion (``os.environ`` by default).
+        notify: called after a reload requested over HTTP succeeded (a worker tells its
+            supervisor, which reloads the other workers).
+    """
+
+    def __init__(
+        self,
+        *,
+        state: Any,
+        build_gateway: Callable[[Config], Gateway],
+        env: Mapping[str, str] | None = None,
+        notify: Callable[[], None] | None = None,
+    ) -> None:
+        self._state = state
+        self._build = build_gateway
+        self._env = env
+        self.notify = notify
+
+    def reload(self) -> ReloadResult:
+        """Re-read the config file the current gateway was loaded from and swap it in.
+
+        Raises:
+            ConfigError: the file is missing or invalid; nothing changed.
+        """
+        old: Gateway = self._state.gateway
+        config = load_config(old.config.source, env=self._env)
+        gateway = self._build(config)
+        self._state.gateway = gateway
+        result = _compare(old.config, config)
+        log.info(result.summary())
+        return result
+
+    def reload_logged(self) -> bool:
+        """:meth:`reload`, reporting the outcome in the log only (SIGHUP). True on success."""
+        try:
+            self.reload()
+        except ConfigError as exc:
+            log.error("reload rejected, still serving the previous config: %s", exc)
+            return False
+        return True
+
+
+async def reload_endpoint(request: Request) -> Response:
+    """``POST /admin/reload``: reload the config file.
+
+    200 with ``{"status": "reloaded", "config", "providers", "added", "removed",
+    "restart_needed"}``; 400 in the OpenAI error envelope (code ``invalid_config``, the
+    config error's line as message) when the file is invalid, the old config serving on.
+    Like every ``/admin/*`` route, it needs an admin key when ``[auth]`` is on.
+    """
+    reloader: Reloader = request.app.state.reloader
+    try:
+        result = reloader.reload()
+    except ConfigError as exc:
+        log.error("reload rejected, still serving the previous config: %s", exc)
+        error = InvalidRequest(f"config rejected, still serving the previous one: {exc}", code="invalid_config")
+        return error_response(error, request_id=request.headers.get("x-request-id", "-")[:128])
+    if reloader.notify is not None:
+        reloader.notify()
+    return Response(orjson.dumps(result.as_dict()), media_type="application/json")
+
+
+def _compare(old: Config, new: Config) -> ReloadResult:
+    restart = [
+        f"server.{key}" for key in ("host", "port") if getattr(old.server, key) != getattr(new.server, key)
+    ]
+    return ReloadResult(
+        source=new.source,
+        providers=tuple(new.providers),
+        added=tuple(name for name in new.providers if name not in old.providers),
+        removed=tuple(name for name in old.providers if name not in new.providers),
+        restart_needed=tuple(restart),
+    )
