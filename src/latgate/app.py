@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from latgate import __version__
 from latgate.api import admin, anthropic, openai, responses
@@ -28,7 +29,7 @@ from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
 from latgate.gateway import Gateway
 from latgate.metrics import Metrics
-from latgate.proxy.upstream import UpstreamClient
+from latgate.reload import Reloader, UpstreamClients, reload_endpoint
 
 log = logging.getLogger("latgate")
 
@@ -71,6 +72,7 @@ def create_app(
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     env: Mapping[str, str] | None = None,
+    metrics_multiprocess_dir: str | None = None,
 ) -> LatgateApp:
     """A gateway ASGI app for ``config``.
 
@@ -78,26 +80,33 @@ def create_app(
         config: the resolved config (see :func:`latgate.config.load_config`).
         transport: replaces the upstream transport (tests: respx, an ASGI transport).
         env: environment read for provider keys (``os.environ`` by default).
+        metrics_multiprocess_dir: set in each worker of ``serve --workers N``: metrics
+            go to prometheus-client's multiprocess files there (see :mod:`latgate.metrics`).
 
     The upstream client is opened lazily on the app's event loop and closed on shutdown.
+    ``app.state.reloader`` reloads the config file (SIGHUP, ``POST /admin/reload``).
     """
     metrics = Metrics(
         providers=config.providers,
         models=_model_labels(config),
+        multiprocess_dir=metrics_multiprocess_dir,
     )
-    client = UpstreamClient(
-        connect_timeout_seconds=config.defaults.connect_timeout_sec,
-        read_timeout_seconds=config.defaults.timeout_sec,
-        transport=transport,
-    )
-    gateway = Gateway(config=config, client=client, metrics=metrics, env=env)
+    clients = UpstreamClients(transport=transport)
+
+    def build_gateway(config: Config) -> Gateway:
+        # Everything derived from the config hangs off the Gateway built here, so a
+        # reload (latgate/reload.py) replaces all of it in one swap.
+        gateway = Gateway(config=config, client=clients.client_for(config), metrics=metrics, env=env)
+        endpoints = [(name, ep.id) for name, p in config.providers.items() for ep in p.endpoints]
+        metrics.reconfigure(providers=config.providers, models=_model_labels(config), endpoints=endpoints)
+        return gateway
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             yield
         finally:
-            await client.aclose()
+            await clients.aclose()
 
     app = FastAPI(
         title="latgate",
@@ -107,10 +116,13 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
     )
-    app.state.gateway = gateway
+    app.state.gateway = build_gateway(config)
+    app.state.reloader = Reloader(state=app.state, build_gateway=build_gateway, env=env)
     app.router.routes.extend(openai.routes())
     app.router.routes.extend(anthropic.routes())
     app.router.routes.extend(admin.routes())
+    # /admin/*: operator routes (an admin key when [auth] is on).
+    app.router.routes.append(Route("/admin/reload", reload_endpoint, methods=["POST"]))
     app.add_exception_handler(HTTPException, _http_exception)
     app.add_exception_handler(Exception, _unexpected)
     return LatgateApp(app, {**openai.hot_routes(), **responses.hot_routes(), **anthropic.hot_routes()})
