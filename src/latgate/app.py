@@ -10,6 +10,7 @@ One request: ``api/openai.py`` handler -> ``Gateway.handle`` (``gateway.py``): b
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -25,11 +27,13 @@ from starlette.routing import Route
 from latgate import __version__
 from latgate.api import admin, anthropic, openai, responses
 from latgate.api.body import error_response
+from latgate.auth import AuthGuard
 from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
 from latgate.gateway import Gateway
 from latgate.metrics import Metrics
 from latgate.reload import Reloader, UpstreamClients, reload_endpoint
+from latgate.state import StateStores, run_health_sync
 
 log = logging.getLogger("latgate")
 
@@ -41,6 +45,10 @@ class LatgateApp:
     Why: FastAPI's middleware stack (error, exception, exit-stack, body-limit and
     telemetry layers, the last reading ``os.environ`` on every request) cost about 10%
     of a proxied request's CPU in a profile; a dict lookup on the path costs nothing.
+
+    With ``[auth]``, ``/admin/*`` needs an admin key and the model list a valid key
+    (proxied routes check keys in :class:`Gateway`); ``/``, ``/healthz``, ``/readyz``,
+    ``/metrics`` and ``/openapi.json`` stay open for probes and scrapers.
 
     Attributes:
         fastapi: the FastAPI app behind it.
@@ -63,6 +71,11 @@ class LatgateApp:
                 except Exception as exc:  # a bug: never a traceback to the client
                     response = await _unexpected(request, exc)
                 await response(scope, receive, send)
+                return
+        if scope["type"] == "http" and self.state.gateway.guard is not None:
+            denied = _key_required(self.state.gateway.guard, scope)
+            if denied is not None:
+                await denied(scope, receive, send)
                 return
         await self.fastapi(scope, receive, send)
 
@@ -92,20 +105,27 @@ def create_app(
         multiprocess_dir=metrics_multiprocess_dir,
     )
     clients = UpstreamClients(transport=transport)
+    states = StateStores()
 
     def build_gateway(config: Config) -> Gateway:
         # Everything derived from the config hangs off the Gateway built here, so a
         # reload (latgate/reload.py) replaces all of it in one swap.
-        gateway = Gateway(config=config, client=clients.client_for(config), metrics=metrics, env=env)
+        gateway = Gateway(
+            config=config, client=clients.client_for(config), metrics=metrics, env=env, state=states.store_for(config.state)
+        )
         endpoints = [(name, ep.id) for name, p in config.providers.items() for ep in p.endpoints]
         metrics.reconfigure(providers=config.providers, models=_model_labels(config), endpoints=endpoints)
         return gateway
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        health_sync = asyncio.create_task(run_health_sync(lambda: app.state.gateway.health_sync))
         try:
             yield
         finally:
+            health_sync.cancel()
+            await asyncio.gather(health_sync, return_exceptions=True)
+            await states.aclose()
             await clients.aclose()
 
     app = FastAPI(
@@ -142,6 +162,23 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     log.error("internal error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
     error = GatewayError("internal error in latgate", code="internal_error")
     return error_response(error, request_id="-")
+
+
+_MODEL_PATHS = ("/v1/models", "/models")
+
+
+def _key_required(guard: AuthGuard, scope: dict) -> Response | None:
+    """The 401/403 envelope for an admin or model-list request without the key it
+    needs, else ``None``."""
+    path = scope["path"]
+    try:
+        if path.startswith("/admin"):
+            guard.authorize_admin(Headers(scope=scope))
+        elif path.startswith(_MODEL_PATHS):
+            guard.authenticate(Headers(scope=scope))
+    except GatewayError as error:
+        return error_response(error, request_id="-")
+    return None
 
 
 def _model_labels(config: Config) -> set[str]:

@@ -1,8 +1,9 @@
 """The gateway's run-time core: one request from parsed body to ASGI response.
 
 ``Gateway.handle`` is the whole path of a proxied request and reads top to bottom:
-read body -> validate -> ``Router.decide`` -> ``Forwarder.forward`` (retries, fallback,
-stream relay) -> metrics and access log via the request's :class:`Exchange`.
+authenticate (with ``[auth]`` only) -> read body -> validate -> ``Router.decide`` ->
+key checks and limits (with ``[auth]`` only) -> ``Forwarder.forward`` (retries,
+fallback, stream relay) -> metrics and access log via the request's :class:`Exchange`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from latgate.api.body import error_response, read_json_object, require
+from latgate.auth import AuthGuard, Caller, forward_within_limits
 from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest
 from latgate.metrics import Metrics
@@ -27,6 +29,7 @@ from latgate.proxy.forward import Forwarder
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
 from latgate.routing.decision import Router
+from latgate.state import HealthSync, RedisState, StateStore, open_state
 
 log = logging.getLogger("latgate")
 
@@ -47,15 +50,35 @@ class Gateway:
         client: the pooled upstream client.
         metrics: this app's metrics.
         env: where provider keys are read from (``os.environ`` by default).
+        state: rate-limit state kept across reloads (by default a new one for
+            ``config.state``; see :class:`latgate.state.StateStores`).
+
+    Attributes (with ``[auth]`` / Redis only, else ``None``): ``guard`` checks keys
+    (:mod:`latgate.auth`); ``health_sync`` shares endpoint health with other replicas.
     """
 
-    def __init__(self, *, config: Config, client: UpstreamClient, metrics: Metrics, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        client: UpstreamClient,
+        metrics: Metrics,
+        env: Mapping[str, str] | None = None,
+        state: StateStore | None = None,
+    ) -> None:
         self.config = config
         self.metrics = metrics
         self.client = client
         self.router = Router(config)
         self.pool = ProviderPool(config, metrics=metrics, env=env)
         self.forwarder = Forwarder(config=config, pool=self.pool, client=client, metrics=metrics)
+        self.state = open_state(config.state) if state is None else state
+        self.guard: AuthGuard | None = None
+        if config.auth is not None:
+            self.guard = AuthGuard(config=config.auth, store=self.state, fail_open=config.state.fail_open)
+        self.health_sync: HealthSync | None = None
+        if isinstance(self.state, RedisState):
+            self.health_sync = HealthSync(store=self.state, pool=self.pool, metrics=metrics)
         self.models_body = orjson.dumps(
             {
                 "object": "list",
@@ -71,10 +94,11 @@ class Gateway:
         exchange = self.new_exchange(request, path=path)
         request_id = exchange.request_id
         try:
+            caller = None if self.guard is None else self.guard.authenticate(request.headers)
             body = await read_json_object(request, max_bytes=self.config.server.max_body_bytes)
             field, kind, what = REQUIRED_FIELDS[path]
             require(body, field, kind, what=what)
-            return await self.proxy(exchange, body=body, headers=request.headers, path=path)
+            return await self.proxy(exchange, body=body, headers=request.headers, path=path, caller=caller)
         except GatewayError as error:
             self.fail(exchange, error)
             return error_response(error, request_id=request_id, extra_headers=self.route_headers(exchange))
@@ -87,28 +111,58 @@ class Gateway:
         headers: Mapping[str, str],
         path: str,
         transform: ResponseTransform | None = None,
+        caller: Caller | None = None,
     ) -> Any:
         """Route and forward an OpenAI-shaped ``body``; the entry point for translated
         APIs too (they pass a ``transform`` for the answer).
+
+        With ``[auth]``, the key in ``headers`` is checked here unless the handler
+        already did (``caller``, from :meth:`authenticate`); the key's policy is the
+        default route policy, its allow-list and RPM/TPM limits apply.
 
         Returns:
             an ASGI response.
 
         Raises:
-            GatewayError: bad request, no route, or every candidate failed; the caller
+            GatewayError: bad request, no route, or every candidate failed; with
+                ``[auth]`` also 401, 403 and 429 (see :mod:`latgate.auth`). The caller
                 renders it in its API's envelope and calls :meth:`fail`.
         """
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise InvalidRequest("'stream' must be a boolean", param="stream", code="invalid_type")
         exchange.stream = stream and path != "/embeddings"
-        decision = self.router.decide(body, headers)
+        guard = self.guard
+        if guard is not None and caller is None:
+            caller = guard.authenticate(headers)
+        decision = self.router.decide(body, headers, key_policy=None if caller is None else caller.policy)
         exchange.public_model = decision.public_model
         exchange.prompt_tokens = decision.prompt_tokens
+        if caller is not None:
+            guard.check_model(caller, decision.public_model)
         self.metrics.record_route(provider=decision.provider, reason=decision.reason)
         if "model" not in body:
             body["model"] = decision.public_model
+        if caller is not None and caller.limited:
+            reservation = await guard.admit(caller, body=body, prompt_tokens=decision.prompt_tokens)
+            if reservation is not None:
+                return await forward_within_limits(
+                    reservation,
+                    exchange,
+                    lambda: self.forwarder.forward(
+                        exchange=exchange, decision=decision, body=body, path=path, transform=transform
+                    ),
+                )
         return await self.forwarder.forward(exchange=exchange, decision=decision, body=body, path=path, transform=transform)
+
+    def authenticate(self, headers: Mapping[str, str]) -> Caller | None:
+        """The caller's key for handlers that do not go through :meth:`proxy` (or want
+        to refuse before reading a body); ``None`` when ``[auth]`` is absent.
+
+        Raises:
+            AuthenticationFailed: 401, no key or an unknown one.
+        """
+        return None if self.guard is None else self.guard.authenticate(headers)
 
     def new_exchange(self, request: Request, *, path: str) -> Exchange:
         """A request record started now, with the client's or a new request id."""

@@ -1,0 +1,68 @@
+"""In-process state: one replica's rate limits, in a dict.
+
+Used when ``[state]`` has no ``redis_url``. Each gateway process (each ``--workers``
+worker too) then keeps its own limits, so N processes admit up to N times a key's
+limit; use Redis for limits that hold across replicas.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from latgate.state.base import ALLOWED, Quota, Verdict, adjusted_tat, gcra_charge
+
+_EPSILON = 1e-9
+
+
+class MemoryState:
+    """Rate-limit quotas in this process (see :mod:`latgate.state.base` for GCRA).
+
+    Args:
+        clock: seconds, monotonic (``time.monotonic`` by default; tests inject one).
+
+    No lock is needed: every method runs without awaiting, so on one event loop each
+    call is atomic.
+    """
+
+    shared = False
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._tat: dict[str, float] = {}
+
+    async def acquire(self, quotas: Sequence[Quota]) -> Verdict:
+        """Charge every quota or none; see :meth:`latgate.state.base.StateStore.acquire`."""
+        now = self._clock()
+        charged: list[tuple[str, float]] = []
+        retry_after = 0.0
+        for quota in quotas:
+            new_tat, over = gcra_charge(
+                self._tat.get(quota.key, now),
+                now,
+                cost=quota.cost,
+                limit=quota.limit,
+                window_seconds=quota.window_seconds,
+            )
+            if over > _EPSILON:
+                retry_after = max(retry_after, over)
+            charged.append((quota.key, new_tat))
+        if retry_after > 0:
+            return Verdict(allowed=False, retry_after_seconds=retry_after)
+        for key, new_tat in charged:
+            self._tat[key] = new_tat
+        return ALLOWED
+
+    async def adjust(self, quota: Quota, *, delta: float) -> None:
+        """Correct a past charge by ``delta`` units."""
+        now = self._clock()
+        tat = adjusted_tat(
+            self._tat.get(quota.key, now), now, delta=delta, limit=quota.limit, window_seconds=quota.window_seconds
+        )
+        if tat <= now:
+            self._tat.pop(quota.key, None)
+        else:
+            self._tat[quota.key] = tat
+
+    async def aclose(self) -> None:
+        """Nothing to release."""

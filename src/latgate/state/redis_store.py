@@ -1,0 +1,204 @@
+"""Redis-backed state shared by every gateway replica: rate limits and provider health.
+
+Every rate-limit step is one Lua script (Redis runs a script atomically), so two
+replicas charging the same key at the same moment cannot both take the last unit.
+Time is Redis's own (``TIME``), so replicas with skewed clocks agree. Keys:
+
+- ``latgate:rl:{NAME}:rpm`` / ``latgate:rl:{NAME}:tpm``: a GCRA theoretical arrival
+  time (see :mod:`latgate.state.base`) with an expiry when it is back to full. The
+  ``{NAME}`` hash tag keeps a key's two quotas in one Redis Cluster slot.
+- ``latgate:health:PROVIDER:ENDPOINT``: present while that endpoint is ejected (see
+  :mod:`latgate.state.health`), with a time to live.
+
+Never hanging a request: every call is bounded by ``timeout_seconds`` (socket connect
+and read, and an outer deadline), redis-py's own retries are off, and after a failure
+the store does not try again for ``backoff_seconds``: calls in that period raise
+:class:`~latgate.state.base.StateUnavailable` at once. The rate limiter then fails
+open or closed as ``[state] fail_open`` says. Log lines name the exception type only,
+never the URL (it can carry a password and an internal host name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from latgate.state.base import ALLOWED, Quota, StateUnavailable, Verdict
+
+log = logging.getLogger("latgate.state")
+T = TypeVar("T")
+PREFIX = "latgate:"
+BACKOFF_SECONDS = 1.0
+
+# KEYS: one per quota. ARGV: limit, cost, window seconds for each key in turn.
+# Returns {1, "0"} when every quota was charged, {0, "<seconds to wait>"} otherwise.
+_ACQUIRE = """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local tats = {}
+local wait = 0
+for i, key in ipairs(KEYS) do
+  local limit = tonumber(ARGV[3 * i - 2])
+  local cost = tonumber(ARGV[3 * i - 1])
+  local window = tonumber(ARGV[3 * i])
+  local tat = tonumber(redis.call('GET', key) or '0')
+  if tat < now then tat = now end
+  tat = tat + cost * window / limit
+  local over = tat - now - window
+  if over > 0.000000001 and over > wait then wait = over end
+  tats[i] = tat
+end
+if wait > 0 then return {0, string.format('%.6f', wait)} end
+for i, key in ipairs(KEYS) do
+  local ttl = math.ceil((tats[i] - now) * 1000)
+  if ttl > 0 then redis.call('SET', key, string.format('%.6f', tats[i]), 'PX', ttl) end
+end
+return {1, '0'}
+"""
+
+# KEYS[1]: the quota. ARGV: limit, delta (units, may be negative), window seconds.
+_ADJUST = """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now then tat = now end
+tat = tat + tonumber(ARGV[2]) * tonumber(ARGV[3]) / tonumber(ARGV[1])
+local ttl = math.ceil((tat - now) * 1000)
+if ttl > 0 then
+  redis.call('SET', KEYS[1], string.format('%.6f', tat), 'PX', ttl)
+else
+  redis.call('DEL', KEYS[1])
+end
+return 1
+"""
+
+
+class RedisState:
+    """Rate limits and endpoint health in Redis.
+
+    Args:
+        url: ``redis://HOST:PORT/DB``, ``rediss://...`` or ``unix://PATH``.
+        timeout_seconds: bound on each call (connect, reply).
+        backoff_seconds: after a failure, calls fail at once for this long.
+        clock: monotonic seconds, for the back-off (tests inject one).
+
+    No I/O happens here: the first call connects. Use it on one event loop.
+    """
+
+    shared = True
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        timeout_seconds: float,
+        backoff_seconds: float = BACKOFF_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client = Redis.from_url(
+            url,
+            socket_timeout=timeout_seconds,
+            socket_connect_timeout=timeout_seconds,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
+        )
+        self._timeout = timeout_seconds
+        self._backoff = backoff_seconds
+        self._clock = clock
+        self._down_until = 0.0
+        self._down = False
+        self._acquire = self._client.register_script(_ACQUIRE)
+        self._adjust = self._client.register_script(_ADJUST)
+
+    @property
+    def reachable(self) -> bool:
+        """False between a failed call and the next successful one."""
+        return not self._down
+
+    async def acquire(self, quotas: Sequence[Quota]) -> Verdict:
+        """Charge every quota or none, atomically across replicas.
+
+        Raises:
+            StateUnavailable: Redis did not answer within the timeout, or is in its
+                back-off period.
+        """
+        keys = [PREFIX + q.key for q in quotas]
+        args: list[float] = []
+        for q in quotas:
+            args += (q.limit, q.cost, q.window_seconds)
+        allowed, wait = await self._call(lambda: self._acquire(keys=keys, args=args))
+        if int(allowed):
+            return ALLOWED
+        return Verdict(allowed=False, retry_after_seconds=float(wait))
+
+    async def adjust(self, quota: Quota, *, delta: float) -> None:
+        """Correct a past charge by ``delta`` units; an unreachable Redis loses it."""
+        try:
+            await self._call(
+                lambda: self._adjust(keys=[PREFIX + quota.key], args=[quota.limit, delta, quota.window_seconds])
+            )
+        except StateUnavailable:
+            pass
+
+    async def mark_endpoint(self, key: str, *, ejected: bool, ttl_seconds: float) -> None:
+        """Publish one endpoint's health: ``ejected`` sets the mark for ``ttl_seconds``,
+        else it is removed.
+
+        Raises:
+            StateUnavailable: as :meth:`acquire`.
+        """
+        name = PREFIX + "health:" + key
+        if ejected:
+            await self._call(lambda: self._client.set(name, b"ejected", px=max(1, int(ttl_seconds * 1000))))
+        else:
+            await self._call(lambda: self._client.delete(name))
+
+    async def ejected_endpoints(self, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` (``PROVIDER:ENDPOINT``) are marked ejected now.
+
+        Raises:
+            StateUnavailable: as :meth:`acquire`.
+        """
+        if not keys:
+            return set()
+        values = await self._call(lambda: self._client.mget([PREFIX + "health:" + k for k in keys]))
+        return {key for key, value in zip(keys, values, strict=True) if value is not None}
+
+    async def aclose(self) -> None:
+        """Close Redis connections."""
+        await self._client.aclose()
+
+    async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
+        if self._down and self._clock() < self._down_until:
+            raise StateUnavailable("shared state (Redis) is unreachable")
+        try:
+            async with asyncio.timeout(self._timeout):
+                result = await operation()
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._down_until = self._clock() + self._backoff
+            if not self._down:
+                self._down = True
+                log.warning(
+                    "shared state (Redis) unreachable (%s); retrying every %.1f s", _reason(exc), self._backoff
+                )
+            raise StateUnavailable("shared state (Redis) is unreachable") from None
+        if self._down:
+            self._down = False
+            log.warning("shared state (Redis) reachable again")
+        return result
+
+
+def _reason(exc: Any) -> str:
+    """The exception's type only: redis-py messages can carry host and port."""
+    return "timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
