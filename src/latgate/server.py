@@ -1,4 +1,9 @@
-"""``latgate serve``: run the gateway under uvicorn (uvloop + httptools when installed)."""
+"""``latgate serve``: run the gateway under uvicorn (uvloop + httptools when installed).
+
+One process by default; ``--workers N`` runs a supervisor and N worker processes on one
+socket (:mod:`latgate.workers`). Either way SIGTERM drains requests in flight for up to
+``--drain-timeout`` seconds and SIGHUP reloads the config (:mod:`latgate.lifecycle`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,9 @@ import os
 import sys
 
 from latgate.config import ConfigError, config_warnings, load_config, resolve_config_path
+from latgate.logs import LOG_FORMATS, configure_logging
+
+DEFAULT_DRAIN_TIMEOUT_SECONDS = 25.0  # inside Kubernetes' default 30 s termination grace period
 
 log = logging.getLogger("latgate")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -19,13 +27,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="listen port (default: [server] port)")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="default info")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="json: one JSON object per line (default text)")
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=DEFAULT_DRAIN_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="on SIGTERM, how long requests in flight may take to finish (default %(default)g)",
+    )
 
 
-def setup_logging(level: str) -> None:
-    """Plain one-line records on stderr; access lines are JSON objects already."""
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
-    # httpx logs every request with its full URL at INFO: internal addresses stay out of logs.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+def setup_logging(level: str, log_format: str = "text") -> None:
+    """One line per record on stderr, text or JSON (:mod:`latgate.logs`)."""
+    configure_logging(level=level, log_format=log_format)
 
 
 def describe(config) -> list[str]:
@@ -52,20 +66,13 @@ def describe(config) -> list[str]:
     return lines
 
 
-def app_factory():
-    """uvicorn factory for ``--workers N``: each worker loads ``$LATGATE_CONFIG``."""
-    from latgate.app import create_app
-
-    return create_app(load_config(os.environ["LATGATE_CONFIG"]))
-
-
 def startup(args: argparse.Namespace, *, simulated=lambda config: set()):
     """Shared start of ``serve`` and ``demo``: logging, config, warnings (none about the
     keys of the providers ``simulated(config)`` names: simulators need no key).
 
     Returns ``(config, path, host, port)``, or ``None`` after printing the config error.
     """
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, getattr(args, "log_format", "text"))
     try:
         path = resolve_config_path(args.config)
         config = load_config(path)
@@ -89,32 +96,36 @@ def main(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("latgate: error: --workers must be at least 1", file=sys.stderr)
         return 2
+    if args.drain_timeout < 0:
+        print("latgate: error: --drain-timeout must be >= 0 seconds", file=sys.stderr)
+        return 2
     for line in describe(config):
         log.info(line)
-    return run(config, host=host, port=port, workers=args.workers, log_level=args.log_level, config_path=str(path))
-
-
-def run(config, *, host: str, port: int, workers: int = 1, log_level: str = "info", config_path: str | None = None) -> int:
-    """Serve until interrupted. Exit code 0 on a clean stop, 1 when the port is taken."""
-    import uvicorn
-
-    options = dict(
+    return run(
+        config,
         host=host,
         port=port,
-        log_level="warning" if log_level == "info" else log_level,
-        access_log=False,
-        loop="auto",
-        http="auto",
-        timeout_keep_alive=75,
-        server_header=False,
-        proxy_headers=False,  # latgate reads no client address; skips a middleware per request
+        workers=args.workers,
+        log_level=args.log_level,
+        log_format=args.log_format,
+        drain_timeout_seconds=args.drain_timeout,
+        config_path=str(path),
     )
-    if workers > 1 and config_path:
-        log.info("listening on http://%s:%d (config %s, %d workers)", host, port, config_path, workers)
-        os.environ["LATGATE_CONFIG"] = os.path.abspath(config_path)
-        uvicorn.run("latgate.server:app_factory", factory=True, workers=workers, **options)
-        return 0
-    from latgate.app import create_app
+
+
+def run(
+    config,
+    *,
+    host: str,
+    port: int,
+    workers: int = 1,
+    log_level: str = "info",
+    log_format: str = "text",
+    drain_timeout_seconds: float = DEFAULT_DRAIN_TIMEOUT_SECONDS,
+    config_path: str | None = None,
+) -> int:
+    """Serve until SIGTERM/SIGINT (then drain). Exit code 0 on a clean stop, 1 when the
+    port is taken (or, with workers, when they crash-loop)."""
     from latgate.listen import ListenError, bind_socket
 
     try:
@@ -122,7 +133,32 @@ def run(config, *, host: str, port: int, workers: int = 1, log_level: str = "inf
     except ListenError as exc:
         print(f"latgate: error: {exc}", file=sys.stderr)
         return 1
-    server = uvicorn.Server(uvicorn.Config(create_app(config), **options))
-    log.info("listening on http://%s:%d (config %s)", host, port, config_path or config.source)
-    server.run(sockets=[sock])
+    source = config_path or config.source
+    port = sock.getsockname()[1]  # the one the kernel chose for --port 0
+    if workers > 1:
+        from latgate.workers import Supervisor
+
+        log.info("listening on http://%s:%d (config %s, %d workers)", host, port, source, workers)
+        supervisor = Supervisor(
+            sock=sock,
+            config_path=source,
+            workers=workers,
+            log_level=log_level,
+            log_format=log_format,
+            drain_timeout_seconds=drain_timeout_seconds,
+        )
+        return supervisor.run()
+    from latgate.app import create_app
+    from latgate.lifecycle import serve
+
+    app = create_app(config)
+    log.info("listening on http://%s:%d (config %s)", host, port, source)
+    serve(
+        app,
+        sock=sock,
+        reloader=app.state.reloader,
+        log_level=log_level,
+        log_format=log_format,
+        drain_timeout_seconds=drain_timeout_seconds,
+    )
     return 0

@@ -1,0 +1,67 @@
+"""Log output of the gateway process: plain text lines, or one JSON object per line.
+
+``--log-format text`` (the default) prints ``TIME LEVEL LOGGER MESSAGE``; the access log's
+message is already a JSON object (see :mod:`latgate.proxy.exchange`).
+
+``--log-format json`` prints every record as one JSON object, for log shippers (Loki,
+Fluent Bit, CloudWatch): ``{"ts", "level", "logger", "pid", "message"}``, and for the
+access log ``{"ts", "level", "logger", "pid", "request_id", "provider", ...}``: the access fields are
+spliced in at the top level instead of being nested as a string. Tracebacks are never
+printed; an exception becomes its type name in ``"error"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from datetime import UTC, datetime
+
+import orjson
+
+LOG_FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+TEXT_FORMAT_WITH_PID = "%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s"
+ACCESS_LOGGER = "latgate.access"
+
+
+class JsonLineFormatter(logging.Formatter):
+    """One JSON object per record (see the module docstring for its fields)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        head = {
+            "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "pid": record.process,
+        }
+        message = record.getMessage()
+        if record.name == ACCESS_LOGGER and message.startswith("{") and message.endswith("}") and len(message) > 2:
+            # The access line is a JSON object already: splice, don't re-encode.
+            return orjson.dumps(head).decode()[:-1] + "," + message[1:]
+        head["message"] = message
+        if record.exc_info and record.exc_info[0] is not None:
+            head["error"] = record.exc_info[0].__name__
+        return orjson.dumps(head).decode()
+
+
+def configure_logging(*, level: str, log_format: str = "text", show_pid: bool = False) -> None:
+    """Send latgate's and uvicorn's records to stderr at ``level`` in ``log_format``.
+
+    Args:
+        level: ``debug``, ``info``, ``warning`` or ``error``.
+        log_format: ``text`` or ``json`` (:data:`LOG_FORMATS`).
+        show_pid: put the process id in text lines too (worker processes); JSON lines
+            always carry it.
+
+    Like :func:`logging.basicConfig`, this does nothing to a root logger that has
+    handlers already (pytest's capture, an embedding application). httpx's per-request
+    lines (full upstream URLs) stay out either way.
+    """
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonLineFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT_WITH_PID if show_pid else TEXT_FORMAT))
+        root.addHandler(handler)
+        root.setLevel(level.upper())
+    # httpx logs every request with its full URL at INFO: internal addresses stay out of logs.
+    logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -1,0 +1,262 @@
+"""``latgate serve --workers N``: one supervisor process, N worker processes, one socket.
+
+The supervisor binds the listening socket (so a taken port is one line, before anything
+starts), then starts N workers with Python's ``spawn`` method, each serving the same
+socket: the kernel hands each new connection to one of them. Each worker is a complete
+gateway (:func:`latgate.lifecycle.serve`) with its own routing state: endpoint choice by
+fewest requests in flight and passive health are per worker, which stays sensible
+because connections spread evenly over workers, so each sees a fair sample of each
+endpoint's behaviour. ``/metrics`` on any worker reports all workers
+(:mod:`latgate.metrics`, prometheus-client's multiprocess mode in
+``$PROMETHEUS_MULTIPROC_DIR``, a temporary directory unless set).
+
+Signals to the supervisor:
+
+- SIGTERM / SIGINT: close its copy of the socket, send SIGTERM to every worker (each
+  drains, see :mod:`latgate.lifecycle`), wait up to the drain timeout plus
+  :data:`SHUTDOWN_GRACE_SECONDS`, then kill what is left. A second SIGINT kills at once.
+- SIGHUP: validate the config file; if it is valid send SIGHUP to every worker (each
+  reloads), else log why and leave them as they are. A worker answering
+  ``POST /admin/reload`` reloads itself, then sends SIGHUP here so the others follow.
+
+A worker that dies is replaced; one that dies within :data:`MIN_UPTIME_SECONDS` of its
+start stops the supervisor (a crash loop helps nobody).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from pathlib import Path
+
+from latgate.config import ConfigError, load_config
+
+log = logging.getLogger("latgate")
+
+MULTIPROC_ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"
+SHUTDOWN_GRACE_SECONDS = 5.0
+MIN_UPTIME_SECONDS = 1.0
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker process needs (pickled to it by ``spawn``)."""
+
+    index: int
+    sock: socket.socket
+    config_path: str
+    metrics_dir: str
+    log_level: str
+    log_format: str
+    drain_timeout_seconds: float
+
+
+def run_worker(spec: WorkerSpec) -> None:
+    """A worker process's body: load the config, serve until SIGTERM. Exit 1 on a config error."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor turns Ctrl-C into SIGTERM
+    from latgate.logs import configure_logging
+
+    configure_logging(level=spec.log_level, log_format=spec.log_format, show_pid=True)
+    try:
+        config = load_config(spec.config_path)
+    except ConfigError as exc:
+        log.error("worker %d: %s", spec.index, exc)
+        raise SystemExit(1) from None
+    from latgate.app import create_app
+    from latgate.lifecycle import serve
+
+    app = create_app(config, metrics_multiprocess_dir=spec.metrics_dir)
+    app.state.reloader.notify = _notify_supervisor
+    log.info("worker %d (pid %d) serving", spec.index, os.getpid())
+    serve(
+        app,
+        sock=spec.sock,
+        reloader=app.state.reloader,
+        log_level=spec.log_level,
+        log_format=spec.log_format,
+        drain_timeout_seconds=spec.drain_timeout_seconds,
+        handle_sigint=False,
+    )
+
+
+def _notify_supervisor() -> None:
+    os.kill(os.getppid(), signal.SIGHUP)
+
+
+class Supervisor:
+    """Starts, replaces, reloads and stops the workers (see the module docstring).
+
+    Args:
+        sock: the bound, listening socket all workers serve.
+        config_path: the config file each worker loads (validated by the caller).
+        workers: how many worker processes.
+        log_level / log_format: the workers' logging.
+        drain_timeout_seconds: each worker's drain timeout after SIGTERM.
+    """
+
+    def __init__(
+        self,
+        *,
+        sock: socket.socket,
+        config_path: str,
+        workers: int,
+        log_level: str,
+        log_format: str,
+        drain_timeout_seconds: float,
+    ) -> None:
+        self._sock = sock
+        self._config_path = os.path.abspath(config_path)
+        self._count = workers
+        self._log_level = log_level
+        self._log_format = log_format
+        self._drain_timeout_seconds = drain_timeout_seconds
+        self._context = multiprocessing.get_context("spawn")
+        self._procs: dict[int, multiprocessing.process.BaseProcess] = {}
+        self._started_at: dict[int, float] = {}
+        self._stopping = False
+        self._deadline: float | None = None
+        self._exit_code = 0
+
+    def run(self) -> int:
+        """Run until stopped; returns the exit code (0, or 1 after a crash loop)."""
+        with _metrics_dir() as metrics_dir, _signal_pipe() as wakeup:
+            self._metrics_dir = metrics_dir
+            for index in range(self._count):
+                self._start(index)
+            while self._procs:
+                timeout = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+                ready = wait([wakeup, *(p.sentinel for p in self._procs.values())], timeout)
+                if wakeup in ready:
+                    for signum in os.read(wakeup, 512):
+                        self._on_signal(signum)
+                self._reap()
+                if self._deadline is not None and time.monotonic() >= self._deadline:
+                    self._kill_all("drain timeout passed")
+        return self._exit_code
+
+    def _start(self, index: int) -> None:
+        spec = WorkerSpec(
+            index=index,
+            sock=self._sock,
+            config_path=self._config_path,
+            metrics_dir=self._metrics_dir,
+            log_level=self._log_level,
+            log_format=self._log_format,
+            drain_timeout_seconds=self._drain_timeout_seconds,
+        )
+        proc = self._context.Process(target=run_worker, args=(spec,), name=f"latgate-worker-{index}")
+        proc.start()
+        self._procs[index] = proc
+        self._started_at[index] = time.monotonic()
+
+    def _on_signal(self, signum: int) -> None:
+        if signum == signal.SIGHUP:
+            self._reload()
+        elif not self._stopping:
+            self._stop(signal.Signals(signum).name)
+        elif signum == signal.SIGINT:
+            self._kill_all("second SIGINT")
+
+    def _reload(self) -> None:
+        if self._stopping:
+            return
+        try:
+            load_config(self._config_path)
+        except ConfigError as exc:
+            log.error("reload rejected, workers keep the previous config: %s", exc)
+            return
+        log.info("SIGHUP: reloading %d workers", len(self._procs))
+        for proc in self._procs.values():
+            _signal(proc, signal.SIGHUP)
+
+    def _stop(self, reason: str) -> None:
+        self._stopping = True
+        self._sock.close()  # the workers' copies close as they drain; then connections are refused
+        self._deadline = time.monotonic() + self._drain_timeout_seconds + SHUTDOWN_GRACE_SECONDS
+        log.info("%s: stopping %d workers (drain timeout %gs)", reason, len(self._procs), self._drain_timeout_seconds)
+        for proc in self._procs.values():
+            _signal(proc, signal.SIGTERM)
+
+    def _kill_all(self, reason: str) -> None:
+        log.warning("%s: killing %d workers", reason, len(self._procs))
+        for proc in self._procs.values():
+            proc.kill()
+        self._deadline = None
+
+    def _reap(self) -> None:
+        from prometheus_client import multiprocess
+
+        for index, proc in list(self._procs.items()):
+            if proc.exitcode is None:
+                continue
+            proc.join()
+            del self._procs[index]
+            multiprocess.mark_process_dead(proc.pid, self._metrics_dir)
+            if self._stopping:
+                continue
+            uptime = time.monotonic() - self._started_at[index]
+            if uptime < MIN_UPTIME_SECONDS:
+                log.error("worker %d exited (status %s) %.1fs after it started; stopping", index, proc.exitcode, uptime)
+                self._exit_code = 1
+                self._stop("crash loop")
+                continue
+            log.warning("worker %d (pid %d) exited with status %s; starting another", index, proc.pid, proc.exitcode)
+            self._start(index)
+
+
+def _signal(proc: multiprocessing.process.BaseProcess, signum: int) -> None:
+    if proc.pid is not None and proc.exitcode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signum)
+
+
+@contextlib.contextmanager
+def _metrics_dir() -> Iterator[str]:
+    """``$PROMETHEUS_MULTIPROC_DIR`` emptied of old files, else a temporary directory
+    (removed at exit); exported so the spawned workers see it before they import
+    prometheus_client."""
+    given = os.environ.get(MULTIPROC_ENV_VAR)
+    if given:
+        path = Path(given)
+        path.mkdir(parents=True, exist_ok=True)
+        for stale in path.glob("*.db"):
+            stale.unlink()
+        yield str(path)
+        return
+    path = Path(tempfile.mkdtemp(prefix="latgate-metrics-"))
+    os.environ[MULTIPROC_ENV_VAR] = str(path)
+    try:
+        yield str(path)
+    finally:
+        os.environ.pop(MULTIPROC_ENV_VAR, None)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _signal_pipe() -> Iterator[int]:
+    """A pipe the C-level signal handler writes each signal's number to, so the main
+    loop's ``wait`` wakes on a signal as on a worker's exit (no polling)."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    os.set_blocking(write_fd, False)
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in _SIGNALS}
+    try:
+        yield read_fd
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(read_fd)
+        os.close(write_fd)
