@@ -134,6 +134,7 @@ class SimApp:
                 rng_seed=self._seed_bytes + digests[-1],
                 default_max_tokens=self.options.default_max_tokens,
                 max_output_tokens=self.options.max_output_tokens,
+                preferred_tools=self.options.preferred_tools,
             )
             prompt_tokens = estimate_prompt_tokens(body)
             cached = self.engine.cached_prefix_segments(digests)

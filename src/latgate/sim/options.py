@@ -33,6 +33,9 @@ class SimOptions:
             / ``max_completion_tokens``.
         max_output_tokens: cap on completion tokens per choice, whatever the request
             asks (keeps agent turns with ``max_tokens: 32000`` short).
+        preferred_tools: tool names to call, in order of preference, when the request
+            offers one of them (else the first tool): lets a test steer a real agent to
+            a harmless tool (its shell) rather than, say, one that spawns sub-agents.
         error_rate / rate_limit_rate / stall_rate / drop_rate: per-request
             probabilities in [0, 1] of a 500, of a 429 (with ``Retry-After:
             retry_after_seconds``), of a ``stall_ms`` pause mid-reply, of the connection
@@ -55,6 +58,7 @@ class SimOptions:
     prefix_cache: bool = False
     default_max_tokens: int = 64
     max_output_tokens: int = 512
+    preferred_tools: tuple[str, ...] = ()
     error_rate: float = 0.0
     rate_limit_rate: float = 0.0
     retry_after_seconds: int = 1
@@ -65,6 +69,7 @@ class SimOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "preferred_tools", tuple(self.preferred_tools))
         if self.prefill_tokens_per_second <= 0:
             raise ValueError(f"prefill_tokens_per_second must be > 0, got {self.prefill_tokens_per_second}")
         for field in ("ttft_overhead_ms", "tpot_ms", "tpot_growth_ms", "stall_ms"):

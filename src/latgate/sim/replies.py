@@ -7,7 +7,8 @@ content, so the same request always gets the same reply and different requests d
 
 Tool calls follow the OpenAI chat completions reference ("Function calling"): when the
 request has ``tools``, ``tool_choice`` is not ``"none"`` and the last message is the
-user's, each choice calls one tool (the first, or the one ``tool_choice`` names) with
+user's, each choice calls one tool (the one ``tool_choice`` names, else the first of the
+simulator's ``preferred_tools`` the request offers, else the first) with
 arguments built from the tool's JSON Schema ``required`` fields; the arguments are
 split into several pieces, as engines stream them. After a ``tool`` message the reply
 is text, so an agent's loop ends.
@@ -119,7 +120,12 @@ def plan_text(
 
 
 def plan_chat(
-    body: Mapping[str, Any], *, rng_seed: bytes, default_max_tokens: int, max_output_tokens: int
+    body: Mapping[str, Any],
+    *,
+    rng_seed: bytes,
+    default_max_tokens: int,
+    max_output_tokens: int,
+    preferred_tools: Sequence[str] = (),
 ) -> list[ChoicePlan]:
     """The choices of a chat completion (``body`` already has a non-empty ``messages`` list).
 
@@ -128,7 +134,7 @@ def plan_chat(
     """
     n = choice_count(body)
     max_tokens = requested_max_tokens(body)
-    tool = _tool_to_call(body)
+    tool = _tool_to_call(body, preferred_tools)
     if tool is None:
         return plan_text(
             rng_seed=rng_seed,
@@ -159,7 +165,7 @@ def split_pieces(text: str, *, piece_chars: int = ARGUMENT_PIECE_CHARS) -> tuple
     return tuple(text[i : i + size] for i in range(0, len(text), size)) or ("",)
 
 
-def _tool_to_call(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _tool_to_call(body: Mapping[str, Any], preferred_tools: Sequence[str]) -> Mapping[str, Any] | None:
     tools = body.get("tools")
     if tools is None:
         return None
@@ -183,6 +189,10 @@ def _tool_to_call(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
         raise InvalidRequest(
             "tool_choice must be 'none', 'auto', 'required' or a function", param="tool_choice"
         )
+    offered = {tool["function"]["name"]: tool for tool in tools}
+    for name in preferred_tools:
+        if name in offered:
+            return offered[name]
     return tools[0]
 
 
