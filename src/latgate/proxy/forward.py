@@ -113,6 +113,7 @@ class Forwarder:
                 self._metrics.record_fallback(from_provider=previous, to_provider=target.provider)
             previous = target.provider
             payload = self._payload(body, target, provider, stream=exchange.stream)
+            exchange.extra["fallback_model"] = self._fallback_model(decision, target)
             for attempt in range(max_retries + 1):
                 if attempt:
                     self._metrics.record_retry(provider=provider.name)
@@ -291,9 +292,23 @@ class Forwarder:
         ]
         if exchange.upstream_model != exchange.public_model:
             pairs.append(("x-latgate-upstream-model", exchange.upstream_model))
+        fallback_model = exchange.extra.get("fallback_model")
+        if fallback_model:
+            pairs.append(("x-latgate-fallback-model", fallback_model))
         if not raw:
             return pairs
         return [(k.encode(), v.encode("latin-1", "replace")) for k, v in pairs]
+
+    def _fallback_model(self, decision: RouteDecision, target: Target) -> str | None:
+        """The requested model's ``fallback_model`` (``[models."NAME"]``) when ``target``
+        serves it instead of the requested model, else None; sent to the client as
+        ``X-Latgate-Fallback-Model`` (the body keeps the name the client asked for)."""
+        settings = self._config.models.get(decision.public_model)
+        fallback = settings.fallback_model if settings is not None else None
+        if not fallback or target.model == decision.model:
+            return None
+        served = self._config.aliases.get(fallback, {}).get(target.provider, fallback)
+        return fallback if target.model == served else None
 
     def _failed(self, provider: ProviderRuntime, endpoint: EndpointState, failure: UpstreamFailure) -> _AttemptFailed:
         self._pool.record_outcome(provider, endpoint, ok=False)
