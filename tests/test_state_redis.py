@@ -1,0 +1,186 @@
+"""Shared state on a real Redis: limits hold across replicas, one replica's ejection of
+an endpoint is seen by the others, and an unreachable Redis never hangs a caller."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from latgate.config import load_config_text
+from latgate.gateway import Gateway
+from latgate.metrics import Metrics
+from latgate.proxy.upstream import UpstreamClient
+from latgate.state import MemoryState, Quota, RedisState, StateUnavailable
+from redisd import redis_server
+from replay import ReplayScript, replay_server
+from servers import listening_socket
+from stack import gateway
+
+COMPLETION = {
+    "id": "c",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+KEY = {"Authorization": "Bearer sk-a"}
+
+
+@pytest.fixture(scope="module")
+def redis_url():
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture
+def flushed(redis_url):
+    async def flush() -> None:
+        client = Redis.from_url(redis_url)
+        await client.flushdb()
+        await client.aclose()
+
+    asyncio.run(flush())
+    return redis_url
+
+
+def config_text(base: str, redis: str, *, rpm: int = 3, endpoints: int = 1) -> str:
+    addresses = ", ".join(f'"{base}/r{i}"' for i in range(endpoints))
+    return (
+        f"[providers.up]\nendpoints = [{addresses}]\n\n"
+        f'[state]\nredis_url = "{redis}"\n\n'
+        f'[[auth.keys]]\nname = "team-a"\nkey = "sk-a"\nrpm = {rpm}\n'
+    )
+
+
+def test_rpm_holds_across_two_replicas_sharing_redis(flushed) -> None:
+    with replay_server(ReplayScript.json_response(200, COMPLETION)) as upstream:
+        text = config_text(upstream.base_url, flushed, rpm=3)
+        with gateway(text) as one, gateway(text) as two:
+            codes = [
+                httpx.post(gw.v1 + "/chat/completions", json=BODY, headers=KEY).status_code
+                for gw in (one, two, one, two, one)
+            ]
+    assert codes == [200, 200, 200, 429, 429]
+    assert len(upstream.requests) == 3
+
+
+def test_concurrent_charges_from_many_replicas_never_exceed_the_limit(flushed) -> None:
+    async def scenario() -> int:
+        replicas = [RedisState(url=flushed, timeout_seconds=2) for _ in range(4)]
+        quota = Quota(key="rl:{race}:rpm", limit=25, cost=1)
+        verdicts = await asyncio.gather(*(replicas[i % 4].acquire([quota]) for i in range(200)))
+        for replica in replicas:
+            await replica.aclose()
+        return sum(v.allowed for v in verdicts)
+
+    assert asyncio.run(scenario()) == 25
+
+
+def test_redis_and_in_process_state_give_the_same_verdicts(flushed) -> None:
+    # Same sequence of charges and corrections, well inside a second: same answers.
+    async def verdicts(store) -> list[bool]:
+        rpm, tpm = Quota(key="rl:{p}:rpm", limit=4, cost=1), Quota(key="rl:{p}:tpm", limit=100, cost=30)
+        out = []
+        for step in range(8):
+            verdict = await store.acquire([rpm, tpm])
+            out.append(verdict.allowed)
+            if verdict.allowed and step % 2:
+                await store.adjust(tpm, delta=-30)
+        await store.aclose()
+        return out
+
+    redis_answers = asyncio.run(verdicts(RedisState(url=flushed, timeout_seconds=2)))
+    assert redis_answers == asyncio.run(verdicts(MemoryState()))
+    assert redis_answers == [True, True, True, True, False, False, False, False]
+
+
+def test_one_replicas_ejection_is_seen_by_the_other_and_a_success_restores_it_everywhere(flushed) -> None:
+    text = config_text("http://127.0.0.1:9", flushed, endpoints=2)
+    config = load_config_text(text, source="t.toml", env={})
+
+    async def scenario() -> None:
+        replicas = []
+        for _ in range(2):
+            metrics = Metrics(providers=config.providers, models=set())
+            client = UpstreamClient(connect_timeout_seconds=1, read_timeout_seconds=1)
+            replicas.append(Gateway(config=config, client=client, metrics=metrics, state=RedisState(url=flushed, timeout_seconds=2)))
+        a, b = replicas
+        a_endpoint, b_endpoint = a.pool["up"].endpoints[0], b.pool["up"].endpoints[0]
+        for _ in range(5):
+            a.pool.record_outcome(a.pool["up"], a_endpoint, ok=False)
+        assert not a_endpoint.healthy
+        await a.health_sync.sync_once()  # A publishes
+        await b.health_sync.sync_once()  # B adopts
+        assert not b_endpoint.healthy
+        assert b.pool["up"].endpoints[1].healthy
+        assert 'latgate_provider_healthy{endpoint="up-0",provider="up"} 0.0' in b.metrics.render()[0].decode()
+        ttl_ms = await Redis.from_url(flushed).pttl("latgate:health:up:up-0")
+        assert 0 < ttl_ms <= 30_000  # a mark expires: a stopped replica cannot keep it out forever
+        b.pool.record_outcome(b.pool["up"], b_endpoint, ok=True)  # B sees it work again
+        await b.health_sync.sync_once()  # B publishes the recovery
+        await a.health_sync.sync_once()  # A adopts it
+        assert a_endpoint.healthy and b_endpoint.healthy
+        for gw in replicas:
+            await gw.state.aclose()
+            await gw.client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_unreachable_redis_fails_fast_then_backs_off_without_io(caplog) -> None:
+    silent = listening_socket()  # accepts connections and never answers
+    port = silent.getsockname()[1]
+    caplog.set_level(logging.WARNING, logger="latgate.state")
+
+    async def scenario() -> tuple[float, float]:
+        store = RedisState(url=f"redis://:hunter2@127.0.0.1:{port}/0", timeout_seconds=0.1, backoff_seconds=60)
+        started = time.perf_counter()
+        with pytest.raises(StateUnavailable):
+            await store.acquire([Quota(key="k", limit=1, cost=1)])
+        first = time.perf_counter() - started
+        started = time.perf_counter()
+        with pytest.raises(StateUnavailable):
+            await store.acquire([Quota(key="k", limit=1, cost=1)])
+        second = time.perf_counter() - started
+        await store.adjust(Quota(key="k", limit=1, cost=1), delta=1)  # swallowed
+        await store.aclose()
+        return first, second
+
+    try:
+        first, second = asyncio.run(scenario())
+    finally:
+        silent.close()
+    assert first < 0.5
+    assert second < 0.01  # in back-off: no connection attempt at all
+    text = "\n".join(record.getMessage() for record in caplog.records)
+    assert "unreachable" in text
+    assert "hunter2" not in text and str(port) not in text
+
+
+def test_limits_survive_a_config_reload(flushed, tmp_path: Path) -> None:
+    # In-process state too: a reload with the same [state] keeps the counters.
+    with replay_server(ReplayScript.json_response(200, COMPLETION)) as upstream:
+        text = (
+            f'[providers.up]\napi_base = "{upstream.base_url}"\n\n'
+            '[[auth.keys]]\nname = "team-a"\nkey = "sk-a"\nrpm = 2\n\n'
+            '[[auth.keys]]\nname = "ops"\nkey = "sk-ops"\nadmin = true\n'
+        )
+        path = tmp_path / "latgate.toml"
+        path.write_text(text)
+        from latgate.app import create_app
+        from latgate.config import load_config
+        from servers import serve_app
+
+        with serve_app(create_app(load_config(path))) as url:
+            assert [httpx.post(url + "/v1/chat/completions", json=BODY, headers=KEY).status_code for _ in range(2)] == [200, 200]
+            reload = httpx.post(url + "/admin/reload", headers={"Authorization": "Bearer sk-ops"})
+            assert reload.status_code == 200
+            assert httpx.post(url + "/v1/chat/completions", json=BODY, headers=KEY).status_code == 429
