@@ -1,0 +1,168 @@
+"""Config reload: ``POST /admin/reload`` and SIGHUP swap in a valid config atomically,
+reject an invalid one with its reason while the old keeps serving, and let requests in
+flight finish on the config they started with."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import httpx
+import pytest
+
+from gateway_process import GatedUpstream, GatewayProcess
+from latgate.app import create_app
+from latgate.config import load_config, load_config_text
+from latgate.reload import UpstreamClients
+from latgate.sim import SimOptions
+from servers import serve_app
+from stack import FAST, simulators
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def config_text(urls: dict[str, str], *, default: str, extra: str = "") -> str:
+    providers = "".join(f'[providers.{name}]\napi_base = "{url}/v1"\n\n' for name, url in urls.items())
+    return f'{providers}[routing]\ndefault_route = "{default}"\n{extra}'
+
+
+@pytest.fixture
+def sims():
+    with simulators({name: SimOptions(name=name, **FAST) for name in ("a", "b")}) as running:
+        yield {name: url for name, (url, _) in running.items()}
+
+
+@pytest.fixture
+def served(tmp_path, sims):
+    """A gateway loaded from a config file routing to ``a`` by default: (base URL, config path, app)."""
+    path = tmp_path / "config.toml"
+    path.write_text(config_text(sims, default="a"))
+    app = create_app(load_config(path), env={})
+    with serve_app(app) as url:
+        yield url, path, app
+
+
+def provider_of(url: str) -> str:
+    response = httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=10)
+    assert response.status_code == 200
+    return response.headers["x-latgate-provider"]
+
+
+def test_reload_endpoint_swaps_in_a_valid_config(served, sims) -> None:
+    url, path, _ = served
+    assert provider_of(url) == "a"
+    path.write_text(config_text(sims, default="b"))
+    response = httpx.post(url + "/admin/reload")
+    assert response.status_code == 200
+    assert response.json() == {
+        "status": "reloaded",
+        "config": str(path),
+        "providers": ["a", "b"],
+        "added": [],
+        "removed": [],
+        "restart_needed": [],
+    }
+    assert provider_of(url) == "b"
+
+
+def test_reload_endpoint_rejects_an_invalid_config_with_its_reason_and_keeps_serving(served, sims) -> None:
+    url, path, app = served
+    before = app.state.gateway
+    path.write_text(config_text(sims, default="b").replace("default_route", "defualt_route"))
+    response = httpx.post(url + "/admin/reload")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "invalid_config"
+    assert 'routing.defualt_route: unknown key; did you mean "default_route"?' in error["message"]
+    assert "still serving the previous one" in error["message"]
+    assert app.state.gateway is before
+    assert provider_of(url) == "a"
+
+
+def test_reload_of_a_deleted_config_file_is_rejected(served) -> None:
+    url, path, _ = served
+    path.unlink()
+    response = httpx.post(url + "/admin/reload")
+    assert response.status_code == 400 and "no such file" in response.json()["error"]["message"]
+    assert provider_of(url) == "a"
+
+
+def test_a_stream_in_flight_finishes_on_the_config_it_started_with(tmp_path, sims) -> None:
+    gated = GatedUpstream()
+    with serve_app(gated) as gated_url:
+        path = tmp_path / "config.toml"
+        path.write_text(config_text({"gated": gated_url, "b": sims["b"]}, default="gated"))
+        app = create_app(load_config(path), env={})
+        with serve_app(app) as url, httpx.Client(timeout=30) as client:
+            try:
+                request = client.build_request("POST", url + "/v1/chat/completions", json={**CHAT, "stream": True})
+                stream = client.send(request, stream=True)
+                assert stream.headers["x-latgate-provider"] == "gated"
+                assert gated.started.wait(timeout=10)
+                path.write_text(config_text({"b": sims["b"]}, default="b"))
+                reloaded = client.post(url + "/admin/reload").json()
+                assert reloaded["removed"] == ["gated"] and reloaded["providers"] == ["b"]
+                assert provider_of(url) == "b"
+                assert list(client.get(url + "/admin/providers").json()["providers"]) == ["b"]
+            finally:
+                gated.gate.set()
+            lines = [line for line in stream.iter_lines() if line]
+            stream.close()
+    assert lines[-1] == "data: [DONE]" and any('" two"' in line for line in lines)
+
+
+def test_metrics_keep_counting_across_a_reload_and_drop_removed_endpoints(served, sims) -> None:
+    url, path, _ = served
+    provider_of(url)
+    path.write_text(config_text({"b": sims["b"]}, default="b"))
+    assert httpx.post(url + "/admin/reload").status_code == 200
+    provider_of(url)
+    text = httpx.get(url + "/metrics").text
+    assert 'latgate_requests_total{code="200",model="other",provider="a"} 1.0' in text
+    assert 'latgate_requests_total{code="200",model="other",provider="b"} 1.0' in text
+    assert 'latgate_provider_healthy{endpoint="b-0",provider="b"} 1.0' in text
+    assert 'provider_healthy{endpoint="a-0"' not in text
+
+
+def test_reload_that_moves_the_listen_port_says_it_needs_a_restart(served, sims) -> None:
+    url, path, _ = served
+    path.write_text("[server]\nport = 8123\n" + config_text(sims, default="a"))
+    response = httpx.post(url + "/admin/reload")
+    assert response.status_code == 200 and response.json()["restart_needed"] == ["server.port"]
+    assert provider_of(url) == "a"
+
+
+def test_upstream_client_is_kept_unless_the_default_timeouts_change() -> None:
+    clients = UpstreamClients(transport=httpx.MockTransport(lambda request: httpx.Response(200)))
+    base = load_config_text('[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n', source="c.toml")
+    same = load_config_text('[providers.q]\napi_base = "http://127.0.0.1:9/v1"\n', source="c.toml")
+    slower = load_config_text('[defaults]\ntimeout_sec = 5\n[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n', source="c.toml")
+    first = clients.client_for(base)
+    assert clients.client_for(same) is first
+    second = clients.client_for(slower)
+    assert second is not first
+    asyncio.run(clients.aclose())
+    assert first._client.is_closed and second._client.is_closed
+
+
+def test_sighup_reloads_a_valid_config_and_rejects_an_invalid_one(tmp_path, sims) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(config_text(sims, default="a"))
+    gw = GatewayProcess(["--config", str(path), "--port", "0"])
+    try:
+        url = gw.wait_listening()
+        assert provider_of(url) == "a"
+        path.write_text(config_text(sims, default="b"))
+        gw.signal(signal.SIGHUP)
+        gw.wait_for(r"reloaded .*config\.toml: providers a, b")
+        assert provider_of(url) == "b"
+        path.write_text(config_text(sims, default="c"))
+        gw.signal(signal.SIGHUP)
+        line = gw.wait_for("reload rejected, still serving the previous config: ").string
+        assert "routing.default_route" in line
+        assert provider_of(url) == "b"
+        gw.signal(signal.SIGTERM)
+        assert gw.wait_exit(timeout=20) == 0
+    finally:
+        gw.stop()
+    assert not any("Traceback" in line for line in gw.lines)
