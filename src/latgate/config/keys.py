@@ -35,6 +35,7 @@ SECTIONS = (
     "models",
     "auth",
     "state",
+    "health",
 )
 """Top-level tables: the canonical ones plus the seed forms (``default``, ``upstream``,
 ``decode``, ``prefill``)."""

@@ -34,7 +34,7 @@ from latgate.config.references import (
     expand_aliases,
     servable_models,
 )
-from latgate.config.schema import Config, DefaultsConfig, ProviderConfig, ServerConfig, StateConfig
+from latgate.config.schema import Config, DefaultsConfig, HealthConfig, ProviderConfig, ServerConfig, StateConfig
 from latgate.config.seedforms import Document, canonical_document
 
 DEFAULT_CONFIG_PATH = Path("config.toml")
@@ -148,6 +148,14 @@ def _build(document: Document, *, source: str) -> Config:
             message=f"{show(state.redis_url)} is not a Redis URL",
             fix='write it like "redis://HOST:6379/0" (or rediss://, unix://); remove it for in-process state',
         )
+    health = _section(HealthConfig, sections["health"], source=source, key="health")
+    if health.max_open_sec < health.open_sec:
+        raise ConfigError(
+            source=source,
+            key="health.max_open_sec",
+            message=f"{show(health.max_open_sec)} is less than health.open_sec ({show(health.open_sec)})",
+            fix="make max_open_sec at least open_sec (the first ejection's length)",
+        )
     return Config(
         source=source,
         server=server,
@@ -158,6 +166,7 @@ def _build(document: Document, *, source: str) -> Config:
         models=models,
         auth=auth,
         state=state,
+        health=health,
     )
 
 

@@ -23,6 +23,7 @@ from latgate.config.schema import (
     ModelConfig,
     PolicyConfig,
     ProviderConfig,
+    STRATEGIES,
     RoutingConfig,
 )
 
@@ -32,6 +33,7 @@ def build_routing(
 ) -> RoutingConfig:
     """``[routing]`` with ``default_route`` filled in (first provider) and every provider name checked."""
     check_keys(table, tuple(RoutingConfig.model_fields), source=source, prefix="routing")
+    _check_strategy(table.get("strategy"), source=source)
     policies = require_table(table.get("policies", {}), source=source, key="routing.policies")
     for name, policy in policies.items():
         policy_key = key_path("routing.policies", name)
@@ -74,6 +76,18 @@ def build_routing(
         check(policy.route_to, key_path("routing.policies", name, "route_to"))
         check(policy.long_context_provider, key_path("routing.policies", name, "long_context_provider"))
     return routing
+
+
+def _check_strategy(strategy: object, *, source: str) -> None:
+    if strategy is None or strategy in STRATEGIES:
+        return
+    text = strategy if isinstance(strategy, str) else show(strategy)
+    raise ConfigError(
+        source=source,
+        key="routing.strategy",
+        message=f"unknown strategy {show(strategy)}",
+        fix=suggestion(text, STRATEGIES, noun="strategy", plural="strategies"),
+    )
 
 
 def expand_aliases(

@@ -161,8 +161,16 @@ def _routing_lines(config: Config) -> list[str]:
     fallbacks = "; ".join(f"{origin} -> {' -> '.join(nexts)}" for origin, nexts in routing.fallbacks.items())
     lines.append(_row("fallbacks", fallbacks or "none"))
     lines.append(_row("default model", routing.default_model or "none (the client's model is required)"))
-    lines.append(_row("strategy", routing.strategy))
+    lines.append(_row("strategy", f"{routing.strategy}: {STRATEGY_TEXT[routing.strategy]}"))
     return lines
+
+
+STRATEGY_TEXT = {
+    "latgate": "live state: predicted time to first token, overflow, prefix affinity, hedging",
+    "round_robin": "the rules above, endpoints in turn",
+    "least_outstanding": "the rules above, the endpoint with the fewest requests in flight",
+    "rules": "the rules above, the endpoint with the fewest requests in flight",
+}
 
 
 def _policy_text(fields: Mapping[str, object]) -> str:

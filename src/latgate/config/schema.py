@@ -112,12 +112,19 @@ class PolicyConfig(Frozen):
     hedge: bool = False
 
 
+STRATEGIES = ("latgate", "round_robin", "least_outstanding", "rules")
+"""``routing.strategy`` values: ``latgate`` (live state: overflow, predicted-TTFT
+endpoint choice, prefix affinity, hedging, latency ejection), or the static rules with
+``round_robin`` or ``least_outstanding`` endpoint choice (``rules`` is the latter)."""
+
+
 class RoutingConfig(Frozen):
     """``[routing]``: the rules of :mod:`latgate.routing.decision`.
 
     ``default_route`` is always set after loading (the first provider when the file
     names none). ``fallbacks`` maps a provider to the providers tried, in order, when
-    it fails before the first byte reached the client.
+    it fails before the first byte reached the client. ``strategy`` is one of
+    :data:`STRATEGIES`.
     """
 
     default_route: str
@@ -128,7 +135,7 @@ class RoutingConfig(Frozen):
     default_model: str | None = None
     fallbacks: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     allow_route_override: bool = False
-    strategy: str = "rules"
+    strategy: Literal["latgate", "round_robin", "least_outstanding", "rules"] = "latgate"
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
 
 
@@ -172,6 +179,38 @@ class StateConfig(Frozen):
     redis_timeout_ms: float = Field(default=100.0, gt=0, le=10_000)
 
 
+class HealthConfig(Frozen):
+    """``[health]``: active probes, engine load scraping and the circuit breaker.
+
+    Attributes:
+        probe_interval_sec: seconds between active probes of each endpoint
+            (``GET`` of its connector's health path); 0 turns probes off.
+        probe_timeout_sec: a probe slower than this failed.
+        load_interval_sec: seconds between reads of each engine's load gauges (vLLM
+            ``/metrics``: running / waiting requests) where the connector has them;
+            0 turns it off.
+        failure_threshold: consecutive failed requests that open an endpoint's circuit.
+        probe_failure_threshold: consecutive failed probes that open it.
+        open_sec: how long a circuit first stays open before one trial request
+            (half-open); doubled each time the trial fails, up to ``max_open_sec``.
+        max_open_sec: the longest an endpoint stays out between trials.
+        latency_factor / latency_margin_ms: with strategy ``latgate``, an endpoint
+            whose predicted time to first token exceeds ``latency_factor`` times the
+            median of its provider's other endpoints plus ``latency_margin_ms`` is
+            ejected as too slow (then tried again like an open circuit).
+    """
+
+    probe_interval_sec: float = Field(default=5.0, ge=0)
+    probe_timeout_sec: float = Field(default=2.0, gt=0)
+    load_interval_sec: float = Field(default=2.0, ge=0)
+    failure_threshold: int = Field(default=5, ge=1)
+    probe_failure_threshold: int = Field(default=2, ge=1)
+    open_sec: float = Field(default=5.0, gt=0)
+    max_open_sec: float = Field(default=60.0, gt=0)
+    latency_factor: float = Field(default=3.0, gt=1)
+    latency_margin_ms: float = Field(default=50.0, ge=0)
+
+
 class Config(Frozen):
     """The whole resolved configuration.
 
@@ -192,6 +231,7 @@ class Config(Frozen):
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     auth: AuthConfig | None = None
     state: StateConfig = Field(default_factory=StateConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
 
     def public_models(self) -> list[str]:
         """Every model name a client may ask for: served names, then aliases, no repeats."""

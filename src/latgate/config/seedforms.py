@@ -89,7 +89,7 @@ def canonical_document(raw: dict[str, object], *, source: str) -> Document:
     doc = Document(
         sections={
             name: tables.get(name, {})
-            for name in ("server", "defaults", "routing", "aliases", "models", "auth", "state")
+            for name in ("server", "defaults", "routing", "aliases", "models", "auth", "state", "health")
         },
         providers=[],
         auth_given="auth" in tables,
