@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("latgate.sim.cli", "run an OpenAI-compatible engine simulator"),
     "demo": ("latgate.demo", "start one simulator per provider, then the gateway"),
     "bench": ("latgate.bench.cli", "measure TTFT, e2e latency and tokens/s against a base URL"),
+    "clients": ("latgate.clients", "print the settings a coding client needs for this gateway"),
 }
 
 
