@@ -1,0 +1,242 @@
+"""``latgate clients``: each client's printed settings, used as that client would use
+them against a running gateway; and ``settings.example.json`` against ``config.toml``."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+import yaml
+from stack import DEMO_TEMPLATE, Stack, demo_stack
+
+from latgate.cli import main as cli
+from latgate.config import load_config
+from latgate.routing.decision import Router
+
+ROOT = Path(__file__).resolve().parent.parent
+ASK = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[Stack]:
+    with demo_stack() as stack:
+        yield stack
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> str:
+    path = tmp_path / "gw.toml"
+    path.write_text(
+        DEMO_TEMPLATE.format(
+            tile="http://127.0.0.1:9", vllm="http://127.0.0.1:9", tao="http://127.0.0.1:9", max_retries=1
+        )
+    )
+    return str(path)
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli(["clients", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def printed(capsys, *args: str) -> str:
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    return out
+
+
+def test_claude_code_settings_drive_the_anthropic_sdk_to_the_policy_route(
+    capsys, config_file: str, demo: Stack
+) -> None:
+    out = printed(
+        capsys,
+        "claude-code",
+        "--config",
+        config_file,
+        "--base-url",
+        demo.url + "/",
+        "--policy",
+        "interactive",
+    )
+    env = json.loads(out)["env"]
+    assert env["ANTHROPIC_BASE_URL"] == demo.url  # no /v1: Claude Code appends /v1/messages
+    headers = dict(line.split(": ", 1) for line in env["ANTHROPIC_CUSTOM_HEADERS"].split("\n"))
+    client = anthropic.Anthropic(
+        base_url=env["ANTHROPIC_BASE_URL"],
+        auth_token=env["ANTHROPIC_AUTH_TOKEN"],
+        default_headers=headers,
+        max_retries=0,
+    )
+    main = client.messages.with_raw_response.create(model=env["ANTHROPIC_MODEL"], max_tokens=4, messages=ASK)
+    assert (main.headers["x-latgate-provider"], main.parse().model) == ("tile-rt", "glm-5.1")
+    plain = anthropic.Anthropic(
+        base_url=env["ANTHROPIC_BASE_URL"], auth_token=env["ANTHROPIC_AUTH_TOKEN"], max_retries=0
+    )
+    haiku = plain.messages.with_raw_response.create(
+        model=env["ANTHROPIC_DEFAULT_HAIKU_MODEL"], max_tokens=4, messages=ASK
+    )
+    assert (env["ANTHROPIC_DEFAULT_HAIKU_MODEL"], haiku.headers["x-latgate-provider"]) == (
+        "glm-5.1-highspeed",
+        "tile-rt",
+    )
+
+
+def test_cline_settings_carry_the_v1_base_url_and_the_custom_header(
+    capsys, config_file: str, demo: Stack
+) -> None:
+    settings = json.loads(
+        printed(capsys, "cline", "--config", config_file, "--base-url", demo.url, "--policy", "interactive")
+    )
+    assert settings["cline.apiProvider"] == "openai"
+    assert settings["cline.openai.baseUrl"] == demo.v1
+    assert settings["cline.customHeaders"] == {"X-Route-Policy": "interactive"}
+    client = openai.OpenAI(
+        base_url=settings["cline.openai.baseUrl"],
+        api_key=settings["cline.openai.apiKey"],
+        default_headers=settings["cline.customHeaders"],
+        max_retries=0,
+    )
+    raw = client.chat.completions.with_raw_response.create(model=settings["cline.openai.model"], messages=ASK)
+    assert (raw.headers["x-latgate-provider"], raw.headers["x-latgate-route-reason"]) == (
+        "tile-rt",
+        "latency_sensitive",
+    )
+
+
+def test_continue_config_has_a_chat_model_and_a_latency_sensitive_autocomplete_model(
+    capsys, config_file: str, demo: Stack
+) -> None:
+    models = yaml.safe_load(printed(capsys, "continue", "--config", config_file, "--base-url", demo.url))[
+        "models"
+    ]
+    chat, autocomplete = models
+    assert (chat["roles"], autocomplete["roles"]) == (["chat", "edit", "apply"], ["autocomplete"])
+    providers = []
+    for entry in models:
+        assert entry["provider"] == "openai" and entry["apiBase"] == demo.v1
+        headers = entry.get("requestOptions", {}).get("headers", {})
+        client = openai.OpenAI(
+            base_url=entry["apiBase"], api_key=entry["apiKey"], default_headers=headers, max_retries=0
+        )
+        raw = client.chat.completions.with_raw_response.create(
+            model=entry["model"], messages=ASK, stream=True
+        )
+        list(raw.parse())
+        providers.append(raw.headers["x-latgate-provider"])
+    assert providers == ["vllm", "tile-rt"]
+
+
+def test_cursor_is_marked_latency_sensitive_by_its_model_name_alone(
+    capsys, config_file: str, demo: Stack
+) -> None:
+    code, out, err = run(
+        capsys, "cursor", "--config", config_file, "--base-url", demo.url, "--latency-sensitive"
+    )
+    assert code == 0
+    fields = dict(line.strip().split(":  ", 1) for line in out.splitlines()[1:])
+    fields = {name.rstrip(":"): value.strip() for name, value in fields.items()}
+    assert fields["Override OpenAI Base URL"] == demo.v1
+    assert fields["Add model"] == "glm-5.1-highspeed"
+    assert "public HTTPS" in err  # a loopback URL cannot be reached from Cursor's servers
+    client = openai.OpenAI(
+        base_url=fields["Override OpenAI Base URL"], api_key=fields["OpenAI API Key"], max_retries=0
+    )
+    raw = client.chat.completions.with_raw_response.create(model=fields["Add model"], messages=ASK)
+    assert raw.headers["x-latgate-provider"] == "tile-rt"
+
+
+def test_cursor_with_a_public_https_url_gets_no_reachability_warning(capsys, config_file: str) -> None:
+    code, out, err = run(capsys, "cursor", "--config", config_file, "--base-url", "https://gw.example.com/v1")
+    assert code == 0 and "https://gw.example.com/v1" in out
+    assert "public HTTPS" not in err
+
+
+def test_openai_exports_reach_the_gateway(capsys, config_file: str, demo: Stack) -> None:
+    out = printed(capsys, "openai", "--config", config_file, "--base-url", demo.v1, "--latency-sensitive")
+    env = {}
+    for line in out.splitlines():
+        if line.startswith("export "):
+            name, _, value = line.removeprefix("export ").partition("=")
+            env[name] = shlex.split(value)[0]
+    assert env["OPENAI_BASE_URL"] == demo.v1
+    assert '{"X-Latency-Sensitive": "1"}' in out
+    client = openai.OpenAI(
+        base_url=env["OPENAI_BASE_URL"],
+        api_key=env["OPENAI_API_KEY"],
+        default_headers={"X-Latency-Sensitive": "1"},
+        max_retries=0,
+    )
+    assert (
+        client.chat.completions.with_raw_response.create(model="glm-5.1", messages=ASK).headers[
+            "x-latgate-provider"
+        ]
+        == "tile-rt"
+    )
+
+
+def test_default_base_url_comes_from_the_config_and_the_key_from_the_flag(capsys, config_file: str) -> None:
+    env = json.loads(printed(capsys, "claude-code", "--config", config_file, "--key", "sk-team"))["env"]
+    assert (env["ANTHROPIC_BASE_URL"], env["ANTHROPIC_AUTH_TOKEN"]) == ("http://127.0.0.1:8000", "sk-team")
+    assert "ANTHROPIC_CUSTOM_HEADERS" not in env
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cline", "--policy", "nope"], "--policy 'nope' is not in [routing.policies] (known: interactive)"),
+        (["cursor", "--policy", "interactive"], "Cursor cannot send X-Route-Policy"),
+        (["openai", "--base-url", "gw.example.com"], "--base-url 'gw.example.com' is not an http(s) URL"),
+    ],
+)
+def test_mistakes_are_one_error_line_and_exit_1(
+    capsys, config_file: str, args: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, *args, "--config", config_file)
+    assert code == 1 and out == ""
+    assert err.startswith("latgate: error: " + message) and err.count("\n") == 1
+
+
+def test_unknown_model_and_cursor_without_a_fast_alias_are_errors(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "two.toml"
+    path.write_text('[providers.p]\napi_base = "http://127.0.0.1:9/v1"\nmodels = ["a", "b"]\n')
+    code, _, err = run(capsys, "cline", "--config", str(path), "--model", "gpt-nope")
+    assert code == 1 and "model 'gpt-nope' is not served here; available models: a, b" in err
+    code, _, err = run(capsys, "cursor", "--config", str(path), "--latency-sensitive")
+    assert code == 1 and "latency_sensitive = true" in err
+
+
+def test_missing_config_is_one_error_line(capsys, tmp_path: Path) -> None:
+    code, _, err = run(capsys, "cline", "--config", str(tmp_path / "none.toml"))
+    assert code == 1 and err.startswith("latgate: error: ") and err.count("\n") == 1
+
+
+def test_unknown_client_is_rejected_by_the_parser(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli(["clients", "vim"])
+    assert exited.value.code == 2
+    assert "invalid choice: 'vim'" in capsys.readouterr().err
+
+
+# -- settings.example.json ------------------------------------------------------------
+
+
+def test_settings_example_matches_the_bundled_config() -> None:
+    settings = json.loads((ROOT / "settings.example.json").read_text())
+    config = load_config(ROOT / "config.toml")
+    api, models = settings["api"], settings["models"]
+    assert api["base_url"] == f"http://{config.server.host}:{config.server.port}/v1"
+    assert (api["timeout_ms"], api["max_retries"], settings["routing"]["stream"]) == (30000, 2, True)
+    assert {models["default"], models["fallback"]} <= set(config.public_models())
+    assert config.models[models["default"]].fallback_model == models["fallback"]
+    decision = Router(config).decide({"model": models["default"], "messages": ASK}, {})
+    assert (decision.provider, decision.reason) == ("tile-rt", "latency_sensitive")
+    with_header = Router(config).decide(
+        {"model": models["fallback"], "messages": ASK}, {k.lower(): v for k, v in api["headers"].items()}
+    )
+    assert with_header.provider == "tile-rt"
