@@ -76,7 +76,9 @@ class ClientSettings:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``latgate clients``."""
-    parser.add_argument("client", choices=sorted(RENDERERS), metavar="CLIENT", help=", ".join(sorted(RENDERERS)))
+    parser.add_argument(
+        "client", choices=sorted(RENDERERS), metavar="CLIENT", help=", ".join(sorted(RENDERERS))
+    )
     parser.add_argument(
         "--config", metavar="PATH", help="config file (default: $LATGATE_CONFIG, else ./config.toml)"
     )
@@ -85,9 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="the gateway's URL as the client reaches it (default: [server] host and port of the config)",
     )
-    parser.add_argument("--key", metavar="KEY", help="the gateway key the client presents (default: a placeholder)")
     parser.add_argument(
-        "--model", metavar="NAME", help="model to ask for (default: routing.default_model, else the first model)"
+        "--key", metavar="KEY", help="the gateway key the client presents (default: a placeholder)"
+    )
+    parser.add_argument(
+        "--model",
+        metavar="NAME",
+        help="model to ask for (default: routing.default_model, else the first model)",
     )
     parser.add_argument("--policy", metavar="NAME", help="route policy sent as X-Route-Policy: NAME")
     parser.add_argument(
@@ -163,7 +169,9 @@ def settings_for(
         headers["X-Latency-Sensitive"] = "1"
     chosen = model or config.routing.default_model or next(iter(config.public_models()), None)
     if chosen is None:
-        raise _UsageError("the config names no model (routing.default_model or a provider's models); pass --model NAME")
+        raise _UsageError(
+            "the config names no model (routing.default_model or a provider's models); pass --model NAME"
+        )
     _check_served(config, chosen)
     if key is None:
         if config.auth is not None and config.auth.keys:
@@ -257,7 +265,9 @@ def cline(s: ClientSettings) -> tuple[str, list[str]]:
     }
     if s.headers:
         settings["cline.customHeaders"] = s.headers
-    notes = ['in the Cline panel: API Provider "OpenAI Compatible", the same base URL, key, model ID and custom headers']
+    notes = [
+        'in the Cline panel: API Provider "OpenAI Compatible", the same base URL, key, model ID and custom headers'
+    ]
     return json.dumps(settings, indent=2), notes
 
 
@@ -279,7 +289,12 @@ def continue_(s: ClientSettings) -> tuple[str, list[str]]:
     lines = ["models:"]
     lines += entry(f"latgate {s.model}", s.model, "chat, edit, apply", s.headers)
     # Autocomplete waits on every keystroke: always latency-sensitive.
-    lines += entry(f"latgate {s.fast_model} autocomplete", s.fast_model, "autocomplete", {**s.headers, "X-Latency-Sensitive": "1"})
+    lines += entry(
+        f"latgate {s.fast_model} autocomplete",
+        s.fast_model,
+        "autocomplete",
+        {**s.headers, "X-Latency-Sensitive": "1"},
+    )
     return "\n".join(lines), ["merge into ~/.continue/config.yaml"]
 
 
@@ -290,7 +305,9 @@ def cursor(s: ClientSettings) -> tuple[str, list[str]]:
         f"  Override OpenAI Base URL:  {s.v1}",
         f"  Add model:                 {s.model}",
     ]
-    notes = ["Cursor cannot send custom headers: latency marking comes from the model name or the key's policy"]
+    notes = [
+        "Cursor cannot send custom headers: latency marking comes from the model name or the key's policy"
+    ]
     if not is_public_https(s.origin):
         notes.insert(
             0,

@@ -47,7 +47,9 @@ async def messages(request: Request) -> object:
         )
     except GatewayError as error:
         gateway.fail(exchange, error)
-        return error_response(error, request_id=exchange.request_id, extra_headers=gateway.route_headers(exchange))
+        return error_response(
+            error, request_id=exchange.request_id, extra_headers=gateway.route_headers(exchange)
+        )
 
 
 async def count_tokens(request: Request) -> Response:
@@ -59,10 +61,16 @@ async def count_tokens(request: Request) -> Response:
         tokens = estimate_prompt_tokens(messages_to_chat(body))
     except GatewayError as error:
         return error_response(error, request_id=request_id)
-    return Response(orjson.dumps({"input_tokens": tokens}), media_type="application/json", headers={"x-request-id": request_id})
+    return Response(
+        orjson.dumps({"input_tokens": tokens}),
+        media_type="application/json",
+        headers={"x-request-id": request_id},
+    )
 
 
-def error_response(error: GatewayError, *, request_id: str, extra_headers: dict[str, str] | None = None) -> Response:
+def error_response(
+    error: GatewayError, *, request_id: str, extra_headers: dict[str, str] | None = None
+) -> Response:
     """``error`` in the Anthropic envelope, with its status and retry hints.
 
     ``x-should-retry`` (read by the Anthropic SDKs as by the OpenAI ones) is true for

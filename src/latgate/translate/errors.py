@@ -37,7 +37,10 @@ def anthropic_error_type(status: int) -> str:
 
 def anthropic_error_body(*, status: int, message: str, request_id: str | None = None) -> bytes:
     """``{"type": "error", "error": {"type", "message"}, "request_id"}`` as JSON bytes."""
-    body: dict[str, object] = {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
+    body: dict[str, object] = {
+        "type": "error",
+        "error": {"type": anthropic_error_type(status), "message": message},
+    }
     if request_id:
         body["request_id"] = request_id
     return orjson.dumps(body)

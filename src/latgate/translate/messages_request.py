@@ -92,7 +92,9 @@ def messages_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
         role = message.get("role")
         content = message.get("content")
         if not isinstance(content, (str, list)):
-            raise InvalidRequest(f"{where}.content: must be a string or an array of content blocks", param=f"{where}.content")
+            raise InvalidRequest(
+                f"{where}.content: must be a string or an array of content blocks", param=f"{where}.content"
+            )
         if role == "user":
             chat_messages.extend(_user_messages(content, where=where))
         elif role == "assistant":
@@ -100,7 +102,9 @@ def messages_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
         elif role == "system":  # not in the Messages API, but its meaning is plain
             chat_messages.append({"role": "system", "content": _joined_text(content)})
         else:
-            raise InvalidRequest(f"{where}.role: must be 'user' or 'assistant', not {role!r}", param=f"{where}.role")
+            raise InvalidRequest(
+                f"{where}.role: must be 'user' or 'assistant', not {role!r}", param=f"{where}.role"
+            )
     chat: dict[str, Any] = {"messages": chat_messages}
     if body.get("model") is not None:
         chat["model"] = body["model"]
@@ -198,7 +202,9 @@ def _assistant_message(content: str | list[Any], *, where: str) -> dict[str, Any
                 raise InvalidRequest(f"{param}: Field required", param=param)
             arguments = orjson.dumps(block.get("input") if block.get("input") is not None else {}).decode()
             call_id = block.get("id") if isinstance(block.get("id"), str) else f"toolu_{where}_{number}"
-            tool_calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+            tool_calls.append(
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            )
         # thinking, redacted_thinking, server tool blocks: dropped (see the module docstring)
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
     if tool_calls:

@@ -144,7 +144,11 @@ class MessagesStream:
         out.append(
             _event(
                 "message_delta",
-                {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage},
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                    "usage": usage,
+                },
             )
         )
         out.append(_event("message_stop", {"type": "message_stop"}))
@@ -212,10 +216,18 @@ class MessagesStream:
     def _text_delta(self, kind: str, text: str, out: list[bytes]) -> None:
         if self._open != kind:
             self._close(out)
-            block = {"type": "text", "text": ""} if kind == _TEXT else {"type": "thinking", "thinking": "", "signature": ""}
+            block = (
+                {"type": "text", "text": ""}
+                if kind == _TEXT
+                else {"type": "thinking", "thinking": "", "signature": ""}
+            )
             self._open_block = self._begin(block, out)
             self._open = kind
-        delta = {"type": "text_delta", "text": text} if kind == _TEXT else {"type": "thinking_delta", "thinking": text}
+        delta = (
+            {"type": "text_delta", "text": text}
+            if kind == _TEXT
+            else {"type": "thinking_delta", "thinking": text}
+        )
         out.append(_delta(self._open_block, delta))
         self._output_units += 1
 
@@ -224,7 +236,9 @@ class MessagesStream:
         index = index if isinstance(index, int) and not isinstance(index, bool) else None
         call_id = fragment.get("id") if isinstance(fragment.get("id"), str) and fragment.get("id") else None
         function = fragment.get("function") if isinstance(fragment.get("function"), dict) else {}
-        name = function.get("name") if isinstance(function.get("name"), str) and function.get("name") else None
+        name = (
+            function.get("name") if isinstance(function.get("name"), str) and function.get("name") else None
+        )
         arguments = function.get("arguments")
         if isinstance(arguments, dict):  # a few upstreams send the object itself
             arguments = orjson.dumps(arguments).decode()
@@ -271,18 +285,26 @@ class MessagesStream:
         self._open = call
         self._open_block = call.block
         if call.pending:
-            out.append(_delta(call.block, {"type": "input_json_delta", "partial_json": "".join(call.pending)}))
+            out.append(
+                _delta(call.block, {"type": "input_json_delta", "partial_json": "".join(call.pending)})
+            )
             call.pending.clear()
 
     def _begin(self, block: dict[str, Any], out: list[bytes]) -> int:
         index = self._next_block
         self._next_block += 1
-        out.append(_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
+        out.append(
+            _event(
+                "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
+            )
+        )
         return index
 
     def _close(self, out: list[bytes]) -> None:
         if self._open is not None:
-            out.append(_event("content_block_stop", {"type": "content_block_stop", "index": self._open_block}))
+            out.append(
+                _event("content_block_stop", {"type": "content_block_stop", "index": self._open_block})
+            )
             self._open = None
 
 
