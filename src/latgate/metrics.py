@@ -88,6 +88,10 @@ class Metrics:
         self.retries = Counter("latgate_retries", "Retries of a request on the same provider", ("provider",), registry=r)
         self.fallbacks = Counter("latgate_fallbacks", "Requests moved to the next provider before the first byte", ("from", "to"), registry=r)
         self.provider_healthy = Gauge("latgate_provider_healthy", "1 when the endpoint can take traffic", ("provider", "endpoint"), multiprocess_mode="livemin", registry=r)
+        self.ejections = Counter("latgate_ejections", "Endpoints ejected (circuit opened), by reason: errors, probes, latency, shared", ("provider", "endpoint", "reason"), registry=r)
+        self.overflows = Counter("latgate_overflows", "Requests sent past their preferred provider, predicted to miss their time-to-first-token budget", ("from", "to"), registry=r)
+        self.hedges = Counter("latgate_hedges", "Hedged requests: a second copy sent because the first token was late, by the copy's provider", ("provider",), registry=r)
+        self.hedge_wins = Counter("latgate_hedge_wins", "Hedged requests answered first by the copy (the original was cancelled)", ("provider",), registry=r)
         self.overhead = Histogram("latgate_gateway_overhead_seconds", "Time latgate itself spent on a request before sending it upstream", buckets=OVERHEAD_BUCKETS_SECONDS, registry=r)
         self._children: dict[tuple[object, ...], object] = {}
 
@@ -151,6 +155,21 @@ class Metrics:
 
     def record_fallback(self, *, from_provider: str, to_provider: str) -> None:
         self._child(self.fallbacks, from_provider, to_provider).inc()
+
+    def record_ejection(self, *, provider: str, endpoint: str, reason: str) -> None:
+        """An endpoint's circuit opened (``reason``: errors, probes, latency, shared)."""
+        self._child(self.ejections, provider, endpoint, reason).inc()
+
+    def record_overflow(self, *, from_provider: str, to_provider: str) -> None:
+        self._child(self.overflows, from_provider, to_provider).inc()
+
+    def record_hedge(self, *, provider: str) -> None:
+        """A hedge (second copy of a request) was sent to ``provider``."""
+        self._child(self.hedges, provider).inc()
+
+    def record_hedge_win(self, *, provider: str) -> None:
+        """The hedge sent to ``provider`` answered first."""
+        self._child(self.hedge_wins, provider).inc()
 
     def set_endpoint_health(self, *, provider: str, endpoint: str, healthy: bool) -> None:
         self._child(self.provider_healthy, provider, endpoint).set(1 if healthy else 0)
