@@ -19,7 +19,11 @@ Rules, first match wins (``reason`` as in the ``X-Latgate-Route-Reason`` header)
 6. ``default``: ``routing.default_route``.
 
 A rule whose provider cannot serve the requested model is skipped, and ``notes`` says
-why. The upstream model name for a provider is, in order: its ``[aliases]`` entry; the
+why. With ``routing.strategy = "latgate"``, a request with a time-to-first-token budget
+also gets ``overflow`` candidates (reason ``overflow:FROM``): the primary's fallbacks,
+then every other provider serving the model, in file order; the selector moves the
+request to one of them when live state predicts the primary will miss the budget
+(never for ``override`` or ``long_context`` decisions). The upstream model name for a provider is, in order: its ``[aliases]`` entry; the
 public name itself when the provider serves it; else the implicit alias of a provider
 serving exactly one model, which takes any name the config does not list (clients
 with a hard-coded model name) and a listed name of the same model family, whose words
@@ -86,6 +90,11 @@ class RouteDecision:
         hedge: the policy asks for hedged requests.
         candidates: ``candidates[0]`` is the primary, then fallbacks in order.
         notes: why rules or names were skipped, for logs and ``latgate route``.
+        overflow: where the request may go instead of the primary when the primary is
+            predicted to miss ``budget_ms`` (empty without a budget or unless the
+            strategy is ``latgate``).
+        strategy: ``routing.strategy``.
+        explain: the client asked for the candidates considered (``X-Latgate-Debug: 1``).
     """
 
     provider: str
@@ -99,6 +108,9 @@ class RouteDecision:
     hedge: bool
     candidates: tuple[Target, ...]
     notes: tuple[str, ...]
+    overflow: tuple[Target, ...] = ()
+    strategy: str = "latgate"
+    explain: bool = False
 
 
 class Router:
@@ -138,6 +150,7 @@ class Router:
             model.fallback_model for model in config.models.values() if model.fallback_model
         }
         self._serving_known = {public: self._compute_serving(public) for public in known}
+        self._overflow_known: dict[tuple[str, str], tuple[Target, ...]] = {}
 
     def decide(
         self, body: Mapping[str, Any], headers: Mapping[str, str], *, key_policy: str | None = None
@@ -202,6 +215,9 @@ class Router:
             hedge=policy.hedge if policy is not None else False,
             candidates=(primary, *self._fallbacks(primary, public, notes)),
             notes=tuple(notes),
+            overflow=self._overflow(primary, public) if budget_ms is not None else (),
+            strategy=self._routing.strategy,
+            explain=_debug_header(headers.get("x-latgate-debug")),
         )
 
     # -- the request's model ------------------------------------------------------
@@ -343,6 +359,28 @@ class Router:
         return targets
 
 
+    def _overflow(self, primary: Target, public: str) -> tuple[Target, ...]:
+        """The primary's fallbacks then the other providers serving ``public`` (memoised
+        for configured model names)."""
+        if self._routing.strategy != "latgate" or primary.reason in ("override", "long_context"):
+            return ()
+        key = (primary.provider, public)
+        known = self._overflow_known.get(key)
+        if known is not None:
+            return known
+        serving = self._serving(public)
+        order = [*self._routing.fallbacks.get(primary.provider, ()), *serving]
+        reason = f"overflow:{primary.provider}"
+        targets = tuple(
+            Target(name, serving[name], reason)
+            for name in dict.fromkeys(order)
+            if name != primary.provider and name in serving
+        )
+        if public in self._serving_known:
+            self._overflow_known[key] = targets
+        return targets
+
+
 def _take(
     provider: str, reason: str, serving: dict[str, str], public: str, notes: list[str]
 ) -> tuple[str, str] | None:
@@ -384,6 +422,10 @@ def _flag_header(value: str | None) -> bool:
         f"X-Latency-Sensitive must be 1, true, yes, 0, false or no, not {value!r}",
         param="X-Latency-Sensitive",
     )
+
+
+def _debug_header(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in _TRUE_VALUES
 
 
 def _budget_header(value: str | None) -> int | None:
