@@ -135,7 +135,10 @@ class Gateway:
         guard = self.guard
         if guard is not None and caller is None:
             caller = guard.authenticate(headers)
-        decision = self.router.decide(body, headers, key_policy=None if caller is None else caller.policy)
+        try:
+            decision = self.router.decide(body, headers, key_policy=None if caller is None else caller.policy)
+        except RecursionError:  # the token estimate walks nested content: the client's nesting
+            raise InvalidRequest("request body is nested too deeply", code="nesting_too_deep") from None
         exchange.public_model = decision.public_model
         exchange.prompt_tokens = decision.prompt_tokens
         if caller is not None:

@@ -22,10 +22,11 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import uvicorn
 
+from latgate.httplimits import MAX_HEAD_BYTES, BoundedHttpToolsProtocol
 from latgate.reload import Reloader
 
 log = logging.getLogger("latgate")
@@ -49,7 +50,8 @@ def uvicorn_config(
         log_level="warning" if log_level == "info" else log_level,
         access_log=False,
         loop="auto",
-        http="auto",
+        http=BoundedHttpToolsProtocol,  # httptools, with bounded request heads (431)
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         lifespan="on",
         timeout_keep_alive=75,
         timeout_graceful_shutdown=drain_timeout_seconds,
@@ -68,6 +70,7 @@ class GatewayServer(uvicorn.Server):
         drain_timeout_seconds: longest wait for requests in flight after SIGTERM.
         handle_sigint: False in a worker process: Ctrl-C reaches the whole process group
             and the supervisor turns it into one SIGTERM per worker.
+        on_started: called once the socket is served and the signal handlers are in place.
 
     Unlike uvicorn's, a stop by signal exits the process normally (status 0) instead of
     re-raising the signal.
@@ -80,17 +83,24 @@ class GatewayServer(uvicorn.Server):
         reloader: Reloader | None,
         drain_timeout_seconds: float,
         handle_sigint: bool = True,
+        on_started: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(config)
         self._reloader = reloader
         self._drain_timeout_seconds = drain_timeout_seconds
         self._handle_sigint = handle_sigint
+        self._on_started = on_started
         self._sockets: list[socket.socket] = []
         self._drain_started: float | None = None
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._sockets = list(sockets or [])
         await super().serve(sockets=sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self._on_started is not None:
+            self._on_started()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -163,10 +173,16 @@ def serve(
     log_format: str,
     drain_timeout_seconds: float,
     handle_sigint: bool = True,
+    on_started: Callable[[], None] | None = None,
 ) -> None:
-    """Serve ``app`` on the listening ``sock`` until SIGTERM/SIGINT (blocking)."""
+    """Serve ``app`` on the listening ``sock`` until SIGTERM/SIGINT (blocking); the
+    keyword arguments are :func:`uvicorn_config`'s and :class:`GatewayServer`'s."""
     config = uvicorn_config(app, log_level=log_level, log_format=log_format, drain_timeout_seconds=drain_timeout_seconds)
     server = GatewayServer(
-        config, reloader=reloader, drain_timeout_seconds=drain_timeout_seconds, handle_sigint=handle_sigint
+        config,
+        reloader=reloader,
+        drain_timeout_seconds=drain_timeout_seconds,
+        handle_sigint=handle_sigint,
+        on_started=on_started,
     )
     server.run(sockets=[sock])

@@ -209,7 +209,7 @@ def _part_tokens(part: object, count: Callable[[str], float]) -> float:
     if not isinstance(part, Mapping):
         return 0.0
     kind = part.get("type")
-    if kind in _IMAGE_PART_TYPES:
+    if isinstance(kind, str) and kind in _IMAGE_PART_TYPES:
         image = part.get("image_url")
         detail = image.get("detail") if isinstance(image, Mapping) else part.get("detail")
         return LOW_DETAIL_IMAGE_TOKENS if detail == "low" else IMAGE_TOKENS
