@@ -27,6 +27,7 @@ from starlette.routing import Route
 from latgate import __version__
 from latgate.api import admin, anthropic, openai, responses
 from latgate.api.body import error_response
+from latgate.api.openapi_doc import openapi_endpoint
 from latgate.auth import AuthGuard
 from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
@@ -143,6 +144,7 @@ def create_app(
     app.router.routes.extend(admin.routes())
     # /admin/*: operator routes (an admin key when [auth] is on).
     app.router.routes.append(Route("/admin/reload", reload_endpoint, methods=["POST"]))
+    app.router.routes.append(Route("/openapi.json", openapi_endpoint(version=__version__), methods=["GET"]))
     app.add_exception_handler(HTTPException, _http_exception)
     app.add_exception_handler(Exception, _unexpected)
     return LatgateApp(app, {**openai.hot_routes(), **responses.hot_routes(), **anthropic.hot_routes()})

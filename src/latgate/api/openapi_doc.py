@@ -1,0 +1,262 @@
+"""latgate's own OpenAPI document, served at ``GET /openapi.json``.
+
+Hand-written: the proxied routes are dispatched outside FastAPI (see
+:class:`latgate.app.LatgateApp`), so FastAPI cannot describe them, and request bodies
+are whatever the upstream accepts. The document describes what *latgate* checks (the
+required field of each body, ``stream`` a boolean, ``model`` a string), the statuses
+it can answer with, its error envelopes (OpenAI's; Anthropic's on ``/v1/messages``),
+and the two ways to present a gateway key. It is built once per app (no request pays
+for it) and is what the schemathesis test in ``tests/test_hardening_api.py`` runs
+against. Shapes follow the OpenAI API reference (``CreateChatCompletionRequest``,
+``ErrorResponse``) and Anthropic's Messages API reference, loosely: extra fields pass
+through to the provider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+OPENAPI_VERSION = "3.1.0"
+_REF = "#/components/schemas/"
+_ERROR_STATUSES = {
+    "400": "invalid request (malformed JSON, invalid UTF-8, wrong types, missing field)",
+    "401": "no gateway key or an unknown one (with [auth])",
+    "403": "model not on the key's allow-list (with [auth])",
+    "404": "no provider serves the model",
+    "413": "body larger than server.max_body_bytes",
+    "429": "the key's RPM/TPM limit, or the provider's, was reached; see Retry-After",
+    "502": "no provider could answer",
+    "503": "rate-limit state unavailable and fail_open = false",
+    "504": "no first token before the deadline",
+}
+
+
+def _json(schema_name: str) -> dict[str, Any]:
+    return {"application/json": {"schema": {"$ref": _REF + schema_name}}}
+
+
+def _errors(envelope: str) -> dict[str, Any]:
+    return {status: {"description": text, "content": _json(envelope)} for status, text in _ERROR_STATUSES.items()}
+
+
+def _proxied(summary: str, request: str, *, envelope: str = "ErrorResponse", streams: bool = True) -> dict[str, Any]:
+    ok: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
+    if streams:
+        ok["text/event-stream"] = {"schema": {"type": "string"}}
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": _json(request)},
+            "responses": {"200": {"description": "the provider's answer, relayed", "content": ok}, **_errors(envelope)},
+        }
+    }
+
+
+def _get(summary: str, *, schema: dict[str, Any] | None = None, media: str = "application/json") -> dict[str, Any]:
+    content = {media: {"schema": schema or {"type": "object"}}}
+    return {"get": {"summary": summary, "security": [], "responses": {"200": {"description": summary, "content": content}}}}
+
+
+_MODEL = {"type": "string", "description": "public model name (alias or served name)"}
+_STREAM = {"type": "boolean"}
+_TOKENS = {"type": "integer", "minimum": 1, "maximum": 64}
+_TEXT_OR_PARTS = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
+
+_SCHEMAS: dict[str, Any] = {
+    "ErrorResponse": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "param", "code"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": ["string", "null"]},
+                    "code": {"type": ["string", "null"]},
+                },
+            }
+        },
+    },
+    "AnthropicError": {
+        "type": "object",
+        "required": ["type", "error"],
+        "properties": {
+            "type": {"const": "error"},
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    },
+    "ChatMessage": {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {
+            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+            "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}, {"type": "null"}]},
+        },
+    },
+    "ChatCompletionRequest": {
+        "type": "object",
+        "required": ["messages"],
+        "properties": {
+            "model": _MODEL,
+            "messages": {"type": "array", "items": {"$ref": _REF + "ChatMessage"}},
+            "stream": _STREAM,
+            "max_tokens": _TOKENS,
+            "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+        },
+    },
+    "CompletionRequest": {
+        "type": "object",
+        "required": ["prompt"],
+        "properties": {
+            "model": _MODEL,
+            "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "stream": _STREAM,
+            "max_tokens": _TOKENS,
+        },
+    },
+    "EmbeddingRequest": {
+        "type": "object",
+        "required": ["input"],
+        "properties": {
+            "model": _MODEL,
+            "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        },
+    },
+    "ResponsesRequest": {
+        "type": "object",
+        "required": ["input"],
+        "properties": {
+            "model": _MODEL,
+            "input": _TEXT_OR_PARTS,
+            "instructions": {"type": "string"},
+            "stream": _STREAM,
+            "max_output_tokens": _TOKENS,
+        },
+    },
+    "MessagesRequest": {
+        "type": "object",
+        "required": ["model", "max_tokens", "messages"],
+        "properties": {
+            "model": _MODEL,
+            "max_tokens": _TOKENS,
+            "messages": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["role", "content"],
+                    "properties": {"role": {"enum": ["user", "assistant"]}, "content": _TEXT_OR_PARTS},
+                },
+            },
+            "system": _TEXT_OR_PARTS,
+            "stream": _STREAM,
+        },
+    },
+    "CountTokensRequest": {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": {"model": _MODEL, "messages": {"type": "array", "items": {"type": "object"}}, "system": _TEXT_OR_PARTS},
+    },
+    "ModelList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"$ref": _REF + "Model"}}},
+    },
+    "Model": {
+        "type": "object",
+        "required": ["id", "object"],
+        "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "owned_by": {"type": "string"}},
+    },
+}
+
+
+def openapi_document(*, version: str) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of latgate's HTTP API (``version``: latgate's)."""
+    paths: dict[str, Any] = {}
+    for prefix in ("/v1", ""):
+        paths[prefix + "/chat/completions"] = _proxied("Chat completion, routed", "ChatCompletionRequest")
+        paths[prefix + "/completions"] = _proxied("Text completion, routed", "CompletionRequest")
+        paths[prefix + "/embeddings"] = _proxied("Embeddings, routed", "EmbeddingRequest", streams=False)
+        paths[prefix + "/responses"] = _proxied("OpenAI Responses API, translated", "ResponsesRequest")
+        models = {"get": {"summary": "Served models and aliases", "responses": {"200": {"description": "models", "content": _json("ModelList")}, "401": {"description": "no gateway key", "content": _json("ErrorResponse")}}}}
+        paths[prefix + "/models"] = models
+        paths[prefix + "/models/{model_id}"] = {
+            "get": {
+                "summary": "One model",
+                "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {
+                    "200": {"description": "the model", "content": _json("Model")},
+                    "401": {"description": "no gateway key", "content": _json("ErrorResponse")},
+                    "404": {"description": "not served", "content": _json("ErrorResponse")},
+                },
+            }
+        }
+    paths["/v1/messages"] = _proxied("Anthropic Messages API, translated", "MessagesRequest", envelope="AnthropicError")
+    paths["/v1/messages/count_tokens"] = {
+        "post": {
+            "summary": "Anthropic token count (latgate's estimate)",
+            "requestBody": {"required": True, "content": _json("CountTokensRequest")},
+            "responses": {
+                "200": {"description": "the count", "content": {"application/json": {"schema": {"type": "object", "required": ["input_tokens"], "properties": {"input_tokens": {"type": "integer"}}}}}},
+                **_errors("AnthropicError"),
+            },
+        }
+    }
+    paths["/"] = _get("Service probe")
+    paths["/healthz"] = _get("Liveness: the process is up")
+    paths["/readyz"] = _get("Readiness: a provider can take traffic (503 when none)")
+    paths["/metrics"] = _get("Prometheus metrics", schema={"type": "string"}, media="text/plain")
+    paths["/admin/providers"] = {
+        "get": {
+            "summary": "Providers' live state (admin key with [auth])",
+            "responses": {
+                "200": {"description": "providers", "content": {"application/json": {"schema": {"type": "object"}}}},
+                "401": {"description": "no key", "content": _json("ErrorResponse")},
+                "403": {"description": "not an admin key", "content": _json("ErrorResponse")},
+            },
+        }
+    }
+    paths["/admin/reload"] = {
+        "post": {
+            "summary": "Reload the config file (admin key with [auth])",
+            "responses": {
+                "200": {"description": "reloaded", "content": {"application/json": {"schema": {"type": "object"}}}},
+                "400": {"description": "config rejected; the old one serves on", "content": _json("ErrorResponse")},
+                "401": {"description": "no key", "content": _json("ErrorResponse")},
+                "403": {"description": "not an admin key", "content": _json("ErrorResponse")},
+            },
+        }
+    }
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {"title": "latgate", "version": version, "description": "OpenAI-compatible, latency-aware LLM gateway"},
+        "paths": paths,
+        "components": {
+            "schemas": _SCHEMAS,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
+        },
+        "security": [{}, {"bearer": []}, {"apiKey": []}],
+    }
+
+
+def openapi_endpoint(*, version: str) -> Callable[[Request], Awaitable[Response]]:
+    """A Starlette endpoint serving :func:`openapi_document`, serialised once."""
+    body = orjson.dumps(openapi_document(version=version))
+
+    async def serve(request: Request) -> Response:
+        return Response(body, media_type="application/json")
+
+    return serve
