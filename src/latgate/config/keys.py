@@ -213,6 +213,10 @@ def _translate(error: ErrorDetails, *, source: str, prefix: str) -> ConfigError:
 
 
 def _type_fix(kind: str, leaf: str) -> str:
+    if kind == "bool_not_number":
+        return f"write a number without quotes, e.g. {leaf} = 8"
+    if kind == "finite_number":
+        return f"write a finite number (not inf or nan), e.g. {leaf} = 30"
     if kind.startswith("int_"):
         return f"write a whole number without quotes, e.g. {leaf} = 8"
     if kind.startswith("float_"):

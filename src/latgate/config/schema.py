@@ -9,17 +9,41 @@ parse, aliases are resolved per provider. Code downstream never re-checks.
 from __future__ import annotations
 
 import re
+import types
+import typing
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 _VERSION_SUFFIX = re.compile(r"/v\d+(?:beta\d*|alpha\d*)?$")
 
 
 class Frozen(BaseModel):
-    """Base for config models: immutable, unknown fields rejected."""
+    """Base for config models: immutable, unknown fields rejected, numbers strict.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    A number field (``int``/``float``) takes neither ``true``/``false`` (pydantic would
+    read ``port = true`` as port 1) nor ``inf``/``nan`` (TOML has both; an infinite
+    timeout overflows the event loop's timer on every request).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, bool) and info.field_name is not None:
+            kinds = _annotation_kinds(cls.model_fields[info.field_name].annotation)
+            if bool not in kinds and (int in kinds or float in kinds):
+                raise PydanticCustomError("bool_not_number", "expected a number, not true/false")
+        return value
+
+
+def _annotation_kinds(annotation: object) -> tuple[object, ...]:
+    """The members of a union annotation (``int | None`` -> ``(int, NoneType)``), else itself."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
 
 
 def versioned_base(api_base: str) -> str:
