@@ -33,7 +33,10 @@ from latgate.config.keys import (
 )
 from latgate.config.schema import DefaultsConfig
 
-_PROVIDER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+_PROVIDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+RESERVED_PROVIDER_NAMES = ("none", "other")
+"""Names a provider may not take: latgate's metrics use them as label values (``none``:
+a request no provider took; ``other``: a model outside the configured ones)."""
 _SHORTHAND_ROLES: dict[str, Literal["upstream", "decode", "prefill"]] = {
     "upstream": "upstream",
     "decode": "decode",
@@ -153,14 +156,31 @@ def _shorthand(section: str, table: dict[str, object], *, source: str) -> Provid
     )
 
 
-def _add(doc: Document, section: ProviderSection, *, source: str) -> None:
-    if not _PROVIDER_NAME.match(section.name):
+def check_provider_name(name: str, *, source: str, key: str) -> None:
+    """Raise unless ``name`` is a usable provider name.
+
+    Usable: 1 to 64 of letters, digits and ``_ . -``, starting with a letter or digit
+    (it goes into metric labels and the ``X-Latgate-Provider`` header), and not one of
+    :data:`RESERVED_PROVIDER_NAMES`.
+    """
+    if not _PROVIDER_NAME.fullmatch(name):
         raise ConfigError(
             source=source,
-            key=section.name_key,
-            message=f"provider name {show(section.name)} is not usable",
-            fix="use letters, digits and _ . : - only, starting with a letter or digit",
+            key=key,
+            message=f"provider name {show(name)} is not usable",
+            fix="use 1 to 64 letters, digits and _ . - only, starting with a letter or digit",
         )
+    if name in RESERVED_PROVIDER_NAMES:
+        raise ConfigError(
+            source=source,
+            key=key,
+            message=f'provider name "{name}" is reserved (latgate\'s metrics use it as a label value)',
+            fix="give the provider another name",
+        )
+
+
+def _add(doc: Document, section: ProviderSection, *, source: str) -> None:
+    check_provider_name(section.name, source=source, key=section.name_key)
     earlier = doc.seen_names.get(section.name)
     if earlier is not None:
         raise ConfigError(
@@ -223,6 +243,7 @@ def _apply_repeated_settings(
 ) -> None:
     target = next((p for p in doc.providers if p.name == provider), None)
     if target is None:
+        check_provider_name(provider, source=source, key="default.provider")
         if "api_base" not in repeated and "base_url" not in repeated:
             names = [p.name for p in doc.providers]
             raise ConfigError(
