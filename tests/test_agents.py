@@ -1,0 +1,78 @@
+"""Real coding agents complete a turn through latgate: Codex (Responses API), Cline and
+Qwen Code (chat completions), Claude Code (Anthropic Messages).
+
+Each test installs its CLI from the npm registry into the agents cache (pinned, once;
+see ``tests/agents/install.py``), starts latgate in front of three simulated providers,
+and runs one non-interactive turn in a scratch HOME and working folder. The simulator
+answers the prompt with a call to the agent's shell tool and the tool's result with
+text, so a turn is: request -> tool call -> the agent runs it -> request carrying the
+result -> text -> exit 0. Skipped where ``node``/``npm`` are missing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+
+from agents.install import PINS, AgentUnavailable, install, node_missing
+from agents.recorder import describe
+from agents.turn import AgentStack, Turn, agent_stack, run_turn
+
+pytestmark = pytest.mark.agents
+
+TURN_TIMEOUT_SECONDS = 120
+
+
+@pytest.fixture(scope="module")
+def installed() -> dict[str, str]:
+    """Install every pinned CLI at once (in parallel on a cold cache); agent -> error."""
+    reason = node_missing()
+    if reason:
+        pytest.skip(reason)
+    errors: dict[str, str] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(PINS)) as pool:
+        futures = {name: pool.submit(install, pin) for name, pin in PINS.items()}
+        for name, future in futures.items():
+            try:
+                future.result()
+            except AgentUnavailable as exc:
+                errors[name] = str(exc)
+    return errors
+
+
+def _turn(agent: str, installed: dict[str, str], tmp_path, *, model: str) -> tuple[Turn, AgentStack]:
+    assert agent not in installed, installed.get(agent)
+    with agent_stack() as stack:
+        turn = run_turn(agent, stack=stack, root=tmp_path, model=model, timeout_seconds=TURN_TIMEOUT_SECONDS)
+        totals = stack.requests_total()
+    return turn, stack, totals
+
+
+def _assert_completed(turn: Turn, stack: AgentStack, totals: dict, *, provider: str, path: str) -> None:
+    report = f"{turn.run.summary()}\n--- sent to latgate\n{describe(turn.seen)}"
+    assert turn.run.returncode == 0, report
+    model_requests = [r for r in turn.seen if r.method == "POST" and r.path == path]
+    assert model_requests, report
+    received = [r.body for r in stack.sims[provider].stats.received if isinstance(r.body, dict)]
+    tool_results = [b for b in received if b.get("messages") and b["messages"][-1].get("role") == "tool"]
+    assert tool_results, f"no request carrying a tool result reached {provider}\n{report}"
+    assert totals.get((provider, "200"), 0) >= len(model_requests), f"{totals}\n{report}"
+    elsewhere = {key: n for key, n in totals.items() if key[0] != provider and n}
+    assert not elsewhere, f"requests measured under other providers: {elsewhere}\n{report}"
+    print(f"\n[{turn.agent}] turn {turn.run.seconds:.1f}s, {len(model_requests)} model requests via {provider}\n{describe(turn.seen)}")
+
+
+def test_codex_completes_a_turn_through_the_responses_api(installed, tmp_path) -> None:
+    turn, stack, totals = _turn("codex", installed, tmp_path, model="glm-5.1")
+    _assert_completed(turn, stack, totals, provider="vllm", path="/v1/responses")
+
+
+def test_cline_completes_a_turn_on_the_latency_sensitive_pool(installed, tmp_path) -> None:
+    turn, stack, totals = _turn("cline", installed, tmp_path, model="glm-5.1-highspeed")
+    _assert_completed(turn, stack, totals, provider="tile-rt", path="/v1/chat/completions")
+
+
+def test_qwen_code_completes_a_turn_on_the_upstream_serving_its_model(installed, tmp_path) -> None:
+    turn, stack, totals = _turn("qwen", installed, tmp_path, model="qwen2.5-72b-instruct")
+    _assert_completed(turn, stack, totals, provider="taotoken", path="/v1/chat/completions")
