@@ -138,15 +138,28 @@ def suggestion(name: str, choices: Collection[str], *, noun: str, plural: str | 
     return f'did you mean "{near}"? ({listing})' if near else listing
 
 
+_USERINFO_PASSWORD = re.compile(r"(?<=//)([^/?#@:]*):[^/?#@]*@")
+
+
+def mask_userinfo(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` part replaced by ``***``.
+
+    Works on malformed URLs too (it is used in error messages), e.g.
+    ``http://u:secret@h:1/v1`` -> ``http://u:***@h:1/v1``.
+    """
+    return _USERINFO_PASSWORD.sub(r"\1:***@", url)
+
+
 def show(value: object) -> str:
-    """A config value as it would be written in TOML, shortened for a one-line message."""
+    """A config value as it would be written in TOML, shortened for a one-line message
+    (a URL's password masked: ``latgate check`` prints these lines)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, Mapping):
         return "a table"
     if isinstance(value, list | tuple):
         return "a list"
-    text = json.dumps(value, ensure_ascii=False) if isinstance(value, str) else str(value)
+    text = json.dumps(mask_userinfo(value), ensure_ascii=False) if isinstance(value, str) else str(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

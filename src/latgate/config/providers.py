@@ -3,8 +3,12 @@
 One section gives its address as ``api_base`` (``base_url`` is a synonym) or as
 ``endpoints = ["http://a:1/v1", {url = "http://b:2/v1"}]`` for replicas, whose ids are
 ``NAME-0``, ``NAME-1``... in order (one ``api_base`` is the endpoint ``NAME-0``). URLs
-must be http(s) with a host; only a trailing slash is removed (the version segment is
-:attr:`EndpointConfig.base_url`'s business). Engine settings from
+must be http(s) with a host, without whitespace, query or fragment (not even an empty
+``?`` or ``#``: paths are appended to the base), and without ``user:password@`` when
+``api_key_env`` is set (the upstream can take one ``Authorization`` only); only a
+trailing slash is removed (the version segment is :attr:`EndpointConfig.base_url`'s
+business). Two endpoints that call the same versioned URL (``http://h:1`` and
+``http://h:1/v1``) are duplicates. Engine settings from
 :data:`~latgate.config.keys.ENGINE_HINT_KEYS` and an explicit ``hints`` table go to
 ``hints``. ``connector`` defaults to the ``engine`` when that names a connector
 (``engine = "vllm"`` gets vLLM's load gauges), else ``openai``.
@@ -26,7 +30,7 @@ from latgate.config.keys import (
     suggestion,
     validate_model,
 )
-from latgate.config.schema import EndpointConfig, ProviderConfig
+from latgate.config.schema import EndpointConfig, ProviderConfig, versioned_base
 from latgate.config.seedforms import ProviderSection
 from latgate.connectors import UnknownConnector, get_connector, known_connectors
 
@@ -91,14 +95,23 @@ def _endpoints(section: ProviderSection, *, source: str) -> tuple[EndpointConfig
     endpoints = []
     for index, (key, url) in enumerate(urls):
         api_base = _checked_url(url, source=source, key=key)
-        if api_base in seen:
+        if "api_key_env" in table and urlsplit(api_base).username is not None:
             raise ConfigError(
                 source=source,
                 key=key,
-                message=f"duplicate endpoint {show(api_base)} (also {seen[api_base]})",
+                message=f"{show(api_base)} carries user:password@ and api_key_env is set too, "
+                "but an upstream request takes one Authorization only",
+                fix="remove the user:password@ part, or remove api_key_env",
+            )
+        calls = versioned_base(api_base)
+        if calls in seen:
+            raise ConfigError(
+                source=source,
+                key=key,
+                message=f"duplicate endpoint {show(api_base)}: it calls {show(calls)} like {seen[calls]}",
                 fix="list each replica once",
             )
-        seen[api_base] = key
+        seen[calls] = key
         endpoints.append(EndpointConfig(id=f"{section.name}-{index}", api_base=api_base))
     return tuple(endpoints)
 
@@ -141,6 +154,8 @@ def _checked_url(url: object, *, source: str, key: str) -> str:
 
 
 def _url_problem(url: str) -> str | None:
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return f"{show(url)} contains a space or control character"
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018  (raises ValueError for a bad port)
@@ -148,8 +163,8 @@ def _url_problem(url: str) -> str | None:
         return f"{show(url)} is not a valid URL ({exc})"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{show(url)} is not an http(s) URL with a host"
-    if parts.query or parts.fragment:
-        return f"{show(url)} has a query or fragment, which a base URL cannot have"
+    if "?" in url or "#" in url:
+        return f"{show(url)} has a query or fragment (? or #), which a base URL cannot have"
     return None
 
 

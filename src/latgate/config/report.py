@@ -4,7 +4,8 @@ Prints, as plain aligned text (it reads the same in a terminal, a pipe or a CI l
 each provider (connector, role, engine, endpoints with their URLs, models or "any",
 the implicit alias of a single-model provider, extra_body keys, capacity hints), the
 aliases, the ``[models]`` settings, the routing rules in the order they apply, and the
-warnings. ``check`` is an operator tool, so URLs are shown; keys never are.
+warnings. ``check`` is an operator tool, so URLs are shown; keys never are, nor the
+password of a URL's ``user:password@`` part.
 
 Exit codes: 0 ok, 1 config error (one ``latgate: error: ...`` line on stderr),
 2 an endpoint failed its probe (``--probe``: ``GET`` the connector's health path on
@@ -23,6 +24,7 @@ from typing import TextIO
 import httpx
 
 from latgate.config.errors import ConfigError
+from latgate.config.keys import mask_userinfo
 from latgate.config.loader import load_config, resolve_config_path
 from latgate.config.schema import Config, ProviderConfig
 from latgate.config.warnings import config_warnings
@@ -91,7 +93,11 @@ def _provider_lines(provider: ProviderConfig) -> list[str]:
     lines = ["", f"  {provider.name}   ({summary})"]
     for endpoint in provider.endpoints:
         lines.append(
-            _row("endpoint", f"{endpoint.id}  {endpoint.api_base}  (calls {endpoint.base_url}/...)", indent=4)
+            _row(
+                "endpoint",
+                f"{endpoint.id}  {mask_userinfo(endpoint.api_base)}  (calls {mask_userinfo(endpoint.base_url)}/...)",
+                indent=4,
+            )
         )
     lines.append(_row("models", ", ".join(provider.models) if provider.models else "any", indent=4))
     if len(provider.models) == 1:
@@ -194,7 +200,8 @@ def probe(config: Config, *, env: Mapping[str, str], out: TextIO) -> bool:
                 url = connector.url(endpoint, connector.health_path)
                 ok, detail = _probe_one(client, url, headers=headers)
                 all_ok &= ok
-                out.write(f"  {'ok' if ok else 'failed':<7} {endpoint.id:<{_LABEL_WIDTH}} {url}  {detail}\n")
+                shown = f"{mask_userinfo(url)}  {mask_userinfo(detail)}"
+                out.write(f"  {'ok' if ok else 'failed':<7} {endpoint.id:<{_LABEL_WIDTH}} {shown}\n")
     return all_ok
 
 

@@ -27,11 +27,12 @@ from latgate.config.keys import (
     SECTIONS,
     check_keys,
     key_path,
+    mask_userinfo,
     require_table,
     show,
     suggestion,
 )
-from latgate.config.schema import DefaultsConfig
+from latgate.config.schema import DefaultsConfig, versioned_base
 
 _PROVIDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 RESERVED_PROVIDER_NAMES = ("none", "other")
@@ -279,19 +280,21 @@ def _apply_repeated_settings(
                 )
         elif not addresses:
             target.table["api_base"] = value
-        elif not isinstance(value, str) or value.rstrip("/") not in addresses:
+        elif not isinstance(value, str) or versioned_base(value.strip()) not in addresses:
+            known = ", ".join(sorted(map(mask_userinfo, addresses)))
             raise ConfigError(
                 source=source,
                 key=f"default.{key}",
-                message=f"{show(value)} is not an address of {target.label} ({', '.join(sorted(addresses))})",
+                message=f"{show(value)} is not an address of {target.label} ({known})",
                 fix="remove it from [default] or make it equal to the provider's api_base",
             )
 
 
 def _addresses(table: dict[str, object]) -> set[str]:
-    """The URLs a provider table gives, trailing slash removed (malformed entries skipped)."""
+    """The URLs a provider table calls, as :func:`versioned_base` gives them (malformed
+    entries skipped), so ``http://h:1`` and ``http://h:1/v1/`` are one address."""
     found = [table.get("api_base"), table.get("base_url")]
     endpoints = table.get("endpoints")
     if isinstance(endpoints, list):
         found += [e.get("url") if isinstance(e, dict) else e for e in endpoints]
-    return {url.rstrip("/") for url in found if isinstance(url, str)}
+    return {versioned_base(url.strip()) for url in found if isinstance(url, str)}
