@@ -93,10 +93,10 @@ def test_probe_reports_ok_and_sends_the_provider_key_without_printing_it(tmp_pat
         return JSONResponse({"object": "list", "data": []})
 
     app = Starlette(routes=[Route("/v1/models", models)])
-    with serve_app(app) as base_url:
+    with serve_app(app) as base_url, serve_app(app) as other_url:
         config = tmp_path / "config.toml"
         config.write_text(
-            f'[providers.pool]\nendpoints = ["{base_url}", "{base_url}/v1/"]\napi_key_env = "POOL_KEY"\n'
+            f'[providers.pool]\nendpoints = ["{base_url}", "{other_url}/v1/"]\napi_key_env = "POOL_KEY"\n'
         )
         result = run_check("--config", str(config), "--probe", env={"POOL_KEY": "sk-secret-123"})
     assert result.returncode == 0, result.stdout + result.stderr
