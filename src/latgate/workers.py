@@ -33,6 +33,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -60,11 +61,18 @@ class WorkerSpec:
     log_level: str
     log_format: str
     drain_timeout_seconds: float
+    supervisor_pid: int
 
 
 def run_worker(spec: WorkerSpec) -> None:
-    """A worker process's body: load the config, serve until SIGTERM. Exit 1 on a config error."""
+    """A worker process's body: load the config, serve until SIGTERM. Exit 1 on a config error.
+
+    A SIGHUP that arrives while the worker starts is remembered and acted on once it
+    serves (SIGHUP's default action would end the process).
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor turns Ctrl-C into SIGTERM
+    hangup_while_starting = threading.Event()
+    signal.signal(signal.SIGHUP, lambda *_: hangup_while_starting.set())
     from latgate.logs import configure_logging
 
     configure_logging(level=spec.log_level, log_format=spec.log_format, show_pid=True)
@@ -77,8 +85,14 @@ def run_worker(spec: WorkerSpec) -> None:
     from latgate.lifecycle import serve
 
     app = create_app(config, metrics_multiprocess_dir=spec.metrics_dir)
-    app.state.reloader.notify = _notify_supervisor
-    log.info("worker %d (pid %d) serving", spec.index, os.getpid())
+    reloader = app.state.reloader
+    reloader.notify = lambda: os.kill(spec.supervisor_pid, signal.SIGHUP)
+
+    def started() -> None:
+        log.info("worker %d (pid %d) serving", spec.index, os.getpid())
+        if hangup_while_starting.is_set():
+            reloader.reload_logged()
+
     serve(
         app,
         sock=spec.sock,
@@ -87,11 +101,8 @@ def run_worker(spec: WorkerSpec) -> None:
         log_format=spec.log_format,
         drain_timeout_seconds=spec.drain_timeout_seconds,
         handle_sigint=False,
+        on_started=started,
     )
-
-
-def _notify_supervisor() -> None:
-    os.kill(os.getppid(), signal.SIGHUP)
 
 
 class Supervisor:
@@ -121,6 +132,8 @@ class Supervisor:
         self._log_level = log_level
         self._log_format = log_format
         self._drain_timeout_seconds = drain_timeout_seconds
+        # spawn, not fork: a fresh interpreter per worker, nothing inherited but the
+        # socket (and no fork server in between: the workers are this process's children).
         self._context = multiprocessing.get_context("spawn")
         self._procs: dict[int, multiprocessing.process.BaseProcess] = {}
         self._started_at: dict[int, float] = {}
@@ -154,6 +167,7 @@ class Supervisor:
             log_level=self._log_level,
             log_format=self._log_format,
             drain_timeout_seconds=self._drain_timeout_seconds,
+            supervisor_pid=os.getpid(),
         )
         proc = self._context.Process(target=run_worker, args=(spec,), name=f"latgate-worker-{index}")
         proc.start()

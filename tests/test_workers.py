@@ -1,0 +1,161 @@
+"""``latgate serve --workers N``: one socket, N worker processes, ``/metrics`` that counts
+every worker's requests, reload and drain through the supervisor, dead workers replaced."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway_process import GatedUpstream, GatewayProcess
+from latgate.sim import SimOptions
+from servers import serve_app
+from stack import FAST, simulators
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+WORKER_SERVING = r"worker (\d) \(pid (\d+)\) serving"
+
+
+def config_text(urls: dict[str, str], *, default: str) -> str:
+    providers = "".join(f'[providers.{name}]\napi_base = "{url}/v1"\n\n' for name, url in urls.items())
+    return f'{providers}[routing]\ndefault_route = "{default}"\n'
+
+
+@pytest.fixture
+def sims():
+    with simulators({name: SimOptions(name=name, **FAST) for name in ("a", "b")}) as running:
+        yield {name: url for name, (url, _) in running.items()}
+
+
+def start_workers(config: Path, *, workers: int = 2, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()):
+    """The supervisor, its URL and ``{worker index: pid}`` once every worker serves."""
+    gw = GatewayProcess(["--config", str(config), "--port", "0", "--workers", str(workers), *extra], env=env)
+    url = gw.wait_listening()
+    pids = {}
+    while len(pids) < workers:
+        match = gw.wait_for(WORKER_SERVING)
+        pids[int(match.group(1))] = int(match.group(2))
+    return gw, url, pids
+
+
+def scrape(url: str) -> str:
+    with httpx.Client() as client:  # a new connection: any worker may answer
+        return client.get(url + "/metrics").text
+
+
+def requests_total(text: str, provider: str) -> float:
+    match = re.search(r'^latgate_requests_total\{code="200",model="other",provider="%s"\} (\S+)$' % provider, text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_metrics_count_every_workers_requests_and_a_dead_worker_is_replaced(tmp_path, sims) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(config_text(sims, default="a"))
+    metrics_dir = tmp_path / "prom"
+    gw, url, pids = start_workers(config, env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
+    try:
+        # Requests on new connections until both workers have answered some (each worker's
+        # counters live in its own file), so the scrapes below must add them up.
+        sent = 0
+        while {p for p in pids.values() if (metrics_dir / f"counter_{p}.db").exists()} != set(pids.values()):
+            assert sent < 400, "the kernel never handed a connection to the second worker"
+            with httpx.Client() as client:
+                assert client.post(url + "/v1/chat/completions", json=CHAT).status_code == 200
+            sent += 1
+        for _ in range(6):
+            text = scrape(url)
+            assert requests_total(text, "a") == sent
+            assert 'latgate_in_flight_requests{provider="a"} 0.0' in text
+            assert re.search(r'^latgate_provider_healthy\{endpoint="a-0",provider="a"\} 1\.0$', text, re.M)
+            assert "pid=" not in text
+
+        os.kill(pids[0], signal.SIGKILL)
+        gw.wait_for(r"worker 0 \(pid %d\) exited with status -9; starting another" % pids[0])
+        replacement = int(gw.wait_for(WORKER_SERVING).group(2))
+        assert replacement not in pids.values()
+        assert requests_total(scrape(url), "a") == sent  # the dead worker's counts stay
+        with httpx.Client() as client:
+            assert client.post(url + "/v1/chat/completions", json=CHAT).status_code == 200
+        assert requests_total(scrape(url), "a") == sent + 1
+
+        gw.signal(signal.SIGTERM)
+        assert gw.wait_exit(timeout=30) == 0
+    finally:
+        gw.stop()
+    assert not any("Traceback" in line for line in gw.lines)
+    assert not list(metrics_dir.glob("gauge_live*"))  # dead workers' live gauges are dropped
+
+
+def test_reload_reaches_every_worker_and_a_bad_config_reaches_none(tmp_path, sims) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(config_text(sims, default="a"))
+    gw, url, pids = start_workers(config)
+
+    def wait_every_worker_reloaded(pattern: str) -> None:
+        reloaded = set()
+        while reloaded != set(pids.values()):
+            reloaded.add(int(gw.wait_for(r"latgate\[(\d+)\] %s" % pattern).group(1)))
+
+    try:
+        config.write_text(config_text(sims, default="b"))
+        gw.signal(signal.SIGHUP)
+        gw.wait_for("SIGHUP: reloading 2 workers")
+        wait_every_worker_reloaded("reloaded .*: providers a, b")
+
+        config.write_text(config_text(sims, default="nowhere"))
+        gw.signal(signal.SIGHUP)
+        assert "routing.default_route" in gw.wait_for("reload rejected, workers keep the previous config").string
+        for _ in range(4):
+            with httpx.Client() as client:
+                assert client.post(url + "/v1/chat/completions", json=CHAT).headers["x-latgate-provider"] == "b"
+
+        # Over HTTP one worker answers; it has the supervisor reload the others.
+        config.write_text(config_text(sims, default="a"))
+        response = httpx.post(url + "/admin/reload")
+        assert response.status_code == 200 and response.json()["status"] == "reloaded"
+        gw.wait_for("SIGHUP: reloading 2 workers")
+        wait_every_worker_reloaded("reloaded")
+        for _ in range(4):
+            with httpx.Client() as client:
+                assert client.post(url + "/v1/chat/completions", json=CHAT).headers["x-latgate-provider"] == "a"
+
+        gw.signal(signal.SIGTERM)
+        assert gw.wait_exit(timeout=30) == 0
+    finally:
+        gw.stop()
+
+
+def test_sigterm_to_the_supervisor_drains_a_stream_in_flight(tmp_path) -> None:
+    gated = GatedUpstream()
+    with serve_app(gated) as upstream:
+        config = tmp_path / "config.toml"
+        config.write_text(config_text({"gated": upstream}, default="gated"))
+        gw, url, _ = start_workers(config, extra=("--drain-timeout", "20"))
+        try:
+            with httpx.Client(timeout=30) as client:
+                request = client.build_request("POST", url + "/v1/chat/completions", json={**CHAT, "stream": True})
+                stream = client.send(request, stream=True)
+                assert gated.started.wait(timeout=10)
+                gw.signal(signal.SIGTERM)
+                gw.wait_for("SIGTERM: stopping 2 workers")
+                gw.wait_for(r"draining: SIGTERM received, stopped accepting; 1 connection\(s\) open")
+                gated.gate.set()
+                lines = [line for line in stream.iter_lines() if line]
+                stream.close()
+            assert lines[-1] == "data: [DONE]"
+            assert gw.wait_exit(timeout=20) == 0
+        finally:
+            gated.gate.set()
+            gw.stop()
+
+
+def test_workers_must_be_at_least_one(tmp_path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n')
+    gw = GatewayProcess(["--config", str(config), "--workers", "0"])
+    assert gw.wait_exit(timeout=30) == 2
+    assert gw.lines == ["latgate: error: --workers must be at least 1"]
