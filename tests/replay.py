@@ -240,6 +240,8 @@ class ReplayServer:
         self.base_url = self.origin + "/v1"
         self.requests: list[RecordedRequest] = []
         self.client_closed = threading.Event()
+        #: set each time a request has been read (before it is answered)
+        self.request_seen = threading.Event()
         self.connection_count = 0
         self.errors: list[BaseException] = []
         self._sock = sock
@@ -303,6 +305,7 @@ class ReplayServer:
                 if request is None:
                     return
                 self.requests.append(request)
+                self.request_seen.set()
                 if not await self._respond(self._next_script(), request, source, writer):
                     return
         except _BadRequest:

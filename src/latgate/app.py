@@ -31,7 +31,7 @@ from latgate.api.openapi_doc import openapi_endpoint
 from latgate.auth import AuthGuard
 from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
-from latgate.gateway import Gateway
+from latgate.gateway import Gateway, request_id
 from latgate.metrics import Metrics
 from latgate.reload import Reloader, UpstreamClients, reload_endpoint
 from latgate.state import StateStores, run_health_sync
@@ -63,7 +63,8 @@ class LatgateApp:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            handler = self._hot.get(scope["path"])
+            path = scope["path"]
+            handler = self._hot.get(path if path[-1:] != "/" else path.rstrip("/"))
             if handler is not None:
                 request = Request(scope, receive)
                 request.scope["app"] = self.fastapi
@@ -156,7 +157,7 @@ async def _http_exception(request: Request, exc: HTTPException) -> Response:
         error: GatewayError = NotFound(f"no route for {request.method} {request.url.path}")
     else:
         error = InvalidRequest(str(exc.detail), status=exc.status_code, code="method_not_allowed" if exc.status_code == 405 else None)
-    return error_response(error, request_id=request.headers.get("x-request-id", "-")[:128], extra_headers=exc.headers)
+    return error_response(error, request_id=request_id(request.headers.get("x-request-id")), extra_headers=exc.headers)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -9,6 +9,7 @@
     ├── PermissionDenied         403 permission_error
     ├── NotFound                 404 invalid_request_error, code model_not_found / not_found
     ├── RateLimited              429 rate_limit_error
+    ├── ClientClosedRequest      499: the client went away before the answer began
     └── UpstreamError            the upstream's status (502 when it sent none), api_error
         ├── UpstreamUnavailable  502/503: connection refused, reset, DNS
         └── UpstreamTimeout      504: connect / first-token / read timeout
@@ -95,6 +96,14 @@ class RateLimited(GatewayError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+
+
+class ClientClosedRequest(GatewayError):
+    """The client disconnected while latgate waited for the upstream (nginx's 499)."""
+
+    status = 499
+    type = "invalid_request_error"
+    code = "client_closed_request"
 
 
 class UpstreamError(GatewayError):

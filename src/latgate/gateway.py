@@ -18,7 +18,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from latgate.api.body import error_response, read_json_object, require
+from latgate.api.body import error_response, read_json_object, require, until_client_leaves
 from latgate.auth import AuthGuard, Caller, forward_within_limits
 from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest
@@ -98,7 +98,9 @@ class Gateway:
             body = await read_json_object(request, max_bytes=self.config.server.max_body_bytes)
             field, kind, what = REQUIRED_FIELDS[path]
             require(body, field, kind, what=what)
-            return await self.proxy(exchange, body=body, headers=request.headers, path=path, caller=caller)
+            return await until_client_leaves(
+                request, self.proxy(exchange, body=body, headers=request.headers, path=path, caller=caller)
+            )
         except GatewayError as error:
             self.fail(exchange, error)
             return error_response(error, request_id=request_id, extra_headers=self.route_headers(exchange))
@@ -131,13 +133,16 @@ class Gateway:
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise InvalidRequest("'stream' must be a boolean", param="stream", code="invalid_type")
+        options = body.get("stream_options")
+        if options is not None and not isinstance(options, dict):
+            raise InvalidRequest("'stream_options' must be an object", param="stream_options", code="invalid_type")
         exchange.stream = stream and path != "/embeddings"
         guard = self.guard
         if guard is not None and caller is None:
             caller = guard.authenticate(headers)
         try:
             decision = self.router.decide(body, headers, key_policy=None if caller is None else caller.policy)
-        except RecursionError:  # the token estimate walks nested content: the client's nesting
+        except (RecursionError, orjson.JSONEncodeError):  # the client's nesting defeats the token estimate
             raise InvalidRequest("request body is nested too deeply", code="nesting_too_deep") from None
         exchange.public_model = decision.public_model
         exchange.prompt_tokens = decision.prompt_tokens
@@ -170,7 +175,7 @@ class Gateway:
     def new_exchange(self, request: Request, *, path: str) -> Exchange:
         """A request record started now, with the client's or a new request id."""
         return Exchange(
-            request_id=_request_id(request.headers.get("x-request-id")),
+            request_id=request_id(request.headers.get("x-request-id")),
             received_at=time.perf_counter(),
             path=path,
             stream=False,
@@ -203,10 +208,10 @@ class Gateway:
         from latgate.errors import NotFound
 
         error = NotFound(f"model {model_id!r} does not exist", param="model", code="model_not_found")
-        return error_response(error, request_id=_request_id(None))
+        return error_response(error, request_id=request_id(None))
 
 
-def _request_id(given: str | None) -> str:
+def request_id(given: str | None) -> str:
     """The client's ``X-Request-Id`` when it is short and printable, else a new one."""
     if given and len(given) <= MAX_REQUEST_ID_LENGTH and given.isascii() and given.isprintable():
         return given

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from latgate.errors import BodyTooLarge, GatewayError, InvalidRequest
+from latgate.errors import BodyTooLarge, ClientClosedRequest, GatewayError, InvalidRequest
+
+T = TypeVar("T")
 
 
 async def read_json_object(request: Request, *, max_bytes: int) -> dict[str, Any]:
@@ -66,3 +70,37 @@ def error_response(error: GatewayError, *, request_id: str, extra_headers: dict[
     if extra_headers:
         headers.update(extra_headers)
     return Response(content=error.body(), status_code=error.status, headers=headers, media_type="application/json")
+
+
+async def until_client_leaves(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` (routing and the wait for the upstream's first token), cancelling
+    it as soon as the client disconnects, so an abandoned request closes its upstream
+    connection at once instead of holding it until a timeout.
+
+    Call only after the body was read: from then on the ASGI ``receive`` channel
+    carries nothing but ``http.disconnect``.
+
+    Raises:
+        ClientClosedRequest: the client went away first (499).
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        left = True
+        task.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not left:
+            raise
+        task.uncancel()
+        raise ClientClosedRequest("the client closed the connection before the answer began") from None
+    finally:
+        watcher.cancel()

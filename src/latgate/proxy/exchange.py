@@ -53,13 +53,13 @@ class Exchange:
 
     def apply_usage(self, usage: dict[str, Any] | None) -> None:
         """Take token counts from an OpenAI ``usage`` object when it has them."""
-        if not usage:
+        if not isinstance(usage, dict):
             return
         prompt = usage.get("prompt_tokens")
         completion = usage.get("completion_tokens")
-        if isinstance(prompt, int):
+        if isinstance(prompt, int) and prompt >= 0:
             self.prompt_tokens = prompt
-        if isinstance(completion, int):
+        if isinstance(completion, int) and completion >= 0:
             self.completion_tokens = completion
 
     def finish(self, metrics: Metrics, *, now: float | None = None) -> None:

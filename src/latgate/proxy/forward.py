@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,10 +26,11 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 
 from latgate.config.schema import Config
-from latgate.errors import GatewayError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from latgate.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from latgate.metrics import Metrics
 from latgate.providers import EndpointState, ProviderPool, ProviderRuntime
 from latgate.proxy.exchange import Exchange
+from latgate.proxy.redact import redact, redact_text
 from latgate.proxy.relay import StreamRelay
 from latgate.proxy.sse import StreamTap
 from latgate.proxy.transform import ResponseTransform
@@ -40,12 +40,12 @@ from latgate.routing.decision import RouteDecision, Target
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 PROVIDER_AUTH_STATUSES = frozenset({401, 403})
 MAX_ERROR_BODY_BYTES = 64 * 1024
+#: an error status's body is read for at most this long (or until the first-token deadline)
+ERROR_BODY_TIMEOUT_SECONDS = 5.0
 BACKOFF_BASE_SECONDS = 0.05
 BACKOFF_CAP_SECONDS = 1.0
 MAX_RETRY_AFTER_SECONDS = 5.0
 _NO_FIRST_TOKEN = UpstreamFailure("timeout", "no first token before first_token_timeout_sec")
-_URL = re.compile(rb"https?://[^\s\"'<>]+")
-_BEARER = re.compile(rb"(?i)bearer\s+[^\s\"',;]+")
 
 
 class _AttemptFailed(Exception):
@@ -149,7 +149,10 @@ class Forwarder:
             options = dict(out.get("stream_options") or {})
             options["include_usage"] = True
             out["stream_options"] = options
-        return orjson.dumps(out)
+        try:
+            return orjson.dumps(out)
+        except orjson.JSONEncodeError as exc:  # parsed, but cannot be re-encoded (e.g. nested too deep)
+            raise InvalidRequest(f"request body cannot be forwarded: {exc}") from None
 
     async def _attempt(
         self,
@@ -183,7 +186,7 @@ class Forwarder:
                 raise self._failed(provider, endpoint, failure) from None
             stack.push_async_callback(response.aclose)
             if response.status_code != 200:
-                raise await self._status_failure(provider, endpoint, response)
+                raise await self._status_failure(provider, endpoint, response, deadline)
             if tap is None:
                 return await self._complete(exchange, provider, endpoint, response, transform)
             relay = await self._start_stream(exchange, provider, endpoint, response, tap, stack, deadline, transform)
@@ -206,9 +209,13 @@ class Forwarder:
     ) -> StreamRelay:
         """Read up to the first generated content (under the first-token deadline), then
         hand the rest to a :class:`StreamRelay`."""
+        content_type = response.headers.get("content-type", "")
+        if not content_type.startswith("text/event-stream"):
+            raise await self._wrong_content_type(provider, endpoint, content_type, deadline)
         body = response.aiter_raw()
         head: list[bytes] = []
         units = 0
+        ended = False
         try:
             async with asyncio.timeout_at(deadline):
                 with upstream_errors():
@@ -216,6 +223,7 @@ class Forwarder:
                         try:
                             data = await anext(body)
                         except StopAsyncIteration:
+                            ended = True
                             break
                         out, units = tap.feed(data)
                         if out:
@@ -227,13 +235,12 @@ class Forwarder:
         except UpstreamFailure as failure:
             raise self._failed(provider, endpoint, failure) from None
         if tap.error is not None:
-            self._pool.record_outcome(provider, endpoint, ok=False)
-            self._metrics.record_upstream_error(provider=provider.name, kind="error_event")
-            message = _scrub(str(tap.error.get("message") or "upstream error").encode(), _secrets(provider)).decode()
-            raise _AttemptFailed(UpstreamError(f"provider {provider.name!r}: {message}"), retryable=True)
+            raise self._error_event(provider, endpoint, tap.error)
+        if ended and not units and not tap.done:
+            failure = UpstreamFailure("read", "the stream ended before any content")
+            raise self._failed(provider, endpoint, failure)
         self._pool.record_outcome(provider, endpoint, ok=True)
         handed = stack.pop_all()
-        content_type = response.headers.get("content-type", "text/event-stream")
         if transform is not None:
             content_type = transform.stream_content_type
         return StreamRelay(
@@ -247,6 +254,31 @@ class Forwarder:
             on_close=handed.aclose,
             on_upstream_failure=lambda kind: self._pool.record_outcome(provider, endpoint, ok=False),
             transform=transform,
+            secrets=_secrets(provider),
+        )
+
+    def _error_event(self, provider: ProviderRuntime, endpoint: EndpointState, error: dict[str, Any]) -> _AttemptFailed:
+        """An error object as the first event of a 200 stream. A client error (the
+        upstream says 400, e.g. context too long) is returned as a 400 and not retried;
+        anything else is the provider's failure."""
+        message = redact_text(str(error.get("message") or "upstream error"), _secrets(provider))
+        code, kind = error.get("code"), str(error.get("type") or "")
+        if code in (400, "400", 422, "422") or kind in ("invalid_request_error", "BadRequestError"):
+            return _AttemptFailed(InvalidRequest(f"provider {provider.name!r}: {message}"), retryable=False)
+        self._pool.record_outcome(provider, endpoint, ok=False)
+        self._metrics.record_upstream_error(provider=provider.name, kind="error_event")
+        return _AttemptFailed(UpstreamError(f"provider {provider.name!r}: {message}"), retryable=True)
+
+    async def _wrong_content_type(
+        self, provider: ProviderRuntime, endpoint: EndpointState, content_type: str, deadline: float | None
+    ) -> _AttemptFailed:
+        """A 200 that is not what was asked for (an HTML login page, a proxy's notice):
+        the provider's failure, retried elsewhere; its body is never shown."""
+        self._pool.record_outcome(provider, endpoint, ok=False)
+        self._metrics.record_upstream_error(provider=provider.name, kind="bad_response")
+        shown = content_type.split(";")[0].strip()[:64] or "none"
+        return _AttemptFailed(
+            UpstreamError(f"provider {provider.name!r} answered with content type {shown!r}"), retryable=True
         )
 
     async def _complete(
@@ -258,6 +290,9 @@ class Forwarder:
         transform: ResponseTransform | None,
     ) -> Response:
         """A non-streamed answer: read it whole, take its usage, rewrite the model name."""
+        content_type = response.headers.get("content-type", "")
+        if "json" not in content_type:
+            raise await self._wrong_content_type(provider, endpoint, content_type, None)
         try:
             with upstream_errors():
                 data = await response.aread()
@@ -269,6 +304,8 @@ class Forwarder:
         except orjson.JSONDecodeError:
             parsed = None
         if isinstance(parsed, dict):
+            if "error" in parsed and "choices" not in parsed and "data" not in parsed:
+                raise self._error_event(provider, endpoint, parsed["error"] if isinstance(parsed["error"], dict) else {})
             exchange.apply_usage(parsed.get("usage"))
             if exchange.upstream_model != exchange.public_model and parsed.get("model") == exchange.upstream_model:
                 parsed["model"] = exchange.public_model
@@ -319,14 +356,19 @@ class Forwarder:
             error = UpstreamUnavailable(f"provider {provider.name!r} is unavailable: {failure}")
         return _AttemptFailed(error, retryable=True)
 
-    async def _status_failure(self, provider: ProviderRuntime, endpoint: EndpointState, response: Any) -> _AttemptFailed:
+    async def _status_failure(
+        self, provider: ProviderRuntime, endpoint: EndpointState, response: Any, deadline: float | None
+    ) -> _AttemptFailed:
         status = response.status_code
         data = b""
-        with contextlib.suppress(UpstreamFailure), upstream_errors():
-            async for chunk in response.aiter_raw():
-                data += chunk
-                if len(data) >= MAX_ERROR_BODY_BYTES:
-                    break
+        if deadline is None:
+            deadline = asyncio.get_running_loop().time() + ERROR_BODY_TIMEOUT_SECONDS
+        with contextlib.suppress(UpstreamFailure, TimeoutError), upstream_errors():
+            async with asyncio.timeout_at(deadline):
+                async for chunk in response.aiter_raw():
+                    data += chunk
+                    if len(data) >= MAX_ERROR_BODY_BYTES:
+                        break
         retryable = status in RETRYABLE_STATUSES
         if retryable or status in PROVIDER_AUTH_STATUSES:
             self._pool.record_outcome(provider, endpoint, ok=status == 429)
@@ -362,16 +404,6 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-def _scrub(data: bytes, secrets: tuple[bytes, ...] = ()) -> bytes:
-    """Remove URLs (they can name internal hosts), bearer tokens and the provider's own
-    key from upstream error text: an upstream may echo what it was sent."""
-    for secret in secrets:
-        if secret:
-            data = data.replace(secret, b"<redacted>")
-    data = _BEARER.sub(b"Bearer <redacted>", data)
-    return _URL.sub(b"<upstream-url>", data)
-
-
 def _secrets(provider: ProviderRuntime) -> tuple[bytes, ...]:
     """The provider's key as it could appear in an echo (the bare key, not only the header)."""
     header = provider.auth_headers.get("authorization", "")
@@ -385,7 +417,7 @@ def _upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> Gate
     code: str | None = None
     param = None
     try:
-        parsed = orjson.loads(_scrub(data, _secrets(provider))) if data else None
+        parsed = orjson.loads(redact(data, _secrets(provider))) if data else None
     except orjson.JSONDecodeError:
         parsed = None
     if isinstance(parsed, dict):
@@ -404,6 +436,8 @@ def _upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> Gate
         err_type = "authentication_error" if status == 401 else "permission_error"
     elif not message:
         message = f"provider {provider.name!r} returned HTTP {status}"
+    if status == 429:
+        err_type = "rate_limit_error"
     else:
         message = f"provider {provider.name!r}: {message}"
     error = UpstreamError(message, status=status, code=code, param=param)

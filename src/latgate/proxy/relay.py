@@ -8,7 +8,8 @@ generated-content chunk was handed to the server, and (c) end a broken stream wi
 error event. ``StreamingResponse`` does (a) with a task group per response; doing it
 here with one watcher task keeps the per-chunk path to one ``send`` call.
 
-After output began, a failing upstream ends the stream with one SSE error event
+After output began, a failing upstream (a broken connection, or an in-band error event,
+whose text is redacted) ends the stream with one SSE error event
 ``data: {"error": {...}}`` and no ``[DONE]``, so clients see a failure rather than a
 silently truncated answer (the OpenAI Python SDK raises ``APIError`` on such an event).
 """
@@ -24,6 +25,7 @@ import orjson
 
 from latgate.metrics import Metrics
 from latgate.proxy.exchange import CLIENT_CLOSED, Exchange
+from latgate.proxy.redact import redact_text
 from latgate.proxy.sse import StreamTap
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamFailure, upstream_errors
@@ -56,6 +58,7 @@ class StreamRelay:
             mid-stream (passive health).
         transform: converts forwarded events to another dialect (see
             :mod:`latgate.proxy.transform`); ``None`` relays bytes untouched.
+        secrets: the provider's key, redacted from any upstream error text.
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class StreamRelay:
         on_close: Callable[[], object],
         on_upstream_failure: Callable[[str], None],
         transform: ResponseTransform | None = None,
+        secrets: tuple[bytes, ...] = (),
     ) -> None:
         self.headers = headers
         self.head = head
@@ -82,6 +86,7 @@ class StreamRelay:
         self.on_close = on_close
         self.on_upstream_failure = on_upstream_failure
         self.transform = transform
+        self.secrets = secrets
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ex = self.exchange
@@ -133,9 +138,10 @@ class StreamRelay:
             await send({"type": "http.response.body", "body": self.head, "more_body": True})
             if self.head_units:
                 self._first_token(clock())
+        failure: str | None = None
         try:
             with upstream_errors():
-                async for data in self.body:
+                async for data in self.body if not tap.done else _nothing():
                     out, units = tap.feed(data)
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -146,27 +152,34 @@ class StreamRelay:
                             else:
                                 observe_itl(now - ex.last_token_at)
                                 ex.last_token_at = now
-            out, units = tap.flush()
-            if out:
-                await send({"type": "http.response.body", "body": out, "more_body": True})
-                if units and ex.first_token_at is None:
-                    self._first_token(clock())
-        except UpstreamFailure as failure:
-            ex.error_kind = "stream_" + failure.kind
-            self.on_upstream_failure(failure.kind)
-            self.metrics.record_upstream_error(provider=ex.provider, kind="stream_" + failure.kind)
+                    if tap.error is not None or tap.done:
+                        break  # an in-band error, or the end: stop reading even if the upstream idles on
+            if tap.error is None and not tap.done:
+                out, units = tap.flush()
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                    if units and ex.first_token_at is None:
+                        self._first_token(clock())
+            if tap.error is not None:
+                failure = self._fail("error_event", redact_text(str(tap.error.get("message") or "error"), self.secrets))
+        except UpstreamFailure as err:
             out, _ = tap.flush()
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
-            message = f"provider {ex.provider!r} failed mid-stream ({failure}); the response is incomplete"
-            ex.status = 502
-            if self.transform is not None:
-                await send({"type": "latgate.finish", "error": message})
-            else:
-                await send({"type": "http.response.body", "body": error_event(message), "more_body": True})
-            return
+            failure = self._fail("stream_" + err.kind, str(err))
         if self.transform is not None:
-            await send({"type": "latgate.finish", "error": None})
+            await send({"type": "latgate.finish", "error": failure})
+        elif failure is not None:
+            await send({"type": "http.response.body", "body": error_event(failure), "more_body": True})
+
+    def _fail(self, kind: str, detail: str) -> str:
+        """Record a mid-stream upstream failure; returns the message for the client."""
+        ex = self.exchange
+        ex.error_kind = kind
+        ex.status = 502
+        self.on_upstream_failure(kind)
+        self.metrics.record_upstream_error(provider=ex.provider, kind=kind)
+        return f"provider {ex.provider!r} failed mid-stream ({detail}); the response is incomplete"
 
     def _first_token(self, now: float) -> None:
         ex = self.exchange
@@ -187,3 +200,9 @@ def _transforming(send: Send, transform: ResponseTransform) -> Send:
             await send({"type": "http.response.body", "body": body, "more_body": True})
 
     return transformed
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    """An empty body: the head already held the whole stream."""
+    return
+    yield

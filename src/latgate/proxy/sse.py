@@ -43,7 +43,8 @@ class StreamTap:
             ``tool_calls``, or a completions ``text``), summed over choices.
         usage: the last ``usage`` object seen, or ``None``.
         done: ``data: [DONE]`` was seen.
-        error: the first event's ``error`` object when an event carried one.
+        error: the first ``error`` object an event carried; such events are not
+            forwarded (the relay sends its own redacted error event instead).
         events: complete events seen.
     """
 
@@ -79,28 +80,48 @@ class StreamTap:
         Returns:
             ``(to_forward, content_units)``: the bytes of the events completed by this
             read (possibly ``b""``) and how many generated-content units they carry.
+
+        Linear in the bytes fed: a partial event is kept in a ``bytearray`` and only the
+        new bytes (plus the separator's length) are searched for a boundary, so one huge
+        event arriving in many reads costs no more than its size.
         """
-        buf = self._pending + data if self._pending else data
+        pending = self._pending
+        if pending:
+            start = max(0, len(pending) - 3)
+            pending += data
+            buf = pending
+        else:
+            start = 0
+            buf = data
         sep = self._sep
         if sep is None:
-            lf = buf.find(b"\n")
+            lf = buf.find(b"\n", start)
             if lf < 0:
-                self._pending = buf
+                self._keep(buf)
                 return b"", 0
             sep = self._sep = _CRLF_SEP if lf > 0 and buf[lf - 1] == 13 else _LF_SEP
-        end = buf.rfind(sep)
+            start = 0
+        end = buf.rfind(sep, start)
         if end < 0:
-            self._pending = buf
+            self._keep(buf)
             return b"", 0
         end += len(sep)
-        complete = buf[:end]
-        self._pending = buf[end:]
+        if buf is data:
+            complete = data if end == len(data) else data[:end]
+            self._pending = bytearray(data[end:]) if end < len(data) else b""
+        else:
+            complete = bytes(buf[:end])
+            del buf[:end]
+            self._pending = buf if buf else b""
         return self._take(complete, sep)
+
+    def _keep(self, buf: bytes | bytearray) -> None:
+        self._pending = buf if isinstance(buf, bytearray) else bytearray(buf)
 
     def flush(self) -> tuple[bytes, int]:
         """At end of stream: the trailing bytes (an event missing its blank line), parsed
         leniently and forwarded as they are."""
-        rest, self._pending = self._pending, b""
+        rest, self._pending = bytes(self._pending), b""
         if not rest:
             return b"", 0
         return self._take(rest, self._sep or _LF_SEP)
@@ -141,10 +162,14 @@ class StreamTap:
         if not isinstance(chunk, dict):
             return 0
         error = chunk.get("error")
-        if error is not None and self.error is None:
-            self.error = error if isinstance(error, dict) else {"message": str(error)}
+        if error is not None:
+            # Never forwarded as is (its text may name internal hosts or echo a key):
+            # the relay reports it with its own, redacted, error event.
+            if self.error is None:
+                self.error = error if isinstance(error, dict) else {"message": str(error)}
+            return -1
         usage = chunk.get("usage")
-        if usage:
+        if usage and isinstance(usage, dict):
             self.usage = usage
         choices = chunk.get("choices")
         if not choices:

@@ -60,6 +60,8 @@ def upstream_errors() -> Iterator[None]:
         raise UpstreamFailure("timeout", "upstream timed out") from None
     except (httpx.HTTPError, aiohttp.ClientError, OSError) as exc:
         raise UpstreamFailure("read", f"upstream connection failed ({type(exc).__name__})") from None
+    except ValueError:  # the client library refused the request itself (e.g. a key with a newline)
+        raise UpstreamFailure("request", "the request could not be sent (check the provider's key and URL)") from None
 
 
 class UpstreamClient:
