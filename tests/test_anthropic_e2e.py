@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 from replay import ReplayScript, ReplayServer, load_expect, load_stream, replay_server
-from stack import FAST, Stack, demo_stack, gateway
+from stack import FAST, Stack, demo_stack, gateway, simulators
 
 from latgate.sim import SimOptions
 
@@ -418,3 +418,64 @@ def test_upstream_dying_mid_stream_raises_in_the_sdk() -> None:
             received.extend(events.text_stream)
     assert "".join(received) == "Hello! How"
     assert "failed mid-stream" in str(caught.value)
+
+
+# -- gateway keys ---------------------------------------------------------------------
+
+AUTH_CONFIG = """
+[defaults]
+max_retries = 0
+
+[providers.fast]
+api_base = "{fast}/v1"
+models = ["glm-5.1"]
+
+[providers.slow]
+api_base = "{slow}/v1"
+models = ["glm-5.1"]
+
+[routing]
+default_route = "slow"
+route_latency_sensitive_to = "fast"
+
+[routing.policies.interactive]
+latency_sensitive = true
+
+[[auth.keys]]
+name = "claude-code"
+key = "sk-claude-code"
+
+[[auth.keys]]
+name = "headerless"
+key = "sk-headerless"
+policy = "interactive"
+"""
+
+
+def test_gateway_keys_as_x_api_key_or_bearer_and_a_keys_default_policy() -> None:
+    options = {name: SimOptions(name=name, **FAST) for name in ("fast", "slow")}
+    with simulators(options) as sims:
+        config = AUTH_CONFIG.format(fast=sims["fast"][0], slow=sims["slow"][0])
+        with gateway(config) as gw:
+            by_api_key = anthropic.Anthropic(base_url=gw.url, api_key="sk-claude-code", max_retries=0)
+            by_bearer = anthropic.Anthropic(base_url=gw.url, auth_token="sk-headerless", max_retries=0)
+            plain = by_api_key.messages.with_raw_response.create(model=CLAUDE, max_tokens=2, messages=ASK)
+            marked = by_bearer.messages.with_raw_response.create(model=CLAUDE, max_tokens=2, messages=ASK)
+            assert by_bearer.messages.count_tokens(model=CLAUDE, messages=ASK).input_tokens > 0
+            missing = httpx.post(
+                gw.url + "/v1/messages", json={"model": CLAUDE, "max_tokens": 2, "messages": ASK}
+            )
+            wrong = httpx.post(
+                gw.url + "/v1/messages/count_tokens", json={"messages": ASK}, headers={"x-api-key": "sk-nope"}
+            )
+        forwarded = json.dumps([sims[name][1].stats.last_request.headers for name in ("fast", "slow")])
+    assert plain.headers["x-latgate-provider"] == "slow"
+    assert (marked.headers["x-latgate-provider"], marked.headers["x-latgate-route-reason"]) == (
+        "fast",
+        "latency_sensitive",
+    )
+    for refused in (missing, wrong):
+        assert refused.status_code == 401
+        assert refused.json()["error"]["type"] == "authentication_error"
+        assert refused.headers["www-authenticate"].startswith("Bearer")
+    assert "sk-claude-code" not in forwarded and "sk-headerless" not in forwarded

@@ -8,7 +8,8 @@ answer translated back. ``POST /v1/messages/count_tokens`` answers
 Both accept what Claude Code sends: the ``?beta=true`` query, ``anthropic-version``
 and ``anthropic-beta`` headers (read by nobody: latgate speaks one version and the
 upstream never sees client headers), the gateway key as ``x-api-key`` or
-``Authorization: Bearer``. Errors use the Anthropic envelope
+``Authorization: Bearer`` (checked with ``[auth]``, before the body is read; the key's
+policy routes requests that carry no ``X-Route-Policy``). Errors use the Anthropic envelope
 ``{"type": "error", "error": {"type", "message"}}`` with the gateway error's status and
 the same retry hints as the OpenAI routes (``x-should-retry``, ``retry-after``).
 """
@@ -39,11 +40,17 @@ async def messages(request: Request) -> object:
     gateway = _gateway(request)
     exchange = gateway.new_exchange(request, path="/messages")
     try:
+        caller = gateway.authenticate(request.headers)
         body = await read_json_object(request, max_bytes=gateway.config.server.max_body_bytes)
         chat = messages_to_chat(body)
         transform = MessagesStream(exchange=exchange, stop_sequences=stop_sequences_of(body))
         return await gateway.proxy(
-            exchange, body=chat, headers=request.headers, path="/chat/completions", transform=transform
+            exchange,
+            body=chat,
+            headers=request.headers,
+            path="/chat/completions",
+            transform=transform,
+            caller=caller,
         )
     except GatewayError as error:
         gateway.fail(exchange, error)
@@ -57,6 +64,7 @@ async def count_tokens(request: Request) -> Response:
     gateway = _gateway(request)
     request_id = gateway.new_exchange(request, path="/messages/count_tokens").request_id
     try:
+        gateway.authenticate(request.headers)
         body = await read_json_object(request, max_bytes=gateway.config.server.max_body_bytes)
         tokens = estimate_prompt_tokens(messages_to_chat(body))
     except GatewayError as error:
