@@ -210,7 +210,7 @@ class Forwarder:
         """Read up to the first generated content (under the first-token deadline), then
         hand the rest to a :class:`StreamRelay`."""
         content_type = response.headers.get("content-type", "")
-        if not content_type.startswith("text/event-stream"):
+        if content_type.startswith(("text/html", "application/json")):  # a page, or the stream flag ignored
             raise await self._wrong_content_type(provider, endpoint, content_type, deadline)
         body = response.aiter_raw()
         head: list[bytes] = []
@@ -291,7 +291,7 @@ class Forwarder:
     ) -> Response:
         """A non-streamed answer: read it whole, take its usage, rewrite the model name."""
         content_type = response.headers.get("content-type", "")
-        if "json" not in content_type:
+        if content_type.startswith("text/html"):  # a login page or a proxy's notice, not an answer
             raise await self._wrong_content_type(provider, endpoint, content_type, None)
         try:
             with upstream_errors():
