@@ -12,12 +12,19 @@ business). Two endpoints that call the same versioned URL (``http://h:1`` and
 :data:`~latgate.config.keys.ENGINE_HINT_KEYS` and an explicit ``hints`` table go to
 ``hints``. ``connector`` defaults to the ``engine`` when that names a connector
 (``engine = "vllm"`` gets vLLM's load gauges), else ``openai``.
+
+``extra_body`` fields are added to each upstream request the client did not set them
+in, so they must encode as JSON (orjson: integers within 64 bits, nesting under 255
+levels) and may not name what the request itself decides (:data:`REQUEST_OWNED_FIELDS`).
+``models`` lists non-empty names, each once.
 """
 
 from __future__ import annotations
 
 import re
 from urllib.parse import urlsplit
+
+import orjson
 
 from latgate.config.errors import ConfigError
 from latgate.config.keys import (
@@ -35,6 +42,15 @@ from latgate.config.seedforms import ProviderSection
 from latgate.connectors import UnknownConnector, get_connector, known_connectors
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+REQUEST_OWNED_FIELDS: dict[str, str] = {
+    "stream": "whether to stream is the client's choice (a non-streaming client would get SSE bytes)",
+    "stream_options": "stream options are the client's and the gateway's (usage is asked for already)",
+    "model": "the upstream model name comes from models and [aliases]",
+    "messages": "the prompt is the client's request",
+    "prompt": "the prompt is the client's request",
+    "input": "the input is the client's request",
+}
+"""Request fields ``extra_body`` may not set, with the reason given in the error."""
 _ADDRESS_FIX = 'add api_base = "http://HOST:PORT/v1" (or endpoints = [...])'
 
 
@@ -67,7 +83,10 @@ def build_provider(section: ProviderSection, *, source: str) -> ProviderConfig:
     fields.update(name=section.name, endpoints=endpoints, connector=connector, hints=hints)
     if section.role is not None:
         fields["role"] = section.role
-    return validate_model(ProviderConfig, fields, source=source, prefix=section.key)
+    provider = validate_model(ProviderConfig, fields, source=source, prefix=section.key)
+    _check_extra_body(provider.extra_body, source=source, key=key_path(section.key, "extra_body"))
+    _check_models(provider.models, source=source, key=key_path(section.key, "models"))
+    return provider
 
 
 def _endpoints(section: ProviderSection, *, source: str) -> tuple[EndpointConfig, ...]:
@@ -166,6 +185,44 @@ def _url_problem(url: str) -> str | None:
     if "?" in url or "#" in url:
         return f"{show(url)} has a query or fragment (? or #), which a base URL cannot have"
     return None
+
+
+def _check_extra_body(extra_body: dict[str, object], *, source: str, key: str) -> None:
+    for field, reason in REQUEST_OWNED_FIELDS.items():
+        if field in extra_body:
+            raise ConfigError(
+                source=source,
+                key=key_path(key, field),
+                message=f"extra_body may not set {field}: {reason}",
+                fix="remove it from extra_body",
+            )
+    try:
+        orjson.dumps(extra_body)
+    except orjson.JSONEncodeError as exc:
+        raise ConfigError(
+            source=source,
+            key=key,
+            message=f"cannot be sent as JSON ({exc})",
+            fix="keep integers within 64 bits (-2^63 .. 2^64-1) and nesting shallow",
+        ) from None
+
+
+def _check_models(models: tuple[str, ...], *, source: str, key: str) -> None:
+    for index, model in enumerate(models):
+        if not model.strip():
+            raise ConfigError(
+                source=source,
+                key=key_path(key, index),
+                message="empty model name",
+                fix='write the served model name, e.g. "Qwen/Qwen2.5-7B-Instruct", or remove it',
+            )
+        if model in models[:index]:
+            raise ConfigError(
+                source=source,
+                key=key_path(key, index),
+                message=f"{show(model)} is listed twice",
+                fix="list each model once",
+            )
 
 
 def _connector_for_engine(engine: object) -> str:
