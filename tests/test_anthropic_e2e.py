@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import anthropic
 import httpx
 import orjson
+import pydantic
 import pytest
 from replay import ReplayScript, ReplayServer, load_expect, load_stream, replay_server
 from stack import FAST, Stack, demo_stack, gateway, simulators
@@ -479,3 +480,58 @@ def test_gateway_keys_as_x_api_key_or_bearer_and_a_keys_default_policy() -> None
         assert refused.json()["error"]["type"] == "authentication_error"
         assert refused.headers["www-authenticate"].startswith("Bearer")
     assert "sk-claude-code" not in forwarded and "sk-headerless" not in forwarded
+
+
+# -- conformance to the Anthropic SDK's own types --------------------------------------
+
+
+def anthropic_events(raw: bytes) -> list[dict]:
+    events = []
+    for block in raw.decode().split("\n\n"):
+        if block:
+            fields = dict(line.split(": ", 1) for line in block.split("\n"))
+            data = json.loads(fields["data"])
+            assert data["type"] == fields["event"]
+            events.append(data)
+    return events
+
+
+def test_messages_and_stream_events_validate_against_the_sdk_types(demo: Stack) -> None:
+    adapter = pydantic.TypeAdapter(anthropic.types.RawMessageStreamEvent)
+    for extra in ({}, {"tools": [WEATHER]}, {"stop_sequences": ["never"], "temperature": 0.2}):
+        body = {"model": CLAUDE, "max_tokens": 50, "messages": ASK, **extra}
+        anthropic.types.Message.model_validate(httpx.post(demo.url + "/v1/messages", json=body).json())
+        events = anthropic_events(
+            httpx.post(demo.url + "/v1/messages", json={**body, "stream": True}).content
+        )
+        assert events[1] == {"type": "ping"}
+        for event in events[:1] + events[2:]:
+            adapter.validate_python(event)
+    with replayed(ReplayScript.sse(load_stream("reasoning"))) as (_, client):
+        raw = httpx.post(
+            str(client.base_url) + "/v1/messages",
+            json={"model": "m", "max_tokens": 50, "messages": ASK, "stream": True},
+        )
+    thinking = [adapter.validate_python(e) for e in anthropic_events(raw.content) if e["type"] != "ping"]
+    assert thinking[1].content_block.type == "thinking"
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (400, "invalid_request_error"),
+        (404, "not_found_error"),
+        (429, "rate_limit_error"),
+        (500, "api_error"),
+        (503, "overloaded_error"),
+        (504, "timeout_error"),
+    ],
+)
+def test_upstream_statuses_map_to_anthropic_error_types_the_sdk_accepts(status: int, kind: str) -> None:
+    with replayed(ReplayScript.json_response(status, {"error": {"message": "no"}})) as (_, client):
+        r = httpx.post(
+            str(client.base_url) + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": ASK}
+        )
+    assert r.status_code == status
+    error = anthropic.types.shared.ErrorResponse.model_validate(r.json())
+    assert error.error.type == kind
