@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 import httpx
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from latgate.metrics import Metrics
@@ -181,7 +181,7 @@ def test_a_stream_cut_between_events_ends_with_them_one_error_event_and_no_done(
     reason="known: the relay forwards the unterminated trailing event before its error event, so the two "
     "merge into one malformed event (proxy/relay.py, reported); the SSE spec discards an incomplete event",
 )
-@PROPERTY
+@settings(parent=PROPERTY, phases=[Phase.generate])  # known to fail: no time spent shrinking
 @given(st.sampled_from(CUT_STREAMS), st.data())
 def test_a_stream_cut_inside_an_event_ends_with_the_whole_events_one_error_event_and_no_done(
     name: str, data: st.DataObject
