@@ -84,14 +84,24 @@ def test_503_then_stream_is_retried_and_the_client_sees_one_clean_stream() -> No
         assert len(upstream.requests) == 2
 
 
-def test_error_event_first_in_a_200_stream_is_retried_then_reported() -> None:
-    bad = ReplayScript.sse(load_stream("error_first_event"))
+def test_client_error_as_first_event_of_a_200_stream_is_a_400_not_retried() -> None:
+    bad = ReplayScript.sse(load_stream("error_first_event"))  # context too long (code 400)
+    with replay_server([bad, bad]) as upstream, gateway(config(upstream.base_url, retries=1)) as gw:
+        r = httpx.post(gw.v1 + "/chat/completions", json=BODY)
+        assert len(upstream.requests) == 1
+        assert r.status_code == 400
+        assert "maximum context length" in r.json()["error"]["message"]
+
+
+def test_server_error_as_first_event_of_a_200_stream_is_retried_then_reported() -> None:
+    crash = b'data: {"error": {"message": "engine died", "type": "server_error", "code": 500}}\n\n'
+    bad = ReplayScript.sse(crash)
     with replay_server([bad, bad]) as upstream, gateway(config(upstream.base_url, retries=1)) as gw:
         r = httpx.post(gw.v1 + "/chat/completions", json=BODY)
         assert len(upstream.requests) == 2
         assert r.status_code == 502
         error = r.json()["error"]
-        assert error["type"] == "api_error" and "up" in error["message"]
+        assert error["type"] == "api_error" and "engine died" in error["message"]
         metrics = httpx.get(gw.url + "/metrics").text
         assert 'latgate_upstream_errors_total{kind="error_event",provider="up"} 2.0' in metrics
 
