@@ -16,12 +16,15 @@ business). Two endpoints that call the same versioned URL (``http://h:1`` and
 ``extra_body`` fields are added to each upstream request the client did not set them
 in, so they must encode as JSON (orjson: integers within 64 bits, nesting under 255
 levels) and may not name what the request itself decides (:data:`REQUEST_OWNED_FIELDS`).
-``models`` lists non-empty names, each once.
+``models`` lists non-empty names, each once. A ``tokenizer`` (relative paths are
+taken from the config file's folder) must load here, so ``latgate check`` fails on it
+exactly when ``latgate serve`` would.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import orjson
@@ -40,6 +43,7 @@ from latgate.config.keys import (
 from latgate.config.schema import EndpointConfig, ProviderConfig, versioned_base
 from latgate.config.seedforms import ProviderSection
 from latgate.connectors import UnknownConnector, get_connector, known_connectors
+from latgate.routing.tokens import ExactTokenizer, TokenizerError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 REQUEST_OWNED_FIELDS: dict[str, str] = {
@@ -86,7 +90,18 @@ def build_provider(section: ProviderSection, *, source: str) -> ProviderConfig:
     provider = validate_model(ProviderConfig, fields, source=source, prefix=section.key)
     _check_extra_body(provider.extra_body, source=source, key=key_path(section.key, "extra_body"))
     _check_models(provider.models, source=source, key=key_path(section.key, "models"))
+    _check_tokenizer(provider.tokenizer, source=source, key=key_path(section.key, "tokenizer"))
     return provider
+
+
+def tokenizer_path(source: str, tokenizer: str) -> Path:
+    """Where a provider's ``tokenizer`` file is: relative paths are taken from the
+    folder of the config file ``source`` (when it is a file), ``~`` is expanded."""
+    candidate = Path(tokenizer).expanduser()
+    config_file = Path(source)
+    if candidate.is_absolute() or not config_file.is_file():
+        return candidate
+    return config_file.parent / candidate
 
 
 def _endpoints(section: ProviderSection, *, source: str) -> tuple[EndpointConfig, ...]:
@@ -185,6 +200,20 @@ def _url_problem(url: str) -> str | None:
     if "?" in url or "#" in url:
         return f"{show(url)} has a query or fragment (? or #), which a base URL cannot have"
     return None
+
+
+def _check_tokenizer(tokenizer: str | None, *, source: str, key: str) -> None:
+    if tokenizer is None:
+        return
+    try:
+        ExactTokenizer(tokenizer_path(source, tokenizer))
+    except TokenizerError as exc:
+        raise ConfigError(
+            source=source,
+            key=key,
+            message=" ".join(str(exc).split()),
+            fix="point it at a Hugging Face tokenizer.json, or remove it to use the estimate",
+        ) from None
 
 
 def _check_extra_body(extra_body: dict[str, object], *, source: str, key: str) -> None:
