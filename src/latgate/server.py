@@ -37,6 +37,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def argument_error(args: argparse.Namespace) -> str | None:
+    """The problem with ``--port`` (0..65535; 0 is any free port) or ``--workers``
+    (at least 1) as one line, or None. Checked before the config is read."""
+    port = getattr(args, "port", None)
+    if port is not None and not 0 <= port <= 65535:
+        return f"--port {port} is not a port number (0..65535)"
+    if getattr(args, "workers", 1) < 1:
+        return "--workers must be at least 1"
+    return None
+
+
 def setup_logging(level: str, log_format: str = "text") -> None:
     """One line per record on stderr, text or JSON (:mod:`latgate.logs`)."""
     configure_logging(level=level, log_format=log_format)
@@ -89,13 +100,14 @@ def startup(args: argparse.Namespace, *, simulated=lambda config: set()):
 
 
 def main(args: argparse.Namespace) -> int:
+    problem = argument_error(args)
+    if problem is not None:
+        print(f"latgate: error: {problem}", file=sys.stderr)
+        return 2
     started = startup(args)
     if started is None:
         return 1
     config, path, host, port = started
-    if args.workers < 1:
-        print("latgate: error: --workers must be at least 1", file=sys.stderr)
-        return 2
     if args.drain_timeout < 0:
         print("latgate: error: --drain-timeout must be >= 0 seconds", file=sys.stderr)
         return 2
@@ -151,7 +163,12 @@ def run(
     from latgate.app import create_app
     from latgate.lifecycle import serve
 
-    app = create_app(config)
+    try:
+        app = create_app(config)
+    except ConfigError as exc:  # found only while building the gateway
+        sock.close()
+        print(f"latgate: error: {exc}", file=sys.stderr)
+        return 1
     log.info("listening on http://%s:%d (config %s)", host, port, source)
     serve(
         app,
