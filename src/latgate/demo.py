@@ -15,8 +15,9 @@ import logging
 import sys
 from urllib.parse import urlsplit
 
+from latgate.config import ConfigError
 from latgate.listen import ListenError, bind_socket
-from latgate.server import LOG_LEVELS, describe, startup
+from latgate.server import LOG_LEVELS, argument_error, describe, startup
 
 log = logging.getLogger("latgate")
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -41,6 +42,10 @@ def simulated_endpoints(config) -> list[tuple[str, str, int]]:
 
 
 def main(args: argparse.Namespace) -> int:
+    problem = argument_error(args)
+    if problem is not None:
+        print(f"latgate: error: {problem}", file=sys.stderr)
+        return 2
     started = startup(args, simulated=lambda config: {name for name, _, _ in simulated_endpoints(config)})
     if started is None:
         return 1
@@ -55,6 +60,9 @@ def main(args: argparse.Namespace) -> int:
         asyncio.run(_run(config, sockets=sockets, log_level=args.log_level))
     except KeyboardInterrupt:
         pass
+    except ConfigError as exc:  # found only while building the gateway
+        print(f"latgate: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
