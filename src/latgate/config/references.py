@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from latgate.config.errors import ConfigError
 from latgate.config.keys import check_keys, key_path, require_table, show, suggestion, validate_model
 from latgate.config.schema import (
+    STRATEGIES,
     AuthConfig,
     AuthKey,
     ModelConfig,
     PolicyConfig,
     ProviderConfig,
-    STRATEGIES,
     RoutingConfig,
 )
 
@@ -75,7 +75,36 @@ def build_routing(
     for name, policy in routing.policies.items():
         check(policy.route_to, key_path("routing.policies", name, "route_to"))
         check(policy.long_context_provider, key_path("routing.policies", name, "long_context_provider"))
+    _check_long_context_pair(routing, source=source)
     return routing
+
+
+def _check_long_context_pair(routing: RoutingConfig, *, source: str) -> None:
+    """The long-context rule needs both halves: a threshold and a provider (in
+    ``[routing]`` or in a policy); either alone would be silently ignored."""
+    policy_providers = [
+        (name, p.long_context_provider) for name, p in routing.policies.items() if p.long_context_provider
+    ]
+    if routing.long_context_threshold is None:
+        if routing.long_context_provider is not None:
+            key = "routing.long_context_provider"
+        elif policy_providers:
+            key = key_path("routing.policies", policy_providers[0][0], "long_context_provider")
+        else:
+            return
+        raise ConfigError(
+            source=source,
+            key=key,
+            message="given without routing.long_context_threshold, so it would never be used",
+            fix="add long_context_threshold = TOKENS to [routing] (e.g. 16384), or remove it",
+        )
+    if routing.long_context_provider is None and not policy_providers:
+        raise ConfigError(
+            source=source,
+            key="routing.long_context_threshold",
+            message="given without a long_context_provider, so it would never be used",
+            fix='add long_context_provider = "PROVIDER" to [routing], or remove the threshold',
+        )
 
 
 def _check_strategy(strategy: object, *, source: str) -> None:
