@@ -27,21 +27,30 @@ LISTENING = re.compile(r"listening on http://([^ ]+):(\d+)")
 
 
 class GatewayProcess:
-    """``python -m latgate serve ARGS`` with stderr followed line by line.
+    """A ``latgate serve`` process with stderr followed line by line.
 
     Args:
         args: arguments after ``serve``; ``--port 0`` lets the kernel choose (see
             :meth:`wait_listening`).
         env: extra environment variables.
+        command: what runs before ``args`` (default: this interpreter's ``latgate serve``).
+        cwd: the working directory (default: the repository root).
     """
 
-    def __init__(self, args: list[str], *, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        command: list[str] | None = None,
+        cwd: Path = ROOT,
+    ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "latgate", "serve", *args],
+            [*(command or [sys.executable, "-m", "latgate", "serve"]), *args],
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,
-            cwd=ROOT,
+            cwd=cwd,
             env={**os.environ, **(env or {})},
         )
         self.lines: list[str] = []
