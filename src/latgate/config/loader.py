@@ -34,7 +34,14 @@ from latgate.config.references import (
     expand_aliases,
     servable_models,
 )
-from latgate.config.schema import Config, DefaultsConfig, HealthConfig, ProviderConfig, ServerConfig, StateConfig
+from latgate.config.schema import (
+    Config,
+    DefaultsConfig,
+    HealthConfig,
+    ProviderConfig,
+    ServerConfig,
+    StateConfig,
+)
 from latgate.config.seedforms import Document, canonical_document
 
 DEFAULT_CONFIG_PATH = Path("config.toml")
@@ -46,9 +53,21 @@ _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 def resolve_config_path(cli_path: str | None, *, env: Mapping[str, str] | None = None) -> Path:
     """The config file to read: ``--config``, else ``$LATGATE_CONFIG``, else ``./config.toml``.
 
-    ``env`` defaults to :data:`os.environ`. The file is not opened here.
+    ``env`` defaults to :data:`os.environ`; an empty ``$LATGATE_CONFIG`` counts as
+    unset. The file is not opened here.
+
+    Raises:
+        ConfigError: ``--config ""`` (an empty path names no file; falling back to
+            another one would run a config the user did not ask for).
     """
     env = os.environ if env is None else env
+    if cli_path is not None and not cli_path.strip():
+        raise ConfigError(
+            source="command line",
+            key="--config",
+            message="empty path",
+            fix=f"give the config file's path, or leave --config out to use ${CONFIG_ENV_VAR} or ./config.toml",
+        )
     return Path(cli_path or env.get(CONFIG_ENV_VAR) or DEFAULT_CONFIG_PATH)
 
 
@@ -118,17 +137,24 @@ def _parse_toml(text: str, *, source: str) -> dict[str, object]:
         position = _TOML_POSITION.search(message)
         key = f"line {position.group(1)}" if position else "syntax"
         problem = _TOML_POSITION.sub("", message)
+        fix = "fix the syntax there (strings need double quotes, sections are [name], key = value lines)"
+        if text.startswith("\ufeff"):
+            fix = "the file starts with a byte order mark (BOM): save it as UTF-8 without BOM"
         raise ConfigError(
-            source=source,
-            key=key,
-            message=f"invalid TOML: {problem[:1].lower()}{problem[1:]}",
-            fix="fix the syntax there (strings need double quotes, sections are [name], key = value lines)",
+            source=source, key=key, message=f"invalid TOML: {problem[:1].lower()}{problem[1:]}", fix=fix
         ) from None
 
 
 def _build(document: Document, *, source: str) -> Config:
     sections = document.sections
     server = _section(ServerConfig, sections["server"], source=source, key="server")
+    if not server.host.strip():
+        raise ConfigError(
+            source=source,
+            key="server.host",
+            message="empty address",
+            fix='write host = "127.0.0.1" (this machine only) or "0.0.0.0" (every interface), or remove it',
+        )
     defaults = _section(DefaultsConfig, sections["defaults"], source=source, key=document.defaults_key)
     providers = _providers(document, source=source)
     routing = build_routing(

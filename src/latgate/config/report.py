@@ -46,9 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``latgate check``; returns the exit code (0 ok, 1 config error, 2 probe failed)."""
-    path = resolve_config_path(args.config)
     try:
-        config = load_config(path)
+        config = load_config(resolve_config_path(args.config))
     except ConfigError as exc:
         print(f"latgate: error: {exc}", file=sys.stderr)
         return 1
