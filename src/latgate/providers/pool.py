@@ -1,33 +1,41 @@
 """Run-time state of providers and their endpoints (replicas).
 
-The config says what exists; this module tracks what is happening: requests in flight
-per endpoint, consecutive failures, and the provider's key read from its environment
-variable once at start. Endpoint choice here is deliberately simple (fewest in flight,
-round-robin among equals); latency-aware choice builds on this state.
+The config says what exists; this module tracks what is happening: each endpoint's
+live numbers (:class:`~latgate.providers.state.EndpointState`: in flight, queue, TTFT
+fit, errors), its circuit (:mod:`latgate.providers.health`), and the provider's key
+read from its environment variable once at start. Which endpoint a request goes to is
+the :class:`~latgate.providers.selection.Selector`'s business; the forwarder reports
+back here what happened (:meth:`ProviderPool.in_flight`, :meth:`record_first_token`,
+:meth:`record_outcome`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
-from latgate.config.schema import Config, EndpointConfig, ProviderConfig
+from latgate.config.schema import Config, ProviderConfig
 from latgate.connectors import Connector, get_connector
 from latgate.metrics import Metrics
+from latgate.providers.health import (
+    CLOSED,
+    HALF_OPEN,
+    OPEN,
+    CircuitBreaker,
+    CircuitStore,
+    MemoryCircuitStore,
+    Transition,
+)
+from latgate.providers.state import EndpointState
+from latgate.routing.policies.outlier import too_slow
 
-
-@dataclass(slots=True)
-class EndpointState:
-    """Live numbers of one endpoint. ``in_flight`` counts requests being served."""
-
-    config: EndpointConfig
-    in_flight: int = 0
-    requests: int = 0
-    failures: int = 0
-    consecutive_failures: int = 0
-    healthy: bool = True
+log = logging.getLogger("latgate")
+MIN_LATENCY_OBSERVATIONS = 3
+"""First tokens an endpoint and its peers must have shown before one is judged slow."""
 
 
 @dataclass(slots=True)
@@ -36,48 +44,72 @@ class ProviderRuntime:
 
     ``auth_headers`` holds ``Authorization: Bearer <key>`` when ``api_key_env`` is set
     in the environment, else nothing. It is never logged nor sent to a client.
+    ``turn`` is the round-robin counter of endpoint choice.
     """
 
     config: ProviderConfig
     connector: Connector
     endpoints: list[EndpointState]
     auth_headers: dict[str, str] = field(default_factory=dict)
-    _next: int = 0
+    turn: int = 0
 
     @property
     def name(self) -> str:
         return self.config.name
 
-    def pick_endpoint(self) -> EndpointState:
-        """The healthy endpoint with the fewest requests in flight (round-robin on ties)."""
-        endpoints = self.endpoints
-        if len(endpoints) == 1:
-            return endpoints[0]
-        n = len(endpoints)
-        start = self._next
-        self._next = (start + 1) % n
-        best: EndpointState | None = None
-        for i in range(n):
-            ep = endpoints[(start + i) % n]
-            if not ep.healthy and best is not None:
-                continue
-            if best is None or (ep.healthy and not best.healthy) or ep.in_flight < best.in_flight:
-                best = ep
-        assert best is not None
-        return best
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """One attempt on one endpoint, from sending it until it is done with.
+
+    Attributes:
+        prompt_tokens: the request's prompt size (routing's estimate).
+        queue_ms: the queue wait predicted when it was sent (taken out of its TTFT).
+        started_at: ``time.perf_counter()`` when it was sent.
+        first_token_ms: its TTFT once seen.
+        censored: it ended (cancelled, or past its first-token deadline) before a first
+            token: its elapsed time is a lower bound of the endpoint's TTFT.
+        trial: it is a half-open circuit's trial.
+        succeeded: the endpoint answered it (set by :meth:`ProviderPool.record_outcome`).
+    """
+
+    prompt_tokens: int
+    queue_ms: float
+    started_at: float
+    first_token_ms: float | None = None
+    censored: bool = False
+    trial: bool = False
+    succeeded: bool = False
 
 
 class ProviderPool:
-    """All providers of a config, by name.
+    """All providers of a config, by name, and what happens to their endpoints.
 
     Args:
-        config: the resolved config.
-        metrics: where in-flight gauges and endpoint health are exported.
+        config: the resolved config (providers, ``[health]``, routing strategy: latency
+            ejection runs only with strategy ``latgate``).
+        metrics: where in-flight gauges, endpoint health and ejections are exported.
         env: where ``api_key_env`` variables are read (``os.environ`` by default).
+        clock: seconds, monotonic: circuit timing and engine-gauge age.
+        circuits: where circuits are kept (this process only by default).
     """
 
-    def __init__(self, config: Config, *, metrics: Metrics, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        metrics: Metrics,
+        env: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        circuits: CircuitStore | None = None,
+    ) -> None:
         env = os.environ if env is None else env
+        self.config = config
+        self.clock = clock
+        self.breaker = CircuitBreaker(
+            settings=config.health, store=circuits or MemoryCircuitStore(), clock=clock
+        )
+        self.latency_ejection = config.routing.strategy == "latgate"
         self._metrics = metrics
         self.providers: dict[str, ProviderRuntime] = {}
         for name, provider in config.providers.items():
@@ -85,44 +117,230 @@ class ProviderPool:
             runtime = ProviderRuntime(
                 config=provider,
                 connector=get_connector(provider.connector),
-                endpoints=[EndpointState(config=ep) for ep in provider.endpoints],
+                endpoints=[
+                    EndpointState.for_provider(provider, ep, breaker=self.breaker)
+                    for ep in provider.endpoints
+                ],
                 auth_headers={"authorization": f"Bearer {key}"} if key else {},
             )
             self.providers[name] = runtime
-            for ep in provider.endpoints:
-                metrics.set_endpoint_health(provider=name, endpoint=ep.id, healthy=True)
+            for endpoint in runtime.endpoints:
+                metrics.set_endpoint_health(provider=name, endpoint=endpoint.config.id, healthy=True)
 
     def __getitem__(self, name: str) -> ProviderRuntime:
         return self.providers[name]
 
+    # -- what can take traffic ------------------------------------------------------------
+
+    def available(self, endpoint: EndpointState) -> bool:
+        """True when ``endpoint`` may take a request now: circuit closed, or half-open
+        with no trial running."""
+        state = self.breaker.state(endpoint.key)
+        return state == CLOSED or (state == HALF_OPEN and not endpoint.trial_in_flight)
+
     def any_healthy(self) -> bool:
-        """True when at least one endpoint of any provider can take traffic."""
-        return any(ep.healthy for p in self.providers.values() for ep in p.endpoints)
+        """True when at least one endpoint of any provider may take traffic (``/readyz``)."""
+        return any(self.available(ep) for p in self.providers.values() for ep in p.endpoints)
+
+    def describe(self) -> dict[str, object]:
+        """Every provider's endpoints with the live numbers behind routing decisions
+        (``/admin/providers``): ids only, never URLs or keys. Times in ms unless named."""
+        now = self.clock()
+        out: dict[str, object] = {}
+        for name, runtime in self.providers.items():
+            cfg = runtime.config
+            out[name] = {
+                "connector": cfg.connector,
+                "role": cfg.role,
+                "engine": cfg.engine,
+                "models": list(cfg.models),
+                "key_configured": bool(runtime.auth_headers),
+                "endpoints": [self._describe_endpoint(ep, now) for ep in runtime.endpoints],
+            }
+        return out
+
+    def _describe_endpoint(self, ep: EndpointState, now: float) -> dict[str, object]:
+        record = self.breaker.store.get(ep.key)
+        state = self.breaker.state(ep.key)
+        predictor = ep.predictor
+        return {
+            "id": ep.config.id,
+            "healthy": state == CLOSED,
+            "circuit": state,
+            "circuit_reason": record.reason,
+            "reopens_in_seconds": round(max(0.0, record.opened_at + record.open_seconds - now), 3)
+            if state == OPEN
+            else None,
+            "consecutive_failures": record.consecutive_failures,
+            "in_flight": ep.in_flight,
+            "requests": ep.requests,
+            "failures": ep.failures,
+            "error_rate": round(ep.error_rate, 4),
+            "capacity": ep.capacity or ep.inferred_capacity,
+            "queue_ms": round(ep.queue_ms(now), 1),
+            "predicted_ttft_ms_at_1k_tokens": round(ep.predicted_ttft_ms(1000, now), 1),
+            "ttft_model": {
+                "base_ms": round(predictor.base_ms, 2),
+                "per_1k_tokens_ms": round(predictor.per_token_ms * 1000, 2),
+                "spread_ms": round(predictor.spread_ms, 2),
+                "observations": predictor.observations,
+            },
+            "slot_seconds": round(ep.slot_seconds, 4),
+            "itl_ms": None if ep.itl_ms is None else round(ep.itl_ms, 3),
+            "engine": None
+            if ep.engine_read_at is None
+            else {
+                "running": ep.engine_running,
+                "waiting": ep.engine_waiting,
+                "age_seconds": round(now - ep.engine_read_at, 3),
+            },
+            "probe": None
+            if ep.probe_at is None
+            else {
+                "ok": ep.probe_ok,
+                "ms": round(ep.probe_ms or 0.0, 1),
+                "age_seconds": round(now - ep.probe_at, 3),
+            },
+        }
+
+    # -- a request's life on an endpoint ---------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def in_flight(self, provider: ProviderRuntime, endpoint: EndpointState) -> AsyncIterator[None]:
-        """Count a request in flight on ``endpoint`` for as long as the block runs."""
+    async def in_flight(
+        self,
+        provider: ProviderRuntime,
+        endpoint: EndpointState,
+        *,
+        prompt_tokens: int = 0,
+        queue_ms: float = 0.0,
+    ) -> AsyncIterator[Ticket]:
+        """Count a request in flight on ``endpoint`` for as long as the block runs.
+
+        Yields the attempt's :class:`Ticket`. On exit: a censored attempt teaches the
+        TTFT fit a lower bound; an answered one, how long it held a batch slot.
+        """
         gauge = self._metrics.in_flight_gauge(provider.name)
+        ticket = Ticket(prompt_tokens=prompt_tokens, queue_ms=queue_ms, started_at=time.perf_counter())
+        if not endpoint.trial_in_flight and self.breaker.state(endpoint.key) == HALF_OPEN:
+            endpoint.trial_in_flight = ticket.trial = True
         endpoint.in_flight += 1
         endpoint.requests += 1
         gauge.inc()
         try:
-            yield
+            yield ticket
         finally:
             endpoint.in_flight -= 1
             gauge.dec()
+            if ticket.trial:
+                endpoint.trial_in_flight = False
+            elapsed_ms = (time.perf_counter() - ticket.started_at) * 1000.0
+            if ticket.first_token_ms is None and ticket.censored:
+                endpoint.predictor.observe_at_least(
+                    prompt_tokens=prompt_tokens, ttft_ms=elapsed_ms - queue_ms
+                )
+                self._judge_latency(provider, endpoint, ticket, elapsed_ms, censored=True)
+            elif ticket.succeeded:
+                endpoint.observe_slot((elapsed_ms - queue_ms) / 1000.0)
 
-    def record_outcome(self, provider: ProviderRuntime, endpoint: EndpointState, *, ok: bool) -> None:
-        """Passive health: after 5 consecutive upstream failures an endpoint is marked unhealthy
-        (it stays selectable when no other is healthy); one success restores it."""
+    def record_first_token(
+        self, provider: ProviderRuntime, endpoint: EndpointState, ticket: Ticket, *, ttft_ms: float
+    ) -> None:
+        """The attempt's first generated content came ``ttft_ms`` after sending it."""
+        ticket.first_token_ms = ttft_ms
+        endpoint.predictor.observe(prompt_tokens=ticket.prompt_tokens, ttft_ms=ttft_ms - ticket.queue_ms)
+        self._judge_latency(provider, endpoint, ticket, ttft_ms, censored=False)
+
+    def record_outcome(
+        self, provider: ProviderRuntime, endpoint: EndpointState, *, ok: bool, ticket: Ticket | None = None
+    ) -> None:
+        """An attempt's outcome as the endpoint's health sees it: ``ok`` when it answered
+        (a 429 counts as answering), not ``ok`` for connection failures, timeouts, 5xx,
+        401/403 and broken streams. Client errors are not reported at all."""
+        endpoint.observe_outcome(ok=ok)
         if ok:
-            endpoint.consecutive_failures = 0
-            if not endpoint.healthy:
-                endpoint.healthy = True
-                self._metrics.set_endpoint_health(provider=provider.name, endpoint=endpoint.config.id, healthy=True)
+            if ticket is not None:
+                ticket.succeeded = True
+            transition = self.breaker.on_success(endpoint.key)
+        else:
+            transition = self.breaker.on_failure(endpoint.key)
+        self._apply(provider, endpoint, transition)
+
+    def record_decode(self, endpoint: EndpointState, *, tokens: int, seconds: float) -> None:
+        """A stream produced ``tokens`` output chunks over ``seconds`` after its first."""
+        if tokens > 1 and seconds > 0:
+            endpoint.observe_itl(seconds * 1000.0 / (tokens - 1))
+
+    def record_probe(
+        self, provider: ProviderRuntime, endpoint: EndpointState, *, ok: bool, ms: float
+    ) -> None:
+        """An active probe's result (see :mod:`latgate.providers.monitor`)."""
+        endpoint.probe_ok, endpoint.probe_ms, endpoint.probe_at = ok, ms, self.clock()
+        self._apply(provider, endpoint, self.breaker.on_probe(endpoint.key, ok=ok))
+
+    def record_engine_load(
+        self, endpoint: EndpointState, *, running: int | None, waiting: int | None
+    ) -> None:
+        """The engine's own load gauges, just read."""
+        endpoint.observe_engine(running=running, waiting=waiting, now=self.clock())
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _judge_latency(
+        self,
+        provider: ProviderRuntime,
+        endpoint: EndpointState,
+        ticket: Ticket,
+        ttft_ms: float,
+        *,
+        censored: bool,
+    ) -> None:
+        """Eject an endpoint far slower than its peers; end a latency trial."""
+        if not self.latency_ejection or len(provider.endpoints) < 2:
             return
-        endpoint.failures += 1
-        endpoint.consecutive_failures += 1
-        if endpoint.healthy and endpoint.consecutive_failures >= 5:
-            endpoint.healthy = False
-            self._metrics.set_endpoint_health(provider=provider.name, endpoint=endpoint.config.id, healthy=False)
+        tokens = ticket.prompt_tokens
+        peers = [
+            ep.predictor.predict_ms(tokens)
+            for ep in provider.endpoints
+            if ep is not endpoint
+            and ep.predictor.observations >= MIN_LATENCY_OBSERVATIONS
+            and self.breaker.state(ep.key) == CLOSED
+        ]
+        if not peers:
+            return
+        settings = self.config.health
+        if ticket.trial:
+            own = ttft_ms - ticket.queue_ms
+        elif endpoint.predictor.observations >= MIN_LATENCY_OBSERVATIONS:
+            own = endpoint.predictor.predict_ms(tokens)
+        else:
+            return
+        slow = too_slow(own, peers, factor=settings.latency_factor, margin_ms=settings.latency_margin_ms)
+        if censored and not slow:
+            return  # no first token yet is no verdict of speed
+        if ticket.trial and not slow:  # back: judged from now on by what it does next
+            slope = endpoint.predictor.per_token_ms
+            endpoint.predictor.reset_to(base_ms=max(own - slope * tokens, 0.0), per_token_ms=slope)
+        self._apply(provider, endpoint, self.breaker.judge_latency(endpoint.key, too_slow=slow))
+
+    def _apply(
+        self, provider: ProviderRuntime, endpoint: EndpointState, transition: Transition | None
+    ) -> None:
+        if transition is None or transition.before == transition.after:
+            return
+        endpoint_id = endpoint.config.id
+        if transition.after == OPEN:
+            record = self.breaker.store.get(endpoint.key)
+            self._metrics.record_ejection(
+                provider=provider.name, endpoint=endpoint_id, reason=transition.reason or "errors"
+            )
+            log.warning(
+                "endpoint %s ejected (%s): no traffic for %.0f s, then one trial request",
+                endpoint_id,
+                transition.reason,
+                record.open_seconds,
+            )
+        elif transition.after == CLOSED:
+            log.info("endpoint %s is back (circuit closed)", endpoint_id)
+        self._metrics.set_endpoint_health(
+            provider=provider.name, endpoint=endpoint_id, healthy=transition.after == CLOSED
+        )

@@ -7,6 +7,13 @@ carries nothing a client can show, and holding it costs nothing in time to first
 token, but it means an upstream that fails, stalls past ``first_token_timeout_sec`` or
 answers a 200 whose first event is an error object can still be retried or failed over.
 
+Where each attempt goes is the :class:`~latgate.providers.selection.Selector`'s plan
+(``routing.strategy``): the provider order (an overflow first, reason
+``overflow:FROM``), the endpoint, and under strategy ``latgate`` a first-token deadline
+from the request's budget (see :mod:`latgate.routing.policies.deadline`) and, when the
+route policy asks for it, a hedge: a second copy sent when the first token is late,
+the first to produce content forwarded and the other cancelled (:mod:`.hedge`).
+
 Retryable: connection failures, timeouts, HTTP 408/429/500/502/503/504 and in-band
 error events. 401/403 mean the provider rejects latgate's own key: no retry on that
 provider, but the fallbacks are tried. Any other 4xx is the client's request: it is
@@ -28,8 +35,10 @@ from starlette.responses import Response
 from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from latgate.metrics import Metrics
-from latgate.providers import EndpointState, ProviderPool, ProviderRuntime
+from latgate.providers import EndpointState, ProviderPool, ProviderRuntime, Ticket
+from latgate.providers.selection import RoutePlan, Selector
 from latgate.proxy.exchange import Exchange
+from latgate.proxy.hedge import LostRace, Race, run_hedged
 from latgate.proxy.redact import redact, redact_text
 from latgate.proxy.relay import StreamRelay
 from latgate.proxy.sse import StreamTap
@@ -45,7 +54,7 @@ ERROR_BODY_TIMEOUT_SECONDS = 5.0
 BACKOFF_BASE_SECONDS = 0.05
 BACKOFF_CAP_SECONDS = 1.0
 MAX_RETRY_AFTER_SECONDS = 5.0
-_NO_FIRST_TOKEN = UpstreamFailure("timeout", "no first token before first_token_timeout_sec")
+_NO_FIRST_TOKEN = UpstreamFailure("timeout", "no first token before the first-token deadline")
 
 
 class _AttemptFailed(Exception):
@@ -66,6 +75,8 @@ class Forwarder:
         client: the pooled upstream client.
         metrics: where retries, fallbacks and errors are counted.
         sleep: awaited between retries (injectable for tests).
+        selector: the routing strategy over live state (one for ``config`` and
+            ``pool`` by default).
     """
 
     def __init__(
@@ -76,12 +87,14 @@ class Forwarder:
         client: UpstreamClient,
         metrics: Metrics,
         sleep: Callable[[float], Any] = asyncio.sleep,
+        selector: Selector | None = None,
     ) -> None:
         self._config = config
         self._pool = pool
         self._client = client
         self._metrics = metrics
         self._sleep = sleep
+        self.selector = selector or Selector(config=config, pool=pool)
 
     async def forward(
         self,
@@ -104,10 +117,16 @@ class Forwarder:
             GatewayError: every candidate failed; the last failure (its upstream status
                 and error envelope where there was one).
         """
+        plan = self.selector.plan(decision, body)
+        if plan.overflow_from is not None:
+            self._metrics.record_overflow(from_provider=plan.overflow_from, to_provider=plan.targets[0].provider)
+        if decision.explain:
+            exchange.extra["route_candidates"] = plan.explain_header()
         max_retries = self._config.defaults.max_retries
         last: GatewayError = UpstreamUnavailable("no provider could take the request")
         previous: str | None = None
-        for target in decision.candidates:
+        tried: list[EndpointState] = []
+        for position, target in enumerate(plan.targets):
             provider = self._pool[target.provider]
             if previous is not None:
                 self._metrics.record_fallback(from_provider=previous, to_provider=target.provider)
@@ -117,13 +136,15 @@ class Forwarder:
             for attempt in range(max_retries + 1):
                 if attempt:
                     self._metrics.record_retry(provider=provider.name)
-                endpoint = provider.pick_endpoint()
-                exchange.provider, exchange.endpoint = provider.name, endpoint.config.id
-                exchange.upstream_model, exchange.reason = target.model, target.reason
-                exchange.attempts += 1
-                tap = StreamTap(drop_usage_chunk=tap_drop(body), model_rewrite=_rewrite(body, target)) if exchange.stream else None
+                endpoint = self.selector.next_endpoint(provider, plan, exclude=tried) if tried else plan.endpoint
+                tried.append(endpoint)
+                last_attempt = attempt == max_retries and position == len(plan.targets) - 1
                 try:
-                    return await self._attempt(exchange, provider, endpoint, payload, tap, path, transform)
+                    if plan.hedge is not None and exchange.stream and len(tried) == 1:
+                        return await self._hedged(exchange, decision, plan, target, provider, endpoint, payload, body, path, transform)
+                    return await self._attempt(
+                        exchange, decision, plan, target, provider, endpoint, payload, body, path, transform, last_attempt=last_attempt
+                    )
                 except _AttemptFailed as failed:
                     last = failed.error
                     if not failed.retryable or attempt == max_retries:
@@ -154,18 +175,67 @@ class Forwarder:
         except orjson.JSONEncodeError as exc:  # parsed, but cannot be re-encoded (e.g. nested too deep)
             raise InvalidRequest(f"request body cannot be forwarded: {exc}") from None
 
-    async def _attempt(
+    async def _hedged(
         self,
         exchange: Exchange,
+        decision: RouteDecision,
+        plan: RoutePlan,
+        target: Target,
         provider: ProviderRuntime,
         endpoint: EndpointState,
         payload: bytes,
-        tap: StreamTap | None,
+        body: dict[str, Any],
         path: str,
         transform: ResponseTransform | None,
     ) -> Any:
+        """The first attempt, and the plan's hedge if no first token came by its delay."""
+        hedge = plan.hedge
+        assert hedge is not None
+        race = Race()
+
+        def first() -> Any:
+            return self._attempt(
+                exchange, decision, plan, target, provider, endpoint, payload, body, path, transform, last_attempt=False, race=race
+            )
+
+        def second() -> Any:
+            runtime = self._pool[hedge.target.provider]
+            self._metrics.record_hedge(provider=runtime.name)
+            copy = payload if hedge.target == target else self._payload(body, hedge.target, runtime, stream=True)
+            return self._attempt(
+                exchange, decision, plan, hedge.target, runtime, hedge.endpoint, copy, body, path, transform, last_attempt=False, race=race
+            )
+
+        response, hedge_won = await run_hedged(first, second, delay_seconds=hedge.delay_ms / 1000.0)
+        if hedge_won:
+            self._metrics.record_hedge_win(provider=hedge.target.provider)
+        return response
+
+    async def _attempt(
+        self,
+        exchange: Exchange,
+        decision: RouteDecision,
+        plan: RoutePlan,
+        target: Target,
+        provider: ProviderRuntime,
+        endpoint: EndpointState,
+        payload: bytes,
+        body: dict[str, Any],
+        path: str,
+        transform: ResponseTransform | None,
+        *,
+        last_attempt: bool,
+        race: Race | None = None,
+    ) -> Any:
+        exchange.provider, exchange.endpoint = provider.name, endpoint.config.id
+        exchange.upstream_model, exchange.reason = target.model, target.reason
+        exchange.attempts += 1
+        tap = StreamTap(drop_usage_chunk=tap_drop(body), model_rewrite=_rewrite(body, target)) if exchange.stream else None
         stack = contextlib.AsyncExitStack()
-        await stack.enter_async_context(self._pool.in_flight(provider, endpoint))
+        queue_ms = endpoint.queue_ms(self._pool.clock())
+        ticket = await stack.enter_async_context(
+            self._pool.in_flight(provider, endpoint, prompt_tokens=plan.prompt_tokens, queue_ms=queue_ms)
+        )
         handed_off = False
         try:
             headers = upstream_headers(auth=provider.auth_headers, request_id=exchange.request_id, stream=exchange.stream)
@@ -173,14 +243,16 @@ class Forwarder:
             read_timeout = provider.config.timeout_sec
             if exchange.attempts == 1:
                 self._metrics.record_overhead(time.perf_counter() - exchange.received_at)
-            first_token_timeout = self._config.defaults.first_token_timeout_sec
             deadline = None
-            if tap is not None and first_token_timeout:
-                deadline = asyncio.get_running_loop().time() + first_token_timeout
+            if tap is not None:
+                deadline_ms = self.selector.deadline_ms(plan, endpoint, last_attempt=last_attempt)
+                if deadline_ms:
+                    deadline = asyncio.get_running_loop().time() + deadline_ms / 1000.0
             try:
                 async with asyncio.timeout_at(deadline):
                     response = await self._client.open(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout)
             except TimeoutError:
+                ticket.censored = True
                 raise self._failed(provider, endpoint, _NO_FIRST_TOKEN) from None
             except UpstreamFailure as failure:
                 raise self._failed(provider, endpoint, failure) from None
@@ -188,10 +260,15 @@ class Forwarder:
             if response.status_code != 200:
                 raise await self._status_failure(provider, endpoint, response, deadline)
             if tap is None:
-                return await self._complete(exchange, provider, endpoint, response, transform)
-            relay = await self._start_stream(exchange, provider, endpoint, response, tap, stack, deadline, transform)
+                return await self._complete(exchange, provider, endpoint, response, transform, ticket=ticket)
+            relay = await self._start_stream(
+                exchange, provider, endpoint, response, tap, stack, deadline, transform, ticket=ticket, race=race, winner=(decision, target)
+            )
             handed_off = True
             return relay
+        except asyncio.CancelledError:
+            ticket.censored = True  # lost a hedge race, or the client left, before a first token
+            raise
         finally:
             if not handed_off:
                 await stack.aclose()
@@ -206,9 +283,14 @@ class Forwarder:
         stack: contextlib.AsyncExitStack,
         deadline: float | None,
         transform: ResponseTransform | None,
+        *,
+        ticket: Ticket,
+        race: Race | None,
+        winner: tuple[RouteDecision, Target],
     ) -> StreamRelay:
         """Read up to the first generated content (under the first-token deadline), then
-        hand the rest to a :class:`StreamRelay`."""
+        hand the rest to a :class:`StreamRelay`. In a hedge race, only the first attempt
+        to get there goes on (the other raises :class:`LostRace`)."""
         content_type = response.headers.get("content-type", "")
         if content_type.startswith(("text/html", "application/json")):  # a page, or the stream flag ignored
             raise await self._wrong_content_type(provider, endpoint, content_type, deadline)
@@ -231,6 +313,7 @@ class Forwarder:
                         if tap.error is not None or units or tap.done:
                             break
         except TimeoutError:
+            ticket.censored = True
             raise self._failed(provider, endpoint, _NO_FIRST_TOKEN) from None
         except UpstreamFailure as failure:
             raise self._failed(provider, endpoint, failure) from None
@@ -239,7 +322,17 @@ class Forwarder:
         if ended and not units and not tap.done:
             failure = UpstreamFailure("read", "the stream ended before any content")
             raise self._failed(provider, endpoint, failure)
-        self._pool.record_outcome(provider, endpoint, ok=True)
+        if units:
+            self._pool.record_first_token(provider, endpoint, ticket, ttft_ms=(time.perf_counter() - ticket.started_at) * 1000.0)
+        self._pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
+        if race is not None:
+            if not race.claim():
+                raise LostRace()
+            decision, target = winner
+            exchange.provider, exchange.endpoint = provider.name, endpoint.config.id
+            exchange.upstream_model, exchange.reason = target.model, target.reason
+            exchange.extra["fallback_model"] = self._fallback_model(decision, target)
+        stack.callback(self._record_decode, endpoint, exchange, tap)
         handed = stack.pop_all()
         if transform is not None:
             content_type = transform.stream_content_type
@@ -288,6 +381,8 @@ class Forwarder:
         endpoint: EndpointState,
         response: Any,
         transform: ResponseTransform | None,
+        *,
+        ticket: Ticket,
     ) -> Response:
         """A non-streamed answer: read it whole, take its usage, rewrite the model name."""
         content_type = response.headers.get("content-type", "")
@@ -298,7 +393,7 @@ class Forwarder:
                 data = await response.aread()
         except UpstreamFailure as failure:
             raise self._failed(provider, endpoint, failure) from None
-        self._pool.record_outcome(provider, endpoint, ok=True)
+        self._pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
         try:
             parsed = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -332,9 +427,18 @@ class Forwarder:
         fallback_model = exchange.extra.get("fallback_model")
         if fallback_model:
             pairs.append(("x-latgate-fallback-model", fallback_model))
+        candidates = exchange.extra.get("route_candidates")
+        if candidates:
+            pairs.append(("x-latgate-route-candidates", candidates))
         if not raw:
             return pairs
         return [(k.encode(), v.encode("latin-1", "replace")) for k, v in pairs]
+
+    def _record_decode(self, endpoint: EndpointState, exchange: Exchange, tap: StreamTap) -> None:
+        """After a stream: its decode speed, for the endpoint's live numbers."""
+        if exchange.first_token_at is not None and exchange.last_token_at is not None:
+            seconds = exchange.last_token_at - exchange.first_token_at
+            self._pool.record_decode(endpoint, tokens=tap.content_chunks, seconds=seconds)
 
     def _fallback_model(self, decision: RouteDecision, target: Target) -> str | None:
         """The requested model's ``fallback_model`` (``[models."NAME"]``) when ``target``

@@ -1,0 +1,185 @@
+"""The live numbers of one endpoint: load, time to first token, decode speed, errors.
+
+Everything is measured by the gateway on its own traffic and recency-weighted
+(exponential moving averages), seeded from the config (capacity hints, role) and, where
+the connector can read them, from the engine's load gauges (vLLM
+``vllm:num_requests_running`` / ``vllm:num_requests_waiting``, SGLang's equivalents).
+
+Predicted time to first token = queue wait + the endpoint's fitted line
+(:class:`~latgate.providers.predictor.TtftPredictor`). The queue wait: with ``C``
+batch slots (``max_batch_size``, an engine hint, or inferred from the engine reporting
+waiting requests) and ``L`` requests on the endpoint (ours in flight, plus others the
+engine reported beyond ours), a new request waits for ``L - C + 1`` of them to leave;
+they leave at ``C / slot_seconds`` per second, ``slot_seconds`` being how long a request
+holds a slot. Without a known capacity the queue is 0 and the fitted line absorbs
+whatever queueing there is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from latgate.config.schema import EndpointConfig, ProviderConfig
+from latgate.providers.health import CLOSED, CircuitBreaker
+from latgate.providers.predictor import TtftPredictor
+
+EWMA_ALPHA = 0.1
+PRIOR_SLOT_SECONDS = 1.0
+ENGINE_LOAD_STALE_SECONDS = 5.0
+CAPACITY_HINT_KEYS = ("max_num_seqs", "max_running_requests")
+_PRIOR_BASE_MS = {"decode": 20.0, "prefill": 100.0, "upstream": 500.0, None: 200.0}
+PRIOR_PER_TOKEN_MS = 0.05
+"""20 000 prompt tokens per second: a mid-range GPU's prefill rate."""
+
+
+def configured_capacity(provider: ProviderConfig) -> int | None:
+    """Batch slots per endpoint from the config: ``max_batch_size``, else the engine hint
+    ``max_num_seqs`` (vLLM) or ``max_running_requests`` (SGLang), else None."""
+    if provider.max_batch_size:
+        return provider.max_batch_size
+    for key in CAPACITY_HINT_KEYS:
+        value = provider.hints.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+@dataclass(slots=True, eq=False)
+class EndpointState:
+    """Live numbers of one endpoint (one replica of a provider).
+
+    Attributes:
+        config: the endpoint's config (``id``, URLs).
+        key: ``PROVIDER:ENDPOINT_ID``, the endpoint's name in the circuit store.
+        breaker: the pool's circuit breaker (this endpoint's record is ``key``).
+        predictor: TTFT (ms) against prompt tokens, queueing taken out.
+        capacity: batch slots from the config, or None.
+        in_flight: requests latgate has on it now; ``requests``: since start;
+            ``failures``: failed requests since start.
+        slot_seconds: recency-weighted time a request holds a batch slot.
+        itl_ms: recency-weighted time between output tokens (None before a stream).
+        error_rate: recency-weighted share of failed requests (0..1).
+        engine_running / engine_waiting / engine_read_at: the engine's own gauges and
+            when they were read (clock seconds); ``engine_own_in_flight``: our
+            ``in_flight`` at that moment. ``inferred_capacity``: running requests seen
+            while the engine had a queue.
+        probe_ok / probe_ms / probe_at: the last active probe.
+        trial_in_flight: a half-open circuit's trial request is running.
+    """
+
+    config: EndpointConfig
+    key: str
+    breaker: CircuitBreaker
+    predictor: TtftPredictor
+    capacity: int | None = None
+    in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+    slot_seconds: float = PRIOR_SLOT_SECONDS
+    itl_ms: float | None = None
+    error_rate: float = 0.0
+    engine_running: int | None = None
+    engine_waiting: int | None = None
+    engine_read_at: float | None = None
+    engine_own_in_flight: int = 0
+    inferred_capacity: int | None = None
+    probe_ok: bool | None = None
+    probe_ms: float | None = None
+    probe_at: float | None = None
+    trial_in_flight: bool = False
+
+    @classmethod
+    def for_provider(
+        cls, provider: ProviderConfig, endpoint: EndpointConfig, *, breaker: CircuitBreaker
+    ) -> EndpointState:
+        """A fresh state seeded from the provider's config (capacity, role priors)."""
+        prior_base_ms = _PRIOR_BASE_MS.get(provider.role, _PRIOR_BASE_MS[None])
+        return cls(
+            config=endpoint,
+            key=f"{provider.name}:{endpoint.id}",
+            breaker=breaker,
+            predictor=TtftPredictor(prior_base_ms=prior_base_ms, prior_per_token_ms=PRIOR_PER_TOKEN_MS),
+            capacity=configured_capacity(provider),
+        )
+
+    # -- health (the circuit lives in the breaker's store) ------------------------------
+
+    @property
+    def circuit(self) -> str:
+        """``closed``, ``open`` or ``half_open`` now."""
+        return self.breaker.state(self.key)
+
+    @property
+    def healthy(self) -> bool:
+        """True when the circuit is closed. Setting it ejects (``False``: open, reason
+        ``shared``) or restores (``True``) the endpoint, for state shared by replicas."""
+        return self.breaker.state(self.key) == CLOSED
+
+    @healthy.setter
+    def healthy(self, value: bool) -> None:
+        if value:
+            self.breaker.restore(self.key)
+        else:
+            self.breaker.eject(self.key, reason="shared")
+
+    @property
+    def consecutive_failures(self) -> int:
+        """Failed requests since the last success (the circuit's counter)."""
+        return self.breaker.store.get(self.key).consecutive_failures
+
+    @consecutive_failures.setter
+    def consecutive_failures(self, value: int) -> None:
+        record = self.breaker.store.get(self.key)
+        record.consecutive_failures = value
+        self.breaker.store.put(self.key, record)
+
+    # -- predictions ----------------------------------------------------------------------
+
+    def load(self, now: float) -> int:
+        """Requests on the endpoint: ours in flight, plus others the engine reported
+        beyond ours when its gauges are recent."""
+        load = self.in_flight
+        if self.engine_read_at is not None and now - self.engine_read_at <= ENGINE_LOAD_STALE_SECONDS:
+            others = (self.engine_running or 0) + (self.engine_waiting or 0) - self.engine_own_in_flight
+            if others > 0:
+                load += others
+        return load
+
+    def queue_ms(self, now: float) -> float:
+        """Expected wait for a batch slot, in ms (0 with room, or no known capacity)."""
+        capacity = self.capacity or self.inferred_capacity
+        if capacity is None:
+            return 0.0
+        ahead = self.load(now) - capacity + 1
+        if ahead <= 0:
+            return 0.0
+        return ahead * self.slot_seconds * 1000.0 / capacity
+
+    def predicted_ttft_ms(self, prompt_tokens: int, now: float) -> float:
+        """Queue wait plus the fitted TTFT for ``prompt_tokens``, in ms."""
+        return self.queue_ms(now) + self.predictor.predict_ms(prompt_tokens)
+
+    # -- observations -----------------------------------------------------------------------
+
+    def observe_slot(self, seconds: float) -> None:
+        """A finished request held a batch slot for ``seconds``."""
+        if seconds > 0.0:
+            self.slot_seconds += EWMA_ALPHA * (seconds - self.slot_seconds)
+
+    def observe_itl(self, ms: float) -> None:
+        """A stream's mean time between output tokens."""
+        self.itl_ms = ms if self.itl_ms is None else self.itl_ms + EWMA_ALPHA * (ms - self.itl_ms)
+
+    def observe_outcome(self, *, ok: bool) -> None:
+        """A request's outcome, for the error rate."""
+        self.error_rate += EWMA_ALPHA * ((0.0 if ok else 1.0) - self.error_rate)
+        if not ok:
+            self.failures += 1
+
+    def observe_engine(self, *, running: int | None, waiting: int | None, now: float) -> None:
+        """The engine's load gauges, read at ``now``."""
+        self.engine_running, self.engine_waiting = running, waiting
+        self.engine_read_at = now
+        self.engine_own_in_flight = self.in_flight
+        if running and waiting:
+            self.inferred_capacity = running

@@ -1,0 +1,22 @@
+"""Routing policies: pure choices over a snapshot of endpoint state.
+
+Each module is one decision, taking plain data (:class:`EndpointView` snapshots,
+numbers) and returning an index or a number: no I/O, no clock, no randomness of its
+own (random draws are passed in), so each is unit-tested with literals. The
+:class:`~latgate.providers.selection.Selector` takes the snapshots from live state and
+calls these.
+
+- :mod:`.round_robin`, :mod:`.least_outstanding`: the baseline endpoint choices.
+- :mod:`.predicted_ttft`: power of two choices by predicted time to first token.
+- :mod:`.prefix_affinity`: requests sharing a prompt prefix go to the same endpoint,
+  within a load bound.
+- :mod:`.overflow`: keep the preferred provider or move to the one most likely to meet
+  the request's time-to-first-token budget.
+- :mod:`.hedging`: when to send a second copy of a request.
+- :mod:`.deadline`: when to give up on an attempt that has sent no first token.
+- :mod:`.outlier`: whether an endpoint is far slower than its peers.
+"""
+
+from latgate.routing.policies.view import EndpointView
+
+__all__ = ["EndpointView"]
