@@ -17,7 +17,7 @@ import pytest
 
 from agents.install import PINS, AgentUnavailable, install, node_missing
 from agents.recorder import describe
-from agents.turn import AgentStack, Turn, agent_stack, run_turn
+from agents.turn import AgentStack, Turn, agent_stack, run_turn, timing
 
 pytestmark = pytest.mark.agents
 
@@ -41,7 +41,7 @@ def installed() -> dict[str, str]:
     return errors
 
 
-def _turn(agent: str, installed: dict[str, str], tmp_path, *, model: str) -> tuple[Turn, AgentStack]:
+def _turn(agent: str, installed: dict[str, str], tmp_path, *, model: str) -> tuple[Turn, AgentStack, dict]:
     assert agent not in installed, installed.get(agent)
     with agent_stack() as stack:
         turn = run_turn(agent, stack=stack, root=tmp_path, model=model, timeout_seconds=TURN_TIMEOUT_SECONDS)
@@ -60,7 +60,9 @@ def _assert_completed(turn: Turn, stack: AgentStack, totals: dict, *, provider: 
     assert totals.get((provider, "200"), 0) >= len(model_requests), f"{totals}\n{report}"
     elsewhere = {key: n for key, n in totals.items() if key[0] != provider and n}
     assert not elsewhere, f"requests measured under other providers: {elsewhere}\n{report}"
-    print(f"\n[{turn.agent}] turn {turn.run.seconds:.1f}s, {len(model_requests)} model requests via {provider}\n{describe(turn.seen)}")
+    result = str(tool_results[0]["messages"][-1].get("content"))[:120].replace("\n", " ")
+    print(f"\n[{turn.agent}] {timing(turn)}; {len(model_requests)} model requests via {provider}")
+    print(f"{describe(turn.seen)}\ntool result sent back: {result}")
 
 
 def test_codex_completes_a_turn_through_the_responses_api(installed, tmp_path) -> None:
@@ -76,3 +78,8 @@ def test_cline_completes_a_turn_on_the_latency_sensitive_pool(installed, tmp_pat
 def test_qwen_code_completes_a_turn_on_the_upstream_serving_its_model(installed, tmp_path) -> None:
     turn, stack, totals = _turn("qwen", installed, tmp_path, model="qwen2.5-72b-instruct")
     _assert_completed(turn, stack, totals, provider="taotoken", path="/v1/chat/completions")
+
+
+def test_claude_code_completes_a_turn_through_the_messages_api(installed, tmp_path) -> None:
+    turn, stack, totals = _turn("claude", installed, tmp_path, model="claude-sonnet-4-6")
+    _assert_completed(turn, stack, totals, provider="vllm", path="/v1/messages")

@@ -27,7 +27,7 @@ from agents.sandbox import Sandbox
 API_KEY = "sk-latgate-agent-test"
 PROMPT = "List the files in this folder with your shell tool, then say what you found."
 #: Each agent's shell tool, which the simulator calls (``SimOptions.preferred_tools``).
-SHELL_TOOLS = ("exec_command", "shell", "run_shell_command", "execute_command", "Bash")
+SHELL_TOOLS = ("exec_command", "shell", "run_shell_command", "run_commands", "execute_command", "Bash")
 
 
 @dataclass(frozen=True)

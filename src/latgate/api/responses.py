@@ -4,8 +4,9 @@ of the Codex CLI, served by translating to chat completions.
 One request: read the body -> :func:`~latgate.translate.responses_request.responses_to_chat`
 -> ``Gateway.proxy(path="/chat/completions")`` with a
 :class:`~latgate.translate.responses_stream.ResponsesStreamTransform` for the answer. The
-chat body routes, falls back and is measured like any chat completion; errors use the
-OpenAI envelope, which the Responses API shares.
+chat body routes, falls back and is measured like any chat completion; with ``[auth]``
+the key is checked before the body is read. Errors use the OpenAI envelope, which the
+Responses API shares.
 """
 
 from __future__ import annotations
@@ -26,11 +27,17 @@ async def create_response(request: Request) -> Any:
     gateway: Gateway = request.app.state.gateway
     exchange = gateway.new_exchange(request, path="/responses")
     try:
+        caller = gateway.authenticate(request.headers)
         body = await read_json_object(request, max_bytes=gateway.config.server.max_body_bytes)
         translation = responses_to_chat(body)
         transform = ResponsesStreamTransform(echo=translation.echo)
         return await gateway.proxy(
-            exchange, body=translation.chat_body, headers=request.headers, path="/chat/completions", transform=transform
+            exchange,
+            body=translation.chat_body,
+            headers=request.headers,
+            path="/chat/completions",
+            transform=transform,
+            caller=caller,
         )
     except GatewayError as error:
         gateway.fail(exchange, error)
