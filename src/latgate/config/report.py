@@ -23,6 +23,7 @@ from typing import TextIO
 
 import httpx
 
+from latgate.config.apikeys import header_key
 from latgate.config.errors import ConfigError
 from latgate.config.keys import mask_userinfo
 from latgate.config.loader import load_config, resolve_config_path
@@ -193,7 +194,7 @@ def probe(config: Config, *, env: Mapping[str, str], out: TextIO) -> bool:
     with httpx.Client(timeout=PROBE_TIMEOUT_SECONDS) as client:
         for provider in config.providers.values():
             connector = get_connector(provider.connector)
-            key = env.get(provider.api_key_env) if provider.api_key_env else None
+            key = header_key(env.get(provider.api_key_env, "")) if provider.api_key_env else None
             headers = {"Authorization": f"Bearer {key}"} if key else {}
             for endpoint in provider.endpoints:
                 url = connector.url(endpoint, connector.health_path)

@@ -6,6 +6,7 @@ import ipaddress
 import os
 from collections.abc import Mapping
 
+from latgate.config.apikeys import key_problem
 from latgate.config.schema import Config
 
 _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
@@ -16,7 +17,8 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None) -> lis
     """One line per problem that does not stop the gateway from starting.
 
     - a provider's ``api_key_env`` is not set in ``env`` (requests then go without a
-      key, and the upstream answers 401);
+      key, and the upstream answers 401), is empty, or holds what an HTTP header cannot
+      carry (see :mod:`latgate.config.apikeys`);
     - ``[auth]`` is absent while ``server.host`` is not a loopback address;
     - a timeout under 1 s (such timeouts cause retry storms and explode tail latency).
 
@@ -24,12 +26,17 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None) -> lis
     with. Key values are never included.
     """
     env = os.environ if env is None else env
-    warnings = [
-        f'provider "{p.name}": api_key_env {p.api_key_env} is not set; requests to it will be sent '
-        "without a key (expect 401 from the upstream)"
-        for p in config.providers.values()
-        if p.api_key_env and p.api_key_env not in env
-    ]
+    warnings = []
+    for p in config.providers.values():
+        if not p.api_key_env:
+            continue
+        if p.api_key_env not in env:
+            warnings.append(
+                f'provider "{p.name}": api_key_env {p.api_key_env} is not set; requests to it will be sent '
+                "without a key (expect 401 from the upstream)"
+            )
+        elif (problem := key_problem(env[p.api_key_env])) is not None:
+            warnings.append(f'provider "{p.name}": api_key_env {p.api_key_env} {problem}')
     if config.auth is None and not is_loopback(config.server.host):
         warnings.append(
             f"server.host {config.server.host} is reachable from other machines and [auth] is absent: "
