@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
+from latgate.config.apikeys import header_key
 from latgate.config.schema import Config, ProviderConfig
 from latgate.connectors import Connector, get_connector
 from latgate.metrics import Metrics
@@ -113,7 +114,7 @@ class ProviderPool:
         self._metrics = metrics
         self.providers: dict[str, ProviderRuntime] = {}
         for name, provider in config.providers.items():
-            key = env.get(provider.api_key_env, "") if provider.api_key_env else ""
+            key = header_key(env.get(provider.api_key_env, "")) if provider.api_key_env else ""
             runtime = ProviderRuntime(
                 config=provider,
                 connector=get_connector(provider.connector),
