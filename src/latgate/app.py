@@ -33,6 +33,7 @@ from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
 from latgate.gateway import Gateway, request_id
 from latgate.metrics import Metrics
+from latgate.providers.monitor import run_monitor
 from latgate.reload import Reloader, UpstreamClients, reload_endpoint
 from latgate.state import StateStores, run_health_sync
 
@@ -122,11 +123,13 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         health_sync = asyncio.create_task(run_health_sync(lambda: app.state.gateway.health_sync))
+        monitor = asyncio.create_task(run_monitor(lambda: (app.state.gateway.pool, app.state.gateway.client)))
         try:
             yield
         finally:
             health_sync.cancel()
-            await asyncio.gather(health_sync, return_exceptions=True)
+            monitor.cancel()
+            await asyncio.gather(health_sync, monitor, return_exceptions=True)
             await states.aclose()
             await clients.aclose()
 
