@@ -1,7 +1,9 @@
 """Background reads of every endpoint: active health probes and engine load gauges.
 
 - Probes: ``GET`` of the connector's ``health_path`` (``/models`` under the versioned
-  base URL by default) with the provider's key, every ``[health] probe_interval_sec``.
+  base URL by default) with the provider's key, every ``[health] probe_interval_sec``,
+  starting one interval after start-up, and only of endpoints that answered no request
+  during the last interval (live traffic is evidence enough, and costs nothing).
   Any answer below 500 is alive (a 404 or 401 says the server is up); a 5xx, a refused
   connection or no answer within ``probe_timeout_sec`` is a failed probe
   (:meth:`~latgate.providers.pool.ProviderPool.record_probe`: two in a row open the
@@ -88,8 +90,16 @@ class Monitor:
         return [(runtime, ep) for runtime in self.pool.providers.values() for ep in runtime.endpoints]
 
     async def probe_once(self) -> None:
-        """Probe every endpoint once, concurrently."""
-        await asyncio.gather(*(self._probe(runtime, ep) for runtime, ep in self._endpoints()))
+        """Probe, concurrently, every endpoint that answered no request in the last
+        probe interval."""
+        recent = self.pool.clock() - self.pool.config.health.probe_interval_sec
+        await asyncio.gather(
+            *(
+                self._probe(runtime, ep)
+                for runtime, ep in self._endpoints()
+                if ep.answered_at is None or ep.answered_at < recent
+            )
+        )
 
     async def read_load_once(self) -> None:
         """Read every engine's load gauges once, concurrently (connectors that have them)."""
@@ -162,7 +172,11 @@ async def run_monitor(
             last[:] = [Monitor(pool=pool, client=client)]
         return last[0]
 
-    async def loop(interval: Callable[[Monitor], float], once: Callable[[Monitor], Awaitable[None]]) -> None:
+    async def loop(
+        interval: Callable[[Monitor], float], once: Callable[[Monitor], Awaitable[None]], *, wait_first: bool
+    ) -> None:
+        if wait_first:
+            await sleep(interval(monitor()) or DISABLED_RECHECK_SECONDS)
         while True:
             current_monitor = monitor()
             seconds = interval(current_monitor)
@@ -174,6 +188,6 @@ async def run_monitor(
             await sleep(seconds if seconds > 0 else DISABLED_RECHECK_SECONDS)
 
     await asyncio.gather(
-        loop(lambda m: m.pool.config.health.probe_interval_sec, Monitor.probe_once),
-        loop(lambda m: m.pool.config.health.load_interval_sec, Monitor.read_load_once),
+        loop(lambda m: m.pool.config.health.probe_interval_sec, Monitor.probe_once, wait_first=True),
+        loop(lambda m: m.pool.config.health.load_interval_sec, Monitor.read_load_once, wait_first=False),
     )

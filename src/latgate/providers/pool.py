@@ -259,6 +259,7 @@ class ProviderPool:
         401/403 and broken streams. Client errors are not reported at all."""
         endpoint.observe_outcome(ok=ok)
         if ok:
+            endpoint.answered_at = self.clock()
             if ticket is not None:
                 ticket.succeeded = True
             transition = self.breaker.on_success(endpoint.key)

@@ -64,6 +64,7 @@ class EndpointState:
             ``in_flight`` at that moment. ``inferred_capacity``: running requests seen
             while the engine had a queue.
         probe_ok / probe_ms / probe_at: the last active probe.
+        answered_at: clock seconds of the last request it answered (None before one).
         trial_in_flight: a half-open circuit's trial request is running.
     """
 
@@ -86,6 +87,7 @@ class EndpointState:
     probe_ok: bool | None = None
     probe_ms: float | None = None
     probe_at: float | None = None
+    answered_at: float | None = None
     trial_in_flight: bool = False
 
     @classmethod
