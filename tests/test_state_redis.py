@@ -34,6 +34,11 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 KEY = {"Authorization": "Bearer sk-a"}
 
 
+def posts(server) -> int:
+    """Requests the upstream got that were proxied (active health probes are GETs)."""
+    return sum(1 for r in server.requests if r.method == "POST")
+
+
 @pytest.fixture(scope="module")
 def redis_url():
     with redis_server() as url:
@@ -69,7 +74,7 @@ def test_rpm_holds_across_two_replicas_sharing_redis(flushed) -> None:
                 for gw in (one, two, one, two, one)
             ]
     assert codes == [200, 200, 200, 429, 429]
-    assert len(upstream.requests) == 3
+    assert posts(upstream) == 3
 
 
 def test_concurrent_charges_from_many_replicas_never_exceed_the_limit(flushed) -> None:
@@ -113,8 +118,9 @@ def test_one_replicas_ejection_is_seen_by_the_other_and_a_success_restores_it_ev
             client = UpstreamClient(connect_timeout_seconds=1, read_timeout_seconds=1)
             replicas.append(Gateway(config=config, client=client, metrics=metrics, state=RedisState(url=flushed, timeout_seconds=2)))
         a, b = replicas
+        redis = Redis.from_url(flushed)
         a_endpoint, b_endpoint = a.pool["up"].endpoints[0], b.pool["up"].endpoints[0]
-        for _ in range(5):
+        for _ in range(config.health.failure_threshold):
             a.pool.record_outcome(a.pool["up"], a_endpoint, ok=False)
         assert not a_endpoint.healthy
         await a.health_sync.sync_once()  # A publishes
@@ -122,15 +128,42 @@ def test_one_replicas_ejection_is_seen_by_the_other_and_a_success_restores_it_ev
         assert not b_endpoint.healthy
         assert b.pool["up"].endpoints[1].healthy
         assert 'latgate_provider_healthy{endpoint="up-0",provider="up"} 0.0' in b.metrics.render()[0].decode()
-        ttl_ms = await Redis.from_url(flushed).pttl("latgate:health:up:up-0")
+        ttl_ms = await redis.pttl("latgate:health:up:up-0")
         assert 0 < ttl_ms <= 30_000  # a mark expires: a stopped replica cannot keep it out forever
+        await redis.pexpire("latgate:health:up:up-0", 50)
+        await a.health_sync.sync_once()  # A still sees it broken: it keeps its mark alive
+        assert await redis.pttl("latgate:health:up:up-0") > 1000
         b.pool.record_outcome(b.pool["up"], b_endpoint, ok=True)  # B sees it work again
+        assert b_endpoint.healthy
         await b.health_sync.sync_once()  # B publishes the recovery
         await a.health_sync.sync_once()  # A adopts it
         assert a_endpoint.healthy and b_endpoint.healthy
+        assert await redis.exists("latgate:health:up:up-0") == 0
+        await redis.aclose()
         for gw in replicas:
             await gw.state.aclose()
             await gw.client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_that_stops_cannot_keep_an_endpoint_out(flushed) -> None:
+    config = load_config_text(config_text("http://127.0.0.1:9", flushed, endpoints=2), source="t.toml", env={})
+
+    async def scenario() -> None:
+        metrics = Metrics(providers=config.providers, models=set())
+        client = UpstreamClient(connect_timeout_seconds=1, read_timeout_seconds=1)
+        b = Gateway(config=config, client=client, metrics=metrics, state=RedisState(url=flushed, timeout_seconds=2))
+        redis = Redis.from_url(flushed)
+        await redis.set("latgate:health:up:up-1", b"ejected", px=60_000)  # left by a replica now gone
+        await b.health_sync.sync_once()
+        assert not b.pool["up"].endpoints[1].healthy
+        await redis.delete("latgate:health:up:up-1")  # what its expiry does
+        await b.health_sync.sync_once()
+        assert b.pool["up"].endpoints[1].healthy
+        await redis.aclose()
+        await b.state.aclose()
+        await client.aclose()
 
     asyncio.run(scenario())
 

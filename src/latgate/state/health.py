@@ -1,19 +1,20 @@
 """Provider health shared by replicas: one replica's ejection is seen by the others.
 
-Each replica's :class:`~latgate.providers.ProviderPool` ejects an endpoint on its own
-evidence (passive health: consecutive failures) and restores it on a success. A
-:class:`HealthSync` task reconciles that with Redis once per ``interval_seconds``, off
-the request path:
+Each replica's :class:`~latgate.providers.ProviderPool` opens an endpoint's circuit on
+its own evidence (failures, probes, latency; see :mod:`latgate.providers.health`) and
+closes it on a success. A :class:`HealthSync` reconciles that with Redis once a second,
+off the request path, through ``EndpointState.healthy`` (setting it ejects with reason
+``shared`` or restores):
 
 - an endpoint whose local health changed since the last sync publishes the change
   (ejected: a mark with a time to live; restored: the mark removed);
+- a mark this replica published is refreshed while the endpoint stays unhealthy here;
 - otherwise the shared mark wins: present means ejected here too, absent means
   healthy. So a replica that never talked to a failing endpoint stops choosing it
-  within one interval, and a success anywhere restores it everywhere.
+  within about a second, and a success anywhere restores it everywhere.
 
-The mark expires after ``ttl_seconds``: then every replica tries the endpoint again
-(one replica ejects it again after its failures), so an endpoint that came back is
-not kept out forever by a replica that stopped.
+A mark outlives its publisher by at most ``ttl_seconds``: a replica that stopped
+cannot keep an endpoint out forever.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class HealthSync:
             f"{name}:{ep.config.id}": (name, ep) for name, runtime in pool.providers.items() for ep in runtime.endpoints
         }
         self._agreed: dict[str, bool] = {key: True for key in self._endpoints}
+        self._published: set[str] = set()
 
     async def sync_once(self) -> None:
         """One reconciliation (see the module docstring).
@@ -71,15 +73,23 @@ class HealthSync:
         for key in keys:
             provider, endpoint = self._endpoints[key]
             local = endpoint.healthy
-            if local != self._agreed[key]:
+            if local != self._agreed[key]:  # changed here: publish
                 await self._store.mark_endpoint(key, ejected=not local, ttl_seconds=self._ttl)
                 self._agreed[key] = local
+                if local:
+                    self._published.discard(key)
+                else:
+                    self._published.add(key)
                 continue
             shared = key not in ejected
-            if shared != local:
+            if not shared and key in self._published:  # our mark: keep it alive
+                await self._store.mark_endpoint(key, ejected=True, ttl_seconds=self._ttl)
+                continue
+            if shared != local:  # another replica's verdict
                 endpoint.healthy = shared
-                endpoint.consecutive_failures = 0
                 self._metrics.set_endpoint_health(provider=provider, endpoint=endpoint.config.id, healthy=shared)
+            if shared:
+                self._published.discard(key)
             self._agreed[key] = shared
 
 
