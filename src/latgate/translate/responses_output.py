@@ -50,11 +50,12 @@ def response_object(
         model: the model name the client asked for.
         status: ``in_progress``, ``completed``, ``incomplete`` or ``failed``.
         output: the output items so far.
-        usage: a Responses ``usage`` object, or ``None`` until known.
+        usage: a Responses ``usage`` object, or ``None`` until known (then left out,
+            as the OpenAPI description has no null usage; likewise ``user``).
         incomplete_reason: ``max_output_tokens`` or ``content_filter`` when incomplete.
         error: ``{"code", "message"}`` when failed.
     """
-    return {
+    response = {
         "id": response_id,
         "object": "response",
         "created_at": created_at,
@@ -76,11 +77,14 @@ def response_object(
         "tools": echo["tools"],
         "top_p": echo["top_p"],
         "truncation": "disabled",
-        "usage": usage,
-        "user": echo["user"],
         "metadata": echo["metadata"],
         "prompt_cache_key": echo["prompt_cache_key"],
     }
+    if usage is not None:
+        response["usage"] = usage
+    if echo["user"] is not None:
+        response["user"] = echo["user"]
+    return response
 
 
 def response_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -1,0 +1,93 @@
+"""``POST /v1/responses`` end to end: the openai SDK's Responses client through latgate to
+simulated providers (chat completions)."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from latgate.sim import SimOptions
+from stack import FAST, demo_stack
+
+SHELL = {
+    "type": "function",
+    "name": "shell",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    "strict": False,
+}
+
+
+@pytest.fixture(scope="module")
+def stack():
+    with demo_stack() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.v1, api_key="sk-test", max_retries=0)
+
+
+def test_non_streamed_response_has_text_usage_and_is_measured_under_its_provider(stack, client) -> None:
+    raw = client.responses.with_raw_response.create(model="glm-5.1", input="hello", instructions="be brief", store=False)
+    response = raw.parse()
+    assert raw.headers["x-latgate-provider"] == "vllm"
+    assert response.status == "completed" and response.output_text
+    assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0
+    sent = stack.sims["vllm"].stats.last_request.body
+    assert sent["messages"][0] == {"role": "system", "content": "be brief"}
+    assert 'latgate_requests_total{code="200",model="glm-5.1",provider="vllm"}' in httpx.get(stack.url + "/metrics").text
+
+
+def test_streamed_tool_call_round_trip_completes(stack, client) -> None:
+    with client.responses.stream(model="glm-5.1", input="list files", tools=[SHELL], store=False) as events:
+        types = [event.type for event in events]
+        first = events.get_final_response()
+    assert types[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert "response.function_call_arguments.delta" in types and types[-1] == "response.completed"
+    (call,) = first.output
+    assert call.type == "function_call" and call.name == "shell"
+    assert orjson.loads(call.arguments) == {"command": "command"}
+
+    history = [
+        {"role": "user", "content": "list files"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"},
+    ]
+    with client.responses.stream(model="glm-5.1", input=history, tools=[SHELL], store=False) as events:
+        second = events.get_final_response()
+    assert second.output_text and second.output[0].type == "message"
+    sent = stack.sims["vllm"].stats.last_request.body["messages"]
+    assert sent[-1] == {"role": "tool", "tool_call_id": call.call_id, "content": "a.txt"}
+
+
+def test_latency_sensitive_alias_routes_a_responses_request_to_the_decode_pool(stack) -> None:
+    r = httpx.post(stack.url + "/responses", json={"model": "glm-5.1-highspeed", "input": "hi", "store": False})
+    assert r.status_code == 200
+    assert r.headers["x-latgate-provider"] == "tile-rt"
+    assert r.json()["model"] == "glm-5.1-highspeed"
+
+
+def test_store_true_is_a_400_naming_the_field(client) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(model="glm-5.1", input="hi", store=True)
+    assert raised.value.body["param"] == "store"
+
+
+def test_previous_response_id_is_a_400_naming_the_field(client) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(model="glm-5.1", input="hi", previous_response_id="resp_123", store=False)
+    assert raised.value.body["param"] == "previous_response_id"
+
+
+def test_provider_dying_mid_stream_ends_with_response_failed() -> None:
+    dying = SimOptions(name="vllm", drop_rate=1.0, seed=3, **{**FAST, "default_max_tokens": 40})
+    with demo_stack(vllm=dying, max_retries=0) as stack:
+        with httpx.stream("POST", stack.v1 + "/responses", json={"model": "glm-5.1", "input": "hi", "stream": True}) as r:
+            data = r.read()
+    events = [orjson.loads(block.split(b"data: ", 1)[1]) for block in data.split(b"\n\n") if block]
+    assert events[0]["type"] == "response.created"
+    assert events[-1]["type"] == "response.failed"
+    assert "failed mid-stream" in events[-1]["response"]["error"]["message"]
