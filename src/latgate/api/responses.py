@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from latgate.api.body import error_response, read_json_object
+from latgate.api.body import error_response, read_json_object, until_client_leaves
 from latgate.errors import GatewayError
 from latgate.gateway import Gateway
 from latgate.translate.responses_request import responses_to_chat
@@ -31,7 +31,7 @@ async def create_response(request: Request) -> Any:
         body = await read_json_object(request, max_bytes=gateway.config.server.max_body_bytes)
         translation = responses_to_chat(body)
         transform = ResponsesStreamTransform(echo=translation.echo)
-        return await gateway.proxy(
+        forwarded = gateway.proxy(
             exchange,
             body=translation.chat_body,
             headers=request.headers,
@@ -39,6 +39,7 @@ async def create_response(request: Request) -> Any:
             transform=transform,
             caller=caller,
         )
+        return await until_client_leaves(request, forwarded)
     except GatewayError as error:
         gateway.fail(exchange, error)
         return error_response(error, request_id=exchange.request_id, extra_headers=gateway.route_headers(exchange))
