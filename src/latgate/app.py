@@ -20,7 +20,7 @@ import httpx
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 from starlette.datastructures import Headers
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -33,6 +33,7 @@ from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
 from latgate.gateway import Gateway, request_id
 from latgate.metrics import Metrics
+from latgate.proxy.exchange import CLIENT_CLOSED
 from latgate.providers.monitor import run_monitor
 from latgate.reload import Reloader, UpstreamClients, reload_endpoint
 from latgate.state import StateStores, run_health_sync
@@ -71,6 +72,8 @@ class LatgateApp:
                 request.scope["app"] = self.fastapi
                 try:
                     response = await handler(request)
+                except ClientDisconnect:  # the client left while sending its body
+                    response = Response(status_code=CLIENT_CLOSED)
                 except Exception as exc:  # a bug: never a traceback to the client
                     response = await _unexpected(request, exc)
                 await response(scope, receive, send)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from latgate.api.body import error_response, read_json_object, require, until_client_leaves
@@ -24,7 +24,7 @@ from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest
 from latgate.metrics import Metrics
 from latgate.providers import ProviderPool
-from latgate.proxy.exchange import Exchange
+from latgate.proxy.exchange import CLIENT_CLOSED, Exchange
 from latgate.proxy.forward import Forwarder
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
@@ -104,6 +104,10 @@ class Gateway:
         except GatewayError as error:
             self.fail(exchange, error)
             return error_response(error, request_id=request_id, extra_headers=self.route_headers(exchange))
+        except ClientDisconnect:  # gone while sending its body: nothing went upstream
+            exchange.status, exchange.error_kind = CLIENT_CLOSED, "client_closed"
+            exchange.finish(self.metrics)
+            return Response(status_code=CLIENT_CLOSED)
 
     async def proxy(
         self,
