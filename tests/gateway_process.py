@@ -72,10 +72,14 @@ class GatewayProcess:
             try:
                 line = self._queue.get(timeout=max(0.0, remaining))
             except queue.Empty:
-                raise AssertionError(f"no line matching {pattern!r} in {timeout}s:\n" + "\n".join(self.lines)) from None
+                raise AssertionError(
+                    f"no line matching {pattern!r} in {timeout}s:\n" + "\n".join(self.lines)
+                ) from None
             if line is None:
                 self._queue.put(None)
-                raise AssertionError(f"process ended without a line matching {pattern!r}:\n" + "\n".join(self.lines))
+                raise AssertionError(
+                    f"process ended without a line matching {pattern!r}:\n" + "\n".join(self.lines)
+                )
             self.lines.append(line)
             match = regex.search(line)
             if match:
@@ -153,14 +157,34 @@ class GatedUpstream:
                 "object": "chat.completion",
                 "created": 0,
                 "model": request.get("model", "m"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+                ],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
             }
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
             await send({"type": "http.response.body", "body": orjson.dumps(answer)})
             return
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
-        await send({"type": "http.response.body", "body": sse(chunk(None, role=True)) + sse(chunk("one")), "more_body": True})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        await send(
+            {
+                "type": "http.response.body",
+                "body": sse(chunk(None, role=True)) + sse(chunk("one")),
+                "more_body": True,
+            }
+        )
         self.started.set()
         await asyncio.get_running_loop().run_in_executor(None, self.gate.wait)
         done = chunk(None)

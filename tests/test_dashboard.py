@@ -14,9 +14,9 @@ import promql_parser
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from stack import FAST, demo_stack
 
 from latgate.sim import SimOptions
-from stack import FAST, demo_stack
 
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
 GRAFANA = DOCKER / "grafana"
@@ -72,7 +72,10 @@ def grouping_labels(expr: str) -> Iterator[tuple[set[str], set[str]]]:
     def visit(node):
         if isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None:
             inner = []
-            promql_parser.walk(node.expr, lambda n: inner.append(n.name) if isinstance(n, promql_parser.VectorSelector) else None)
+            promql_parser.walk(
+                node.expr,
+                lambda n: inner.append(n.name) if isinstance(n, promql_parser.VectorSelector) else None,
+            )
             found.append((set(node.modifier.labels), set(inner)))
 
     promql_parser.walk(parse(expr), visit)
@@ -141,14 +144,28 @@ def test_dashboard_shows_what_operators_asked_for() -> None:
         "latgate_gateway_overhead_seconds_bucket",
     }
     assert asked <= queried
-    ttft = [t for p in panels() for t in p["targets"] if "time_to_first_token" in t["expr"] and "by (le, provider)" in t["expr"]]
-    assert {re.match(r"histogram_quantile\(([\d.]+),", t["expr"]).group(1) for t in ttft} >= {"0.5", "0.9", "0.99"}
+    ttft = [
+        t
+        for p in panels()
+        for t in p["targets"]
+        if "time_to_first_token" in t["expr"] and "by (le, provider)" in t["expr"]
+    ]
+    assert {re.match(r"histogram_quantile\(([\d.]+),", t["expr"]).group(1) for t in ttft} >= {
+        "0.5",
+        "0.9",
+        "0.99",
+    }
 
 
 def test_alert_rules_parse_and_cover_ttft_budget_error_rate_and_provider_down() -> None:
     rules = alert_rules()
     names = {rule["alert"] for rule in rules}
-    assert {"LatgateFastPoolTTFTOverBudget", "LatgateTTFTOverBudget", "LatgateHighErrorRate", "LatgateProviderDown"} <= names
+    assert {
+        "LatgateFastPoolTTFTOverBudget",
+        "LatgateTTFTOverBudget",
+        "LatgateHighErrorRate",
+        "LatgateProviderDown",
+    } <= names
     assert len(names) == len(rules)
     for rule in rules:
         parse(rule["expr"])
@@ -164,7 +181,10 @@ def scrapes() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     failing = SimOptions(name="tile-rt", error_rate=1.0, seed=1, **FAST)
     with demo_stack(tile=failing) as stack, httpx.Client(base_url=stack.v1, timeout=30) as client:
         body = {"model": "glm-5.1", "messages": [{"role": "user", "content": "hello"}]}
-        assert client.post("/chat/completions", json=body, headers={"X-Latency-Sensitive": "1"}).status_code == 200
+        assert (
+            client.post("/chat/completions", json=body, headers={"X-Latency-Sensitive": "1"}).status_code
+            == 200
+        )
         streamed = client.post("/chat/completions", json={**body, "stream": True})
         assert streamed.status_code == 200 and streamed.text.rstrip().endswith("[DONE]")
         gateway = httpx.get(stack.url + "/metrics").text
@@ -174,7 +194,9 @@ def scrapes() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
 
 
 @pytest.mark.parametrize("source", ["dashboard", "alerts"])
-def test_every_metric_and_label_queried_is_exported_by_a_running_gateway_after_traffic(scrapes, source) -> None:
+def test_every_metric_and_label_queried_is_exported_by_a_running_gateway_after_traffic(
+    scrapes, source
+) -> None:
     gateway, engine = scrapes
     queries = dashboard_queries() if source == "dashboard" else [rule["expr"] for rule in alert_rules()]
     for expr in queries:
@@ -183,7 +205,12 @@ def test_every_metric_and_label_queried_is_exported_by_a_running_gateway_after_t
                 continue
             samples = engine if name.startswith("vllm:") else gateway
             assert name in samples, f"{source} queries {name}, which is not exported: {expr}"
-            assert labels <= samples[name] | {"job", "instance"}, f"{name} has no label {labels - samples[name]}: {expr}"
+            assert labels <= samples[name] | {"job", "instance"}, (
+                f"{name} has no label {labels - samples[name]}: {expr}"
+            )
         for by, names in grouping_labels(expr):
-            have = set().union(*(gateway.get(n, set()) | engine.get(n, set()) for n in names)) | {"job", "instance"}
+            have = set().union(*(gateway.get(n, set()) | engine.get(n, set()) for n in names)) | {
+                "job",
+                "instance",
+            }
             assert by <= have, f"{source} groups by {by - have}, not a label of {names}: {expr}"

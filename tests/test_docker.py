@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-
 from gateway_process import GatewayProcess
+
 from latgate.config import load_config
 from latgate.sim import profile_for
 from latgate.sim.cli import argv_for
@@ -71,7 +71,9 @@ def hadolint() -> str:
 
 
 def test_dockerfile_passes_hadolint() -> None:
-    result = subprocess.run([hadolint(), str(DOCKER / "Dockerfile")], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [hadolint(), str(DOCKER / "Dockerfile")], capture_output=True, text=True, timeout=60, check=False
+    )
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
 
 
@@ -91,7 +93,9 @@ def test_image_serves_on_8000_with_config_in_etc_and_latgate_serve_as_entrypoint
     assert json.loads(final["ENTRYPOINT"]) == ["latgate", "serve"]
     assert final["EXPOSE"] == "8000"
     assert f"LATGATE_CONFIG={IMAGE_CONFIG}" in final["ENV"]
-    copies = [args.split() for keyword, args in final_stage() if keyword == "COPY" and not args.startswith("--")]
+    copies = [
+        args.split() for keyword, args in final_stage() if keyword == "COPY" and not args.startswith("--")
+    ]
     assert ["docker/config.toml", IMAGE_CONFIG] in copies
     config = load_config(DOCKER / "config.toml", env={})
     assert (config.server.host, config.server.port) == ("0.0.0.0", 8000)
@@ -102,13 +106,19 @@ def test_healthcheck_runs_the_python_script_the_image_copies() -> None:
     options, _, command = dict(final_stage())["HEALTHCHECK"].partition("CMD ")
     argv = json.loads(command)
     assert argv[0] == "python"
-    copies = {dest: src for keyword, args in final_stage() if keyword == "COPY" for src, dest in [args.split()[-2:]]}
+    copies = {
+        dest: src for keyword, args in final_stage() if keyword == "COPY" for src, dest in [args.split()[-2:]]
+    }
     assert copies[argv[1]] == "docker/healthcheck.py"
     assert "--timeout=" in options and "--interval=" in options
 
 
 def test_dockerignore_keeps_everything_the_build_copies() -> None:
-    kept = [line[1:].rstrip("/") for line in (DOCKER / "Dockerfile.dockerignore").read_text().splitlines() if line.startswith("!")]
+    kept = [
+        line[1:].rstrip("/")
+        for line in (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    ]
     sources = [
         src
         for keyword, args in instructions()
@@ -117,7 +127,9 @@ def test_dockerignore_keeps_everything_the_build_copies() -> None:
     ]
     for src in sources:
         src = src.rstrip("/")
-        assert any(src == k or src.startswith(k + "/") for k in kept), f"{src} is excluded from the build context"
+        assert any(src == k or src.startswith(k + "/") for k in kept), (
+            f"{src} is excluded from the build context"
+        )
         assert (ROOT / src).exists()
 
 
@@ -125,7 +137,9 @@ def test_compose_has_the_gateway_simulators_prometheus_and_grafana_with_existing
     services = compose()["services"]
     assert set(services) == {"latgate", "tile-rt", "vllm", "taotoken", "prometheus", "grafana"}
     gateway = services["latgate"]
-    assert (DOCKER / gateway["build"]["context"] / gateway["build"]["dockerfile"]).resolve() == DOCKER / "Dockerfile"
+    assert (
+        DOCKER / gateway["build"]["context"] / gateway["build"]["dockerfile"]
+    ).resolve() == DOCKER / "Dockerfile"
     assert bind_mounts(gateway) == {IMAGE_CONFIG: "./config.toml"}
     assert any(v.endswith(f"{IMAGE_CONFIG}:ro") for v in gateway["volumes"])
     assert "8000:8000" in gateway["ports"]
@@ -157,7 +171,11 @@ def test_prometheus_scrapes_the_gateway_and_the_engines_and_loads_the_alert_rule
     assert jobs["latgate"]["static_configs"][0]["targets"] == ["latgate:8000"]
     services = compose()["services"]
     engines = {t for c in jobs["engines"]["static_configs"] for t in c["targets"]}
-    expected = {f"{name}:{s['command'][s['command'].index('--port') + 1]}" for name, s in services.items() if s.get("entrypoint") == ["latgate", "sim"]}
+    expected = {
+        f"{name}:{s['command'][s['command'].index('--port') + 1]}"
+        for name, s in services.items()
+        if s.get("entrypoint") == ["latgate", "sim"]
+    }
     assert engines == expected
     mounts = bind_mounts(services["prometheus"])
     assert mounts["/etc/prometheus/prometheus.yml"] == "./prometheus/prometheus.yml"
@@ -182,11 +200,29 @@ def test_image_entrypoint_and_healthcheck_work_from_a_fresh_virtualenv(tmp_path)
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True)
-    deps = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True)
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    deps = subprocess.run(
+        [sys.executable, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     (Path(site.stdout.strip()) / "zz_dev_dependencies.pth").write_text(deps.stdout.strip() + "\n")
-    where = subprocess.run([python, "-c", "import latgate; print(latgate.__file__)"], capture_output=True, text=True, cwd=tmp_path)
-    assert where.stdout.startswith(str(fresh)), where.stdout + where.stderr  # the wheel's copy, not the source tree
+    where = subprocess.run(
+        [python, "-c", "import latgate; print(latgate.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert where.stdout.startswith(str(fresh)), (
+        where.stdout + where.stderr
+    )  # the wheel's copy, not the source tree
 
     entrypoint = json.loads(dict(final_stage())["ENTRYPOINT"])
     command = [str(fresh / "bin" / entrypoint[0]), *entrypoint[1:]]
@@ -196,13 +232,22 @@ def test_image_entrypoint_and_healthcheck_work_from_a_fresh_virtualenv(tmp_path)
     try:
         url = gateway.wait_listening()
         assert any("provider tile-rt: connector=tile_rt_connector" in line for line in gateway.lines)
-        ok = subprocess.run([*healthcheck, url + "/healthz"], capture_output=True, text=True, timeout=30)
+        ok = subprocess.run(
+            [*healthcheck, url + "/healthz"], capture_output=True, text=True, timeout=30, check=False
+        )
         assert (ok.returncode, ok.stdout.strip()) == (0, f"healthy: {url}/healthz")
         gateway.signal(signal.SIGTERM)
         assert gateway.wait_exit(timeout=30) == 0
     finally:
         gateway.stop()
-    down = subprocess.run([*healthcheck], capture_output=True, text=True, timeout=30, env={"LATGATE_HEALTHCHECK_URL": url + "/healthz"})
+    down = subprocess.run(
+        healthcheck,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"LATGATE_HEALTHCHECK_URL": url + "/healthz"},
+        check=False,
+    )
     assert down.returncode == 1 and down.stdout.startswith(f"unhealthy: {url}/healthz")
 
 
@@ -219,5 +264,8 @@ def test_healthcheck_reports_a_non_200_answer_as_unhealthy() -> None:
         await send({"type": "http.response.body", "body": b""})
 
     with serve_app(not_ready) as url:
-        result = subprocess.run([sys.executable, str(DOCKER / "healthcheck.py"), url + "/healthz"], capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            [sys.executable, str(DOCKER / "healthcheck.py"), url + "/healthz"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
     assert result.returncode == 1 and result.stdout.strip() == f"unhealthy: {url}/healthz: HTTP 503"

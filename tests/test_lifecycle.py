@@ -9,7 +9,6 @@ import time
 
 import httpx
 import pytest
-
 from gateway_process import GatedUpstream, GatewayProcess
 from servers import serve_app
 
@@ -49,7 +48,16 @@ def open_stream(client: httpx.Client, url: str):
 def test_sigterm_lets_a_stream_in_flight_finish_and_refuses_new_connections(tmp_path, upstream) -> None:
     gated, upstream_url = upstream
     drain_timeout = 20.0
-    gw = GatewayProcess(["--config", write_config(tmp_path, upstream_url), "--port", "0", "--drain-timeout", str(drain_timeout)])
+    gw = GatewayProcess(
+        [
+            "--config",
+            write_config(tmp_path, upstream_url),
+            "--port",
+            "0",
+            "--drain-timeout",
+            str(drain_timeout),
+        ]
+    )
     try:
         url = gw.wait_listening()
         with httpx.Client(timeout=30) as client:
@@ -75,7 +83,9 @@ def test_sigterm_lets_a_stream_in_flight_finish_and_refuses_new_connections(tmp_
 
 def test_drain_timeout_cuts_a_stream_that_does_not_finish_and_exits(tmp_path, upstream) -> None:
     _, upstream_url = upstream
-    gw = GatewayProcess(["--config", write_config(tmp_path, upstream_url), "--port", "0", "--drain-timeout", "0.5"])
+    gw = GatewayProcess(
+        ["--config", write_config(tmp_path, upstream_url), "--port", "0", "--drain-timeout", "0.5"]
+    )
     try:
         url = gw.wait_listening()
         with httpx.Client(timeout=30) as client:
@@ -96,7 +106,9 @@ def test_drain_timeout_cuts_a_stream_that_does_not_finish_and_exits(tmp_path, up
 
 def test_second_ctrl_c_stops_without_waiting_for_the_stream(tmp_path, upstream) -> None:
     _, upstream_url = upstream
-    gw = GatewayProcess(["--config", write_config(tmp_path, upstream_url), "--port", "0", "--drain-timeout", "60"])
+    gw = GatewayProcess(
+        ["--config", write_config(tmp_path, upstream_url), "--port", "0", "--drain-timeout", "60"]
+    )
     try:
         url = gw.wait_listening()
         with httpx.Client(timeout=30) as client:
@@ -116,11 +128,15 @@ def test_json_logs_carry_one_access_line_per_request_without_key_or_prompt(tmp_p
     secret = "sk-test-never-logged-3f9a"
     prompt = "a distinctive prompt that must stay out of logs"
     config = write_config(tmp_path, upstream_url, extra='api_key_env = "GATED_KEY"\nmodels = ["m"]\n')
-    gw = GatewayProcess(["--config", config, "--port", "0", "--log-format", "json"], env={"GATED_KEY": secret})
+    gw = GatewayProcess(
+        ["--config", config, "--port", "0", "--log-format", "json"], env={"GATED_KEY": secret}
+    )
     try:
         url = gw.wait_listening()
         body = {"model": "m", "messages": [{"role": "user", "content": prompt}]}
-        r = httpx.post(url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "req-42"}, timeout=10)
+        r = httpx.post(
+            url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "req-42"}, timeout=10
+        )
         assert r.status_code == 200
         access = json.loads(gw.wait_for(r'"logger":"latgate\.access"').string)
         gw.signal(signal.SIGTERM)
@@ -130,7 +146,12 @@ def test_json_logs_carry_one_access_line_per_request_without_key_or_prompt(tmp_p
     records = [json.loads(line) for line in gw.lines]  # every line is one JSON object
     assert {"ts", "level", "logger", "pid"} <= set(records[0])
     assert access["request_id"] == "req-42"
-    assert (access["provider"], access["endpoint"], access["model"], access["upstream_model"]) == ("gated", "gated-0", "m", "m")
+    assert (access["provider"], access["endpoint"], access["model"], access["upstream_model"]) == (
+        "gated",
+        "gated-0",
+        "m",
+        "m",
+    )
     assert access["reason"] == "default" and access["status"] == 200
     assert access["prompt_tokens"] == 1 and access["completion_tokens"] == 1
     assert access["e2e_ms"] > 0 and "ttft_ms" in access

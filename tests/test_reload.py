@@ -9,14 +9,14 @@ import signal
 
 import httpx
 import pytest
-
 from gateway_process import GatedUpstream, GatewayProcess
+from servers import serve_app
+from stack import FAST, simulators
+
 from latgate.app import create_app
 from latgate.config import load_config, load_config_text
 from latgate.reload import UpstreamClients
 from latgate.sim import SimOptions
-from servers import serve_app
-from stack import FAST, simulators
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -95,7 +95,9 @@ def test_a_stream_in_flight_finishes_on_the_config_it_started_with(tmp_path, sim
         app = create_app(load_config(path), env={})
         with serve_app(app) as url, httpx.Client(timeout=30) as client:
             try:
-                request = client.build_request("POST", url + "/v1/chat/completions", json={**CHAT, "stream": True})
+                request = client.build_request(
+                    "POST", url + "/v1/chat/completions", json={**CHAT, "stream": True}
+                )
                 stream = client.send(request, stream=True)
                 assert stream.headers["x-latgate-provider"] == "gated"
                 assert gated.started.wait(timeout=10)
@@ -136,7 +138,9 @@ def test_upstream_client_is_kept_unless_the_default_timeouts_change() -> None:
     clients = UpstreamClients(transport=httpx.MockTransport(lambda request: httpx.Response(200)))
     base = load_config_text('[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n', source="c.toml")
     same = load_config_text('[providers.q]\napi_base = "http://127.0.0.1:9/v1"\n', source="c.toml")
-    slower = load_config_text('[defaults]\ntimeout_sec = 5\n[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n', source="c.toml")
+    slower = load_config_text(
+        '[defaults]\ntimeout_sec = 5\n[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n', source="c.toml"
+    )
     first = clients.client_for(base)
     assert clients.client_for(same) is first
     second = clients.client_for(slower)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from gateway_process import GatedUpstream, GatewayProcess
-from latgate.sim import SimOptions
 from servers import serve_app
 from stack import FAST, simulators
+
+from latgate.sim import SimOptions
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 WORKER_SERVING = r"worker (\d) \(pid (\d+)\) serving"
@@ -31,7 +31,9 @@ def sims():
         yield {name: url for name, (url, _) in running.items()}
 
 
-def start_workers(config: Path, *, workers: int = 2, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()):
+def start_workers(
+    config: Path, *, workers: int = 2, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()
+):
     """The supervisor, its URL and ``{worker index: pid}`` once every worker serves."""
     gw = GatewayProcess(["--config", str(config), "--port", "0", "--workers", str(workers), *extra], env=env)
     url = gw.wait_listening()
@@ -48,7 +50,8 @@ def scrape(url: str) -> str:
 
 
 def requests_total(text: str, provider: str) -> float:
-    match = re.search(r'^latgate_requests_total\{code="200",model="other",provider="%s"\} (\S+)$' % provider, text, re.M)
+    pattern = rf'^latgate_requests_total\{{code="200",model="other",provider="{provider}"\}} (\S+)$'
+    match = re.search(pattern, text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
 
 
@@ -70,11 +73,13 @@ def test_metrics_count_every_workers_requests_and_a_dead_worker_is_replaced(tmp_
             text = scrape(url)
             assert requests_total(text, "a") == sent
             assert 'latgate_in_flight_requests{provider="a"} 0.0' in text
-            assert re.search(r'^latgate_provider_healthy\{endpoint="a-0",provider="a"\} 1\.0$', text, re.M)
+            assert re.search(
+                r'^latgate_provider_healthy\{endpoint="a-0",provider="a"\} 1\.0$', text, re.MULTILINE
+            )
             assert "pid=" not in text
 
         os.kill(pids[0], signal.SIGKILL)
-        gw.wait_for(r"worker 0 \(pid %d\) exited with status -9; starting another" % pids[0])
+        gw.wait_for(rf"worker 0 \(pid {pids[0]}\) exited with status -9; starting another")
         replacement = int(gw.wait_for(WORKER_SERVING).group(2))
         assert replacement not in pids.values()
         assert requests_total(scrape(url), "a") == sent  # the dead worker's counts stay
@@ -98,7 +103,7 @@ def test_reload_reaches_every_worker_and_a_bad_config_reaches_none(tmp_path, sim
     def wait_every_worker_reloaded(pattern: str) -> None:
         reloaded = set()
         while reloaded != set(pids.values()):
-            reloaded.add(int(gw.wait_for(r"latgate\[(\d+)\] %s" % pattern).group(1)))
+            reloaded.add(int(gw.wait_for(r"latgate\[(\d+)\] " + pattern).group(1)))
 
     try:
         config.write_text(config_text(sims, default="b"))
@@ -108,10 +113,14 @@ def test_reload_reaches_every_worker_and_a_bad_config_reaches_none(tmp_path, sim
 
         config.write_text(config_text(sims, default="nowhere"))
         gw.signal(signal.SIGHUP)
-        assert "routing.default_route" in gw.wait_for("reload rejected, workers keep the previous config").string
+        assert (
+            "routing.default_route" in gw.wait_for("reload rejected, workers keep the previous config").string
+        )
         for _ in range(4):
             with httpx.Client() as client:
-                assert client.post(url + "/v1/chat/completions", json=CHAT).headers["x-latgate-provider"] == "b"
+                assert (
+                    client.post(url + "/v1/chat/completions", json=CHAT).headers["x-latgate-provider"] == "b"
+                )
 
         # Over HTTP one worker answers; it has the supervisor reload the others.
         config.write_text(config_text(sims, default="a"))
@@ -121,7 +130,9 @@ def test_reload_reaches_every_worker_and_a_bad_config_reaches_none(tmp_path, sim
         wait_every_worker_reloaded("reloaded")
         for _ in range(4):
             with httpx.Client() as client:
-                assert client.post(url + "/v1/chat/completions", json=CHAT).headers["x-latgate-provider"] == "a"
+                assert (
+                    client.post(url + "/v1/chat/completions", json=CHAT).headers["x-latgate-provider"] == "a"
+                )
 
         gw.signal(signal.SIGTERM)
         assert gw.wait_exit(timeout=30) == 0
@@ -137,7 +148,9 @@ def test_sigterm_to_the_supervisor_drains_a_stream_in_flight(tmp_path) -> None:
         gw, url, _ = start_workers(config, extra=("--drain-timeout", "20"))
         try:
             with httpx.Client(timeout=30) as client:
-                request = client.build_request("POST", url + "/v1/chat/completions", json={**CHAT, "stream": True})
+                request = client.build_request(
+                    "POST", url + "/v1/chat/completions", json={**CHAT, "stream": True}
+                )
                 stream = client.send(request, stream=True)
                 assert gated.started.wait(timeout=10)
                 gw.signal(signal.SIGTERM)

@@ -159,7 +159,10 @@ class GatewayServer(uvicorn.Server):
             return
         elapsed = time.monotonic() - self._drain_started
         if elapsed >= self._drain_timeout_seconds:
-            log.warning("drain timeout (%gs) reached: requests still in flight were cut; exiting", self._drain_timeout_seconds)
+            log.warning(
+                "drain timeout (%gs) reached: requests still in flight were cut; exiting",
+                self._drain_timeout_seconds,
+            )
         else:
             log.info("drained in %.2fs; exiting", elapsed)
 
@@ -177,7 +180,9 @@ def serve(
 ) -> None:
     """Serve ``app`` on the listening ``sock`` until SIGTERM/SIGINT (blocking); the
     keyword arguments are :func:`uvicorn_config`'s and :class:`GatewayServer`'s."""
-    config = uvicorn_config(app, log_level=log_level, log_format=log_format, drain_timeout_seconds=drain_timeout_seconds)
+    config = uvicorn_config(
+        app, log_level=log_level, log_format=log_format, drain_timeout_seconds=drain_timeout_seconds
+    )
     server = GatewayServer(
         config,
         reloader=reloader,

@@ -35,7 +35,12 @@ class JsonLineFormatter(logging.Formatter):
             "pid": record.process,
         }
         message = record.getMessage()
-        if record.name == ACCESS_LOGGER and message.startswith("{") and message.endswith("}") and len(message) > 2:
+        if (
+            record.name == ACCESS_LOGGER
+            and message.startswith("{")
+            and message.endswith("}")
+            and len(message) > 2
+        ):
             # The access line is a JSON object already: splice, don't re-encode.
             return orjson.dumps(head).decode()[:-1] + "," + message[1:]
         head["message"] = message
@@ -60,7 +65,11 @@ def configure_logging(*, level: str, log_format: str = "text", show_pid: bool = 
     root = logging.getLogger()
     if not root.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(JsonLineFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT_WITH_PID if show_pid else TEXT_FORMAT))
+        handler.setFormatter(
+            JsonLineFormatter()
+            if log_format == "json"
+            else logging.Formatter(TEXT_FORMAT_WITH_PID if show_pid else TEXT_FORMAT)
+        )
         root.addHandler(handler)
         root.setLevel(level.upper())
     # httpx logs every request with its full URL at INFO: internal addresses stay out of logs.

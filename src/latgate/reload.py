@@ -100,7 +100,9 @@ class UpstreamClients:
             if self._current is not None:
                 self._retired.append(self._current)
             self._current = UpstreamClient(
-                connect_timeout_seconds=timeouts[0], read_timeout_seconds=timeouts[1], transport=self._transport
+                connect_timeout_seconds=timeouts[0],
+                read_timeout_seconds=timeouts[1],
+                transport=self._transport,
             )
             self._timeouts = timeouts
         return self._current
@@ -174,7 +176,9 @@ async def reload_endpoint(request: Request) -> Response:
         result = reloader.reload()
     except ConfigError as exc:
         log.error("reload rejected, still serving the previous config: %s", exc)
-        error = InvalidRequest(f"config rejected, still serving the previous one: {exc}", code="invalid_config")
+        error = InvalidRequest(
+            f"config rejected, still serving the previous one: {exc}", code="invalid_config"
+        )
         return error_response(error, request_id=request.headers.get("x-request-id", "-")[:128])
     if reloader.notify is not None:
         reloader.notify()

@@ -198,7 +198,12 @@ class Supervisor:
         self._stopping = True
         self._sock.close()  # the workers' copies close as they drain; then connections are refused
         self._deadline = time.monotonic() + self._drain_timeout_seconds + SHUTDOWN_GRACE_SECONDS
-        log.info("%s: stopping %d workers (drain timeout %gs)", reason, len(self._procs), self._drain_timeout_seconds)
+        log.info(
+            "%s: stopping %d workers (drain timeout %gs)",
+            reason,
+            len(self._procs),
+            self._drain_timeout_seconds,
+        )
         for proc in self._procs.values():
             _signal(proc, signal.SIGTERM)
 
@@ -221,11 +226,18 @@ class Supervisor:
                 continue
             uptime = time.monotonic() - self._started_at[index]
             if uptime < MIN_UPTIME_SECONDS:
-                log.error("worker %d exited (status %s) %.1fs after it started; stopping", index, proc.exitcode, uptime)
+                log.error(
+                    "worker %d exited (status %s) %.1fs after it started; stopping",
+                    index,
+                    proc.exitcode,
+                    uptime,
+                )
                 self._exit_code = 1
                 self._stop("crash loop")
                 continue
-            log.warning("worker %d (pid %d) exited with status %s; starting another", index, proc.pid, proc.exitcode)
+            log.warning(
+                "worker %d (pid %d) exited with status %s; starting another", index, proc.pid, proc.exitcode
+            )
             self._start(index)
 
 
