@@ -14,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 
 import pytest
-
 from agents.install import PINS, AgentUnavailable, install, node_missing
 from agents.recorder import describe
 from agents.turn import AgentStack, Turn, agent_stack, run_turn, timing

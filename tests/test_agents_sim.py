@@ -13,11 +13,16 @@ def _tool(name: str) -> dict:
     return {"type": "function", "function": {"name": name, "parameters": schema}}
 
 
-BODY = {"messages": [{"role": "user", "content": "list the files"}], "tools": [_tool("agent"), _tool("run_shell_command")]}
+BODY = {
+    "messages": [{"role": "user", "content": "list the files"}],
+    "tools": [_tool("agent"), _tool("run_shell_command")],
+}
 
 
 def _called(body: dict, preferred: tuple[str, ...]) -> str:
-    (plan,) = plan_chat(body, rng_seed=b"0", default_max_tokens=8, max_output_tokens=64, preferred_tools=preferred)
+    (plan,) = plan_chat(
+        body, rng_seed=b"0", default_max_tokens=8, max_output_tokens=64, preferred_tools=preferred
+    )
     assert plan.tool_call is not None
     return plan.tool_call.name
 

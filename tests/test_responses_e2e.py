@@ -7,9 +7,9 @@ import httpx
 import openai
 import orjson
 import pytest
+from stack import FAST, demo_stack
 
 from latgate.sim import SimOptions
-from stack import FAST, demo_stack
 
 SHELL = {
     "type": "function",
@@ -31,14 +31,19 @@ def client(stack) -> openai.OpenAI:
 
 
 def test_non_streamed_response_has_text_usage_and_is_measured_under_its_provider(stack, client) -> None:
-    raw = client.responses.with_raw_response.create(model="glm-5.1", input="hello", instructions="be brief", store=False)
+    raw = client.responses.with_raw_response.create(
+        model="glm-5.1", input="hello", instructions="be brief", store=False
+    )
     response = raw.parse()
     assert raw.headers["x-latgate-provider"] == "vllm"
     assert response.status == "completed" and response.output_text
     assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0
     sent = stack.sims["vllm"].stats.last_request.body
     assert sent["messages"][0] == {"role": "system", "content": "be brief"}
-    assert 'latgate_requests_total{code="200",model="glm-5.1",provider="vllm"}' in httpx.get(stack.url + "/metrics").text
+    assert (
+        'latgate_requests_total{code="200",model="glm-5.1",provider="vllm"}'
+        in httpx.get(stack.url + "/metrics").text
+    )
 
 
 def test_streamed_tool_call_round_trip_completes(stack, client) -> None:
@@ -64,7 +69,9 @@ def test_streamed_tool_call_round_trip_completes(stack, client) -> None:
 
 
 def test_latency_sensitive_alias_routes_a_responses_request_to_the_decode_pool(stack) -> None:
-    r = httpx.post(stack.url + "/responses", json={"model": "glm-5.1-highspeed", "input": "hi", "store": False})
+    r = httpx.post(
+        stack.url + "/responses", json={"model": "glm-5.1-highspeed", "input": "hi", "store": False}
+    )
     assert r.status_code == 200
     assert r.headers["x-latgate-provider"] == "tile-rt"
     assert r.json()["model"] == "glm-5.1-highspeed"
@@ -84,9 +91,13 @@ def test_previous_response_id_is_a_400_naming_the_field(client) -> None:
 
 def test_provider_dying_mid_stream_ends_with_response_failed() -> None:
     dying = SimOptions(name="vllm", drop_rate=1.0, seed=3, **{**FAST, "default_max_tokens": 40})
-    with demo_stack(vllm=dying, max_retries=0) as stack:
-        with httpx.stream("POST", stack.v1 + "/responses", json={"model": "glm-5.1", "input": "hi", "stream": True}) as r:
-            data = r.read()
+    with (
+        demo_stack(vllm=dying, max_retries=0) as stack,
+        httpx.stream(
+            "POST", stack.v1 + "/responses", json={"model": "glm-5.1", "input": "hi", "stream": True}
+        ) as r,
+    ):
+        data = r.read()
     events = [orjson.loads(block.split(b"data: ", 1)[1]) for block in data.split(b"\n\n") if block]
     assert events[0]["type"] == "response.created"
     assert events[-1]["type"] == "response.failed"

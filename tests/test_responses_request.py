@@ -22,7 +22,10 @@ def _chat(**body) -> dict:
 
 def test_string_input_and_instructions_become_system_and_user_messages() -> None:
     chat = _chat(input="hello", instructions="be brief")
-    assert chat["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    assert chat["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello"},
+    ]
     assert chat["model"] == "m"
 
 
@@ -30,7 +33,10 @@ def test_message_items_map_roles_and_join_text_parts() -> None:
     chat = _chat(
         input=[
             {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "rules"}]},
-            {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+            {
+                "role": "user",
+                "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}],
+            },
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
         ]
     )
@@ -42,7 +48,10 @@ def test_message_items_map_roles_and_join_text_parts() -> None:
 
 
 def test_user_image_part_becomes_an_image_url_part() -> None:
-    content = [{"type": "input_text", "text": "what is this"}, {"type": "input_image", "image_url": "data:image/png;base64,AA"}]
+    content = [
+        {"type": "input_text", "text": "what is this"},
+        {"type": "input_image", "image_url": "data:image/png;base64,AA"},
+    ]
     (message,) = _chat(input=[{"role": "user", "content": content}])["messages"]
     assert message["content"] == [
         {"type": "text", "text": "what is this"},
@@ -55,11 +64,19 @@ def test_function_calls_and_outputs_become_tool_calls_and_tool_messages() -> Non
         input=[
             {"role": "user", "content": "list files"},
             {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
-            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "Looking."}],
+            },
             {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": '{"command":"ls"}'},
             {"type": "function_call", "call_id": "c2", "name": "shell", "arguments": '{"command":"pwd"}'},
             {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
-            {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "/w"}]},
+            {
+                "type": "function_call_output",
+                "call_id": "c2",
+                "output": [{"type": "input_text", "text": "/w"}],
+            },
         ]
     )
     user, assistant, first, second = chat["messages"]
@@ -99,7 +116,10 @@ def test_generation_options_map_to_their_chat_names() -> None:
         input="hi",
         max_output_tokens=256,
         reasoning={"effort": "low", "summary": "auto"},
-        text={"format": {"type": "json_schema", "name": "out", "schema": schema, "strict": True}, "verbosity": "low"},
+        text={
+            "format": {"type": "json_schema", "name": "out", "schema": schema, "strict": True},
+            "verbosity": "low",
+        },
         temperature=0.2,
         prompt_cache_key="session-1",
         include=["reasoning.encrypted_content"],
@@ -107,7 +127,10 @@ def test_generation_options_map_to_their_chat_names() -> None:
     )
     assert chat["max_completion_tokens"] == 256
     assert chat["reasoning_effort"] == "low"
-    assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "out", "schema": schema, "strict": True}}
+    assert chat["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "out", "schema": schema, "strict": True},
+    }
     assert chat["verbosity"] == "low"
     assert (chat["temperature"], chat["prompt_cache_key"]) == (0.2, "session-1")
     assert "include" not in chat and "store" not in chat
@@ -121,7 +144,12 @@ def test_streams_ask_for_usage() -> None:
 
 def test_echo_carries_the_response_api_defaults() -> None:
     echo = responses_to_chat({"model": "m", "input": "hi"}).echo
-    assert (echo["tool_choice"], echo["parallel_tool_calls"], echo["tools"], echo["metadata"]) == ("auto", True, [], {})
+    assert (echo["tool_choice"], echo["parallel_tool_calls"], echo["tools"], echo["metadata"]) == (
+        "auto",
+        True,
+        [],
+        {},
+    )
 
 
 @pytest.mark.parametrize(
@@ -150,3 +178,33 @@ def test_requests_latgate_cannot_serve_are_refused_naming_the_field(body: dict, 
 def test_store_true_is_refused_with_a_message_saying_what_to_send() -> None:
     with pytest.raises(InvalidRequest, match="latgate keeps no responses; send 'store: false'"):
         responses_to_chat({"model": "m", "input": "hi", "store": True})
+
+
+def test_namespace_tools_are_flattened_and_namespaced_calls_in_history_follow() -> None:
+    spawn = {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}, "strict": False}
+    translation = responses_to_chat(
+        {
+            "model": "m",
+            "tools": [
+                {"type": "namespace", "name": "multi_agent", "description": "agents", "tools": [spawn]}
+            ],
+            "input": [
+                {"role": "user", "content": "go"},
+                {
+                    "type": "function_call",
+                    "call_id": "c1",
+                    "namespace": "multi_agent",
+                    "name": "spawn_agent",
+                    "arguments": "{}",
+                },
+            ],
+        }
+    )
+    assert [tool["function"]["name"] for tool in translation.chat_body["tools"]] == [
+        "multi_agent__spawn_agent"
+    ]
+    assert translation.namespaced == {"multi_agent__spawn_agent": ("multi_agent", "spawn_agent")}
+    assert (
+        translation.chat_body["messages"][1]["tool_calls"][0]["function"]["name"]
+        == "multi_agent__spawn_agent"
+    )

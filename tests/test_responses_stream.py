@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from openapi import validate
 
 from latgate.translate.responses_request import responses_to_chat
 from latgate.translate.responses_stream import ResponsesStreamTransform
-from openapi import validate
 
 SCHEMAS = {
     "response.created": "ResponseCreatedEvent",
@@ -30,7 +30,12 @@ SCHEMAS = {
     "response.incomplete": "ResponseIncompleteEvent",
     "response.failed": "ResponseFailedEvent",
 }
-USAGE = {"prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35, "prompt_tokens_details": {"cached_tokens": 16}}
+USAGE = {
+    "prompt_tokens": 30,
+    "completion_tokens": 5,
+    "total_tokens": 35,
+    "prompt_tokens_details": {"cached_tokens": 16},
+}
 
 
 def _transform(**request) -> ResponsesStreamTransform:
@@ -40,7 +45,13 @@ def _transform(**request) -> ResponsesStreamTransform:
 
 def _chunk(delta: dict | None = None, *, finish: str | None = None, usage: dict | None = None) -> bytes:
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    body = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "glm-5.1", "choices": choices}
+    body = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "glm-5.1",
+        "choices": choices,
+    }
     if usage is not None:
         body["usage"] = usage
     return b"data: " + orjson.dumps(body) + b"\n\n"
@@ -103,9 +114,13 @@ def test_any_split_of_the_stream_into_reads_gives_the_same_events() -> None:
 
 
 def test_parallel_tool_calls_become_function_call_items_with_their_arguments() -> None:
-    def call(index: int, *, call_id: str | None = None, name: str | None = None, arguments: str = "") -> bytes:
+    def call(
+        index: int, *, call_id: str | None = None, name: str | None = None, arguments: str = ""
+    ) -> bytes:
         function = {"arguments": arguments} | ({"name": name} if name else {})
-        fragment = {"index": index, "function": function} | ({"id": call_id, "type": "function"} if call_id else {})
+        fragment = {"index": index, "function": function} | (
+            {"id": call_id, "type": "function"} if call_id else {}
+        )
         return _chunk({"tool_calls": [fragment]})
 
     chunks = [
@@ -115,7 +130,9 @@ def test_parallel_tool_calls_become_function_call_items_with_their_arguments() -
         call(0, arguments='"ls"}'),
         _chunk({}, finish="tool_calls"),
     ]
-    events = _run(_transform(tools=[{"type": "function", "name": "shell", "parameters": {}, "strict": None}]), chunks)
+    events = _run(
+        _transform(tools=[{"type": "function", "name": "shell", "parameters": {}, "strict": None}]), chunks
+    )
     done = [e for e in events if e["type"] == "response.function_call_arguments.done"]
     assert [(e["name"], e["arguments"], e["output_index"]) for e in done] == [
         ("shell", '{"command":"ls"}', 0),
@@ -129,7 +146,11 @@ def test_parallel_tool_calls_become_function_call_items_with_their_arguments() -
 
 
 def test_reasoning_then_text_become_two_output_items_in_order() -> None:
-    chunks = [_chunk({"reasoning_content": "think"}), _chunk({"content": "answer"}), _chunk({}, finish="stop")]
+    chunks = [
+        _chunk({"reasoning_content": "think"}),
+        _chunk({"content": "answer"}),
+        _chunk({}, finish="stop"),
+    ]
     events = _run(_transform(), chunks)
     kinds = [e["item"]["type"] for e in events if e["type"] == "response.output_item.done"]
     assert kinds == ["reasoning", "message"]
@@ -141,7 +162,9 @@ def test_refusal_is_a_refusal_part() -> None:
     assert events[-1]["response"]["output"][0]["content"] == [{"type": "refusal", "refusal": "no"}]
 
 
-@pytest.mark.parametrize(("finish", "reason"), [("length", "max_output_tokens"), ("content_filter", "content_filter")])
+@pytest.mark.parametrize(
+    ("finish", "reason"), [("length", "max_output_tokens"), ("content_filter", "content_filter")]
+)
 def test_a_cut_answer_ends_with_response_incomplete(finish: str, reason: str) -> None:
     events = _run(_transform(), [*TEXT, _chunk({}, finish=finish)])
     assert events[-1]["type"] == "response.incomplete"
@@ -152,7 +175,10 @@ def test_an_upstream_failure_mid_stream_ends_with_response_failed() -> None:
     events = _run(_transform(), TEXT, error="provider 'vllm' failed mid-stream")
     assert events[-2]["type"] == "response.output_item.done"
     assert events[-1]["type"] == "response.failed"
-    assert events[-1]["response"]["error"] == {"code": "server_error", "message": "provider 'vllm' failed mid-stream"}
+    assert events[-1]["response"]["error"] == {
+        "code": "server_error",
+        "message": "provider 'vllm' failed mid-stream",
+    }
 
 
 def test_an_in_band_error_event_ends_with_response_failed_and_nothing_after() -> None:
@@ -180,7 +206,9 @@ def test_a_whole_answer_becomes_a_response_object() -> None:
                 "message": {
                     "role": "assistant",
                     "content": "Running it.",
-                    "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": "{}"}}],
+                    "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
+                    ],
                 },
             }
         ],
@@ -190,9 +218,28 @@ def test_a_whole_answer_becomes_a_response_object() -> None:
     validate(response, "Response")
     assert [item["type"] for item in response["output"]] == ["message", "function_call"]
     assert response["output"][1]["call_id"] == "call_1"
-    assert (response["status"], response["instructions"], response["store"]) == ("completed", "be brief", False)
+    assert (response["status"], response["instructions"], response["store"]) == (
+        "completed",
+        "be brief",
+        False,
+    )
     assert response["usage"]["total_tokens"] == 35
 
 
 def test_a_body_that_is_not_a_chat_completion_passes_unchanged() -> None:
     assert _transform().complete(b"not json") == b"not json"
+
+
+def test_a_call_to_a_flattened_namespace_function_gets_its_namespace_back() -> None:
+    echo = responses_to_chat({"model": "glm-5.1", "input": "hi"}).echo
+    transform = ResponsesStreamTransform(echo=echo, namespaced={"ns__spawn": ("ns", "spawn")})
+    call = {
+        "index": 0,
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "ns__spawn", "arguments": "{}"},
+    }
+    events = _run(transform, [_chunk({"tool_calls": [call]}), _chunk({}, finish="tool_calls")])
+    (item,) = events[-1]["response"]["output"]
+    assert (item["namespace"], item["name"]) == ("ns", "spawn")
+    assert [e["name"] for e in events if e["type"] == "response.function_call_arguments.done"] == ["spawn"]

@@ -81,7 +81,16 @@ def install(pin: Pin) -> Path:
         partial = root / f"{pin.folder}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
-        argv = ["npm", "install", "--prefix", str(partial), "--no-audit", "--no-fund", "--no-save", "--loglevel=error"]
+        argv = [
+            "npm",
+            "install",
+            "--prefix",
+            str(partial),
+            "--no-audit",
+            "--no-fund",
+            "--no-save",
+            "--loglevel=error",
+        ]
         env = {**os.environ, "npm_config_update_notifier": "false", "NO_UPDATE_NOTIFIER": "1"}
         try:
             done = subprocess.run(
@@ -92,6 +101,7 @@ def install(pin: Pin) -> Path:
                 text=True,
                 timeout=INSTALL_TIMEOUT_SECONDS,
                 stdin=subprocess.DEVNULL,
+                check=False,
             )
         except subprocess.TimeoutExpired:
             raise AgentUnavailable(f"npm install {pin.package}@{pin.version} timed out") from None

@@ -60,7 +60,9 @@ def run_agent(argv: list[str], *, sandbox: Sandbox, env: dict[str, str], timeout
     finally:
         end_leftovers(sandbox)
     seconds = time.perf_counter() - started
-    return AgentRun(argv=argv, returncode=returncode, stdout=stdout, stderr=stderr, seconds=seconds, started_at=started)
+    return AgentRun(
+        argv=argv, returncode=returncode, stdout=stdout, stderr=stderr, seconds=seconds, started_at=started
+    )
 
 
 def end_leftovers(sandbox: Sandbox) -> list[int]:

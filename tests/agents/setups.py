@@ -91,9 +91,24 @@ def qwen(sandbox: Sandbox, *, command: Path, base_url: str, model: str) -> Agent
 
 def claude(sandbox: Sandbox, *, command: Path, base_url: str, model: str) -> AgentCommand:
     """``claude -p "…"`` with ``ANTHROPIC_BASE_URL`` (no ``/v1``) and ``ANTHROPIC_API_KEY``."""
-    turn = [str(command), "-p", PROMPT, "--model", model, "--allowedTools", "Bash", "--permission-mode", "dontAsk"]
+    turn = [
+        str(command),
+        "-p",
+        PROMPT,
+        "--model",
+        model,
+        "--allowedTools",
+        "Bash",
+        "--permission-mode",
+        "dontAsk",
+    ]
     env = {"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": API_KEY}
     return AgentCommand(turn=turn, env=env)
 
 
-SETUPS: dict[str, Callable[..., AgentCommand]] = {"codex": codex, "cline": cline, "qwen": qwen, "claude": claude}
+SETUPS: dict[str, Callable[..., AgentCommand]] = {
+    "codex": codex,
+    "cline": cline,
+    "qwen": qwen,
+    "claude": claude,
+}

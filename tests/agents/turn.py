@@ -9,30 +9,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from agents.install import PINS, install
 from agents.recorder import RecordingApp, Seen
 from agents.run import AgentRun, run_agent
 from agents.sandbox import Sandbox
 from agents.setups import SETUPS, SHELL_TOOLS
-from latgate.app import create_app
-from latgate.config import load_config_text
-from latgate.sim import SimApp, SimOptions
+from prometheus_client.parser import text_string_to_metric_families
 from servers import serve_app
 from stack import simulators
 
+from latgate.app import create_app
+from latgate.config import load_config_text
+from latgate.sim import SimApp, SimOptions
+
 PREPARE_TIMEOUT_SECONDS = 60
 #: Fast simulated engines: agents send 5-30k-token prompts; a turn should take seconds.
-AGENT_SIM = dict(
-    prefill_tokens_per_second=2_000_000.0,
-    ttft_overhead_ms=1.0,
-    tpot_ms=0.5,
-    tpot_growth_ms=0.0,
-    default_max_tokens=12,
-    max_output_tokens=24,
-    preferred_tools=SHELL_TOOLS,
-)
+AGENT_SIM = {
+    "prefill_tokens_per_second": 2_000_000.0,
+    "ttft_overhead_ms": 1.0,
+    "tpot_ms": 0.5,
+    "tpot_growth_ms": 0.0,
+    "default_max_tokens": 12,
+    "max_output_tokens": 24,
+    "preferred_tools": SHELL_TOOLS,
+}
 
 #: The seed1 system (decode pool, throughput pool, hosted upstream), long-context rule
 #: out of the way so each agent's model decides its provider:
@@ -105,7 +105,9 @@ def agent_stack() -> Iterator[AgentStack]:
     with simulators({name: SimOptions(name=name, **AGENT_SIM) for name in names}) as sims:
         text = CONFIG.format(tile=sims["tile-rt"][0], vllm=sims["vllm"][0], tao=sims["taotoken"][0])
         env = {"TAOTOKEN_API_KEY": "sk-simulated"}
-        recorder = RecordingApp(create_app(load_config_text(text, source="agents.config.toml", env=env), env=env))
+        recorder = RecordingApp(
+            create_app(load_config_text(text, source="agents.config.toml", env=env), env=env)
+        )
         with serve_app(recorder) as url:
             yield AgentStack(url=url, recorder=recorder, sims={name: app for name, (_, app) in sims.items()})
 

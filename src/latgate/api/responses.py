@@ -30,7 +30,7 @@ async def create_response(request: Request) -> Any:
         caller = gateway.authenticate(request.headers)
         body = await read_json_object(request, max_bytes=gateway.config.server.max_body_bytes)
         translation = responses_to_chat(body)
-        transform = ResponsesStreamTransform(echo=translation.echo)
+        transform = ResponsesStreamTransform(echo=translation.echo, namespaced=translation.namespaced)
         forwarded = gateway.proxy(
             exchange,
             body=translation.chat_body,
@@ -42,7 +42,9 @@ async def create_response(request: Request) -> Any:
         return await until_client_leaves(request, forwarded)
     except GatewayError as error:
         gateway.fail(exchange, error)
-        return error_response(error, request_id=exchange.request_id, extra_headers=gateway.route_headers(exchange))
+        return error_response(
+            error, request_id=exchange.request_id, extra_headers=gateway.route_headers(exchange)
+        )
 
 
 def hot_routes() -> dict[str, Any]:

@@ -102,7 +102,10 @@ def response_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     completion_details = usage.get("completion_tokens_details") or {}
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": _int(prompt_details.get("cached_tokens")), "cache_write_tokens": 0},
+        "input_tokens_details": {
+            "cached_tokens": _int(prompt_details.get("cached_tokens")),
+            "cache_write_tokens": 0,
+        },
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": _int(completion_details.get("reasoning_tokens"))},
         "total_tokens": _int(usage.get("total_tokens")) or prompt + completion,
@@ -124,9 +127,28 @@ def refusal_part(text: str) -> dict[str, Any]:
     return {"type": "refusal", "refusal": text}
 
 
-def function_call_item(*, item_id: str, status: str, call_id: str, name: str, arguments: str) -> dict[str, Any]:
-    """A ``function_call`` output item."""
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
+def function_call_item(
+    *,
+    item_id: str,
+    status: str,
+    call_id: str,
+    name: str,
+    arguments: str,
+    namespaced: dict[str, tuple[str, str]],
+) -> dict[str, Any]:
+    """A ``function_call`` output item; a flattened namespace function (``namespaced``)
+    gets its ``namespace`` and own name back."""
+    item = {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
+    if name in namespaced:
+        item["namespace"], item["name"] = namespaced[name]
+    return item
 
 
 def reasoning_item(*, item_id: str, status: str, text: str) -> dict[str, Any]:
@@ -135,8 +157,10 @@ def reasoning_item(*, item_id: str, status: str, text: str) -> dict[str, Any]:
     return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
 
 
-def chat_to_response(body: bytes, *, echo: dict[str, Any]) -> bytes:
+def chat_to_response(body: bytes, *, echo: dict[str, Any], namespaced: dict[str, tuple[str, str]]) -> bytes:
     """Translate a whole chat completions answer into a Responses ``Response`` (JSON bytes).
+
+    ``namespaced`` maps flattened namespace functions back (see ``ChatTranslation``).
 
     A body that is not a chat completion (not JSON, no ``choices``) is returned
     unchanged, so an upstream's own error text still reaches the client.
@@ -169,6 +193,7 @@ def chat_to_response(body: bytes, *, echo: dict[str, Any]) -> bytes:
                 call_id=str(call.get("id") or new_id("call")),
                 name=str(function.get("name") or ""),
                 arguments=str(function.get("arguments") or ""),
+                namespaced=namespaced,
             )
         )
     incomplete = INCOMPLETE_REASONS.get(choice.get("finish_reason"))

@@ -13,7 +13,9 @@ What is translated:
   often encrypted).
 - Content parts: ``input_text`` / ``output_text`` -> text, ``refusal`` -> text,
   ``input_image`` -> ``image_url``, ``input_file`` -> ``file``.
-- ``tools`` of type ``function`` -> chat ``tools``; hosted tools (web search, file search,
+- ``tools`` of type ``function`` -> chat ``tools``; a ``namespace`` tool's functions are
+  flattened to ``NAMESPACE__NAME`` (and ``function_call`` items naming a ``namespace``
+  with them), mapped back on the way out; hosted tools (web search, file search,
   computer use...) have no chat counterpart and are dropped; ``tool_choice``,
   ``parallel_tool_calls``, ``max_output_tokens`` -> ``max_completion_tokens``,
   ``reasoning.effort`` -> ``reasoning_effort``, ``text.format`` -> ``response_format``,
@@ -44,9 +46,19 @@ _STATEFUL = {
     "prompt": "latgate keeps no prompt templates: send 'instructions' and 'input' instead",
 }
 #: Copied to the chat body unchanged when present.
-_COPIED = ("model", "temperature", "top_p", "user", "prompt_cache_key", "safety_identifier", "parallel_tool_calls")
+_COPIED = (
+    "model",
+    "temperature",
+    "top_p",
+    "user",
+    "prompt_cache_key",
+    "safety_identifier",
+    "parallel_tool_calls",
+)
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
+#: Joins a namespace and a function name into one chat function name.
+NAMESPACE_SEPARATOR = "__"
 
 
 @dataclass(frozen=True)
@@ -60,11 +72,14 @@ class ChatTranslation:
             ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``temperature``,
             ``top_p``, ``max_output_tokens``, ``reasoning``, ``text``, ``metadata``,
             ``user``, ``prompt_cache_key``), with the Responses API defaults filled in.
+        namespaced: chat function name -> (namespace, function name), for the
+            functions of ``namespace`` tools.
     """
 
     chat_body: dict[str, Any]
     stream: bool
     echo: dict[str, Any]
+    namespaced: dict[str, tuple[str, str]]
 
 
 def responses_to_chat(body: dict[str, Any]) -> ChatTranslation:
@@ -98,7 +113,8 @@ def responses_to_chat(body: dict[str, Any]) -> ChatTranslation:
     if not messages:
         raise InvalidRequest("'input' must hold at least one item", param="input", code="empty_array")
     chat["messages"] = messages
-    tools = _tools(body.get("tools"))
+    namespaced: dict[str, tuple[str, str]] = {}
+    tools = _tools(body.get("tools"), namespaced)
     if tools:
         chat["tools"] = tools
     if body.get("tool_choice") is not None:
@@ -107,7 +123,7 @@ def responses_to_chat(body: dict[str, Any]) -> ChatTranslation:
     chat["stream"] = stream
     if stream:
         chat["stream_options"] = {"include_usage": True}
-    return ChatTranslation(chat_body=chat, stream=stream, echo=_echo(body))
+    return ChatTranslation(chat_body=chat, stream=stream, echo=_echo(body), namespaced=namespaced)
 
 
 def _refuse_stateful(body: dict[str, Any]) -> None:
@@ -125,7 +141,9 @@ def _refuse_stateful(body: dict[str, Any]) -> None:
         )
     for field, hint in _STATEFUL.items():
         if body.get(field) is not None:
-            raise InvalidRequest(f"'{field}' is not supported: {hint}", param=field, code="unsupported_parameter")
+            raise InvalidRequest(
+                f"'{field}' is not supported: {hint}", param=field, code="unsupported_parameter"
+            )
 
 
 def _instructions(value: Any) -> list[dict[str, Any]]:
@@ -150,7 +168,9 @@ def input_messages(value: Any, *, param: str = "input") -> list[dict[str, Any]]:
     if value is None:
         raise InvalidRequest(f"'{param}' is required", param=param, code="missing_required_parameter")
     if not isinstance(value, list):
-        raise InvalidRequest(f"'{param}' must be a string or an array of items", param=param, code="invalid_type")
+        raise InvalidRequest(
+            f"'{param}' must be a string or an array of items", param=param, code="invalid_type"
+        )
     messages: list[dict[str, Any]] = []
     for index, item in enumerate(value):
         where = f"{param}[{index}]"
@@ -185,7 +205,9 @@ def _message(item: dict[str, Any], *, where: str) -> dict[str, Any]:
     role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
     if role is None:
         raise InvalidRequest(
-            f"'{where}.role' must be one of user, assistant, system, developer", param=f"{where}.role", code="invalid_value"
+            f"'{where}.role' must be one of user, assistant, system, developer",
+            param=f"{where}.role",
+            code="invalid_value",
         )
     return {"role": role, "content": _content(item.get("content"), role=role, where=f"{where}.content")}
 
@@ -195,7 +217,9 @@ def _content(value: Any, *, role: str, where: str) -> Any:
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
-        raise InvalidRequest(f"'{where}' must be a string or an array of content parts", param=where, code="invalid_type")
+        raise InvalidRequest(
+            f"'{where}' must be a string or an array of content parts", param=where, code="invalid_type"
+        )
     parts = [_part(part, where=f"{where}[{i}]") for i, part in enumerate(value)]
     if role != "user" or all(part["type"] == "text" for part in parts):
         texts = [part.get("text", "") for part in parts if part["type"] == "text"]
@@ -215,7 +239,9 @@ def _part(part: Any, *, where: str) -> dict[str, Any]:
         url = part.get("image_url")
         if not isinstance(url, str):
             raise InvalidRequest(
-                f"'{where}': images by file_id are not supported; send 'image_url'", param=where, code="unsupported_value"
+                f"'{where}': images by file_id are not supported; send 'image_url'",
+                param=where,
+                code="unsupported_value",
             )
         image = {"url": url}
         if part.get("detail"):
@@ -224,20 +250,30 @@ def _part(part: Any, *, where: str) -> dict[str, Any]:
     if kind == "input_file":
         file = {key: part[key] for key in ("file_data", "file_id", "filename") if part.get(key)}
         return {"type": "file", "file": file}
-    raise InvalidRequest(f"'{where}': content parts of type {kind!r} are not supported", param=where, code="unsupported_value")
+    raise InvalidRequest(
+        f"'{where}': content parts of type {kind!r} are not supported", param=where, code="unsupported_value"
+    )
 
 
 def _append_tool_call(messages: list[dict[str, Any]], item: dict[str, Any], *, where: str) -> None:
     """Add a ``function_call`` item to the trailing assistant message (or a new one)."""
     name, call_id = item.get("name"), item.get("call_id")
     if not isinstance(name, str) or not isinstance(call_id, str):
-        raise InvalidRequest(f"'{where}' needs 'name' and 'call_id' strings", param=where, code="invalid_value")
+        raise InvalidRequest(
+            f"'{where}' needs 'name' and 'call_id' strings", param=where, code="invalid_value"
+        )
+    if isinstance(item.get("namespace"), str) and item["namespace"]:
+        name = item["namespace"] + NAMESPACE_SEPARATOR + name
     arguments = item.get("arguments", "")
     if not isinstance(arguments, str):
         arguments = orjson.dumps(arguments).decode()
     call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
     last = messages[-1] if messages else None
-    if last is not None and last["role"] == "assistant" and isinstance(last.get("content"), (str, type(None))):
+    if (
+        last is not None
+        and last["role"] == "assistant"
+        and isinstance(last.get("content"), (str, type(None)))
+    ):
         last.setdefault("tool_calls", []).append(call)
         return
     messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
@@ -246,28 +282,45 @@ def _append_tool_call(messages: list[dict[str, Any]], item: dict[str, Any], *, w
 def _tool_result(item: dict[str, Any], *, where: str) -> dict[str, Any]:
     call_id = item.get("call_id")
     if not isinstance(call_id, str):
-        raise InvalidRequest(f"'{where}.call_id' must be a string", param=f"{where}.call_id", code="invalid_value")
+        raise InvalidRequest(
+            f"'{where}.call_id' must be a string", param=f"{where}.call_id", code="invalid_value"
+        )
     output = item.get("output", "")
     if isinstance(output, list):
-        output = "\n".join(str(p.get("text", "")) for p in output if isinstance(p, dict) and p.get("type") in _TEXT_PARTS)
+        output = "\n".join(
+            str(p.get("text", "")) for p in output if isinstance(p, dict) and p.get("type") in _TEXT_PARTS
+        )
     elif not isinstance(output, str):
         output = orjson.dumps(output).decode()
     return {"role": "tool", "tool_call_id": call_id, "content": output}
 
 
-def _tools(value: Any) -> list[dict[str, Any]]:
+def _tools(
+    value: Any, namespaced: dict[str, tuple[str, str]], *, param: str = "tools"
+) -> list[dict[str, Any]]:
+    """Chat tools for Responses ``tools``; fills ``namespaced`` for namespace tools."""
     if value is None:
         return []
     if not isinstance(value, list):
-        raise InvalidRequest("'tools' must be an array", param="tools", code="invalid_type")
+        raise InvalidRequest(f"'{param}' must be an array", param=param, code="invalid_type")
     out = []
     for index, tool in enumerate(value):
+        where = f"{param}[{index}]"
         if not isinstance(tool, dict):
-            raise InvalidRequest(f"'tools[{index}]' must be an object", param=f"tools[{index}]", code="invalid_type")
+            raise InvalidRequest(f"'{where}' must be an object", param=where, code="invalid_type")
+        if tool.get("type") == "namespace" and isinstance(tool.get("name"), str) and param == "tools":
+            for inner in _tools(tool.get("tools"), namespaced, param=f"{where}.tools"):
+                name = inner["function"]["name"]
+                flat = tool["name"] + NAMESPACE_SEPARATOR + name
+                namespaced[flat] = (tool["name"], name)
+                out.append({"type": "function", "function": {**inner["function"], "name": flat}})
+            continue
         if tool.get("type") != "function":
             continue  # hosted tools (web_search, file_search...) run on OpenAI's side only
         if not isinstance(tool.get("name"), str):
-            raise InvalidRequest(f"'tools[{index}].name' must be a string", param=f"tools[{index}].name", code="invalid_type")
+            raise InvalidRequest(
+                f"'{where}.name' must be a string", param=f"{where}.name", code="invalid_type"
+            )
         function = {"name": tool["name"]}
         for key in ("description", "parameters", "strict"):
             if tool.get(key) is not None:
@@ -281,7 +334,11 @@ def _tool_choice(value: Any) -> Any:
         return value
     if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
         return {"type": "function", "function": {"name": value["name"]}}
-    if isinstance(value, dict) and value.get("type") == "allowed_tools" and value.get("mode") in ("auto", "required"):
+    if (
+        isinstance(value, dict)
+        and value.get("type") == "allowed_tools"
+        and value.get("mode") in ("auto", "required")
+    ):
         return value["mode"]
     raise InvalidRequest(
         "'tool_choice' must be 'none', 'auto', 'required' or {type: 'function', name}",
@@ -314,7 +371,9 @@ def _options(body: dict[str, Any], chat: dict[str, Any]) -> None:
         schema = {key: fmt[key] for key in ("name", "description", "schema", "strict") if key in fmt}
         chat["response_format"] = {"type": "json_schema", "json_schema": schema}
     else:
-        raise InvalidRequest("'text.format.type' must be text, json_object or json_schema", param="text.format")
+        raise InvalidRequest(
+            "'text.format.type' must be text, json_object or json_schema", param="text.format"
+        )
 
 
 def _echo(body: dict[str, Any]) -> dict[str, Any]:

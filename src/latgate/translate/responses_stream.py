@@ -57,14 +57,21 @@ class _Item:
     name: str = ""
     done: bool = False
 
-    def snapshot(self, status: str) -> dict[str, Any]:
+    def snapshot(self, status: str, namespaced: dict[str, tuple[str, str]]) -> dict[str, Any]:
         if self.kind == "function_call":
             return function_call_item(
-                item_id=self.item_id, status=status, call_id=self.call_id, name=self.name, arguments=self.text
+                item_id=self.item_id,
+                status=status,
+                call_id=self.call_id,
+                name=self.name,
+                arguments=self.text,
+                namespaced=namespaced,
             )
         if self.kind == "reasoning":
             return reasoning_item(item_id=self.item_id, status=status, text=self.text)
-        return message_item(item_id=self.item_id, status=status, parts=[_part(kind, text) for kind, text in self.parts])
+        return message_item(
+            item_id=self.item_id, status=status, parts=[_part(kind, text) for kind, text in self.parts]
+        )
 
 
 def _part(kind: str, text: str) -> dict[str, Any]:
@@ -78,6 +85,8 @@ class ResponsesStreamTransform:
     Args:
         echo: the request fields the Response object repeats
             (:attr:`~latgate.translate.responses_request.ChatTranslation.echo`).
+        namespaced: flattened namespace functions to map back
+            (:attr:`~latgate.translate.responses_request.ChatTranslation.namespaced`).
         clock: Unix time in seconds (``created_at``), injectable for tests.
 
     ``feed`` takes complete chat-completions SSE events and returns Responses events;
@@ -87,8 +96,15 @@ class ResponsesStreamTransform:
 
     stream_content_type = "text/event-stream; charset=utf-8"
 
-    def __init__(self, *, echo: dict[str, Any], clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        echo: dict[str, Any],
+        namespaced: dict[str, tuple[str, str]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._echo = echo
+        self._namespaced = namespaced or {}
         self._clock = clock
         self._response_id = new_id("resp")
         self._created_at = 0
@@ -137,7 +153,7 @@ class ResponsesStreamTransform:
         return b"".join(out)
 
     def complete(self, body: bytes) -> bytes:
-        return chat_to_response(body, echo=self._echo)
+        return chat_to_response(body, echo=self._echo, namespaced=self._namespaced)
 
     # -- chat chunks -> events ---------------------------------------------------------
 
@@ -194,7 +210,9 @@ class ResponsesStreamTransform:
             if item.parts:
                 self._close_part(item, out)
             item.parts.append([kind, ""])
-            self._emit(out, "response.content_part.added", self._part_fields(item) | {"part": _part(kind, "")})
+            self._emit(
+                out, "response.content_part.added", self._part_fields(item) | {"part": _part(kind, "")}
+            )
         item.parts[-1][1] += text
         fields = self._part_fields(item) | {"delta": text}
         if kind == "refusal":
@@ -228,7 +246,8 @@ class ResponsesStreamTransform:
     def _add_item(self, item: _Item, out: list[bytes]) -> _Item:
         self._close_open(out)
         self._items.append(item)
-        self._emit(out, "response.output_item.added", {"output_index": item.output_index, "item": item.snapshot("in_progress")})
+        snapshot = item.snapshot("in_progress", self._namespaced)
+        self._emit(out, "response.output_item.added", {"output_index": item.output_index, "item": snapshot})
         return item
 
     def _close_open(self, out: list[bytes]) -> None:
@@ -248,10 +267,14 @@ class ResponsesStreamTransform:
         if item.kind == "reasoning":
             self._emit(out, "response.reasoning_text.done", where | {"content_index": 0, "text": item.text})
         elif item.kind == "function_call":
-            self._emit(out, "response.function_call_arguments.done", where | {"name": item.name, "arguments": item.text})
+            name = self._namespaced.get(item.name, ("", item.name))[1]
+            self._emit(
+                out, "response.function_call_arguments.done", where | {"name": name, "arguments": item.text}
+            )
         elif item.parts:
             self._close_part(item, out)
-        self._emit(out, "response.output_item.done", {"output_index": item.output_index, "item": item.snapshot(status)})
+        snapshot = item.snapshot(status, self._namespaced)
+        self._emit(out, "response.output_item.done", {"output_index": item.output_index, "item": snapshot})
 
     def _close_part(self, item: _Item, out: list[bytes]) -> None:
         kind, text = item.parts[-1]
@@ -264,7 +287,11 @@ class ResponsesStreamTransform:
 
     @staticmethod
     def _part_fields(item: _Item) -> dict[str, Any]:
-        return {"item_id": item.item_id, "output_index": item.output_index, "content_index": len(item.parts) - 1}
+        return {
+            "item_id": item.item_id,
+            "output_index": item.output_index,
+            "content_index": len(item.parts) - 1,
+        }
 
     # -- whole-response events -----------------------------------------------------------
 
@@ -274,8 +301,13 @@ class ResponsesStreamTransform:
         self._emit(out, "response.failed", {"response": response})
         self._ended = True
 
-    def _snapshot(self, status: str, *, incomplete_reason: str | None = None, error: dict | None = None) -> dict[str, Any]:
-        output = [item.snapshot("completed" if item.done else "in_progress") for item in self._items]
+    def _snapshot(
+        self, status: str, *, incomplete_reason: str | None = None, error: dict | None = None
+    ) -> dict[str, Any]:
+        output = [
+            item.snapshot("completed" if item.done else "in_progress", self._namespaced)
+            for item in self._items
+        ]
         return response_object(
             response_id=self._response_id,
             created_at=self._created_at,
