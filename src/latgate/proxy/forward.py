@@ -232,7 +232,8 @@ class Forwarder:
         exchange.attempts += 1
         tap = StreamTap(drop_usage_chunk=tap_drop(body), model_rewrite=_rewrite(body, target)) if exchange.stream else None
         stack = contextlib.AsyncExitStack()
-        queue_ms = endpoint.queue_ms(self._pool.clock())
+        queue_ms = endpoint.queue_ms(self._pool.clock())  # before this attempt counts in flight
+        predicted_ms = queue_ms + endpoint.predictor.predict_ms(plan.prompt_tokens)
         ticket = await stack.enter_async_context(
             self._pool.in_flight(provider, endpoint, prompt_tokens=plan.prompt_tokens, queue_ms=queue_ms)
         )
@@ -245,7 +246,7 @@ class Forwarder:
                 self._metrics.record_overhead(time.perf_counter() - exchange.received_at)
             deadline = None
             if tap is not None:
-                deadline_ms = self.selector.deadline_ms(plan, endpoint, last_attempt=last_attempt)
+                deadline_ms = self.selector.deadline_ms(plan, predicted_ttft_ms=predicted_ms, last_attempt=last_attempt)
                 if deadline_ms:
                     deadline = asyncio.get_running_loop().time() + deadline_ms / 1000.0
             try:
