@@ -182,16 +182,13 @@ class Selector:
                     view.available = False
         return runtime.endpoints[self._choose(runtime, views, plan, {}, commit=True)]
 
-    def deadline_ms(self, plan: RoutePlan, endpoint: EndpointState, *, last_attempt: bool) -> float | None:
-        """The attempt's first-token deadline in ms (see :mod:`latgate.routing.policies.deadline`);
-        the budget counts only under strategy ``latgate``."""
-        budget = plan.budget_ms if self.strategy == "latgate" else None
-        predicted = (
-            endpoint.predicted_ttft_ms(plan.prompt_tokens, self._pool.clock()) if budget is not None else 0.0
-        )
+    def deadline_ms(self, plan: RoutePlan, *, predicted_ttft_ms: float, last_attempt: bool) -> float | None:
+        """The attempt's first-token deadline in ms (see :mod:`latgate.routing.policies.deadline`),
+        ``predicted_ttft_ms`` being the endpoint's prediction before the attempt was
+        counted in flight; the budget counts only under strategy ``latgate``."""
         return first_token_deadline_ms(
-            budget_ms=budget,
-            predicted_ttft_ms=predicted,
+            budget_ms=plan.budget_ms if self.strategy == "latgate" else None,
+            predicted_ttft_ms=predicted_ttft_ms,
             configured_ms=self._configured_deadline_ms,
             last_attempt=last_attempt,
         )
