@@ -6,6 +6,7 @@ from a fresh virtualenv holding only the built wheel (as the image's build stage
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -213,27 +214,28 @@ def test_image_entrypoint_and_healthcheck_work_from_a_fresh_virtualenv(tmp_path)
         check=True,
     )
     (Path(site.stdout.strip()) / "zz_dev_dependencies.pth").write_text(deps.stdout.strip() + "\n")
+    isolated = {**os.environ, "PYTHONPATH": ""}  # nothing may reach the source tree
     where = subprocess.run(
         [python, "-c", "import latgate; print(latgate.__file__)"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
+        env=isolated,
         check=False,
     )
-    assert where.stdout.startswith(str(fresh)), (
-        where.stdout + where.stderr
-    )  # the wheel's copy, not the source tree
+    # The wheel's copy, not the source tree:
+    assert where.stdout.startswith(str(fresh)), where.stdout + where.stderr
 
     entrypoint = json.loads(dict(final_stage())["ENTRYPOINT"])
     command = [str(fresh / "bin" / entrypoint[0]), *entrypoint[1:]]
-    env = {"LATGATE_CONFIG": str(DOCKER / "config.toml"), "TAOTOKEN_API_KEY": ""}
+    env = {"LATGATE_CONFIG": str(DOCKER / "config.toml"), "TAOTOKEN_API_KEY": "", "PYTHONPATH": ""}
     gateway = GatewayProcess(["--host", "127.0.0.1", "--port", "0"], env=env, command=command, cwd=tmp_path)
     healthcheck = [str(python), str(DOCKER / "healthcheck.py")]
     try:
         url = gateway.wait_listening()
         assert any("provider tile-rt: connector=tile_rt_connector" in line for line in gateway.lines)
         ok = subprocess.run(
-            [*healthcheck, url + "/healthz"], capture_output=True, text=True, timeout=30, check=False
+            [*healthcheck, url + "/healthz"], capture_output=True, text=True, timeout=30, env=isolated, check=False
         )
         assert (ok.returncode, ok.stdout.strip()) == (0, f"healthy: {url}/healthz")
         gateway.signal(signal.SIGTERM)
