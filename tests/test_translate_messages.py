@@ -631,3 +631,10 @@ def test_crlf_events_and_data_without_a_space_are_read() -> None:
 def test_an_empty_upstream_stream_still_gives_a_complete_message() -> None:
     names = [name for name, _ in run_stream(b"data: [DONE]\n\n")]
     assert names == ["message_start", "ping", "message_delta", "message_stop"]
+
+
+def test_choices_without_an_index_are_read_and_other_choices_ignored() -> None:
+    no_index = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    null_index = b'data: {"choices":[{"index":null,"delta":{"content":"b"}}]}\n\n'
+    second = b'data: {"choices":[{"index":1,"delta":{"content":"zzz"}}]}\n\n'
+    assert assembled(run_stream(no_index, null_index, second)) == [{"type": "text", "text": "ab"}]

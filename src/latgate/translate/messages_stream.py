@@ -177,7 +177,7 @@ class MessagesStream:
             self._usage = chunk["usage"]
         choices = chunk.get("choices")
         for choice in choices if isinstance(choices, list) else ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            if not isinstance(choice, dict) or choice.get("index") not in (0, None):
                 continue
             delta = choice.get("delta")
             if isinstance(delta, dict):
