@@ -1,4 +1,5 @@
-"""Operator routes: ``/``, ``/healthz``, ``/readyz``, ``/metrics``, ``/admin/providers``."""
+"""Operator routes: ``/``, ``/healthz``, ``/readyz``, ``/metrics``, ``/admin/providers``,
+``/admin/route``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from latgate import __version__
+from latgate.api.body import error_response, read_json_object
+from latgate.errors import GatewayError
 from latgate.gateway import Gateway
+from latgate.routing.dryrun import decision_json
 
 _ROOT = orjson.dumps({"service": "latgate", "version": __version__, "status": "ok"})
 
@@ -28,9 +32,12 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """200 when at least one provider endpoint can take traffic, else 503."""
-    ready = _gateway(request).pool.any_healthy()
-    body = orjson.dumps({"status": "ready" if ready else "unavailable"})
+    """200 when at least one provider endpoint can take traffic (circuit closed, or
+    half-open with its trial to come), else 503; the body counts them per provider."""
+    pool = _gateway(request).pool
+    available = {name: sum(pool.available(ep) for ep in p.endpoints) for name, p in pool.providers.items()}
+    ready = any(available.values())
+    body = orjson.dumps({"status": "ready" if ready else "unavailable", "available_endpoints": available})
     return Response(body, status_code=200 if ready else 503, media_type="application/json")
 
 
@@ -40,29 +47,28 @@ async def metrics(request: Request) -> Response:
 
 
 async def providers(request: Request) -> Response:
-    """Each provider's endpoints with their live state (ids only, never URLs or keys)."""
+    """Each provider's endpoints with the live numbers behind routing decisions: circuit,
+    in flight, queue, TTFT fit and prediction, decode speed, engine gauges, last probe
+    (ids only, never URLs or keys; see :meth:`ProviderPool.describe`)."""
     gateway = _gateway(request)
-    out = {}
-    for name, runtime in gateway.pool.providers.items():
-        cfg = runtime.config
-        out[name] = {
-            "connector": cfg.connector,
-            "role": cfg.role,
-            "engine": cfg.engine,
-            "models": list(cfg.models),
-            "key_configured": bool(runtime.auth_headers),
-            "endpoints": [
-                {
-                    "id": ep.config.id,
-                    "healthy": ep.healthy,
-                    "in_flight": ep.in_flight,
-                    "requests": ep.requests,
-                    "failures": ep.failures,
-                }
-                for ep in runtime.endpoints
-            ],
-        }
-    return Response(orjson.dumps({"providers": out}), media_type="application/json")
+    body = {"strategy": gateway.config.routing.strategy, "providers": gateway.pool.describe()}
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+async def route(request: Request) -> Response:
+    """``POST /admin/route``: the decision the gateway would make now for the request
+    body sent, routing headers read from this request (``X-Latency-Budget-Ms``...), with
+    the endpoints considered and their predicted TTFT. Nothing is sent upstream and no
+    state changes (``latgate route --url`` prints it)."""
+    gateway = _gateway(request)
+    request_id = request.headers.get("x-request-id", "-")[:128]
+    try:
+        body = await read_json_object(request, max_bytes=gateway.config.server.max_body_bytes)
+        decision = gateway.router.decide(body, request.headers)
+    except GatewayError as error:
+        return error_response(error, request_id=request_id)
+    plan = gateway.forwarder.selector.plan(decision, body, commit=False)
+    return Response(orjson.dumps(decision_json(decision, gateway.config, plan)), media_type="application/json")
 
 
 def routes() -> list[Route]:
@@ -72,4 +78,5 @@ def routes() -> list[Route]:
         Route("/readyz", readyz, methods=["GET", "HEAD"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/admin/providers", providers, methods=["GET"]),
+        Route("/admin/route", route, methods=["POST"]),
     ]

@@ -11,8 +11,16 @@ nothing::
      "notes": []}
 
 ``endpoint`` is the id of the provider's first endpoint: a dry run has no live health
-or load to choose among replicas. Exit codes: 0 decided; 1 a bad config, file, JSON
-body, header, or a request the gateway would answer with 400/404 (one
+or load to choose among replicas.
+
+``--url URL`` asks a running gateway instead (``POST URL/admin/route``, with an admin
+key when its ``[auth]`` is on: ``--api-key``, default ``$LATGATE_API_KEY``): the
+decision as the gateway would make it now, with its live state: the endpoint chosen,
+an overflow (reason ``overflow:FROM``), the hedge it would send, and every endpoint
+considered with its predicted time to first token, in-flight count and circuit.
+
+Exit codes: 0 decided; 1 a bad config, file, JSON body, header, a request the gateway
+would answer with 400/404, or a gateway that cannot be reached or refuses (one
 ``latgate: error: ...`` line on stderr).
 """
 
@@ -20,15 +28,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from latgate.config.errors import ConfigError
 from latgate.config.loader import load_config, resolve_config_path
 from latgate.config.schema import Config
 from latgate.errors import GatewayError
 from latgate.routing.decision import RouteDecision, Router
+
+if TYPE_CHECKING:
+    from latgate.providers.selection import RoutePlan
+
+URL_TIMEOUT_SECONDS = 10.0
+API_KEY_ENV = "LATGATE_API_KEY"
 
 
 class _UsageError(Exception):
@@ -50,10 +65,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a request header, e.g. -H 'X-Latency-Sensitive: 1' (repeatable)",
     )
     parser.add_argument("request", metavar="REQUEST.json", help="the request body as JSON ('-' reads stdin)")
+    parser.add_argument(
+        "--url",
+        metavar="URL",
+        help="explain the decision of the gateway running at URL, with its live state (POST URL/admin/route)",
+    )
+    parser.add_argument(
+        "--api-key", metavar="KEY", help=f"admin key for --url when the gateway has [auth] (default: ${API_KEY_ENV})"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     """Print the routing decision for ``args.request``; return the exit code."""
+    if args.url:
+        return _ask_gateway(args)
     try:
         headers = parse_headers(args.headers)
         config = load_config(resolve_config_path(args.config))
@@ -84,29 +109,92 @@ def parse_headers(lines: list[str]) -> dict[str, str]:
     return headers
 
 
-def decision_json(decision: RouteDecision, config: Config) -> dict[str, Any]:
-    """The printed form of ``decision``, each target with its provider's first endpoint id."""
+def decision_json(decision: RouteDecision, config: Config, plan: RoutePlan | None = None) -> dict[str, Any]:
+    """The printed form of ``decision``, each target with its provider's first endpoint id.
+
+    With the live ``plan`` (``--url``, ``/admin/route``): the targets in the plan's
+    order, the first with the endpoint chosen, and the plan's predictions, overflow,
+    hedge and the endpoints it considered.
+    """
 
     def endpoint(provider: str) -> str:
         return config.providers[provider].endpoints[0].id
 
-    return {
-        "provider": decision.provider,
-        "endpoint": endpoint(decision.provider),
-        "model": decision.model,
+    targets = plan.targets if plan is not None else decision.candidates
+    first = targets[0]
+    chosen = plan.endpoint.config.id if plan is not None else endpoint(first.provider)
+    out: dict[str, Any] = {
+        "provider": first.provider,
+        "endpoint": chosen,
+        "model": first.model,
         "public_model": decision.public_model,
-        "reason": decision.reason,
+        "reason": first.reason,
         "prompt_tokens": decision.prompt_tokens,
         "latency_sensitive": decision.latency_sensitive,
         "budget_ms": decision.budget_ms,
         "policy": decision.policy,
         "hedge": decision.hedge,
+        "strategy": decision.strategy,
         "candidates": [
-            {"provider": t.provider, "endpoint": endpoint(t.provider), "model": t.model, "reason": t.reason}
-            for t in decision.candidates
+            {
+                "provider": t.provider,
+                "endpoint": chosen if i == 0 else endpoint(t.provider),
+                "model": t.model,
+                "reason": t.reason,
+            }
+            for i, t in enumerate(targets)
         ],
         "notes": list(decision.notes),
     }
+    if plan is not None:
+        out["predicted_ttft_ms"] = None if plan.predicted_ttft_ms is None else round(plan.predicted_ttft_ms, 1)
+        out["overflow_from"] = plan.overflow_from
+        out["hedge_plan"] = (
+            None
+            if plan.hedge is None
+            else {
+                "provider": plan.hedge.target.provider,
+                "endpoint": plan.hedge.endpoint.config.id,
+                "delay_ms": round(plan.hedge.delay_ms, 1),
+            }
+        )
+        out["considered"] = [c.as_dict() for c in plan.considered]
+    return out
+
+
+def _ask_gateway(args: argparse.Namespace) -> int:
+    """``--url``: send the body and headers to ``/admin/route`` and print the answer."""
+    import httpx
+
+    url = args.url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        print(f"latgate: error: --url {args.url!r} is not an http(s) URL", file=sys.stderr)
+        return 1
+    try:
+        headers = parse_headers(args.headers)
+        body = _read_body(args.request)
+    except _UsageError as exc:
+        print(f"latgate: error: {exc}", file=sys.stderr)
+        return 1
+    key = args.api_key or os.environ.get(API_KEY_ENV)
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    try:
+        response = httpx.post(url + "/admin/route", json=body, headers=headers, timeout=URL_TIMEOUT_SECONDS)
+    except httpx.HTTPError as exc:
+        print(f"latgate: error: cannot reach the gateway at {url} ({type(exc).__name__})", file=sys.stderr)
+        return 1
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if response.status_code != 200 or not isinstance(answer, dict):
+        message = answer.get("error", {}).get("message") if isinstance(answer, dict) else None
+        hint = f" (set --api-key or ${API_KEY_ENV})" if response.status_code in (401, 403) else ""
+        print(f"latgate: error: {response.status_code}: {message or 'unexpected answer'}{hint}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer, ensure_ascii=False, indent=2))
+    return 0
 
 
 def _read_body(path: str) -> dict[str, Any]:
