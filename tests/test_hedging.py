@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from stack import FAST, Stack, gateway, simulators
 
 from latgate.proxy.hedge import LostRace, Race, run_hedged
 from latgate.sim import SimOptions
-from stack import FAST, Stack, gateway, simulators
 
 # --- the race, on plain coroutines ----------------------------------------------------
 

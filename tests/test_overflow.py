@@ -9,9 +9,9 @@ import time
 from collections.abc import Iterator
 
 import httpx
+from stack import FAST, Stack, gateway, simulators
 
 from latgate.sim import SimOptions
-from stack import FAST, Stack, gateway, simulators
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4}
 LATENCY = {"X-Latency-Sensitive": "1"}

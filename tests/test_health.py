@@ -1,0 +1,229 @@
+"""Endpoint health: the circuit breaker, passive ejection on errors and on latency, and
+half-open recovery, all on an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+from latgate.config import load_config_text
+from latgate.config.schema import HealthConfig
+from latgate.metrics import Metrics
+from latgate.providers import ProviderPool
+from latgate.providers.health import CircuitBreaker, MemoryCircuitStore
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def breaker(clock: Clock, **settings: float) -> CircuitBreaker:
+    return CircuitBreaker(settings=HealthConfig(**settings), store=MemoryCircuitStore(), clock=clock)
+
+
+def test_five_failures_in_a_row_open_the_circuit() -> None:
+    b = breaker(Clock())
+    for _ in range(4):
+        assert b.on_failure("p:p-0") is None
+    transition = b.on_failure("p:p-0")
+    assert transition is not None and transition.after == "open" and transition.reason == "errors"
+    assert b.state("p:p-0") == "open"
+
+
+def test_a_success_in_between_resets_the_count() -> None:
+    b = breaker(Clock())
+    for _ in range(4):
+        b.on_failure("k")
+    b.on_success("k")
+    for _ in range(4):
+        b.on_failure("k")
+    assert b.state("k") == "closed"
+
+
+def test_an_open_circuit_turns_half_open_after_open_sec() -> None:
+    clock = Clock()
+    b = breaker(clock, open_sec=5.0)
+    for _ in range(5):
+        b.on_failure("k")
+    clock.now += 4.9
+    assert b.state("k") == "open"
+    clock.now += 0.2
+    assert b.state("k") == "half_open"
+
+
+def test_a_successful_trial_closes_the_circuit() -> None:
+    clock = Clock()
+    b = breaker(clock, open_sec=5.0)
+    for _ in range(5):
+        b.on_failure("k")
+    clock.now += 5.0
+    transition = b.on_success("k")
+    assert transition is not None and transition.after == "closed" and b.state("k") == "closed"
+
+
+def test_a_failed_trial_opens_it_again_for_twice_as_long_up_to_the_maximum() -> None:
+    clock = Clock()
+    b = breaker(clock, open_sec=5.0, max_open_sec=15.0)
+    for _ in range(5):
+        b.on_failure("k")
+    lengths = []
+    for _ in range(3):
+        clock.now += 100.0
+        assert b.state("k") == "half_open"
+        b.on_failure("k")
+        lengths.append(b.store.get("k").open_seconds)
+    assert lengths == [10.0, 15.0, 15.0]
+
+
+def test_failed_probes_open_the_circuit_and_a_good_probe_closes_it_after_the_time_out() -> None:
+    clock = Clock()
+    b = breaker(clock, open_sec=5.0)
+    b.on_probe("k", ok=False)
+    assert b.state("k") == "closed"
+    b.on_probe("k", ok=False)
+    assert b.state("k") == "open" and b.store.get("k").reason == "probes"
+    b.on_probe("k", ok=True)
+    assert b.state("k") == "open", "not before its time out"
+    clock.now += 5.0
+    b.on_probe("k", ok=True)
+    assert b.state("k") == "closed"
+
+
+def test_a_latency_ejection_is_ended_by_a_fast_trial_not_by_a_probe_or_a_success() -> None:
+    clock = Clock()
+    b = breaker(clock, open_sec=5.0)
+    b.judge_latency("k", too_slow=True)
+    clock.now += 5.0
+    b.on_probe("k", ok=True)
+    b.on_success("k")
+    assert b.state("k") == "half_open"
+    b.judge_latency("k", too_slow=False)
+    assert b.state("k") == "closed"
+
+
+# --- the pool: passive ejection as the forwarder reports outcomes ---------------------
+
+POOL_CONFIG = """
+[providers.p]
+endpoints = ["http://a:1", "http://b:1", "http://c:1"]
+[health]
+open_sec = 10
+"""
+
+
+def pool(clock: Clock, text: str = POOL_CONFIG) -> ProviderPool:
+    config = load_config_text(text, source="test.toml")
+    metrics = Metrics(providers=config.providers, models=[])
+    return ProviderPool(config, metrics=metrics, env={}, clock=clock)
+
+
+def metric(p: ProviderPool, endpoint: str) -> float | None:
+    return p._metrics.registry.get_sample_value(
+        "latgate_provider_healthy", {"provider": "p", "endpoint": endpoint}
+    )
+
+
+def first_tokens(p: ProviderPool, index: int, ttft_ms: float, count: int, *, tokens: int = 500) -> None:
+    runtime = p["p"]
+    endpoint = runtime.endpoints[index]
+
+    async def one() -> None:
+        async with p.in_flight(runtime, endpoint, prompt_tokens=tokens) as ticket:
+            p.record_first_token(runtime, endpoint, ticket, ttft_ms=ttft_ms)
+            p.record_outcome(runtime, endpoint, ok=True, ticket=ticket)
+
+    async def many() -> None:
+        for _ in range(count):
+            await one()
+
+    asyncio.run(many())
+
+
+def test_errors_eject_an_endpoint_and_the_gauge_says_so() -> None:
+    p = pool(Clock())
+    runtime = p["p"]
+    for _ in range(5):
+        p.record_outcome(runtime, runtime.endpoints[0], ok=False)
+    assert not runtime.endpoints[0].healthy and not p.available(runtime.endpoints[0])
+    assert metric(p, "p-0") == 0.0 and metric(p, "p-1") == 1.0
+    assert (
+        p._metrics.registry.get_sample_value(
+            "latgate_ejections_total", {"provider": "p", "endpoint": "p-0", "reason": "errors"}
+        )
+        == 1.0
+    )
+    assert p.any_healthy()
+
+
+def test_an_ejected_endpoint_gets_one_trial_after_its_time_out_and_is_back_when_it_succeeds() -> None:
+    clock = Clock()
+    p = pool(clock)
+    runtime = p["p"]
+    ep = runtime.endpoints[0]
+    for _ in range(5):
+        p.record_outcome(runtime, ep, ok=False)
+    clock.now += 10.0
+    assert p.available(ep)
+
+    async def trial() -> None:
+        async with p.in_flight(runtime, ep) as ticket:
+            assert ticket.trial and not p.available(ep), "one trial at a time"
+            p.record_outcome(runtime, ep, ok=True, ticket=ticket)
+
+    asyncio.run(trial())
+    assert ep.healthy and metric(p, "p-0") == 1.0
+
+
+def test_an_endpoint_far_slower_than_its_peers_is_ejected_for_latency() -> None:
+    p = pool(Clock())
+    first_tokens(p, 0, 20.0, 5)
+    first_tokens(p, 1, 25.0, 5)
+    first_tokens(p, 2, 400.0, 2)
+    assert p["p"].endpoints[2].healthy, "not judged before a few first tokens"
+    first_tokens(p, 2, 400.0, 1)
+    ep = p["p"].endpoints[2]
+    assert not ep.healthy and p.breaker.store.get(ep.key).reason == "latency"
+    assert p["p"].endpoints[0].healthy and p["p"].endpoints[1].healthy
+
+
+def test_a_slow_endpoint_comes_back_after_a_fast_trial_with_a_fresh_prediction() -> None:
+    clock = Clock()
+    p = pool(clock)
+    first_tokens(p, 0, 20.0, 5)
+    first_tokens(p, 1, 25.0, 5)
+    first_tokens(p, 2, 400.0, 3)
+    ep = p["p"].endpoints[2]
+    clock.now += 10.0
+    first_tokens(p, 2, 400.0, 1)  # still slow: out for twice as long
+    assert not ep.healthy and p.breaker.store.get(ep.key).open_seconds == 20.0
+    clock.now += 20.0
+    first_tokens(p, 2, 22.0, 1)  # recovered
+    assert ep.healthy
+    assert ep.predictor.predict_ms(500) < 50.0, "judged by what it does now, not by its slow past"
+
+
+def test_latency_ejection_needs_the_latgate_strategy() -> None:
+    p = pool(Clock(), POOL_CONFIG + '[routing]\nstrategy = "round_robin"\n')
+    first_tokens(p, 0, 20.0, 5)
+    first_tokens(p, 1, 25.0, 5)
+    first_tokens(p, 2, 400.0, 5)
+    assert p["p"].endpoints[2].healthy
+
+
+def test_a_lone_endpoint_is_never_ejected_for_latency() -> None:
+    p = pool(Clock(), '[providers.p]\napi_base = "http://a:1"\n')
+    first_tokens(p, 0, 5000.0, 10)
+    assert p["p"].endpoints[0].healthy
+
+
+def test_replicas_share_health_through_the_healthy_attribute() -> None:
+    """The shared-state sync (latgate.state.health) sets and reads ``healthy``."""
+    p = pool(Clock())
+    ep = p["p"].endpoints[1]
+    ep.healthy = False
+    assert not p.available(ep) and p.breaker.store.get(ep.key).reason == "shared"
+    ep.healthy = True
+    assert p.available(ep) and ep.consecutive_failures == 0

@@ -1,0 +1,218 @@
+"""Routing policies on plain data: each choice is a pure function of its snapshot."""
+
+from __future__ import annotations
+
+import collections
+import random
+
+from latgate.routing.policies.deadline import first_token_deadline_ms
+from latgate.routing.policies.hedging import MIN_HEDGE_DELAY_MS, hedge_delay_ms
+from latgate.routing.policies.least_outstanding import choose_least_outstanding
+from latgate.routing.policies.outlier import too_slow
+from latgate.routing.policies.overflow import choose_overflow
+from latgate.routing.policies.predicted_ttft import choose_power_of_two
+from latgate.routing.policies.prefix_affinity import choose_affine, endpoint_salt, prefix_hash
+from latgate.routing.policies.round_robin import choose_round_robin
+from latgate.routing.policies.view import EndpointView as V
+
+
+def test_round_robin_takes_endpoints_in_turn() -> None:
+    views = [V(), V(), V()]
+    assert [choose_round_robin(views, turn=t) for t in range(6)] == [0, 1, 2, 0, 1, 2]
+
+
+def test_round_robin_skips_an_endpoint_that_cannot_take_traffic() -> None:
+    views = [V(), V(available=False), V()]
+    assert [choose_round_robin(views, turn=t) for t in range(3)] == [0, 2, 2]
+
+
+def test_round_robin_uses_an_ejected_endpoint_when_none_is_left() -> None:
+    assert choose_round_robin([V(available=False), V(available=False)], turn=3) == 1
+
+
+def test_least_outstanding_takes_the_endpoint_with_fewest_in_flight() -> None:
+    assert choose_least_outstanding([V(in_flight=4), V(in_flight=1), V(in_flight=2)], turn=0) == 1
+
+
+def test_least_outstanding_rotates_among_equals() -> None:
+    views = [V(in_flight=1), V(in_flight=1)]
+    assert [choose_least_outstanding(views, turn=t) for t in range(4)] == [0, 1, 0, 1]
+
+
+def test_least_outstanding_ignores_an_idle_but_ejected_endpoint() -> None:
+    assert choose_least_outstanding([V(in_flight=0, available=False), V(in_flight=9)], turn=0) == 1
+
+
+def test_power_of_two_takes_the_lower_predicted_ttft() -> None:
+    views = [V(predicted_ttft_ms=80.0), V(predicted_ttft_ms=20.0)]
+    assert choose_power_of_two(views, draws=(0, 0)) == 1
+
+
+def test_power_of_two_breaks_ties_by_fewer_in_flight() -> None:
+    views = [V(predicted_ttft_ms=20.0, in_flight=3), V(predicted_ttft_ms=20.0, in_flight=1)]
+    assert choose_power_of_two(views, draws=(0, 0)) == 1
+
+
+def test_power_of_two_never_takes_an_ejected_endpoint_while_another_is_available() -> None:
+    views = [V(predicted_ttft_ms=1.0, available=False), V(predicted_ttft_ms=900.0)]
+    assert choose_power_of_two(views, draws=(0, 0)) == 1
+
+
+def test_power_of_two_gives_a_half_open_endpoint_its_trial_first() -> None:
+    views = [V(predicted_ttft_ms=10.0), V(predicted_ttft_ms=900.0, trial=True)]
+    assert choose_power_of_two(views, draws=(0, 0)) == 1
+
+
+def test_power_of_two_compares_only_the_two_drawn() -> None:
+    views = [
+        V(predicted_ttft_ms=10.0),
+        V(predicted_ttft_ms=50.0),
+        V(predicted_ttft_ms=30.0),
+        V(predicted_ttft_ms=40.0),
+    ]
+    assert choose_power_of_two(views, draws=(1, 2)) == 3  # the pair is (1, 3)
+    assert choose_power_of_two(views, draws=(0, 0)) == 0  # the pair is (0, 1)
+
+
+def test_power_of_two_spreads_a_burst_instead_of_herding_on_the_best() -> None:
+    rng = random.Random(7)
+    views = [V(predicted_ttft_ms=10.0 + i) for i in range(8)]
+    picks = collections.Counter(
+        choose_power_of_two(views, draws=(rng.getrandbits(30), rng.getrandbits(30))) for _ in range(800)
+    )
+    assert len(picks) == 7  # every endpoint but the slowest gets some
+    assert picks[0] < 300
+
+
+def test_requests_sharing_a_system_prompt_go_to_the_same_endpoint() -> None:
+    views = [V(salt=endpoint_salt(f"p-{i}")) for i in range(4)]
+    body = {
+        "messages": [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "hi"},
+        ]
+    }
+    later = {
+        "messages": [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "other"},
+        ]
+    }
+    first = choose_affine(views, prefix=prefix_hash(body))
+    assert first is not None and first == choose_affine(views, prefix=prefix_hash(later))
+
+
+def test_different_system_prompts_spread_over_the_endpoints() -> None:
+    views = [V(salt=endpoint_salt(f"p-{i}")) for i in range(4)]
+    chosen = {
+        choose_affine(views, prefix=prefix_hash({"messages": [{"role": "system", "content": f"prompt {n}"}]}))
+        for n in range(40)
+    }
+    assert chosen == {0, 1, 2, 3}
+
+
+def test_prefix_affinity_moves_on_when_its_endpoint_is_over_the_load_bound() -> None:
+    prefix = prefix_hash({"prompt": "shared prefix"})
+    assert prefix is not None
+    views = [V(salt=endpoint_salt("p-0")), V(salt=endpoint_salt("p-1"))]
+    home = choose_affine(views, prefix=prefix)
+    assert home is not None
+    views[home].in_flight = 6  # bound: ceil(1.25 * 7 / 2) = 5
+    assert choose_affine(views, prefix=prefix) == 1 - home
+    views[home].in_flight = 1  # bound: ceil(1.25 * 2 / 2) = 2: within it, back home
+    assert choose_affine(views, prefix=prefix) == home
+
+
+def test_prefix_affinity_skips_an_ejected_endpoint() -> None:
+    prefix = prefix_hash({"prompt": "x"})
+    assert prefix is not None
+    views = [V(salt=endpoint_salt("p-0")), V(salt=endpoint_salt("p-1"))]
+    home = choose_affine(views, prefix=prefix)
+    assert home is not None
+    views[home].available = False
+    assert choose_affine(views, prefix=prefix) == 1 - home
+
+
+def test_prefix_hash_is_stable_and_none_without_a_prompt() -> None:
+    assert prefix_hash({"messages": [{"role": "system", "content": "abc"}]}) == 891568578  # crc32(b"abc")
+    assert prefix_hash({"input": "embed me"}) is None
+
+
+def test_overflow_keeps_the_preferred_provider_while_it_meets_the_budget() -> None:
+    assert choose_overflow([190.0, 40.0], budget_ms=200) == 0
+
+
+def test_overflow_moves_to_the_candidate_most_likely_to_meet_the_budget() -> None:
+    assert choose_overflow([450.0, 900.0, 60.0, 80.0], budget_ms=200) == 2
+
+
+def test_overflow_takes_the_best_when_none_can_meet_the_budget() -> None:
+    assert choose_overflow([450.0, 900.0, 300.0], budget_ms=200) == 2
+    assert choose_overflow([250.0, 900.0, 300.0], budget_ms=200) == 0
+
+
+def test_overflow_leaves_a_provider_that_cannot_take_traffic() -> None:
+    assert choose_overflow([float("inf"), 900.0], budget_ms=200) == 1
+
+
+def test_hedge_waits_for_the_p90_when_the_budget_allows() -> None:
+    assert hedge_delay_ms(p90_ttft_ms=30.0, hedge_ttft_ms=60.0, budget_ms=200) == 30.0
+
+
+def test_hedge_fires_early_enough_for_the_copy_to_meet_the_budget() -> None:
+    assert hedge_delay_ms(p90_ttft_ms=150.0, hedge_ttft_ms=60.0, budget_ms=200) == 140.0
+
+
+def test_hedge_never_fires_at_once() -> None:
+    assert hedge_delay_ms(p90_ttft_ms=150.0, hedge_ttft_ms=400.0, budget_ms=200) == MIN_HEDGE_DELAY_MS
+    assert hedge_delay_ms(p90_ttft_ms=80.0, hedge_ttft_ms=10.0, budget_ms=None) == 80.0
+
+
+def test_deadline_is_the_budget_when_something_is_left_to_try() -> None:
+    assert (
+        first_token_deadline_ms(budget_ms=200, predicted_ttft_ms=30.0, configured_ms=None, last_attempt=False)
+        == 200.0
+    )
+
+
+def test_deadline_leaves_a_slow_prediction_twice_its_time() -> None:
+    assert (
+        first_token_deadline_ms(
+            budget_ms=200, predicted_ttft_ms=400.0, configured_ms=None, last_attempt=False
+        )
+        == 800.0
+    )
+
+
+def test_deadline_never_cuts_the_last_attempt_short() -> None:
+    assert (
+        first_token_deadline_ms(budget_ms=200, predicted_ttft_ms=30.0, configured_ms=None, last_attempt=True)
+        is None
+    )
+    assert (
+        first_token_deadline_ms(
+            budget_ms=200, predicted_ttft_ms=30.0, configured_ms=5000.0, last_attempt=True
+        )
+        == 5000.0
+    )
+
+
+def test_deadline_without_a_budget_is_the_configured_one() -> None:
+    assert (
+        first_token_deadline_ms(
+            budget_ms=None, predicted_ttft_ms=30.0, configured_ms=1000.0, last_attempt=False
+        )
+        == 1000.0
+    )
+    assert (
+        first_token_deadline_ms(
+            budget_ms=200, predicted_ttft_ms=30.0, configured_ms=100.0, last_attempt=False
+        )
+        == 100.0
+    )
+
+
+def test_an_endpoint_far_slower_than_its_peers_is_too_slow() -> None:
+    assert too_slow(400.0, [20.0, 25.0, 400.0], factor=3.0, margin_ms=50.0)
+    assert not too_slow(100.0, [20.0, 25.0], factor=3.0, margin_ms=50.0)
+    assert not too_slow(400.0, [], factor=3.0, margin_ms=50.0)

@@ -1,0 +1,133 @@
+"""The TTFT predictor and the live numbers of an endpoint (plain data, no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from latgate.config import load_config_text
+from latgate.config.schema import HealthConfig
+from latgate.providers.health import CircuitBreaker, MemoryCircuitStore
+from latgate.providers.predictor import TtftPredictor
+from latgate.providers.state import EndpointState
+
+
+def endpoint(
+    config_text: str = '[providers.p]\napi_base = "http://h:1"\nmax_batch_size = 8\n',
+) -> EndpointState:
+    config = load_config_text(config_text, source="test.toml")
+    provider = next(iter(config.providers.values()))
+    breaker = CircuitBreaker(settings=HealthConfig(), store=MemoryCircuitStore(), clock=lambda: 0.0)
+    return EndpointState.for_provider(provider, provider.endpoints[0], breaker=breaker)
+
+
+def test_before_any_request_the_prediction_is_the_prior_line() -> None:
+    predictor = TtftPredictor(prior_base_ms=50.0, prior_per_token_ms=0.05)
+    assert predictor.predict_ms(1000) == pytest.approx(100.0)
+
+
+def test_the_first_request_replaces_the_prior_level() -> None:
+    predictor = TtftPredictor(prior_base_ms=500.0, prior_per_token_ms=0.05)
+    predictor.observe(prompt_tokens=400, ttft_ms=40.0)
+    assert predictor.predict_ms(400) == pytest.approx(40.0)
+
+
+def test_predictor_follows_a_step_change_within_about_20_requests() -> None:
+    predictor = TtftPredictor(prior_base_ms=50.0, prior_per_token_ms=0.05)
+    for _ in range(100):
+        predictor.observe(prompt_tokens=500, ttft_ms=40.0)
+    for count in range(1, 21):
+        predictor.observe(prompt_tokens=500, ttft_ms=300.0)
+        if count == 5:
+            assert predictor.predict_ms(500) > 150.0, "half-way there after 5 requests"
+    assert predictor.predict_ms(500) == pytest.approx(300.0, rel=0.05)
+
+
+def test_predictor_follows_a_step_down_as_fast() -> None:
+    predictor = TtftPredictor(prior_base_ms=50.0, prior_per_token_ms=0.05)
+    for _ in range(100):
+        predictor.observe(prompt_tokens=500, ttft_ms=300.0)
+    for _ in range(20):
+        predictor.observe(prompt_tokens=500, ttft_ms=40.0)
+    assert predictor.predict_ms(500) == pytest.approx(40.0, rel=0.3)
+
+
+def test_slope_is_fitted_from_prompts_of_different_lengths() -> None:
+    predictor = TtftPredictor(prior_base_ms=50.0, prior_per_token_ms=0.0)
+    for _ in range(30):
+        for tokens in (100, 2000, 8000):
+            predictor.observe(prompt_tokens=tokens, ttft_ms=10.0 + 0.1 * tokens)
+    assert predictor.predict_ms(4000) == pytest.approx(410.0, rel=0.05)
+    assert predictor.predict_ms(0) == pytest.approx(
+        10.0, abs=10.0
+    )  # the slope is shrunk a little towards the prior
+
+
+def test_prompts_of_one_size_keep_the_prior_slope() -> None:
+    predictor = TtftPredictor(prior_base_ms=50.0, prior_per_token_ms=0.05)
+    for _ in range(30):
+        predictor.observe(prompt_tokens=1000, ttft_ms=80.0)
+    assert predictor.per_token_ms == pytest.approx(0.05)
+    assert predictor.predict_ms(3000) == pytest.approx(180.0)
+
+
+def test_short_prompts_are_never_predicted_free() -> None:
+    predictor = TtftPredictor(prior_base_ms=50.0, prior_per_token_ms=0.05)
+    for _ in range(10):
+        predictor.observe(prompt_tokens=4000, ttft_ms=20.0)  # faster than the prior slope allows
+    assert predictor.base_ms >= 0.0 and predictor.predict_ms(10) > 0.0
+
+
+def test_a_censored_observation_counts_only_when_later_than_predicted() -> None:
+    predictor = TtftPredictor(prior_base_ms=50.0, prior_per_token_ms=0.0)
+    predictor.observe(prompt_tokens=100, ttft_ms=50.0)
+    predictor.observe_at_least(prompt_tokens=100, ttft_ms=20.0)
+    assert predictor.predict_ms(100) == pytest.approx(50.0) and predictor.observations == 1
+    predictor.observe_at_least(prompt_tokens=100, ttft_ms=500.0)
+    assert predictor.predict_ms(100) > 100.0
+
+
+def test_p90_lies_above_the_prediction_by_the_recent_error() -> None:
+    predictor = TtftPredictor(prior_base_ms=50.0, prior_per_token_ms=0.0)
+    for value in [40.0, 60.0] * 20:
+        predictor.observe(prompt_tokens=100, ttft_ms=value)
+    assert predictor.predict_ms(100) == pytest.approx(50.0, abs=3.0)
+    assert 60.0 < predictor.p90_ms(100) < 80.0
+
+
+def test_a_full_endpoint_adds_the_wait_for_a_batch_slot() -> None:
+    ep = endpoint()
+    ep.slot_seconds = 0.4
+    ep.in_flight = 7
+    assert ep.queue_ms(now=0.0) == 0.0
+    ep.in_flight = 12  # 8 running, 4 waiting: this one waits for 5 to leave, at 8 per 0.4 s
+    assert ep.queue_ms(now=0.0) == pytest.approx(5 * 400.0 / 8)
+    assert ep.predicted_ttft_ms(100, now=0.0) == pytest.approx(250.0 + ep.predictor.predict_ms(100))
+
+
+def test_engine_gauges_add_other_clients_load_while_they_are_recent() -> None:
+    ep = endpoint()
+    ep.slot_seconds = 0.8
+    ep.in_flight = 2
+    ep.observe_engine(running=8, waiting=3, now=10.0)  # 9 requests are someone else's
+    assert ep.load(now=11.0) == 11
+    assert ep.queue_ms(now=11.0) == pytest.approx(4 * 800.0 / 8)
+    assert ep.load(now=100.0) == 2, "stale gauges are ignored"
+
+
+def test_capacity_is_inferred_from_engine_gauges_when_the_config_has_none() -> None:
+    ep = endpoint('[providers.p]\napi_base = "http://h:1"\n')
+    ep.in_flight = 40
+    assert ep.queue_ms(now=0.0) == 0.0, "no known capacity: no queue term"
+    ep.observe_engine(running=16, waiting=24, now=0.0)
+    assert ep.inferred_capacity == 16 and ep.queue_ms(now=0.0) > 0.0
+
+
+def test_capacity_comes_from_engine_hints_too() -> None:
+    ep = endpoint('[providers.p]\napi_base = "http://h:1"\nmax_num_seqs = 32\n')
+    assert ep.capacity == 32
+
+
+def test_decode_pool_starts_with_a_faster_prior_than_a_hosted_upstream() -> None:
+    decode = endpoint('[providers.p]\napi_base = "http://h:1"\nrole = "decode"\n')
+    hosted = endpoint('[providers.p]\napi_base = "http://h:1"\nrole = "upstream"\n')
+    assert decode.predicted_ttft_ms(500, now=0.0) < hosted.predicted_ttft_ms(500, now=0.0)
