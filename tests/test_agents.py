@@ -16,6 +16,9 @@ import concurrent.futures
 import pytest
 from agents.install import PINS, AgentUnavailable, install, node_missing
 from agents.recorder import describe
+from agents.run import run_agent
+from agents.sandbox import Sandbox
+from agents.setups import SETUPS
 from agents.turn import AgentStack, Turn, agent_stack, run_turn, timing
 
 pytestmark = pytest.mark.agents
@@ -82,3 +85,20 @@ def test_qwen_code_completes_a_turn_on_the_upstream_serving_its_model(installed,
 def test_claude_code_completes_a_turn_through_the_messages_api(installed, tmp_path) -> None:
     turn, stack, totals = _turn("claude", installed, tmp_path, model="claude-sonnet-4-6")
     _assert_completed(turn, stack, totals, provider="vllm", path="/v1/messages")
+
+
+def test_codex_sandbox_as_configured_keeps_writes_inside_the_working_folder(installed, tmp_path) -> None:
+    assert "codex" not in installed, installed.get("codex")
+    sandbox = Sandbox.create(tmp_path)
+    outside = tmp_path / "outside.txt"
+    setup = SETUPS["codex"](sandbox, command=install(PINS["codex"]), base_url="http://127.0.0.1:9", model="m")
+    script = f"touch inside.txt; touch {outside}; touch {sandbox.tmp}/t.txt; true"
+    run = run_agent(
+        [setup.turn[0], "sandbox", "-c", 'sandbox_mode="workspace-write"', "--", "sh", "-c", script],
+        sandbox=sandbox,
+        env=sandbox.env(setup.env),
+        timeout_seconds=TURN_TIMEOUT_SECONDS,
+    )
+    assert run.returncode == 0, run.summary()
+    assert (sandbox.work / "inside.txt").exists(), run.summary()
+    assert not outside.exists() and not (sandbox.tmp / "t.txt").exists(), run.summary()

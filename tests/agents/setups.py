@@ -50,6 +50,18 @@ approval_policy = "never"
 sandbox_mode = "workspace-write"
 check_for_update_on_startup = false
 
+[features]
+plugins = false
+apps = false
+
+[analytics]
+enabled = false
+
+[otel]
+exporter = "none"
+trace_exporter = "none"
+metrics_exporter = "none"
+
 [sandbox_workspace_write]
 network_access = false
 exclude_tmpdir_env_var = true
