@@ -55,7 +55,7 @@ def requests_total(text: str, provider: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def test_metrics_count_every_workers_requests_and_a_dead_worker_is_replaced(tmp_path, sims) -> None:
+def test_metrics_count_every_workers_requests_and_a_dead_worker_comes_back(tmp_path, sims) -> None:
     config = tmp_path / "config.toml"
     config.write_text(config_text(sims, default="a"))
     metrics_dir = tmp_path / "prom"
@@ -78,13 +78,21 @@ def test_metrics_count_every_workers_requests_and_a_dead_worker_is_replaced(tmp_
             )
             assert "pid=" not in text
 
+        # A dead worker is started again; with the config file broken meanwhile it cannot
+        # start, the other keeps serving, and the next good reload brings it back.
+        good = config.read_text()
+        config.write_text(good.replace("default_route", "default_rout"))
         os.kill(pids[0], signal.SIGKILL)
         gw.wait_for(rf"worker 0 \(pid {pids[0]}\) exited with status -9; starting another")
-        replacement = int(gw.wait_for(WORKER_SERVING).group(2))
-        assert replacement not in pids.values()
+        gw.wait_for(r"worker 0 could not start \(status 3\); 1 workers serve until a reload")
         assert requests_total(scrape(url), "a") == sent  # the dead worker's counts stay
         with httpx.Client() as client:
             assert client.post(url + "/v1/chat/completions", json=CHAT).status_code == 200
+        config.write_text(good)
+        gw.signal(signal.SIGHUP)
+        gw.wait_for("starting worker 0 again")
+        replacement = int(gw.wait_for(WORKER_SERVING).group(2))
+        assert replacement not in pids.values()
         assert requests_total(scrape(url), "a") == sent + 1
 
         gw.signal(signal.SIGTERM)

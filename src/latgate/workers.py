@@ -19,8 +19,11 @@ Signals to the supervisor:
   reloads), else log why and leave them as they are. A worker answering
   ``POST /admin/reload`` reloads itself, then sends SIGHUP here so the others follow.
 
-A worker that dies is replaced; one that dies within :data:`MIN_UPTIME_SECONDS` of its
-start stops the supervisor (a crash loop helps nobody).
+A worker that dies is replaced. One that could not start (status
+:data:`STARTUP_FAILED`: the config file no longer loads, the app failed to start) or
+died within :data:`MIN_UPTIME_SECONDS` of its start is not started again at once (a
+crash loop helps nobody): the others keep serving, and the next successful reload
+starts it again. With no worker left the supervisor exits with status 1.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ log = logging.getLogger("latgate")
 MULTIPROC_ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"
 SHUTDOWN_GRACE_SECONDS = 5.0
 MIN_UPTIME_SECONDS = 1.0
+STARTUP_FAILED = 3  # uvicorn's status for a failed start-up too
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -65,7 +69,8 @@ class WorkerSpec:
 
 
 def run_worker(spec: WorkerSpec) -> None:
-    """A worker process's body: load the config, serve until SIGTERM. Exit 1 on a config error.
+    """A worker process's body: load the config, serve until SIGTERM. Exits with
+    :data:`STARTUP_FAILED` when the config does not load.
 
     A SIGHUP that arrives while the worker starts is remembered and acted on once it
     serves (SIGHUP's default action would end the process).
@@ -80,7 +85,7 @@ def run_worker(spec: WorkerSpec) -> None:
         config = load_config(spec.config_path)
     except ConfigError as exc:
         log.error("worker %d: %s", spec.index, exc)
-        raise SystemExit(1) from None
+        raise SystemExit(STARTUP_FAILED) from None
     from latgate.app import create_app
     from latgate.lifecycle import serve
 
@@ -137,12 +142,13 @@ class Supervisor:
         self._context = multiprocessing.get_context("spawn")
         self._procs: dict[int, multiprocessing.process.BaseProcess] = {}
         self._started_at: dict[int, float] = {}
+        self._missing: set[int] = set()  # workers that could not start, until the next reload
         self._stopping = False
         self._deadline: float | None = None
         self._exit_code = 0
 
     def run(self) -> int:
-        """Run until stopped; returns the exit code (0, or 1 after a crash loop)."""
+        """Run until stopped; returns the exit code (0, or 1 when no worker could run)."""
         with _metrics_dir() as metrics_dir, _signal_pipe() as wakeup:
             self._metrics_dir = metrics_dir
             for index in range(self._count):
@@ -193,6 +199,10 @@ class Supervisor:
         log.info("SIGHUP: reloading %d workers", len(self._procs))
         for proc in self._procs.values():
             _signal(proc, signal.SIGHUP)
+        for index in sorted(self._missing):
+            log.info("starting worker %d again", index)
+            self._start(index)
+        self._missing.clear()
 
     def _stop(self, reason: str) -> None:
         self._stopping = True
@@ -225,15 +235,16 @@ class Supervisor:
             if self._stopping:
                 continue
             uptime = time.monotonic() - self._started_at[index]
-            if uptime < MIN_UPTIME_SECONDS:
+            if proc.exitcode == STARTUP_FAILED or uptime < MIN_UPTIME_SECONDS:
+                self._missing.add(index)
                 log.error(
-                    "worker %d exited (status %s) %.1fs after it started; stopping",
+                    "worker %d could not start (status %s); %d workers serve until a reload (SIGHUP) succeeds",
                     index,
                     proc.exitcode,
-                    uptime,
+                    len(self._procs),
                 )
-                self._exit_code = 1
-                self._stop("crash loop")
+                if not self._procs:
+                    self._exit_code = 1
                 continue
             log.warning(
                 "worker %d (pid %d) exited with status %s; starting another", index, proc.pid, proc.exitcode
