@@ -28,7 +28,7 @@ from latgate.proxy.exchange import CLIENT_CLOSED, Exchange
 from latgate.proxy.forward import Forwarder
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
-from latgate.routing.decision import Router
+from latgate.routing.decision import RouteDecision, Router
 from latgate.state import HealthSync, RedisState, StateStore, open_state
 
 log = logging.getLogger("latgate")
@@ -144,10 +144,7 @@ class Gateway:
         guard = self.guard
         if guard is not None and caller is None:
             caller = guard.authenticate(headers)
-        try:
-            decision = self.router.decide(body, headers, key_policy=None if caller is None else caller.policy)
-        except (RecursionError, orjson.JSONEncodeError):  # the client's nesting defeats the token estimate
-            raise InvalidRequest("request body is nested too deeply", code="nesting_too_deep") from None
+        decision = self.decide(body, headers, key_policy=None if caller is None else caller.policy)
         exchange.public_model = decision.public_model
         exchange.prompt_tokens = decision.prompt_tokens
         if caller is not None:
@@ -166,6 +163,19 @@ class Gateway:
                     ),
                 )
         return await self.forwarder.forward(exchange=exchange, decision=decision, body=body, path=path, transform=transform)
+
+    def decide(self, body: dict[str, Any], headers: Mapping[str, str], *, key_policy: str | None = None) -> RouteDecision:
+        """``Router.decide`` for a client's body (see :meth:`Router.decide`).
+
+        Raises:
+            InvalidRequest: as ``Router.decide``, and code ``nesting_too_deep`` when the
+                body is nested too deeply to estimate its tokens.
+            NotFound: no provider serves the model.
+        """
+        try:
+            return self.router.decide(body, headers, key_policy=key_policy)
+        except (RecursionError, orjson.JSONEncodeError):  # the client's nesting defeats the token estimate
+            raise InvalidRequest("request body is nested too deeply", code="nesting_too_deep") from None
 
     def authenticate(self, headers: Mapping[str, str]) -> Caller | None:
         """The caller's key for handlers that do not go through :meth:`proxy` (or want

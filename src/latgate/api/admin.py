@@ -64,7 +64,7 @@ async def route(request: Request) -> Response:
     request_id = request.headers.get("x-request-id", "-")[:128]
     try:
         body = await read_json_object(request, max_bytes=gateway.config.server.max_body_bytes)
-        decision = gateway.router.decide(body, request.headers)
+        decision = gateway.decide(body, request.headers)
     except GatewayError as error:
         return error_response(error, request_id=request_id)
     plan = gateway.forwarder.selector.plan(decision, body, commit=False)

@@ -226,6 +226,16 @@ def openapi_document(*, version: str) -> dict[str, Any]:
             },
         }
     }
+    paths["/admin/route"] = {
+        "post": {
+            "summary": "The decision latgate would make now for this body, with live predictions (admin key with [auth])",
+            "requestBody": {"required": True, "content": _json("ChatCompletionRequest")},
+            "responses": {
+                "200": {"description": "the decision", "content": {"application/json": {"schema": {"type": "object"}}}},
+                **{s: r for s, r in _errors("ErrorResponse").items() if s in ("400", "401", "403", "404", "413")},
+            },
+        }
+    }
     paths["/admin/reload"] = {
         "post": {
             "summary": "Reload the config file (admin key with [auth])",
