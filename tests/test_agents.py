@@ -21,7 +21,9 @@ from agents.sandbox import Sandbox
 from agents.setups import SETUPS
 from agents.turn import AgentStack, Turn, agent_stack, run_turn, timing
 
-pytestmark = pytest.mark.agents
+#: A cold cache installs all four CLIs inside the first test (about a minute, at most
+#: INSTALL_TIMEOUT_SECONDS); each turn is bounded by TURN_TIMEOUT_SECONDS on its own.
+pytestmark = [pytest.mark.agents, pytest.mark.timeout(600)]
 
 TURN_TIMEOUT_SECONDS = 120
 
