@@ -163,9 +163,8 @@ class StreamRelay:
             if tap.error is not None:
                 failure = self._fail("error_event", redact_text(str(tap.error.get("message") or "error"), self.secrets))
         except UpstreamFailure as err:
-            out, _ = tap.flush()
-            if out:
-                await send({"type": "http.response.body", "body": out, "more_body": True})
+            # A partial trailing event is dropped (the SSE spec discards an event cut
+            # before its blank line), so the error event below stays a well-formed event.
             failure = self._fail("stream_" + err.kind, str(err))
         if self.transform is not None:
             await send({"type": "latgate.finish", "error": failure})
