@@ -189,3 +189,25 @@ def test_negative_usage_from_the_upstream_still_finishes_the_request_record(stre
     # leaving the block stopped the server, which runs the response's background task first
     lines = [rec.getMessage() for rec in caplog.records if rec.name == "latgate.access"]
     assert len(lines) == 1, "no access log line: Exchange.finish raised"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/messages", {"model": "m", "max_tokens": 16, "stream": True, "messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/responses", {"model": "m", "stream": True, "input": "hi"}),
+    ],
+    ids=["anthropic", "responses"],
+)
+def test_client_leaving_a_translated_api_before_the_first_token_closes_the_upstream(path: str, body: dict) -> None:
+    with replay_server(ReplayScript(stall_before_headers=True)) as up, gateway(config(up.base_url, retries=0, ftt=60, timeout=60), env={"UP_KEY": SECRET}) as gw:
+        raw = json.dumps(body).encode()
+        host, port = gw.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (path.encode(), len(raw), raw))
+            assert up.request_seen.wait(5), "the request never reached the upstream"
+        closed = up.client_closed.wait(3)
+        in_flight = metric_lines(gw.url, "latgate_in_flight_requests")
+        up.release.set()
+        assert closed, "upstream connection still open 3 s after the client left"
+        assert 'latgate_in_flight_requests{provider="up"} 0.0' in in_flight, in_flight

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from latgate.api.body import read_json_object
+from latgate.api.body import read_json_object, until_client_leaves
 from latgate.errors import GatewayError
 from latgate.gateway import Gateway
 from latgate.routing.tokens import estimate_prompt_tokens
@@ -44,7 +44,7 @@ async def messages(request: Request) -> object:
         body = await read_json_object(request, max_bytes=gateway.config.server.max_body_bytes)
         chat = messages_to_chat(body)
         transform = MessagesStream(exchange=exchange, stop_sequences=stop_sequences_of(body))
-        return await gateway.proxy(
+        forwarded = gateway.proxy(
             exchange,
             body=chat,
             headers=request.headers,
@@ -52,6 +52,7 @@ async def messages(request: Request) -> object:
             transform=transform,
             caller=caller,
         )
+        return await until_client_leaves(request, forwarded)
     except GatewayError as error:
         gateway.fail(exchange, error)
         return error_response(
