@@ -1,7 +1,8 @@
 """A real redis-server for the shared-state tests, on a free loopback port.
 
 ``redis_server()`` starts ``redis-server`` with no persistence, waits for its "Ready to
-accept connections" line on stdout (no polling, no sleeps) and yields its URL; the
+accept connections" line on stdout (read by a thread, which keeps draining the pipe; no
+polling, no sleeps) and yields its URL; the
 process is terminated on exit. Without a ``redis-server`` binary the calling test is
 skipped with a message saying how to get one (``.ci/run`` installs it).
 """
@@ -9,10 +10,9 @@ skipped with a message saying how to get one (``.ci/run`` installs it).
 from __future__ import annotations
 
 import contextlib
-import selectors
 import shutil
 import subprocess
-import time
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -40,8 +40,22 @@ def redis_server() -> Iterator[str]:
     port = free_port()
     args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ready = threading.Event()
+    seen: list[str] = []
+
+    def drain() -> None:  # reads every line, so the pipe never fills; flags the ready line
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if READY_LINE in line:
+                ready.set()
+        ready.set()  # EOF: redis-server exited
+
+    reader = threading.Thread(target=drain, name="redis-server-output", daemon=True)
+    reader.start()
     try:
-        _wait_ready(proc)
+        if not ready.wait(START_TIMEOUT_SECONDS) or proc.poll() is not None:
+            raise RuntimeError("redis-server did not start: " + "".join(seen[-5:]))
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         proc.terminate()
@@ -50,23 +64,4 @@ def redis_server() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        assert proc.stdout is not None
-        proc.stdout.close()
-
-
-def _wait_ready(proc: subprocess.Popen[str]) -> None:
-    assert proc.stdout is not None
-    seen: list[str] = []
-    deadline = time.monotonic() + START_TIMEOUT_SECONDS
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not selector.select(timeout=deadline - time.monotonic()):
-                break
-            line = proc.stdout.readline()
-            if not line:
-                break
-            seen.append(line)
-            if READY_LINE in line:
-                return
-    raise RuntimeError("redis-server did not start: " + "".join(seen[-5:]))
+        reader.join(timeout=10)
