@@ -66,6 +66,7 @@ BAD_BODIES = [
     ("messages is a string", b'{"model": "m", "messages": "hi"}', "messages"),
     ("stream is a string", b'{"model": "m", "messages": [], "stream": "yes"}', "stream"),
     ("content part type is a list", b'{"model": "m", "messages": [{"role": "user", "content": [{"type": []}]}], "max_tokens": 1}', None),
+    ("tools nested 300 deep", b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [' + b'{"a": ' * 300 + b"1" + b"}" * 300 + b"]}", "nested"),
     ("nested 400 deep", b'{"model": "m", "messages": [' + b'{"role": "user", "content": [' * 400 + b'"x"' + b"]}" * 400 + b"]}", None),
 ]
 
