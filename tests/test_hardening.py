@@ -239,3 +239,22 @@ def test_hop_by_hop_headers_cookies_and_client_credentials_never_go_upstream(pat
     assert not names & {"cookie", "proxy-authorization", "keep-alive", "x-hop", "te", "upgrade", "proxy-connection", "x-api-key", "forwarded", "x-forwarded-for"}
     assert sent.header("authorization") == f"Bearer {SECRET}"
     assert "set-cookie" not in r.headers and "x-upstream-internal" not in r.headers
+
+
+# -- body size ---------------------------------------------------------------------------
+
+
+def test_oversized_bodies_get_413_with_the_limit_declared_or_streamed() -> None:
+    with replay_server(ReplayScript.json_response(200, COMPLETION)) as upstream:
+        text = f'[server]\nmax_body_bytes = 1000\n\n[providers.up]\napi_base = "{upstream.base_url}"\n'
+        with gateway(text) as gw:
+            declared = httpx.post(gw.v1 + "/chat/completions", content=b"x" * 5000, headers={"content-type": "application/json"})
+            streamed = httpx.post(
+                gw.v1 + "/chat/completions", content=iter([b"x" * 600, b"x" * 600, b"x" * 600]), headers={"content-type": "application/json"}
+            )
+            fits = httpx.post(gw.v1 + "/chat/completions", json=BODY)
+        assert sum(1 for r in upstream.requests if r.method == "POST") == 1
+    assert declared.status_code == 413 and "5000" in declared.json()["error"]["message"] and "1000" in declared.json()["error"]["message"]
+    assert streamed.status_code == 413 and "1000" in streamed.json()["error"]["message"]
+    assert streamed.request.headers["transfer-encoding"] == "chunked"  # no size declared: caught while reading
+    assert fits.status_code == 200
