@@ -411,7 +411,7 @@ class Forwarder:
             data = transform.complete(data)
         headers = dict(self._headers(exchange, response.headers.get("content-type", "application/json"), raw=False))
         # Finished once the body was handed to the server (e2e includes writing it).
-        return Response(content=data, status_code=200, headers=headers, background=BackgroundTask(exchange.finish, self._metrics))
+        return Response(content=data, status_code=200, headers=headers, background=BackgroundTask(exchange.finish_after_send, self._metrics))
 
     def _headers(self, exchange: Exchange, content_type: str, *, raw: bool = True) -> Any:
         pairs = [("content-type", content_type)]
