@@ -135,7 +135,11 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, outcomes: C
         headers["authorization"] = "Bearer sk-wrong"
     else:
         headers["authorization"] = f"Bearer {LIMITED_KEY}"
-    kwargs = {"json": body} if body is not None else {"content": content, "headers": {**headers, "content-type": "application/json"}}
+    kwargs = (
+        {"json": body}
+        if body is not None
+        else {"content": content, "headers": {**headers, "content-type": "application/json"}}
+    )
     kwargs.setdefault("headers", headers)
     try:
         async with client.stream("POST", "/v1/chat/completions", **kwargs) as response:
@@ -176,7 +180,10 @@ async def sample(gateway_pid: int, base_url: str, *, every_seconds: float, stop_
                 "in_flight": in_flight(metrics),
             }
             samples.append(row)
-            print(f"  t={row['t_s']:7.1f}s  rss={row['rss_mb']:7.1f} MiB  requests={row['requests']:8d}  in_flight={row['in_flight']:.0f}", flush=True)
+            print(
+                f"  t={row['t_s']:7.1f}s  rss={row['rss_mb']:7.1f} MiB  requests={row['requests']:8d}  in_flight={row['in_flight']:.0f}",
+                flush=True,
+            )
             if time.monotonic() >= stop_at:
                 return
             await asyncio.sleep(min(every_seconds, max(0.0, stop_at - time.monotonic())))
@@ -189,7 +196,12 @@ def verdict(samples: list[dict], *, max_growth_mb: float) -> dict:
     early = rss[int(n * 0.2) : max(int(n * 0.4), int(n * 0.2) + 1)]
     late = rss[max(0, n - max(1, n // 5)) :]
     growth = max(late) - max(early)
-    return {"baseline_mb": max(early), "end_mb": max(late), "growth_mb": round(growth, 1), "flat": growth <= max_growth_mb}
+    return {
+        "baseline_mb": max(early),
+        "end_mb": max(late),
+        "growth_mb": round(growth, 1),
+        "flat": growth <= max_growth_mb,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,8 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-seconds", type=float, default=180.0, help="load duration (default 180)")
     parser.add_argument("--concurrency", type=int, default=16, help="client workers (default 16)")
     parser.add_argument("--sample-seconds", type=float, default=5.0, help="RSS sampling period (default 5)")
-    parser.add_argument("--max-growth-mb", type=float, default=10.0, help="allowed RSS growth (default 10 MiB)")
-    parser.add_argument("--redis-url", help="share limits and health through this Redis (default: in-process)")
+    parser.add_argument(
+        "--max-growth-mb", type=float, default=10.0, help="allowed RSS growth (default 10 MiB)"
+    )
+    parser.add_argument(
+        "--redis-url", help="share limits and health through this Redis (default: in-process)"
+    )
     parser.add_argument("--seed", type=int, default=1, help="request mix and fault seed (default 1)")
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--gateway-log", help="write the gateway's log here (default: discarded)")
@@ -211,15 +227,40 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "soak.toml"
-        config.write_text(CONFIG.format(a=ports["a"], b=ports["b"], good=GOOD_KEY, limited=LIMITED_KEY, state=state))
+        config.write_text(
+            CONFIG.format(a=ports["a"], b=ports["b"], good=GOOD_KEY, limited=LIMITED_KEY, state=state)
+        )
         try:
             for name in ("a", "b"):
                 seed = str(args.seed + (name == "b"))
-                cmd = [sys.executable, "-m", "latgate", "sim", "--port", str(ports[name]), "--name", name, "--seed", seed, *SIM_FAULTS]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "latgate",
+                    "sim",
+                    "--port",
+                    str(ports[name]),
+                    "--name",
+                    name,
+                    "--seed",
+                    seed,
+                    *SIM_FAULTS,
+                ]
                 procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             log = open(args.gateway_log, "w") if args.gateway_log else subprocess.DEVNULL  # noqa: SIM115
             gateway = subprocess.Popen(
-                [sys.executable, "-m", "latgate", "serve", "--config", str(config), "--port", str(ports["gateway"]), "--log-level", "warning"],
+                [
+                    sys.executable,
+                    "-m",
+                    "latgate",
+                    "serve",
+                    "--config",
+                    str(config),
+                    "--port",
+                    str(ports["gateway"]),
+                    "--log-level",
+                    "warning",
+                ],
                 stdout=log,
                 stderr=log,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -229,7 +270,10 @@ def main(argv: list[str] | None = None) -> int:
                 wait_ready(f"http://127.0.0.1:{ports[name]}/health", procs[0 if name == "a" else 1])
             base_url = f"http://127.0.0.1:{ports['gateway']}"
             wait_ready(base_url + "/healthz", gateway)
-            print(f"soak: {args.duration_seconds:.0f} s, {args.concurrency} workers, faults {' '.join(SIM_FAULTS[:10])}", flush=True)
+            print(
+                f"soak: {args.duration_seconds:.0f} s, {args.concurrency} workers, faults {' '.join(SIM_FAULTS[:10])}",
+                flush=True,
+            )
             outcomes: Counter[str] = Counter()
             samples: list[dict] = []
             started = time.monotonic()
@@ -237,9 +281,22 @@ def main(argv: list[str] | None = None) -> int:
 
             async def run() -> None:
                 await asyncio.gather(
-                    load(base_url, concurrency=args.concurrency, stop_at=stop_at, seed=args.seed, outcomes=outcomes),
-                    sample(gateway.pid, base_url, every_seconds=args.sample_seconds, stop_at=stop_at, started=started,
-                           outcomes=outcomes, samples=samples),  # fmt: skip
+                    load(
+                        base_url,
+                        concurrency=args.concurrency,
+                        stop_at=stop_at,
+                        seed=args.seed,
+                        outcomes=outcomes,
+                    ),
+                    sample(
+                        gateway.pid,
+                        base_url,
+                        every_seconds=args.sample_seconds,
+                        stop_at=stop_at,
+                        started=started,
+                        outcomes=outcomes,
+                        samples=samples,
+                    ),
                 )
 
             asyncio.run(run())

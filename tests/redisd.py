@@ -16,7 +16,6 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-
 from servers import listening_socket
 
 READY_LINE = "Ready to accept connections"
@@ -36,9 +35,23 @@ def redis_server() -> Iterator[str]:
     """Run ``redis-server`` on loopback; yields ``redis://127.0.0.1:PORT/0``."""
     exe = shutil.which("redis-server")
     if exe is None:
-        pytest.skip("redis-server is not installed: `apt-get install redis-server` (.ci/run does it) to run the Redis tests")
+        pytest.skip(
+            "redis-server is not installed: `apt-get install redis-server` (.ci/run does it) to run the Redis tests"
+        )
     port = free_port()
-    args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"]
+    args = [
+        exe,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--protected-mode",
+        "no",
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ready = threading.Event()
     seen: list[str] = []

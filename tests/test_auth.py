@@ -9,13 +9,13 @@ import anthropic
 import httpx
 import openai
 import pytest
+from replay import ReplayScript, replay_server
+from stack import gateway
 
 from latgate.auth import AuthGuard, KeyRing, key_digest, presented_key
 from latgate.config.schema import AuthConfig, AuthKey
 from latgate.errors import AuthenticationFailed, PermissionDenied
 from latgate.state import MemoryState
-from replay import ReplayScript, replay_server
-from stack import gateway
 
 COMPLETION = {
     "id": "c1",
@@ -73,9 +73,11 @@ def auth_config(base: str) -> str:
 
 @pytest.fixture(scope="module")
 def served():
-    with replay_server(ReplayScript.json_response(200, COMPLETION)) as upstream:
-        with gateway(auth_config(upstream.base_url), env=ENV) as gw:
-            yield gw, upstream
+    with (
+        replay_server(ReplayScript.json_response(200, COMPLETION)) as upstream,
+        gateway(auth_config(upstream.base_url), env=ENV) as gw,
+    ):
+        yield gw, upstream
 
 
 def test_request_without_a_key_gets_401_in_the_openai_envelope_and_never_goes_upstream(served) -> None:
@@ -115,7 +117,9 @@ def test_key_stored_as_sha256_is_accepted_as_bearer_or_x_api_key(served, headers
 def test_client_key_is_never_forwarded_upstream_and_the_provider_gets_its_own(served) -> None:
     gw, upstream = served
     r = httpx.post(
-        gw.v1 + "/chat/completions", json=BODY, headers={"Authorization": "Bearer sk-team-a", "x-api-key": "sk-team-a"}
+        gw.v1 + "/chat/completions",
+        json=BODY,
+        headers={"Authorization": "Bearer sk-team-a", "x-api-key": "sk-team-a"},
     )
     assert r.status_code == 200 and r.headers["x-latgate-provider"] == "fast"
     sent = [r for r in upstream.requests if r.method == "POST"][-1]
@@ -127,10 +131,16 @@ def test_client_key_is_never_forwarded_upstream_and_the_provider_gets_its_own(se
 def test_model_outside_the_keys_allow_list_gets_403_naming_the_param(served) -> None:
     gw, upstream = served
     before = posts(upstream)
-    r = httpx.post(gw.v1 + "/chat/completions", json={**BODY, "model": "n"}, headers={"x-api-key": "sk-team-a"})
+    r = httpx.post(
+        gw.v1 + "/chat/completions", json={**BODY, "model": "n"}, headers={"x-api-key": "sk-team-a"}
+    )
     assert r.status_code == 403
     error = r.json()["error"]
-    assert error["type"] == "permission_error" and error["param"] == "model" and error["code"] == "model_not_allowed"
+    assert (
+        error["type"] == "permission_error"
+        and error["param"] == "model"
+        and error["code"] == "model_not_allowed"
+    )
     assert "team-a" in error["message"]
     assert posts(upstream) == before
 
@@ -139,9 +149,15 @@ def test_keys_policy_is_the_default_route_policy_and_a_header_still_overrides_it
     gw, _ = served
     key = {"Authorization": "Bearer sk-team-a"}
     r = httpx.post(gw.v1 + "/chat/completions", json=BODY, headers=key)
-    assert (r.headers["x-latgate-provider"], r.headers["x-latgate-route-reason"]) == ("fast", "policy:interactive")
+    assert (r.headers["x-latgate-provider"], r.headers["x-latgate-route-reason"]) == (
+        "fast",
+        "policy:interactive",
+    )
     other = httpx.post(gw.v1 + "/chat/completions", json=BODY, headers={"Authorization": "Bearer sk-team-b"})
-    assert (other.headers["x-latgate-provider"], other.headers["x-latgate-route-reason"]) == ("slow", "default")
+    assert (other.headers["x-latgate-provider"], other.headers["x-latgate-route-reason"]) == (
+        "slow",
+        "default",
+    )
 
 
 def test_admin_routes_need_an_admin_key_while_probes_and_metrics_stay_open(served) -> None:
@@ -151,7 +167,9 @@ def test_admin_routes_need_an_admin_key_while_probes_and_metrics_stay_open(serve
     assert denied.status_code == 403 and denied.json()["error"]["code"] == "admin_key_required"
     allowed = httpx.get(gw.url + "/admin/providers", headers={"Authorization": "Bearer sk-ops"})
     assert allowed.status_code == 200 and "fast" in allowed.json()["providers"]
-    assert httpx.post(gw.url + "/admin/reload", headers={"Authorization": "Bearer sk-team-b"}).status_code == 403
+    assert (
+        httpx.post(gw.url + "/admin/reload", headers={"Authorization": "Bearer sk-team-b"}).status_code == 403
+    )
     for path in ("/", "/healthz", "/readyz", "/metrics"):
         assert httpx.get(gw.url + path).status_code == 200, path
 
@@ -184,12 +202,14 @@ def test_anthropic_messages_route_checks_the_key_and_answers_in_its_own_envelope
 
 
 def test_without_an_auth_section_no_key_is_needed_and_no_guard_exists() -> None:
-    text = "[providers.up]\napi_base = \"{base}\"\n"
-    with replay_server(ReplayScript.json_response(200, COMPLETION)) as upstream:
-        with gateway(text.format(base=upstream.base_url)) as gw:
-            assert gw.app.state.gateway.guard is None
-            assert httpx.post(gw.v1 + "/chat/completions", json=BODY).status_code == 200
-            assert httpx.get(gw.url + "/admin/providers").status_code == 200
+    text = '[providers.up]\napi_base = "{base}"\n'
+    with (
+        replay_server(ReplayScript.json_response(200, COMPLETION)) as upstream,
+        gateway(text.format(base=upstream.base_url)) as gw,
+    ):
+        assert gw.app.state.gateway.guard is None
+        assert httpx.post(gw.v1 + "/chat/completions", json=BODY).status_code == 200
+        assert httpx.get(gw.url + "/admin/providers").status_code == 200
 
 
 # -- units ---------------------------------------------------------------------------
@@ -231,7 +251,9 @@ def test_oversized_presented_key_is_refused_without_hashing() -> None:
 
 def test_guard_raises_typed_errors() -> None:
     guard = AuthGuard(
-        config=AuthConfig(keys=(AuthKey(name="a", key="sk-a", models=("m",)), AuthKey(name="root", key="sk-r", admin=True))),
+        config=AuthConfig(
+            keys=(AuthKey(name="a", key="sk-a", models=("m",)), AuthKey(name="root", key="sk-r", admin=True))
+        ),
         store=MemoryState(),
         fail_open=True,
     )

@@ -16,13 +16,17 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-
 from replay import ReplayScript, load_stream, replay_server, split_points
 from stack import gateway
 
 STREAM = load_stream("vllm_chat")
 EVENTS = split_points(STREAM, "events")
-BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "stream_options": {"include_usage": True}}
+BODY = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "hi"}],
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
 ERROR_FIRST = b'data: {"error": {"message": "engine overloaded", "type": "server_error", "code": 503}}\n\n'
 
 CONFIG = """
@@ -48,7 +52,9 @@ default_route = "primary"
 class Fault:
     scripts: list[ReplayScript] | ReplayScript
     status: int  # what the client gets
-    outcome: str  # "backup" (answered by the fallback), "error" (envelope), "broken" (error event after output)
+    outcome: (
+        str  # "backup" (answered by the fallback), "error" (envelope), "broken" (error event after output)
+    )
     retries: int = 1
     fallback: bool = True
     closes_upstream: bool = False  # the gateway must close the primary's connection
@@ -58,19 +64,35 @@ class Fault:
 
 def json_error(status: int, *, retry_after: str | None = None) -> ReplayScript:
     headers = [("retry-after", retry_after)] if retry_after else []
-    return ReplayScript.json_response(status, {"error": {"message": f"status {status}", "type": "server_error"}}, headers=headers)
+    return ReplayScript.json_response(
+        status, {"error": {"message": f"status {status}", "type": "server_error"}}, headers=headers
+    )
 
 
 FAULTS = {
     "refused, with a fallback": Fault(ReplayScript.sse(STREAM), 200, "backup", refused=True),
     "refused, alone": Fault(ReplayScript.sse(STREAM), 502, "error", refused=True, fallback=False),
-    "no headers before the first-token deadline": Fault(ReplayScript(stall_before_headers=True), 200, "backup", closes_upstream=True),
-    "no first token before the deadline": Fault(ReplayScript.sse(STREAM[: EVENTS[0]], end="stall"), 200, "backup", closes_upstream=True),
-    "no first token, alone": Fault(ReplayScript.sse(STREAM[: EVENTS[0]], end="stall"), 504, "error", fallback=False, closes_upstream=True),
-    "dies mid-stream": Fault(ReplayScript.sse(STREAM[: EVENTS[4]], split_at=EVENTS[:4], end="drop"), 200, "broken"),
-    "reset mid-stream": Fault(ReplayScript.sse(STREAM[: EVENTS[4]], split_at=EVENTS[:4], end="reset", pause_ms=20), 200, "broken"),
+    "no headers before the first-token deadline": Fault(
+        ReplayScript(stall_before_headers=True), 200, "backup", closes_upstream=True
+    ),
+    "no first token before the deadline": Fault(
+        ReplayScript.sse(STREAM[: EVENTS[0]], end="stall"), 200, "backup", closes_upstream=True
+    ),
+    "no first token, alone": Fault(
+        ReplayScript.sse(STREAM[: EVENTS[0]], end="stall"), 504, "error", fallback=False, closes_upstream=True
+    ),
+    "dies mid-stream": Fault(
+        ReplayScript.sse(STREAM[: EVENTS[4]], split_at=EVENTS[:4], end="drop"), 200, "broken"
+    ),
+    "reset mid-stream": Fault(
+        ReplayScript.sse(STREAM[: EVENTS[4]], split_at=EVENTS[:4], end="reset", pause_ms=20), 200, "broken"
+    ),
     "stalls between chunks": Fault(
-        ReplayScript.sse(STREAM[: EVENTS[4]], split_at=EVENTS[:4], end="stall"), 200, "broken", closes_upstream=True, read_timeout=0.5
+        ReplayScript.sse(STREAM[: EVENTS[4]], split_at=EVENTS[:4], end="stall"),
+        200,
+        "broken",
+        closes_upstream=True,
+        read_timeout=0.5,
     ),
     "429 then fine": Fault([json_error(429, retry_after="0"), ReplayScript.sse(STREAM)], 200, "primary"),
     "429 asking for a long pause": Fault(json_error(429, retry_after="60"), 200, "backup"),
@@ -137,21 +159,30 @@ def test_fault_gives_a_clear_outcome_and_leaves_nothing_behind(name: str) -> Non
 
 def test_client_disconnecting_mid_stream_closes_the_upstream_and_counts_a_499() -> None:
     script = ReplayScript.sse(STREAM[: EVENTS[3]], split_at=EVENTS[:3], end="stall")
-    with replay_server(script) as primary, replay_server(ReplayScript.sse(STREAM)) as backup:
-        with gateway(fault_config(FAULTS["dies mid-stream"], primary.base_url, backup.base_url)) as gw:
-            with httpx.Client(timeout=10) as client, client.stream("POST", gw.v1 + "/chat/completions", json=BODY) as r:
-                for line in r.iter_lines():
-                    if '"content":"' in line and '"content":""' not in line:
-                        break
-            assert primary.client_closed.wait(5)
-            metrics = httpx.get(gw.url + "/metrics").text
+    with (
+        replay_server(script) as primary,
+        replay_server(ReplayScript.sse(STREAM)) as backup,
+        gateway(fault_config(FAULTS["dies mid-stream"], primary.base_url, backup.base_url)) as gw,
+    ):
+        with (
+            httpx.Client(timeout=10) as client,
+            client.stream("POST", gw.v1 + "/chat/completions", json=BODY) as r,
+        ):
+            for line in r.iter_lines():
+                if '"content":"' in line and '"content":""' not in line:
+                    break
+        assert primary.client_closed.wait(5)
+        metrics = httpx.get(gw.url + "/metrics").text
     assert 'latgate_requests_total{code="499",model="other",provider="primary"} 1.0' in metrics
     assert in_flight(metrics, "primary") == 0.0
 
 
 def test_client_disconnecting_mid_request_sends_nothing_upstream_and_logs_no_internal_error(caplog) -> None:
     caplog.set_level(logging.INFO)
-    with replay_server(ReplayScript.sse(STREAM)) as primary, replay_server(ReplayScript.sse(STREAM)) as backup:
+    with (
+        replay_server(ReplayScript.sse(STREAM)) as primary,
+        replay_server(ReplayScript.sse(STREAM)) as backup,
+    ):
         with gateway(fault_config(FAULTS["dies mid-stream"], primary.base_url, backup.base_url)) as gw:
             port = int(gw.url.rsplit(":", 1)[1])
             with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
@@ -164,4 +195,6 @@ def test_client_disconnecting_mid_request_sends_nothing_upstream_and_logs_no_int
         assert r.status_code == 200
         assert len(primary.requests) == 1  # only the second, whole request went upstream
     assert in_flight(metrics, "primary") == 0.0
-    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR], [rec.getMessage() for rec in caplog.records]
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR], [
+        rec.getMessage() for rec in caplog.records
+    ]

@@ -15,7 +15,13 @@ SOAK = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
 def test_short_soak_with_injected_faults_ends_clean(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     args = ["--duration-seconds", "4", "--sample-seconds", "1", "--concurrency", "4", "--max-growth-mb", "64"]
-    result = subprocess.run([sys.executable, str(SOAK), *args, "--json", str(out)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(SOAK), *args, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(out.read_text())
     outcomes = report["outcomes"]

@@ -16,6 +16,9 @@ import httpx
 import pytest
 import trustme
 import uvicorn
+from replay import ReplayScript, load_stream, replay_server, split_points
+from servers import listening_socket
+from stack import FAST, gateway
 
 from latgate.app import create_app
 from latgate.config import load_config_text
@@ -23,9 +26,6 @@ from latgate.httplimits import MAX_FIELD_BYTES, MAX_FIELDS, MAX_HEAD_BYTES
 from latgate.lifecycle import uvicorn_config
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
 from latgate.sim import SimOptions, create_sim_app
-from replay import ReplayScript, load_stream, replay_server, split_points
-from servers import listening_socket
-from stack import FAST, gateway
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {
@@ -43,7 +43,9 @@ SECRET = "sk-upstream-9f8e7d6c5b4a"
 def serve_like_latgate_serve(app) -> Iterator[int]:
     """Serve ``app`` with the uvicorn settings ``latgate serve`` uses; yields the port."""
     sock = listening_socket()
-    server = uvicorn.Server(uvicorn_config(app, log_level="warning", log_format="text", drain_timeout_seconds=1))
+    server = uvicorn.Server(
+        uvicorn_config(app, log_level="warning", log_format="text", drain_timeout_seconds=1)
+    )
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
     try:
@@ -67,7 +69,9 @@ def raw_exchange(port: int, head: bytes, *, body: bytes = b"", pieces: int = 1) 
         with contextlib.suppress(OSError):
             while chunk := conn.recv(65536):
                 received += chunk
-                if b"\r\n\r\n" in received and (b"connection: close" in received.lower() or len(received) > 200_000):
+                if b"\r\n\r\n" in received and (
+                    b"connection: close" in received.lower() or len(received) > 200_000
+                ):
                     break
         return received
 
@@ -75,7 +79,9 @@ def raw_exchange(port: int, head: bytes, *, body: bytes = b"", pieces: int = 1) 
 @pytest.fixture(scope="module")
 def latgate_port():
     with replay_server(ReplayScript.json_response(200, COMPLETION)) as upstream:
-        config = load_config_text(f'[providers.up]\napi_base = "{upstream.base_url}"\n', source="t.toml", env={})
+        config = load_config_text(
+            f'[providers.up]\napi_base = "{upstream.base_url}"\n', source="t.toml", env={}
+        )
         with serve_like_latgate_serve(create_app(config)) as port:
             yield port
 
@@ -94,7 +100,9 @@ def request_head(*fields: bytes, target: bytes = b"/v1/models") -> bytes:
         ("a field that never ends", b"GET / HTTP/1.1\r\nX-Endless: " + b"c" * (2 * MAX_HEAD_BYTES), 40),
     ],
 )
-def test_oversized_request_heads_get_431_in_the_openai_envelope(latgate_port: int, what: str, head: bytes, pieces: int) -> None:
+def test_oversized_request_heads_get_431_in_the_openai_envelope(
+    latgate_port: int, what: str, head: bytes, pieces: int
+) -> None:
     answer = raw_exchange(latgate_port, head, pieces=pieces)
     status_line, _, rest = answer.partition(b"\r\n")
     assert status_line == b"HTTP/1.1 431 Request Header Fields Too Large", what
@@ -107,7 +115,11 @@ def test_ordinary_heads_with_large_bodies_pass_on_a_kept_alive_connection(latgat
     with httpx.Client(base_url=f"http://127.0.0.1:{latgate_port}") as client:
         headers = {f"x-h{i}": "v" * 200 for i in range(40)}
         for _ in range(3):
-            r = client.post("/v1/chat/completions", content=content, headers={**headers, "content-type": "application/json"})
+            r = client.post(
+                "/v1/chat/completions",
+                content=content,
+                headers={**headers, "content-type": "application/json"},
+            )
             assert r.status_code == 200
         assert client.get("/v1/models").status_code == 200
 
@@ -116,9 +128,15 @@ def test_ordinary_heads_with_large_bodies_pass_on_a_kept_alive_connection(latgat
 
 
 FAULTS = {
-    "401 echoing the key": ReplayScript.json_response(401, {"error": {"message": f"Incorrect API key provided: {SECRET}"}}),
-    "500 naming hosts": ReplayScript.json_response(500, {"error": {"message": "backend http://10.1.2.3:8000/v1 failed; key " + SECRET}}),
-    "error event first": ReplayScript.sse(b'data: {"error": {"message": "upstream http://10.9.9.9/x rejected ' + SECRET.encode() + b'"}}\n\n'),
+    "401 echoing the key": ReplayScript.json_response(
+        401, {"error": {"message": f"Incorrect API key provided: {SECRET}"}}
+    ),
+    "500 naming hosts": ReplayScript.json_response(
+        500, {"error": {"message": "backend http://10.1.2.3:8000/v1 failed; key " + SECRET}}
+    ),
+    "error event first": ReplayScript.sse(
+        b'data: {"error": {"message": "upstream http://10.9.9.9/x rejected ' + SECRET.encode() + b'"}}\n\n'
+    ),
     "dies mid-stream": ReplayScript.sse(
         load_stream("vllm_chat")[: split_points(load_stream("vllm_chat"), "events")[3]], end="drop"
     ),
@@ -126,11 +144,18 @@ FAULTS = {
 }
 
 
-SECRET_CASES = [(fault, stream) for fault in FAULTS for stream in (False, True) if not (fault == "error event first" and not stream)]
+SECRET_CASES = [
+    (fault, stream)
+    for fault in FAULTS
+    for stream in (False, True)
+    if not (fault == "error event first" and not stream)
+]
 
 
 @pytest.mark.parametrize(("fault", "stream"), SECRET_CASES)
-def test_no_upstream_key_internal_url_or_traceback_in_responses_or_logs(caplog, fault: str, stream: bool) -> None:
+def test_no_upstream_key_internal_url_or_traceback_in_responses_or_logs(
+    caplog, fault: str, stream: bool
+) -> None:
     caplog.set_level(logging.DEBUG)
     with replay_server(FAULTS[fault]) as upstream:
         port = upstream.base_url.split(":")[2].split("/")[0]
@@ -145,7 +170,8 @@ def test_no_upstream_key_internal_url_or_traceback_in_responses_or_logs(caplog, 
         "metrics": metrics,
         "admin": providers,
         "logs": "\n".join(
-            record.getMessage() + (record.exc_text or "") + str(record.exc_info or "") for record in caplog.records
+            record.getMessage() + (record.exc_text or "") + str(record.exc_info or "")
+            for record in caplog.records
         ),
     }
     for where, text in surfaces.items():
@@ -165,7 +191,9 @@ def tls_simulator() -> Iterator[tuple[str, trustme.CA]]:
     with cert.cert_chain_pems[0].tempfile() as certfile, cert.private_key_pem.tempfile() as keyfile:
         sock = listening_socket()
         app = create_sim_app(SimOptions(name="tls", **FAST))
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", http="h11", ssl_certfile=certfile, ssl_keyfile=keyfile)
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="on", http="h11", ssl_certfile=certfile, ssl_keyfile=keyfile
+        )
         server = uvicorn.Server(config)
         thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
         thread.start()
@@ -178,16 +206,24 @@ def tls_simulator() -> Iterator[tuple[str, trustme.CA]]:
 
 
 def test_upstream_tls_is_verified_by_default() -> None:
-    with tls_simulator() as (origin, ca):
+    with tls_simulator() as (origin, _ca):
         with gateway(f'[defaults]\nmax_retries = 0\n\n[providers.tls]\napi_base = "{origin}/v1"\n') as gw:
             r = httpx.post(gw.v1 + "/chat/completions", json=BODY)
             assert r.status_code == 502
             assert r.json()["error"]["code"] == "upstream_unavailable"
 
         async def attempt(verify: bool | ssl.SSLContext) -> int:
-            client = UpstreamClient(connect_timeout_seconds=2, read_timeout_seconds=2, **({} if verify is True else {"verify": verify}))
+            client = UpstreamClient(
+                connect_timeout_seconds=2,
+                read_timeout_seconds=2,
+                **({} if verify is True else {"verify": verify}),
+            )
             try:
-                response = await client.open(url=origin + "/v1/chat/completions", payload=json.dumps(BODY).encode(), headers={"content-type": "application/json"})
+                response = await client.open(
+                    url=origin + "/v1/chat/completions",
+                    payload=json.dumps(BODY).encode(),
+                    headers={"content-type": "application/json"},
+                )
                 await response.aread()
                 await response.aclose()
                 return response.status_code
@@ -227,8 +263,15 @@ def test_hop_by_hop_headers_cookies_and_client_credentials_never_go_upstream(pat
         "/v1/messages": {"model": "m", "max_tokens": 5, "messages": BODY["messages"]},
         "/v1/responses": {"model": "m", "input": "hi"},
     }
-    with replay_server(ReplayScript.json_response(200, COMPLETION, headers=[("set-cookie", "upstream=1"), ("x-upstream-internal", "yes")])) as upstream:
-        with gateway(f'[providers.up]\napi_base = "{upstream.base_url}"\napi_key_env = "UP_KEY"\n', env={"UP_KEY": SECRET}) as gw:
+    with replay_server(
+        ReplayScript.json_response(
+            200, COMPLETION, headers=[("set-cookie", "upstream=1"), ("x-upstream-internal", "yes")]
+        )
+    ) as upstream:
+        with gateway(
+            f'[providers.up]\napi_base = "{upstream.base_url}"\napi_key_env = "UP_KEY"\n',
+            env={"UP_KEY": SECRET},
+        ) as gw:
             r = httpx.post(gw.url + path, json=bodies[path], headers=CLIENT_HEADERS)
         assert r.status_code == 200
         sent = upstream.requests[0]
@@ -236,7 +279,18 @@ def test_hop_by_hop_headers_cookies_and_client_credentials_never_go_upstream(pat
     values = " ".join(value for _, value in sent.headers)
     for header, value in CLIENT_HEADERS.items():
         assert value not in values, header
-    assert not names & {"cookie", "proxy-authorization", "keep-alive", "x-hop", "te", "upgrade", "proxy-connection", "x-api-key", "forwarded", "x-forwarded-for"}
+    assert not names & {
+        "cookie",
+        "proxy-authorization",
+        "keep-alive",
+        "x-hop",
+        "te",
+        "upgrade",
+        "proxy-connection",
+        "x-api-key",
+        "forwarded",
+        "x-forwarded-for",
+    }
     assert sent.header("authorization") == f"Bearer {SECRET}"
     assert "set-cookie" not in r.headers and "x-upstream-internal" not in r.headers
 
@@ -248,13 +302,23 @@ def test_oversized_bodies_get_413_with_the_limit_declared_or_streamed() -> None:
     with replay_server(ReplayScript.json_response(200, COMPLETION)) as upstream:
         text = f'[server]\nmax_body_bytes = 1000\n\n[providers.up]\napi_base = "{upstream.base_url}"\n'
         with gateway(text) as gw:
-            declared = httpx.post(gw.v1 + "/chat/completions", content=b"x" * 5000, headers={"content-type": "application/json"})
+            declared = httpx.post(
+                gw.v1 + "/chat/completions", content=b"x" * 5000, headers={"content-type": "application/json"}
+            )
             streamed = httpx.post(
-                gw.v1 + "/chat/completions", content=iter([b"x" * 600, b"x" * 600, b"x" * 600]), headers={"content-type": "application/json"}
+                gw.v1 + "/chat/completions",
+                content=iter([b"x" * 600, b"x" * 600, b"x" * 600]),
+                headers={"content-type": "application/json"},
             )
             fits = httpx.post(gw.v1 + "/chat/completions", json=BODY)
         assert sum(1 for r in upstream.requests if r.method == "POST") == 1
-    assert declared.status_code == 413 and "5000" in declared.json()["error"]["message"] and "1000" in declared.json()["error"]["message"]
+    assert (
+        declared.status_code == 413
+        and "5000" in declared.json()["error"]["message"]
+        and "1000" in declared.json()["error"]["message"]
+    )
     assert streamed.status_code == 413 and "1000" in streamed.json()["error"]["message"]
-    assert streamed.request.headers["transfer-encoding"] == "chunked"  # no size declared: caught while reading
+    assert (
+        streamed.request.headers["transfer-encoding"] == "chunked"
+    )  # no size declared: caught while reading
     assert fits.status_code == 200

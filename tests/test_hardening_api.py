@@ -10,12 +10,12 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from stack import FAST, gateway, simulators
 
 from latgate.api.openapi_doc import openapi_document
 from latgate.app import create_app
 from latgate.config import load_config_text
 from latgate.sim import SimOptions
-from stack import FAST, gateway, simulators
 
 SCHEMA = schemathesis.openapi.from_dict(openapi_document(version="test"))
 SCHEMA.config.generation.update(
@@ -52,7 +52,9 @@ def test_openapi_document_is_served_and_lists_every_route_latgate_serves(served)
     assert document == openapi_document(version=document["info"]["version"])
     app = create_app(load_config_text('[providers.a]\napi_base = "http://127.0.0.1:9"\n', source="t", env={}))
     served_paths = set(app._hot) | {
-        route.path.replace("{model_id:path}", "{model_id}") for route in app.fastapi.routes if hasattr(route, "methods")
+        route.path.replace("{model_id:path}", "{model_id}")
+        for route in app.fastapi.routes
+        if hasattr(route, "methods")
     }
     assert served_paths - {"/openapi.json"} <= set(document["paths"])
 
@@ -65,17 +67,41 @@ BAD_BODIES = [
     ("model is a number", b'{"model": 5, "messages": []}', "model"),
     ("messages is a string", b'{"model": "m", "messages": "hi"}', "messages"),
     ("stream is a string", b'{"model": "m", "messages": [], "stream": "yes"}', "stream"),
-    ("content part type is a list", b'{"model": "m", "messages": [{"role": "user", "content": [{"type": []}]}], "max_tokens": 1}', None),
-    ("tools nested 300 deep", b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [' + b'{"a": ' * 300 + b"1" + b"}" * 300 + b"]}", "nested"),
-    ("nested 400 deep", b'{"model": "m", "messages": [' + b'{"role": "user", "content": [' * 400 + b'"x"' + b"]}" * 400 + b"]}", None),
+    (
+        "content part type is a list",
+        b'{"model": "m", "messages": [{"role": "user", "content": [{"type": []}]}], "max_tokens": 1}',
+        None,
+    ),
+    (
+        "tools nested 300 deep",
+        b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": ['
+        + b'{"a": ' * 300
+        + b"1"
+        + b"}" * 300
+        + b"]}",
+        "nested",
+    ),
+    (
+        "nested 400 deep",
+        b'{"model": "m", "messages": ['
+        + b'{"role": "user", "content": [' * 400
+        + b'"x"'
+        + b"]}" * 400
+        + b"]}",
+        None,
+    ),
 ]
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/admin/route"])
 @pytest.mark.parametrize(("what", "content", "words"), BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
-def test_bad_bodies_get_a_400_envelope_never_a_500(served, path: str, what: str, content: bytes, words: str | None) -> None:
+def test_bad_bodies_get_a_400_envelope_never_a_500(
+    served, path: str, what: str, content: bytes, words: str | None
+) -> None:
     r = httpx.post(served + path, content=content, headers={"content-type": "application/json"})
-    assert r.status_code in (200, 400), what  # a part type the gateway does not know is the upstream's business
+    assert r.status_code in (200, 400), (
+        what
+    )  # a part type the gateway does not know is the upstream's business
     if r.status_code == 400:
         error = r.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}

@@ -21,7 +21,9 @@ from latgate.proxy.relay import StreamRelay
 from latgate.proxy.sse import StreamTap
 
 CLEAN = [name for name in stream_fixture_names() if name != "error_first_event"]
-PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+PROPERTY = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
 
 
 @st.composite
@@ -64,7 +66,9 @@ def sse_events(data: bytes) -> list[bytes]:
 
 @PROPERTY
 @given(split_stream(), st.booleans())
-def test_tap_edits_give_the_same_events_for_any_split(case: tuple[str, list[bytes]], drop_usage: bool) -> None:
+def test_tap_edits_give_the_same_events_for_any_split(
+    case: tuple[str, list[bytes]], drop_usage: bool
+) -> None:
     # Bytes may differ in runs of blank lines where an event was dropped (reported to
     # the SSE tap's owner); the events a client sees must not.
     _, pieces = case
@@ -88,7 +92,12 @@ async def upstream_body(pieces: list[bytes], *, then_fail: bool) -> AsyncIterato
 async def run_relay(pieces: list[bytes], *, then_fail: bool = False) -> tuple[bytes, Exchange, int, Metrics]:
     metrics = Metrics(providers=["up"], models=["m"])
     exchange = Exchange(
-        request_id="r", received_at=time.perf_counter(), path="/chat/completions", stream=True, provider="up", public_model="m"
+        request_id="r",
+        received_at=time.perf_counter(),
+        path="/chat/completions",
+        stream=True,
+        provider="up",
+        public_model="m",
     )
     closed = []
     sent: list[bytes] = []
@@ -154,7 +163,10 @@ def check_cut_stream(body: bytes, cut: int, cuts: list[int]) -> None:
     assert b"[DONE]" not in forwarded
     assert exchange.status == 502 and closes == 1
     rendered = metrics.render()[0].decode()
-    assert 'latgate_in_flight_requests{provider="up"}' not in rendered or 'latgate_in_flight_requests{provider="up"} 0.0' in rendered
+    assert (
+        'latgate_in_flight_requests{provider="up"}' not in rendered
+        or 'latgate_in_flight_requests{provider="up"} 0.0' in rendered
+    )
 
 
 def event_ends(body: bytes) -> list[int]:
@@ -168,11 +180,17 @@ def event_ends(body: bytes) -> list[int]:
 
 @PROPERTY
 @given(st.sampled_from(CUT_STREAMS), st.data())
-def test_a_stream_cut_between_events_ends_with_them_one_error_event_and_no_done(name: str, data: st.DataObject) -> None:
+def test_a_stream_cut_between_events_ends_with_them_one_error_event_and_no_done(
+    name: str, data: st.DataObject
+) -> None:
     body = load_stream(name)
     ends = [end for end in event_ends(body) if end < body.find(b"data: [DONE]")]
     cut = data.draw(st.sampled_from(ends), label="cut")
-    check_cut_stream(body, cut, data.draw(st.lists(st.integers(min_value=1, max_value=cut - 1), max_size=20), label="reads"))
+    check_cut_stream(
+        body,
+        cut,
+        data.draw(st.lists(st.integers(min_value=1, max_value=cut - 1), max_size=20), label="reads"),
+    )
 
 
 @PROPERTY
@@ -182,5 +200,12 @@ def test_a_stream_cut_inside_an_event_ends_with_the_whole_events_one_error_event
 ) -> None:
     body = load_stream(name)
     ends = set(event_ends(body))
-    cut = data.draw(st.integers(min_value=1, max_value=body.find(b"data: [DONE]") - 1).filter(lambda c: c not in ends), label="cut")
-    check_cut_stream(body, cut, data.draw(st.lists(st.integers(min_value=1, max_value=max(1, cut - 1)), max_size=20), label="reads"))
+    cut = data.draw(
+        st.integers(min_value=1, max_value=body.find(b"data: [DONE]") - 1).filter(lambda c: c not in ends),
+        label="cut",
+    )
+    check_cut_stream(
+        body,
+        cut,
+        data.draw(st.lists(st.integers(min_value=1, max_value=max(1, cut - 1)), max_size=20), label="reads"),
+    )

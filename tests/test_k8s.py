@@ -12,10 +12,10 @@ import httpx
 import kubernetes_validate
 import pytest
 import yaml
-
-from latgate.config import load_config_text
 from replay import ReplayScript, replay_server
 from stack import gateway
+
+from latgate.config import load_config_text
 
 K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.30.0"
@@ -83,10 +83,12 @@ def test_probes_hit_latgates_health_routes_which_answer_on_a_running_gateway() -
         assert c[probe]["httpGet"]["port"] in port_names
     config = load_config_text(configmap_config(), source="configmap", env=secret_env())
     assert port_names["http"] == config.server.port and config.server.host == "0.0.0.0"
-    with replay_server(ReplayScript.json_response(200, {"object": "list", "data": []})) as upstream:
-        with gateway(f'[providers.p]\napi_base = "{upstream.base_url}"\n') as gw:
-            assert httpx.get(gw.url + c["livenessProbe"]["httpGet"]["path"]).status_code == 200
-            assert httpx.get(gw.url + c["readinessProbe"]["httpGet"]["path"]).status_code == 200
+    with (
+        replay_server(ReplayScript.json_response(200, {"object": "list", "data": []})) as upstream,
+        gateway(f'[providers.p]\napi_base = "{upstream.base_url}"\n') as gw,
+    ):
+        assert httpx.get(gw.url + c["livenessProbe"]["httpGet"]["path"]).status_code == 200
+        assert httpx.get(gw.url + c["readinessProbe"]["httpGet"]["path"]).status_code == 200
 
 
 def test_service_pdb_and_hpa_point_at_the_gateway_pods() -> None:
@@ -100,9 +102,16 @@ def test_service_pdb_and_hpa_point_at_the_gateway_pods() -> None:
     assert labels_match(pdb["spec"]["selector"]["matchLabels"], pod_labels)
     hpa = find("HorizontalPodAutoscaler", "latgate")
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "latgate"}
-    assert pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"] <= deployment["spec"]["replicas"] <= hpa["spec"]["maxReplicas"]
+    assert (
+        pdb["spec"]["minAvailable"]
+        < hpa["spec"]["minReplicas"]
+        <= deployment["spec"]["replicas"]
+        <= hpa["spec"]["maxReplicas"]
+    )
     redis_labels = find("Deployment", "latgate-redis")["spec"]["template"]["metadata"]["labels"]
-    assert not labels_match(service["spec"]["selector"], redis_labels)  # the gateway Service never picks Redis
+    assert not labels_match(
+        service["spec"]["selector"], redis_labels
+    )  # the gateway Service never picks Redis
 
 
 def configmap_config() -> str:
@@ -126,7 +135,10 @@ def test_configmap_is_a_config_latgate_loads_with_the_secrets_keys() -> None:
 def test_state_is_redis_through_the_redis_service() -> None:
     config = load_config_text(configmap_config(), source="configmap", env=secret_env())
     redis_service = find("Service", "latgate-redis")
-    assert config.state.redis_url == f"redis://{redis_service['metadata']['name']}:{redis_service['spec']['ports'][0]['port']}/0"
+    assert (
+        config.state.redis_url
+        == f"redis://{redis_service['metadata']['name']}:{redis_service['spec']['ports'][0]['port']}/0"
+    )
     redis_pod = find("Deployment", "latgate-redis")["spec"]["template"]
     assert labels_match(redis_service["spec"]["selector"], redis_pod["metadata"]["labels"])
     policy = find("NetworkPolicy", "latgate-redis")
@@ -141,7 +153,9 @@ def test_config_is_mounted_where_latgate_reads_it_and_keys_come_from_the_secret(
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in gateway_pod()["spec"]["volumes"]}
     config_path = Path(env["LATGATE_CONFIG"])
-    (volume_name,) = [name for name, v in volumes.items() if v.get("configMap", {}).get("name") == "latgate-config"]
+    (volume_name,) = [
+        name for name, v in volumes.items() if v.get("configMap", {}).get("name") == "latgate-config"
+    ]
     assert Path(mounts[volume_name]) == config_path.parent
     assert config_path.name in find("ConfigMap", "latgate-config")["data"]
     assert {"secretRef": {"name": "latgate-keys"}} in c["envFrom"]

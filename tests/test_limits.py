@@ -8,12 +8,12 @@ import json
 
 import httpx
 import pytest
+from replay import ReplayScript, replay_server
+from stack import gateway
 
 from latgate.auth import Caller, RateLimiter, estimate_tokens
 from latgate.errors import GatewayError, RateLimited
 from latgate.state import MemoryState, Quota, StateUnavailable
-from replay import ReplayScript, replay_server
-from stack import gateway
 
 
 def posts(server) -> int:
@@ -47,10 +47,17 @@ def completion(prompt_tokens: int, completion_tokens: int) -> dict:
 def stream_with_usage(prompt_tokens: int, completion_tokens: int) -> bytes:
     chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
     events = [
-        {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+        {
+            **chunk,
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+        },
         {**chunk, "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}]},
         {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-        {**chunk, "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}},
+        {
+            **chunk,
+            "choices": [],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+        },
     ]
     return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
@@ -60,7 +67,9 @@ KEY = {"Authorization": "Bearer sk-a"}
 
 
 def limited_config(base: str, *, rpm: int | None = None, tpm: int | None = None) -> str:
-    limits = "".join(f"{name} = {value}\n" for name, value in (("rpm", rpm), ("tpm", tpm)) if value is not None)
+    limits = "".join(
+        f"{name} = {value}\n" for name, value in (("rpm", rpm), ("tpm", tpm)) if value is not None
+    )
     return f'[providers.up]\napi_base = "{base}"\n\n[[auth.keys]]\nname = "team-a"\nkey = "sk-a"\n{limits}'
 
 
@@ -167,7 +176,9 @@ def test_memory_state_charges_all_quotas_or_none() -> None:
 def test_third_request_over_an_rpm_of_2_gets_429_with_retry_after_and_never_goes_upstream() -> None:
     with replay_server(ReplayScript.json_response(200, completion(3, 1))) as upstream:
         with gateway(limited_config(upstream.base_url, rpm=2)) as gw:
-            codes = [httpx.post(gw.v1 + "/chat/completions", json=BODY, headers=KEY).status_code for _ in range(2)]
+            codes = [
+                httpx.post(gw.v1 + "/chat/completions", json=BODY, headers=KEY).status_code for _ in range(2)
+            ]
             r = httpx.post(gw.v1 + "/chat/completions", json=BODY, headers=KEY)
         assert codes == [200, 200]
         assert r.status_code == 429
@@ -183,7 +194,9 @@ def test_tpm_is_corrected_from_the_reported_usage(stream: bool) -> None:
     # Each answer reports 100 tokens while the estimate is ~10: with a TPM of 150 the
     # third request must be refused (corrected: 200 used), though ~15 would fit estimates.
     script = (
-        ReplayScript.sse(stream_with_usage(5, 95)) if stream else ReplayScript.json_response(200, completion(5, 95))
+        ReplayScript.sse(stream_with_usage(5, 95))
+        if stream
+        else ReplayScript.json_response(200, completion(5, 95))
     )
     body = {**BODY, "stream": stream}
     with replay_server(script) as upstream, gateway(limited_config(upstream.base_url, tpm=150)) as gw:
@@ -198,12 +211,14 @@ def test_tpm_is_corrected_from_the_reported_usage(stream: bool) -> None:
 
 def test_failed_requests_give_their_token_estimate_back() -> None:
     error = {"error": {"message": "bad", "type": "invalid_request_error"}}
-    with replay_server(ReplayScript.json_response(400, error)) as upstream:
-        with gateway(limited_config(upstream.base_url, tpm=150)) as gw:
-            codes = [
-                httpx.post(gw.v1 + "/chat/completions", json={**BODY, "max_tokens": 120}, headers=KEY).status_code
-                for _ in range(4)
-            ]
+    with (
+        replay_server(ReplayScript.json_response(400, error)) as upstream,
+        gateway(limited_config(upstream.base_url, tpm=150)) as gw,
+    ):
+        codes = [
+            httpx.post(gw.v1 + "/chat/completions", json={**BODY, "max_tokens": 120}, headers=KEY).status_code
+            for _ in range(4)
+        ]
     assert codes == [400, 400, 400, 400]  # never 429: each ~130-token estimate came back
 
 

@@ -11,16 +11,16 @@ from pathlib import Path
 import httpx
 import pytest
 from redis.asyncio import Redis
+from redisd import redis_server
+from replay import ReplayScript, replay_server
+from servers import listening_socket
+from stack import gateway
 
 from latgate.config import load_config_text
 from latgate.gateway import Gateway
 from latgate.metrics import Metrics
 from latgate.proxy.upstream import UpstreamClient
 from latgate.state import MemoryState, Quota, RedisState, StateUnavailable
-from redisd import redis_server
-from replay import ReplayScript, replay_server
-from servers import listening_socket
-from stack import gateway
 
 COMPLETION = {
     "id": "c",
@@ -116,7 +116,14 @@ def test_one_replicas_ejection_is_seen_by_the_other_and_a_success_restores_it_ev
         for _ in range(2):
             metrics = Metrics(providers=config.providers, models=set())
             client = UpstreamClient(connect_timeout_seconds=1, read_timeout_seconds=1)
-            replicas.append(Gateway(config=config, client=client, metrics=metrics, state=RedisState(url=flushed, timeout_seconds=2)))
+            replicas.append(
+                Gateway(
+                    config=config,
+                    client=client,
+                    metrics=metrics,
+                    state=RedisState(url=flushed, timeout_seconds=2),
+                )
+            )
         a, b = replicas
         redis = Redis.from_url(flushed)
         a_endpoint, b_endpoint = a.pool["up"].endpoints[0], b.pool["up"].endpoints[0]
@@ -148,12 +155,16 @@ def test_one_replicas_ejection_is_seen_by_the_other_and_a_success_restores_it_ev
 
 
 def test_a_replica_that_stops_cannot_keep_an_endpoint_out(flushed) -> None:
-    config = load_config_text(config_text("http://127.0.0.1:9", flushed, endpoints=2), source="t.toml", env={})
+    config = load_config_text(
+        config_text("http://127.0.0.1:9", flushed, endpoints=2), source="t.toml", env={}
+    )
 
     async def scenario() -> None:
         metrics = Metrics(providers=config.providers, models=set())
         client = UpstreamClient(connect_timeout_seconds=1, read_timeout_seconds=1)
-        b = Gateway(config=config, client=client, metrics=metrics, state=RedisState(url=flushed, timeout_seconds=2))
+        b = Gateway(
+            config=config, client=client, metrics=metrics, state=RedisState(url=flushed, timeout_seconds=2)
+        )
         redis = Redis.from_url(flushed)
         await redis.set("latgate:health:up:up-1", b"ejected", px=60_000)  # left by a replica now gone
         await b.health_sync.sync_once()
@@ -174,7 +185,9 @@ def test_unreachable_redis_fails_fast_then_backs_off_without_io(caplog) -> None:
     caplog.set_level(logging.WARNING, logger="latgate.state")
 
     async def scenario() -> tuple[float, float]:
-        store = RedisState(url=f"redis://:hunter2@127.0.0.1:{port}/0", timeout_seconds=0.1, backoff_seconds=60)
+        store = RedisState(
+            url=f"redis://:hunter2@127.0.0.1:{port}/0", timeout_seconds=0.1, backoff_seconds=60
+        )
         started = time.perf_counter()
         with pytest.raises(StateUnavailable):
             await store.acquire([Quota(key="k", limit=1, cost=1)])
@@ -208,12 +221,15 @@ def test_limits_survive_a_config_reload(flushed, tmp_path: Path) -> None:
         )
         path = tmp_path / "latgate.toml"
         path.write_text(text)
-        from latgate.app import create_app
-        from latgate.config import load_config
         from servers import serve_app
 
+        from latgate.app import create_app
+        from latgate.config import load_config
+
         with serve_app(create_app(load_config(path))) as url:
-            assert [httpx.post(url + "/v1/chat/completions", json=BODY, headers=KEY).status_code for _ in range(2)] == [200, 200]
+            assert [
+                httpx.post(url + "/v1/chat/completions", json=BODY, headers=KEY).status_code for _ in range(2)
+            ] == [200, 200]
             reload = httpx.post(url + "/admin/reload", headers={"Authorization": "Bearer sk-ops"})
             assert reload.status_code == 200
             assert httpx.post(url + "/v1/chat/completions", json=BODY, headers=KEY).status_code == 429

@@ -41,10 +41,14 @@ def _json(schema_name: str) -> dict[str, Any]:
 
 
 def _errors(envelope: str) -> dict[str, Any]:
-    return {status: {"description": text, "content": _json(envelope)} for status, text in _ERROR_STATUSES.items()}
+    return {
+        status: {"description": text, "content": _json(envelope)} for status, text in _ERROR_STATUSES.items()
+    }
 
 
-def _proxied(summary: str, request: str, *, envelope: str = "ErrorResponse", streams: bool = True) -> dict[str, Any]:
+def _proxied(
+    summary: str, request: str, *, envelope: str = "ErrorResponse", streams: bool = True
+) -> dict[str, Any]:
     ok: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
     if streams:
         ok["text/event-stream"] = {"schema": {"type": "string"}}
@@ -52,14 +56,25 @@ def _proxied(summary: str, request: str, *, envelope: str = "ErrorResponse", str
         "post": {
             "summary": summary,
             "requestBody": {"required": True, "content": _json(request)},
-            "responses": {"200": {"description": "the provider's answer, relayed", "content": ok}, **_errors(envelope)},
+            "responses": {
+                "200": {"description": "the provider's answer, relayed", "content": ok},
+                **_errors(envelope),
+            },
         }
     }
 
 
-def _get(summary: str, *, schema: dict[str, Any] | None = None, media: str = "application/json") -> dict[str, Any]:
+def _get(
+    summary: str, *, schema: dict[str, Any] | None = None, media: str = "application/json"
+) -> dict[str, Any]:
     content = {media: {"schema": schema or {"type": "object"}}}
-    return {"get": {"summary": summary, "security": [], "responses": {"200": {"description": summary, "content": content}}}}
+    return {
+        "get": {
+            "summary": summary,
+            "security": [],
+            "responses": {"200": {"description": summary, "content": content}},
+        }
+    }
 
 
 _MODEL = {"type": "string", "description": "public model name (alias or served name)"}
@@ -101,7 +116,13 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["role", "content"],
         "properties": {
             "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-            "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}, {"type": "null"}]},
+            "content": {
+                "oneOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "object"}},
+                    {"type": "null"},
+                ]
+            },
         },
     },
     "ChatCompletionRequest": {
@@ -165,17 +186,28 @@ _SCHEMAS: dict[str, Any] = {
     "CountTokensRequest": {
         "type": "object",
         "required": ["model", "messages"],
-        "properties": {"model": _MODEL, "messages": {"type": "array", "items": {"type": "object"}}, "system": _TEXT_OR_PARTS},
+        "properties": {
+            "model": _MODEL,
+            "messages": {"type": "array", "items": {"type": "object"}},
+            "system": _TEXT_OR_PARTS,
+        },
     },
     "ModelList": {
         "type": "object",
         "required": ["object", "data"],
-        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"$ref": _REF + "Model"}}},
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": {"$ref": _REF + "Model"}},
+        },
     },
     "Model": {
         "type": "object",
         "required": ["id", "object"],
-        "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "owned_by": {"type": "string"}},
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "model"},
+            "owned_by": {"type": "string"},
+        },
     },
 }
 
@@ -188,12 +220,22 @@ def openapi_document(*, version: str) -> dict[str, Any]:
         paths[prefix + "/completions"] = _proxied("Text completion, routed", "CompletionRequest")
         paths[prefix + "/embeddings"] = _proxied("Embeddings, routed", "EmbeddingRequest", streams=False)
         paths[prefix + "/responses"] = _proxied("OpenAI Responses API, translated", "ResponsesRequest")
-        models = {"get": {"summary": "Served models and aliases", "responses": {"200": {"description": "models", "content": _json("ModelList")}, "401": {"description": "no gateway key", "content": _json("ErrorResponse")}}}}
+        models = {
+            "get": {
+                "summary": "Served models and aliases",
+                "responses": {
+                    "200": {"description": "models", "content": _json("ModelList")},
+                    "401": {"description": "no gateway key", "content": _json("ErrorResponse")},
+                },
+            }
+        }
         paths[prefix + "/models"] = models
         paths[prefix + "/models/{model_id}"] = {
             "get": {
                 "summary": "One model",
-                "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "parameters": [
+                    {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
                 "responses": {
                     "200": {"description": "the model", "content": _json("Model")},
                     "401": {"description": "no gateway key", "content": _json("ErrorResponse")},
@@ -201,13 +243,26 @@ def openapi_document(*, version: str) -> dict[str, Any]:
                 },
             }
         }
-    paths["/v1/messages"] = _proxied("Anthropic Messages API, translated", "MessagesRequest", envelope="AnthropicError")
+    paths["/v1/messages"] = _proxied(
+        "Anthropic Messages API, translated", "MessagesRequest", envelope="AnthropicError"
+    )
     paths["/v1/messages/count_tokens"] = {
         "post": {
             "summary": "Anthropic token count (latgate's estimate)",
             "requestBody": {"required": True, "content": _json("CountTokensRequest")},
             "responses": {
-                "200": {"description": "the count", "content": {"application/json": {"schema": {"type": "object", "required": ["input_tokens"], "properties": {"input_tokens": {"type": "integer"}}}}}},
+                "200": {
+                    "description": "the count",
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["input_tokens"],
+                                "properties": {"input_tokens": {"type": "integer"}},
+                            }
+                        }
+                    },
+                },
                 **_errors("AnthropicError"),
             },
         }
@@ -220,7 +275,10 @@ def openapi_document(*, version: str) -> dict[str, Any]:
         "get": {
             "summary": "Providers' live state (admin key with [auth])",
             "responses": {
-                "200": {"description": "providers", "content": {"application/json": {"schema": {"type": "object"}}}},
+                "200": {
+                    "description": "providers",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                },
                 "401": {"description": "no key", "content": _json("ErrorResponse")},
                 "403": {"description": "not an admin key", "content": _json("ErrorResponse")},
             },
@@ -231,8 +289,15 @@ def openapi_document(*, version: str) -> dict[str, Any]:
             "summary": "The decision latgate would make now for this body, with live predictions (admin key with [auth])",
             "requestBody": {"required": True, "content": _json("ChatCompletionRequest")},
             "responses": {
-                "200": {"description": "the decision", "content": {"application/json": {"schema": {"type": "object"}}}},
-                **{s: r for s, r in _errors("ErrorResponse").items() if s in ("400", "401", "403", "404", "413")},
+                "200": {
+                    "description": "the decision",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                },
+                **{
+                    s: r
+                    for s, r in _errors("ErrorResponse").items()
+                    if s in ("400", "401", "403", "404", "413")
+                },
             },
         }
     }
@@ -240,8 +305,14 @@ def openapi_document(*, version: str) -> dict[str, Any]:
         "post": {
             "summary": "Reload the config file (admin key with [auth])",
             "responses": {
-                "200": {"description": "reloaded", "content": {"application/json": {"schema": {"type": "object"}}}},
-                "400": {"description": "config rejected; the old one serves on", "content": _json("ErrorResponse")},
+                "200": {
+                    "description": "reloaded",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                },
+                "400": {
+                    "description": "config rejected; the old one serves on",
+                    "content": _json("ErrorResponse"),
+                },
                 "401": {"description": "no key", "content": _json("ErrorResponse")},
                 "403": {"description": "not an admin key", "content": _json("ErrorResponse")},
             },
@@ -249,7 +320,11 @@ def openapi_document(*, version: str) -> dict[str, Any]:
     }
     return {
         "openapi": OPENAPI_VERSION,
-        "info": {"title": "latgate", "version": version, "description": "OpenAI-compatible, latency-aware LLM gateway"},
+        "info": {
+            "title": "latgate",
+            "version": version,
+            "description": "OpenAI-compatible, latency-aware LLM gateway",
+        },
         "paths": paths,
         "components": {
             "schemas": _SCHEMAS,

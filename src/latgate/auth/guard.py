@@ -88,7 +88,9 @@ class AuthGuard:
                 code="model_not_allowed",
             )
 
-    async def admit(self, caller: Caller, *, body: Mapping[str, Any], prompt_tokens: int) -> Reservation | None:
+    async def admit(
+        self, caller: Caller, *, body: Mapping[str, Any], prompt_tokens: int
+    ) -> Reservation | None:
         """Charge the caller's RPM/TPM (see :meth:`RateLimiter.admit`)."""
         return await self.limiter.admit(caller, body=body, prompt_tokens=prompt_tokens)
 
@@ -121,7 +123,7 @@ def used_tokens(exchange: Exchange) -> int:
 async def _settle(reservation: Reservation, exchange: Exchange) -> None:
     try:
         await reservation.settle(used_tokens=used_tokens(exchange))
-    except Exception as exc:  # a lost correction must not fail the request
+    except Exception as exc:  # noqa: BLE001 (a lost correction must not fail the request)
         log.warning("token usage correction failed (%s)", type(exc).__name__)
 
 

@@ -57,7 +57,9 @@ class RateLimiter:
         self._store = store
         self._fail_open = fail_open
 
-    async def admit(self, caller: Caller, *, body: Mapping[str, Any], prompt_tokens: int) -> Reservation | None:
+    async def admit(
+        self, caller: Caller, *, body: Mapping[str, Any], prompt_tokens: int
+    ) -> Reservation | None:
         """Charge one request of ``caller`` (see the module docstring).
 
         Args:

@@ -89,7 +89,9 @@ class StateStore(Protocol):
         ...
 
 
-def gcra_charge(tat: float, now: float, *, cost: float, limit: int, window_seconds: float) -> tuple[float, float]:
+def gcra_charge(
+    tat: float, now: float, *, cost: float, limit: int, window_seconds: float
+) -> tuple[float, float]:
     """One GCRA step for one quota.
 
     Args:

@@ -57,7 +57,9 @@ class HealthSync:
         self._metrics = metrics
         self._ttl = ttl_seconds
         self._endpoints: dict[str, tuple[str, EndpointState]] = {
-            f"{name}:{ep.config.id}": (name, ep) for name, runtime in pool.providers.items() for ep in runtime.endpoints
+            f"{name}:{ep.config.id}": (name, ep)
+            for name, runtime in pool.providers.items()
+            for ep in runtime.endpoints
         }
         self._agreed: dict[str, bool] = {key: True for key in self._endpoints}
         self._published: set[str] = set()
@@ -87,7 +89,9 @@ class HealthSync:
                 continue
             if shared != local:  # another replica's verdict
                 endpoint.healthy = shared
-                self._metrics.set_endpoint_health(provider=provider, endpoint=endpoint.config.id, healthy=shared)
+                self._metrics.set_endpoint_health(
+                    provider=provider, endpoint=endpoint.config.id, healthy=shared
+                )
             if shared:
                 self._published.discard(key)
             self._agreed[key] = shared

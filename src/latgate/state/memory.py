@@ -57,7 +57,11 @@ class MemoryState:
         """Correct a past charge by ``delta`` units."""
         now = self._clock()
         tat = adjusted_tat(
-            self._tat.get(quota.key, now), now, delta=delta, limit=quota.limit, window_seconds=quota.window_seconds
+            self._tat.get(quota.key, now),
+            now,
+            delta=delta,
+            limit=quota.limit,
+            window_seconds=quota.window_seconds,
         )
         if tat <= now:
             self._tat.pop(quota.key, None)

@@ -146,7 +146,9 @@ class RedisState:
         """Correct a past charge by ``delta`` units; an unreachable Redis loses it."""
         try:
             await self._call(
-                lambda: self._adjust(keys=[PREFIX + quota.key], args=[quota.limit, delta, quota.window_seconds])
+                lambda: self._adjust(
+                    keys=[PREFIX + quota.key], args=[quota.limit, delta, quota.window_seconds]
+                )
             )
         except StateUnavailable:
             pass
@@ -190,7 +192,9 @@ class RedisState:
             if not self._down:
                 self._down = True
                 log.warning(
-                    "shared state (Redis) unreachable (%s); retrying every %.1f s", _reason(exc), self._backoff
+                    "shared state (Redis) unreachable (%s); retrying every %.1f s",
+                    _reason(exc),
+                    self._backoff,
                 )
             raise StateUnavailable("shared state (Redis) is unreachable") from None
         if self._down:
