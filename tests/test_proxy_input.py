@@ -59,3 +59,11 @@ def test_404_does_not_echo_a_request_id_with_control_characters() -> None:
         head = data.split(b"\r\n\r\n", 1)[0]
         assert b"404" in head.split(b"\r\n", 1)[0]
         assert b"a\x01b" not in head
+
+
+def test_count_tokens_with_tools_nested_deep_is_not_a_500() -> None:
+    raw = b'{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}],"tools":[' + _nested(300) + b"]}"
+    with replay_server(ReplayScript.json_response(200, {"ok": 1})) as up, gateway(f'[providers.up]\napi_base = "{up.base_url}"\n') as gw:
+        r = httpx.post(gw.url + "/v1/messages/count_tokens", content=raw, headers={"content-type": "application/json"}, timeout=10)
+        assert r.status_code < 500, r.text
+        assert "input_tokens" in r.json() or r.json()["type"] == "error"

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from latgate.api.body import read_json_object, until_client_leaves
-from latgate.errors import GatewayError
+from latgate.errors import GatewayError, InvalidRequest
 from latgate.gateway import Gateway
 from latgate.routing.tokens import estimate_prompt_tokens
 from latgate.translate import MessagesStream, anthropic_error_body, messages_to_chat, stop_sequences_of
@@ -67,7 +67,10 @@ async def count_tokens(request: Request) -> Response:
     try:
         gateway.authenticate(request.headers)
         body = await read_json_object(request, max_bytes=gateway.config.server.max_body_bytes)
-        tokens = estimate_prompt_tokens(messages_to_chat(body))
+        try:
+            tokens = estimate_prompt_tokens(messages_to_chat(body))
+        except (RecursionError, orjson.JSONEncodeError):  # the client's nesting defeats the estimate
+            raise InvalidRequest("request body is nested too deeply", code="nesting_too_deep") from None
     except GatewayError as error:
         return error_response(error, request_id=request_id)
     return Response(
