@@ -118,6 +118,21 @@ class Forwarder:
                 and error envelope where there was one).
         """
         plan = self.selector.plan(decision, body)
+        try:
+            return await self._forward(exchange, decision, plan, body, path, transform)
+        finally:
+            if plan.reserved:  # no attempt started (a bad body, a cancelled request)
+                self._pool.release(plan.endpoint)
+
+    async def _forward(
+        self,
+        exchange: Exchange,
+        decision: RouteDecision,
+        plan: RoutePlan,
+        body: dict[str, Any],
+        path: str,
+        transform: ResponseTransform | None,
+    ) -> Any:
         if plan.overflow_from is not None:
             self._metrics.record_overflow(from_provider=plan.overflow_from, to_provider=plan.targets[0].provider)
         if decision.explain:
@@ -198,17 +213,23 @@ class Forwarder:
                 exchange, decision, plan, target, provider, endpoint, payload, body, path, transform, last_attempt=False, race=race
             )
 
+        sent: list[str] = []
+
         def second() -> Any:
-            runtime = self._pool[hedge.target.provider]
+            now = self.selector.hedge_target(plan)  # chosen now: load moved since the plan
+            if now is None:
+                return None
+            runtime = self._pool[now.target.provider]
             self._metrics.record_hedge(provider=runtime.name)
-            copy = payload if hedge.target == target else self._payload(body, hedge.target, runtime, stream=True)
+            sent.append(runtime.name)
+            copy = payload if now.target == target else self._payload(body, now.target, runtime, stream=True)
             return self._attempt(
-                exchange, decision, plan, hedge.target, runtime, hedge.endpoint, copy, body, path, transform, last_attempt=False, race=race
+                exchange, decision, plan, now.target, runtime, now.endpoint, copy, body, path, transform, last_attempt=False, race=race
             )
 
         response, hedge_won = await run_hedged(first, second, delay_seconds=hedge.delay_ms / 1000.0)
         if hedge_won:
-            self._metrics.record_hedge_win(provider=hedge.target.provider)
+            self._metrics.record_hedge_win(provider=sent[0])
         return response
 
     async def _attempt(
@@ -232,6 +253,9 @@ class Forwarder:
         exchange.attempts += 1
         tap = StreamTap(drop_usage_chunk=tap_drop(body), model_rewrite=_rewrite(body, target)) if exchange.stream else None
         stack = contextlib.AsyncExitStack()
+        if plan.reserved and endpoint is plan.endpoint:  # counted in flight from here on
+            plan.reserved = False
+            self._pool.release(endpoint)
         queue_ms = endpoint.queue_ms(self._pool.clock())  # before this attempt counts in flight
         predicted_ms = queue_ms + endpoint.predictor.predict_ms(plan.prompt_tokens)
         ticket = await stack.enter_async_context(
@@ -249,12 +273,13 @@ class Forwarder:
                 deadline_ms = self.selector.deadline_ms(plan, predicted_ttft_ms=predicted_ms, last_attempt=last_attempt)
                 if deadline_ms:
                     deadline = asyncio.get_running_loop().time() + deadline_ms / 1000.0
+                    ticket.budget_deadline = deadline_ms != self.selector.configured_deadline_ms
             try:
                 async with asyncio.timeout_at(deadline):
                     response = await self._client.open(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout)
             except TimeoutError:
                 ticket.censored = True
-                raise self._failed(provider, endpoint, _NO_FIRST_TOKEN) from None
+                raise self._failed(provider, endpoint, _NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
             except UpstreamFailure as failure:
                 raise self._failed(provider, endpoint, failure) from None
             stack.push_async_callback(response.aclose)
@@ -315,7 +340,7 @@ class Forwarder:
                             break
         except TimeoutError:
             ticket.censored = True
-            raise self._failed(provider, endpoint, _NO_FIRST_TOKEN) from None
+            raise self._failed(provider, endpoint, _NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
         except UpstreamFailure as failure:
             raise self._failed(provider, endpoint, failure) from None
         if tap.error is not None:
@@ -452,8 +477,13 @@ class Forwarder:
         served = self._config.aliases.get(fallback, {}).get(target.provider, fallback)
         return fallback if target.model == served else None
 
-    def _failed(self, provider: ProviderRuntime, endpoint: EndpointState, failure: UpstreamFailure) -> _AttemptFailed:
-        self._pool.record_outcome(provider, endpoint, ok=False)
+    def _failed(
+        self, provider: ProviderRuntime, endpoint: EndpointState, failure: UpstreamFailure, *, health: bool = True
+    ) -> _AttemptFailed:
+        """``health=False``: a missed budget deadline, which the endpoint's TTFT fit has
+        learnt from already; it does not count towards opening its circuit."""
+        if health:
+            self._pool.record_outcome(provider, endpoint, ok=False)
         self._metrics.record_upstream_error(provider=provider.name, kind=failure.kind)
         if failure.kind == "timeout":
             error: GatewayError = UpstreamTimeout(f"provider {provider.name!r} timed out: {failure}")
