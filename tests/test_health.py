@@ -227,3 +227,19 @@ def test_replicas_share_health_through_the_healthy_attribute() -> None:
     assert not p.available(ep) and p.breaker.store.get(ep.key).reason == "shared"
     ep.healthy = True
     assert p.available(ep) and ep.consecutive_failures == 0
+
+
+def test_a_half_open_endpoint_gets_one_trial_even_when_requests_are_routed_together() -> None:
+    from latgate.providers.selection import Selector
+    from latgate.routing.decision import Router
+
+    clock = Clock()
+    p = pool(clock, '[providers.p]\nendpoints = ["http://a:1", "http://b:1"]\n[health]\nopen_sec = 10\n')
+    router, selector = Router(p.config), Selector(config=p.config, pool=p)
+    p.breaker.eject("p:p-1", reason="latency")
+    clock.now += 10.0
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    first = selector.plan(router.decide(body, {}), body)
+    second = selector.plan(router.decide(body, {}), body)  # before the first was even sent
+    assert first.endpoint.config.id == "p-1", "the half-open endpoint gets its trial first"
+    assert second.endpoint.config.id == "p-0", "and only one"

@@ -11,7 +11,7 @@ from latgate.routing.policies.least_outstanding import choose_least_outstanding
 from latgate.routing.policies.outlier import too_slow
 from latgate.routing.policies.overflow import choose_overflow
 from latgate.routing.policies.predicted_ttft import choose_power_of_two
-from latgate.routing.policies.prefix_affinity import choose_affine, endpoint_salt, prefix_hash
+from latgate.routing.policies.prefix_affinity import choose_affine, endpoint_salt, keep_affinity, prefix_hash
 from latgate.routing.policies.round_robin import choose_round_robin
 from latgate.routing.policies.view import EndpointView as V
 
@@ -61,6 +61,12 @@ def test_power_of_two_never_takes_an_ejected_endpoint_while_another_is_available
 def test_power_of_two_gives_a_half_open_endpoint_its_trial_first() -> None:
     views = [V(predicted_ttft_ms=10.0), V(predicted_ttft_ms=900.0, trial=True)]
     assert choose_power_of_two(views, draws=(0, 0)) == 1
+
+
+def test_a_request_that_cannot_risk_a_trial_passes_a_half_open_endpoint_over() -> None:
+    views = [V(predicted_ttft_ms=10.0, trial=True), V(predicted_ttft_ms=90.0)]
+    assert choose_power_of_two(views, draws=(0, 0), trial_first=False) == 1
+    assert choose_power_of_two([V(trial=True)], draws=(0, 0), trial_first=False) == 0, "unless it is the only one"
 
 
 def test_power_of_two_compares_only_the_two_drawn() -> None:
@@ -133,6 +139,17 @@ def test_prefix_affinity_skips_an_ejected_endpoint() -> None:
     assert choose_affine(views, prefix=prefix) == 1 - home
 
 
+def test_affinity_holds_while_its_endpoint_is_nearly_as_fast() -> None:
+    assert keep_affinity(V(predicted_ttft_ms=30.0), V(predicted_ttft_ms=15.0), budget_ms=None)
+    assert not keep_affinity(V(predicted_ttft_ms=60.0), V(predicted_ttft_ms=15.0), budget_ms=None)
+
+
+def test_affinity_gives_way_when_its_endpoint_would_miss_the_budget() -> None:
+    affine, fastest = V(predicted_ttft_ms=30.0, p90_ttft_ms=240.0), V(predicted_ttft_ms=20.0, p90_ttft_ms=60.0)
+    assert not keep_affinity(affine, fastest, budget_ms=200)
+    assert keep_affinity(affine, fastest, budget_ms=300)
+
+
 def test_prefix_hash_is_stable_and_none_without_a_prompt() -> None:
     assert prefix_hash({"messages": [{"role": "system", "content": "abc"}]}) == 891568578  # crc32(b"abc")
     assert prefix_hash({"input": "embed me"}) is None
@@ -156,7 +173,11 @@ def test_overflow_leaves_a_provider_that_cannot_take_traffic() -> None:
 
 
 def test_hedge_waits_for_the_p90_when_the_budget_allows() -> None:
-    assert hedge_delay_ms(p90_ttft_ms=30.0, hedge_ttft_ms=60.0, budget_ms=200) == 30.0
+    assert hedge_delay_ms(p90_ttft_ms=80.0, hedge_ttft_ms=60.0, budget_ms=200) == 80.0
+
+
+def test_hedge_waits_for_a_quarter_of_the_budget_at_least() -> None:
+    assert hedge_delay_ms(p90_ttft_ms=12.0, hedge_ttft_ms=60.0, budget_ms=200) == 50.0
 
 
 def test_hedge_fires_early_enough_for_the_copy_to_meet_the_budget() -> None:

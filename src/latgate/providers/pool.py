@@ -37,6 +37,9 @@ from latgate.routing.policies.outlier import too_slow
 log = logging.getLogger("latgate")
 MIN_LATENCY_OBSERVATIONS = 3
 """First tokens an endpoint and its peers must have shown before one is judged slow."""
+TRIAL_LEASE_SECONDS = 30.0
+"""A half-open circuit's trial, once handed out, is not handed out again for this long
+unless it ends first (a request routed but never sent does not block trials forever)."""
 
 
 @dataclass(slots=True)
@@ -72,6 +75,8 @@ class Ticket:
             token: its elapsed time is a lower bound of the endpoint's TTFT.
         trial: it is a half-open circuit's trial.
         succeeded: the endpoint answered it (set by :meth:`ProviderPool.record_outcome`).
+        budget_deadline: its first-token deadline came from the request's budget: missing
+            it is a latency verdict (the censored TTFT), not an error of the endpoint.
     """
 
     prompt_tokens: int
@@ -81,6 +86,7 @@ class Ticket:
     censored: bool = False
     trial: bool = False
     succeeded: bool = False
+    budget_deadline: bool = False
 
 
 class ProviderPool:
@@ -137,7 +143,22 @@ class ProviderPool:
         """True when ``endpoint`` may take a request now: circuit closed, or half-open
         with no trial running."""
         state = self.breaker.state(endpoint.key)
-        return state == CLOSED or (state == HALF_OPEN and not endpoint.trial_in_flight)
+        return state == CLOSED or (state == HALF_OPEN and self.clock() >= endpoint.trial_until)
+
+    def reserve(self, endpoint: EndpointState) -> None:
+        """Count a request routed to ``endpoint`` as load before its attempt starts (the
+        forwarder calls :meth:`release` when it starts, or when it never does)."""
+        endpoint.pending += 1
+
+    def release(self, endpoint: EndpointState) -> None:
+        """Drop a reservation made by :meth:`reserve`."""
+        endpoint.pending -= 1
+
+    def take_trial(self, endpoint: EndpointState) -> None:
+        """Hand ``endpoint``'s trial to the request being routed there, if it is
+        half-open: no other request is sent there until that one ends."""
+        if self.breaker.state(endpoint.key) == HALF_OPEN:
+            endpoint.trial_until = max(endpoint.trial_until, self.clock() + TRIAL_LEASE_SECONDS)
 
     def any_healthy(self) -> bool:
         """True when at least one endpoint of any provider may take traffic (``/readyz``)."""
@@ -222,18 +243,22 @@ class ProviderPool:
         """
         gauge = self._metrics.in_flight_gauge(provider.name)
         ticket = Ticket(prompt_tokens=prompt_tokens, queue_ms=queue_ms, started_at=time.perf_counter())
-        if not endpoint.trial_in_flight and self.breaker.state(endpoint.key) == HALF_OPEN:
-            endpoint.trial_in_flight = ticket.trial = True
+        if self.breaker.state(endpoint.key) == HALF_OPEN:
+            ticket.trial = True
+            self.take_trial(endpoint)
+        sent_at = self.clock()
+        endpoint.starts.append(sent_at)
         endpoint.in_flight += 1
         endpoint.requests += 1
         gauge.inc()
         try:
             yield ticket
         finally:
+            endpoint.starts.remove(sent_at)
             endpoint.in_flight -= 1
             gauge.dec()
             if ticket.trial:
-                endpoint.trial_in_flight = False
+                endpoint.trial_until = 0.0
             elapsed_ms = (time.perf_counter() - ticket.started_at) * 1000.0
             if ticket.first_token_ms is None and ticket.censored:
                 endpoint.predictor.observe_at_least(
@@ -320,8 +345,7 @@ class ProviderPool:
         if censored and not slow:
             return  # no first token yet is no verdict of speed
         if ticket.trial and not slow:  # back: judged from now on by what it does next
-            slope = endpoint.predictor.per_token_ms
-            endpoint.predictor.reset_to(base_ms=max(own - slope * tokens, 0.0), per_token_ms=slope)
+            endpoint.predictor.restart(prompt_tokens=tokens, ttft_ms=own)
         self._apply(provider, endpoint, self.breaker.judge_latency(endpoint.key, too_slow=slow))
 
     def _apply(

@@ -5,11 +5,14 @@ the wait for a batch slot; see :meth:`latgate.providers.state.EndpointState.queu
 The fit is exponentially-weighted least squares: each observation counts
 ``1 - alpha`` times as much as the one after it, so after a step change the prediction
 is within a few percent of the new level about 20 observations later (``alpha`` 0.15:
-0.85**20 ~ 4% of the weight is older). The slope is shrunk towards a prior
-(``prior_per_token_ms``) with the weight of ``SLOPE_PRIOR_TOKENS`` tokens of spread,
-so requests of one size (no spread to fit a slope on) still give a sensible slope;
-neither the slope nor the intercept is ever negative. Before any observation the prior line is the prediction:
-no warm-up period.
+0.85**20 ~ 4% of the weight is older). Both coefficients are shrunk a little towards
+the prior line (ridge regression, with weights that are a fixed share of the data's):
+where the data pins them down (prompts of several sizes) the priors change nothing;
+where it cannot (every prompt about the same size: only the line's height there is
+known), the priors choose the split between intercept and slope. So an upstream that
+has seen only 20 000-token prompts still predicts a short prompt from its prior
+intercept, not from a line through the origin. Neither coefficient is ever negative.
+Before any observation the prior line is the prediction: no warm-up period.
 
 ``spread_ms`` is the recency-weighted mean absolute error of recent predictions; the
 90th percentile is taken as ``predict + P90_SPREADS * spread`` (for a normal error,
@@ -21,8 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_ALPHA = 0.15
-SLOPE_PRIOR_TOKENS = 512.0
+INTERCEPT_PRIOR_WEIGHT = 0.001
+SLOPE_PRIOR_WEIGHT = 0.001 * 512.0**2
+"""Ridge weights per unit of data weight: the intercept prior counts like a thousandth
+of the data; the slope prior like a thousandth of data spread over 512 tokens."""
 P90_SPREADS = 1.6
+CENSORED_FACTOR = 1.5
 
 
 @dataclass(slots=True)
@@ -90,30 +97,31 @@ class TtftPredictor:
     def observe_at_least(self, *, prompt_tokens: int, ttft_ms: float) -> None:
         """A censored observation: the first token had not come after ``ttft_ms``
         (a cancelled or timed-out attempt). Counts only when it exceeds the current
-        prediction, as that observation."""
+        prediction, as ``CENSORED_FACTOR`` times itself: the true time is longer, and an
+        endpoint that always loses hedge races must not look merely as slow as the
+        moment it was given up on."""
         if ttft_ms > self.predict_ms(prompt_tokens):
-            self.observe(prompt_tokens=prompt_tokens, ttft_ms=ttft_ms)
+            self.observe(prompt_tokens=prompt_tokens, ttft_ms=CENSORED_FACTOR * ttft_ms)
 
-    def reset_to(self, *, base_ms: float, per_token_ms: float) -> None:
-        """Forget every observation and start again from this line (an endpoint back
+    def restart(self, *, prompt_tokens: int, ttft_ms: float) -> None:
+        """Forget every observation and start again from this one (an endpoint back
         from ejection is judged on what it does next, not on what ejected it)."""
         self.observations = 0
         self._w = self._sx = self._sy = self._sxx = self._sxy = 0.0
-        self.base_ms = base_ms
-        self.per_token_ms = max(0.0, per_token_ms)
-        self.spread_ms = base_ms / 4
+        self.base_ms, self.per_token_ms = ttft_ms, 0.0  # so the old fit's error is not its spread
+        self.observe(prompt_tokens=prompt_tokens, ttft_ms=ttft_ms)
 
     def _refit(self) -> None:
-        w = self._w
-        mean_x = self._sx / w
-        mean_y = self._sy / w
-        var_x = self._sxx / w - mean_x * mean_x
-        cov_xy = self._sxy / w - mean_x * mean_y
-        shrink = SLOPE_PRIOR_TOKENS * SLOPE_PRIOR_TOKENS
-        slope = (cov_xy + shrink * self.prior_per_token_ms) / ((max(0.0, var_x)) + shrink)
-        if slope < 0.0:
-            slope = 0.0
-        elif mean_x > 0.0 and slope * mean_x > mean_y:
-            slope = mean_y / mean_x  # never a negative intercept: short prompts are not free
+        ridge_a = INTERCEPT_PRIOR_WEIGHT * self._w
+        ridge_b = SLOPE_PRIOR_WEIGHT * self._w
+        m11, m12, m22 = self._w + ridge_a, self._sx, self._sxx + ridge_b
+        r1 = self._sy + ridge_a * self.prior_base_ms
+        r2 = self._sxy + ridge_b * self.prior_per_token_ms
+        slope = (m11 * r2 - m12 * r1) / (m11 * m22 - m12 * m12)
+        slope = max(slope, 0.0)
+        base = (r1 - m12 * slope) / m11
+        if base < 0.0:  # short prompts are not free: the best line with a zero intercept
+            base = 0.0
+            slope = max(0.0, r2 / m22)
         self.per_token_ms = slope
-        self.base_ms = mean_y - slope * mean_x
+        self.base_ms = base

@@ -30,16 +30,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from latgate.config.schema import Config
-from latgate.providers.health import HALF_OPEN
+from latgate.providers.health import CLOSED, HALF_OPEN
 from latgate.providers.pool import ProviderPool, ProviderRuntime
-from latgate.providers.state import EndpointState
+from latgate.providers.state import QUEUE_P90_FACTOR, EndpointState
 from latgate.routing.decision import RouteDecision, Target
 from latgate.routing.policies.deadline import first_token_deadline_ms
 from latgate.routing.policies.hedging import hedge_delay_ms
 from latgate.routing.policies.least_outstanding import choose_least_outstanding
 from latgate.routing.policies.overflow import choose_overflow
 from latgate.routing.policies.predicted_ttft import choose_power_of_two
-from latgate.routing.policies.prefix_affinity import choose_affine, endpoint_salt, prefix_hash
+from latgate.routing.policies.prefix_affinity import choose_affine, endpoint_salt, keep_affinity, prefix_hash
 from latgate.routing.policies.round_robin import choose_round_robin
 from latgate.routing.policies.view import EndpointView
 
@@ -91,6 +91,8 @@ class RoutePlan:
         overflow_from: the preferred provider, when the request overflowed from it.
         hedge: where a second copy goes and when, or None.
         considered: every endpoint looked at (filled when explaining).
+        reserved: ``endpoint`` counts this request as load until its first attempt
+            starts (see :meth:`ProviderPool.reserve`).
     """
 
     targets: tuple[Target, ...]
@@ -102,6 +104,7 @@ class RoutePlan:
     overflow_from: str | None = None
     hedge: Hedge | None = None
     considered: list[Considered] = field(default_factory=list)
+    reserved: bool = False
 
     def explain_header(self) -> str:
         """``ENDPOINT PREDICTEDms[ CIRCUIT][ chosen]; ...`` for ``X-Latgate-Route-Candidates``."""
@@ -128,7 +131,7 @@ class Selector:
         self._pool = pool
         self._rng = rng or random.Random()
         timeout = config.defaults.first_token_timeout_sec
-        self._configured_deadline_ms = timeout * 1000.0 if timeout else None
+        self.configured_deadline_ms = timeout * 1000.0 if timeout else None
         self._salts = {
             ep.key: endpoint_salt(ep.config.id)
             for runtime in pool.providers.values()
@@ -150,7 +153,8 @@ class Selector:
         )
         now = self._pool.clock()
         views = self._views(runtime, plan, now, predict=latgate or explain)
-        index = self._choose(runtime, views, plan, body, commit=commit)
+        trial_ok = decision.budget_ms is None or decision.hedge
+        index = self._choose(runtime, views, plan, body, commit=commit, trial_ok=trial_ok)
         plan.endpoint = runtime.endpoints[index]
         best = views[index]
         if explain:
@@ -158,13 +162,21 @@ class Selector:
         if latgate:
             plan.predicted_ttft_ms = best.predicted_ttft_ms
             if decision.overflow and decision.budget_ms is not None:
-                estimate = best.p90_ttft_ms if best.available else math.inf
+                # a trial says nothing about the provider's speed: judge it by the others
+                proven = [v.p90_ttft_ms for v in views if v.available and not v.trial]
+                estimate = (
+                    best.p90_ttft_ms if best.available and not best.trial else min(proven, default=math.inf)
+                )
                 if estimate > decision.budget_ms:
                     self._overflow(decision, plan, estimate, now, body, explain=explain, commit=commit)
         if not best.available and len(targets) > 1 and plan.overflow_from is None:
             self._skip_unavailable(plan, now, body, commit=commit)
         if latgate and decision.hedge:
             plan.hedge = self._hedge(plan, now)
+        if commit:
+            self._pool.take_trial(plan.endpoint)
+            self._pool.reserve(plan.endpoint)
+            plan.reserved = True
         return plan
 
     def next_endpoint(
@@ -180,7 +192,9 @@ class Selector:
             for ep, view in zip(runtime.endpoints, views, strict=True):
                 if ep in exclude:
                     view.available = False
-        return runtime.endpoints[self._choose(runtime, views, plan, {}, commit=True)]
+        endpoint = runtime.endpoints[self._choose(runtime, views, plan, {}, commit=True)]
+        self._pool.take_trial(endpoint)
+        return endpoint
 
     def deadline_ms(self, plan: RoutePlan, *, predicted_ttft_ms: float, last_attempt: bool) -> float | None:
         """The attempt's first-token deadline in ms (see :mod:`latgate.routing.policies.deadline`),
@@ -189,7 +203,7 @@ class Selector:
         return first_token_deadline_ms(
             budget_ms=plan.budget_ms if self.strategy == "latgate" else None,
             predicted_ttft_ms=predicted_ttft_ms,
-            configured_ms=self._configured_deadline_ms,
+            configured_ms=self.configured_deadline_ms,
             last_attempt=last_attempt,
         )
 
@@ -203,7 +217,7 @@ class Selector:
         views = []
         for ep in runtime.endpoints:
             state = breaker.state(ep.key)
-            trial = state == HALF_OPEN and not ep.trial_in_flight
+            trial = state == HALF_OPEN and now >= ep.trial_until
             view = EndpointView(
                 in_flight=ep.in_flight,
                 available=state == "closed" or trial,
@@ -213,7 +227,7 @@ class Selector:
             if predict:
                 queue = ep.queue_ms(now)
                 view.predicted_ttft_ms = queue + ep.predictor.predict_ms(tokens)
-                view.p90_ttft_ms = queue + ep.predictor.p90_ms(tokens)
+                view.p90_ttft_ms = QUEUE_P90_FACTOR * queue + ep.predictor.p90_ms(tokens)
             views.append(view)
         return views
 
@@ -225,7 +239,10 @@ class Selector:
         body: Mapping[str, Any],
         *,
         commit: bool,
+        trial_ok: bool = False,
     ) -> int:
+        """The strategy's endpoint of ``runtime``; ``trial_ok``: this request may be a
+        half-open endpoint's trial (it has no budget, or a hedge to save it)."""
         if len(views) == 1:
             return 0
         strategy = self.strategy
@@ -237,23 +254,16 @@ class Selector:
                 return choose_round_robin(views, turn=turn)
             return choose_least_outstanding(views, turn=turn)
         draws = (self._rng.getrandbits(30), self._rng.getrandbits(30)) if len(views) > 2 else (0, 0)
-        fastest = choose_power_of_two(views, draws=draws)
+        fastest = choose_power_of_two(views, draws=draws, trial_first=trial_ok)
         if views[fastest].trial or not runtime.config.enable_prefix_cache:
             return fastest
         if plan.prefix is None and body:
             plan.prefix = prefix_hash(body)
         if plan.prefix is None:
             return fastest
-        affine = choose_affine(views, prefix=plan.prefix)
-        if affine is None:
+        affine = choose_affine([v if not v.trial else _unavailable(v) for v in views], prefix=plan.prefix)
+        if affine is None or not keep_affinity(views[affine], views[fastest], budget_ms=plan.budget_ms):
             return fastest
-        budget = plan.budget_ms
-        if (
-            budget is not None
-            and views[affine].p90_ttft_ms > budget
-            and views[fastest].p90_ttft_ms < views[affine].p90_ttft_ms
-        ):
-            return fastest  # the budget comes before the cache
         return affine
 
     def _overflow(
@@ -302,23 +312,37 @@ class Selector:
                 plan.targets = (target, *plan.targets[:position], *plan.targets[position + 1 :])
                 return
 
+    def hedge_target(self, plan: RoutePlan) -> Hedge | None:
+        """Where the hedge goes, chosen when it is sent (load may have moved since the
+        plan): the fastest other endpoint with a closed circuit, of the first attempt's
+        provider or the plan's next providers. None when there is none."""
+        choice = self._hedge_choice(plan, self._pool.clock())
+        if choice is None or plan.hedge is None:
+            return None
+        return Hedge(target=choice[1], endpoint=choice[2], delay_ms=plan.hedge.delay_ms)
+
     def _hedge(self, plan: RoutePlan, now: float) -> Hedge | None:
-        """The fastest other endpoint (same provider, or the next providers) for a second copy."""
+        choice = self._hedge_choice(plan, now)
+        if choice is None:
+            return None
+        first = plan.endpoint
+        # a trial's own record is stale: wait for it as for a healthy endpoint
+        trial = self._pool.breaker.state(first.key) == HALF_OPEN
+        p90 = 0.0 if trial else first.p90_ttft_ms(plan.prompt_tokens, now)
+        delay = hedge_delay_ms(p90_ttft_ms=p90, hedge_ttft_ms=choice[0], budget_ms=plan.budget_ms)
+        return Hedge(target=choice[1], endpoint=choice[2], delay_ms=delay)
+
+    def _hedge_choice(self, plan: RoutePlan, now: float) -> tuple[float, Target, EndpointState] | None:
         tokens = plan.prompt_tokens
         best: tuple[float, Target, EndpointState] | None = None
         for target in plan.targets[:3]:
             for ep in self._pool[target.provider].endpoints:
-                if ep is plan.endpoint or not self._pool.available(ep):
+                if ep is plan.endpoint or self._pool.breaker.state(ep.key) != CLOSED:
                     continue
                 predicted = ep.predicted_ttft_ms(tokens, now)
                 if best is None or predicted < best[0]:
                     best = (predicted, target, ep)
-        if best is None:
-            return None
-        first = plan.endpoint
-        p90 = first.queue_ms(now) + first.predictor.p90_ms(tokens)
-        delay = hedge_delay_ms(p90_ttft_ms=p90, hedge_ttft_ms=best[0], budget_ms=plan.budget_ms)
-        return Hedge(target=best[1], endpoint=best[2], delay_ms=delay)
+        return best
 
     def _consider(
         self, plan: RoutePlan, runtime: ProviderRuntime, views: list[EndpointView], chosen: int
@@ -335,3 +359,7 @@ class Selector:
                     chosen=index == chosen,
                 )
             )
+
+
+def _unavailable(view: EndpointView) -> EndpointView:
+    return EndpointView(in_flight=view.in_flight, available=False, salt=view.salt)

@@ -9,15 +9,19 @@ Predicted time to first token = queue wait + the endpoint's fitted line
 (:class:`~latgate.providers.predictor.TtftPredictor`). The queue wait: with ``C``
 batch slots (``max_batch_size``, an engine hint, or inferred from the engine reporting
 waiting requests) and ``L`` requests on the endpoint (ours in flight, plus others the
-engine reported beyond ours), a new request waits for ``L - C + 1`` of them to leave;
-they leave at ``C / slot_seconds`` per second, ``slot_seconds`` being how long a request
-holds a slot. Without a known capacity the queue is 0 and the fitted line absorbs
-whatever queueing there is.
+engine reported beyond ours), a new request waits for ``L - C + 1`` of them to leave.
+When all ``L`` are latgate's own, their start times are known and the engine serves in
+arrival order, so the ``k``-th to leave is the ``k``-th oldest: the wait is what that
+one has left of ``slot_seconds`` (how long a request holds a slot), plus a whole
+``slot_seconds`` per further round through the ``C`` slots. This matters after a burst,
+when every slot was taken at once and none frees soon. With requests of others in the
+count, they leave at ``C / slot_seconds`` per second on average. Without a known
+capacity the queue is 0 and the fitted line absorbs whatever queueing there is.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from latgate.config.schema import EndpointConfig, ProviderConfig
 from latgate.providers.health import CLOSED, CircuitBreaker
@@ -26,6 +30,10 @@ from latgate.providers.predictor import TtftPredictor
 EWMA_ALPHA = 0.1
 PRIOR_SLOT_SECONDS = 1.0
 ENGINE_LOAD_STALE_SECONDS = 5.0
+QUEUE_P90_FACTOR = 2.0
+"""The queue wait is an estimate from average slot times: requests that hold their slot
+longer than average (long generations, a slow client) make it longer, so its 90th
+percentile is taken as twice the estimate."""
 CAPACITY_HINT_KEYS = ("max_num_seqs", "max_running_requests")
 _PRIOR_BASE_MS = {"decode": 20.0, "prefill": 100.0, "upstream": 500.0, None: 200.0}
 PRIOR_PER_TOKEN_MS = 0.05
@@ -63,9 +71,15 @@ class EndpointState:
             when they were read (clock seconds); ``engine_own_in_flight``: our
             ``in_flight`` at that moment. ``inferred_capacity``: running requests seen
             while the engine had a queue.
+        starts: clock seconds at which each of latgate's requests in flight was sent,
+            oldest first.
+        pending: requests routed here whose attempt has not started yet (a hedged
+            request's first attempt starts in its own task): counted as load so that
+            a burst routed in one go does not all see the same empty endpoint.
         probe_ok / probe_ms / probe_at: the last active probe.
         answered_at: clock seconds of the last request it answered (None before one).
-        trial_in_flight: a half-open circuit's trial request is running.
+        trial_until: clock seconds until which a half-open circuit's trial is taken
+            (handed to a request, or running); 0 when the next request may be the trial.
     """
 
     config: EndpointConfig
@@ -84,11 +98,13 @@ class EndpointState:
     engine_read_at: float | None = None
     engine_own_in_flight: int = 0
     inferred_capacity: int | None = None
+    starts: list[float] = field(default_factory=list)
+    pending: int = 0
     probe_ok: bool | None = None
     probe_ms: float | None = None
     probe_at: float | None = None
     answered_at: float | None = None
-    trial_in_flight: bool = False
+    trial_until: float = 0.0
 
     @classmethod
     def for_provider(
@@ -138,28 +154,41 @@ class EndpointState:
     # -- predictions ----------------------------------------------------------------------
 
     def load(self, now: float) -> int:
-        """Requests on the endpoint: ours in flight, plus others the engine reported
-        beyond ours when its gauges are recent."""
-        load = self.in_flight
-        if self.engine_read_at is not None and now - self.engine_read_at <= ENGINE_LOAD_STALE_SECONDS:
-            others = (self.engine_running or 0) + (self.engine_waiting or 0) - self.engine_own_in_flight
-            if others > 0:
-                load += others
-        return load
+        """Requests on the endpoint: ours in flight or routed here and about to be sent,
+        plus others the engine reported beyond ours when its gauges are recent."""
+        return self.in_flight + self.pending + self._others(now)
+
+    def _others(self, now: float) -> int:
+        if self.engine_read_at is None or now - self.engine_read_at > ENGINE_LOAD_STALE_SECONDS:
+            return 0
+        others = (self.engine_running or 0) + (self.engine_waiting or 0) - self.engine_own_in_flight
+        return max(0, others)
 
     def queue_ms(self, now: float) -> float:
         """Expected wait for a batch slot, in ms (0 with room, or no known capacity)."""
         capacity = self.capacity or self.inferred_capacity
         if capacity is None:
             return 0.0
-        ahead = self.load(now) - capacity + 1
+        others = self._others(now)
+        ahead = self.in_flight + self.pending + others - capacity + 1
         if ahead <= 0:
             return 0.0
-        return ahead * self.slot_seconds * 1000.0 / capacity
+        starts = self.starts
+        if others or len(starts) != self.in_flight:
+            return ahead * self.slot_seconds * 1000.0 / capacity
+        rounds, index = divmod(ahead - 1, capacity)
+        started = starts[index] if index < len(starts) else now  # routed, not yet sent: starts now
+        left = self.slot_seconds - (now - started)
+        return (max(0.0, left) + rounds * self.slot_seconds) * 1000.0
 
     def predicted_ttft_ms(self, prompt_tokens: int, now: float) -> float:
         """Queue wait plus the fitted TTFT for ``prompt_tokens``, in ms."""
         return self.queue_ms(now) + self.predictor.predict_ms(prompt_tokens)
+
+    def p90_ttft_ms(self, prompt_tokens: int, now: float) -> float:
+        """A pessimistic (90th percentile) TTFT in ms: the fit's p90 plus
+        ``QUEUE_P90_FACTOR`` times the queue wait."""
+        return QUEUE_P90_FACTOR * self.queue_ms(now) + self.predictor.p90_ms(prompt_tokens)
 
     # -- observations -----------------------------------------------------------------------
 

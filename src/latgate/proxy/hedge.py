@@ -40,11 +40,12 @@ class Race:
 
 async def run_hedged(
     first: Callable[[], Awaitable[T]],
-    second: Callable[[], Awaitable[T]],
+    second: Callable[[], Awaitable[T] | None],
     *,
     delay_seconds: float,
 ) -> tuple[T, bool]:
-    """Run ``first()``; if it has not finished after ``delay_seconds``, run ``second()`` too.
+    """Run ``first()``; if it has not finished after ``delay_seconds``, run ``second()`` too
+    (which may return None when, by then, there is nowhere to send a copy).
 
     Returns:
         ``(result, hedge_won)``: the first attempt to succeed, and whether it was the
@@ -59,7 +60,9 @@ async def run_hedged(
     try:
         done, _ = await asyncio.wait(tasks, timeout=delay_seconds)
         if not done:
-            tasks.append(asyncio.ensure_future(second()))
+            copy = second()
+            if copy is not None:
+                tasks.append(asyncio.ensure_future(copy))
         failure: BaseException | None = None
         pending: set[asyncio.Task[T]] = set(tasks)
         while pending:

@@ -27,6 +27,9 @@ import orjson
 from latgate.routing.policies.view import EndpointView
 
 DEFAULT_LOAD_FACTOR = 1.25
+AFFINITY_SLACK_MS = 20.0
+"""A cached prefix saves prefill, a few to tens of ms: an endpoint predicted slower than
+the fastest by more than this loses its affinity."""
 PROMPT_PREFIX_CHARS = 2048
 _MASK = (1 << 64) - 1
 
@@ -81,3 +84,25 @@ def choose_affine(
         if views[index].in_flight + 1 <= bound:
             return index
     return min(candidates, key=lambda i: views[i].in_flight)
+
+
+def keep_affinity(
+    affine: EndpointView,
+    fastest: EndpointView,
+    *,
+    budget_ms: float | None,
+    slack_ms: float = AFFINITY_SLACK_MS,
+) -> bool:
+    """True when the prefix's endpoint should take the request rather than the fastest:
+    it is predicted no more than ``slack_ms`` slower, and with a budget it is expected
+    (90th percentile) to meet it, or to do no worse than the fastest.
+
+    Example::
+
+        keep_affinity(EndpointView(predicted_ttft_ms=30.0), EndpointView(predicted_ttft_ms=20.0), budget_ms=None)  # True
+    """
+    if affine.predicted_ttft_ms > fastest.predicted_ttft_ms + slack_ms:
+        return False
+    if budget_ms is None:
+        return True
+    return affine.p90_ttft_ms <= budget_ms or affine.p90_ttft_ms <= fastest.p90_ttft_ms
