@@ -121,9 +121,10 @@ class CircuitBreaker:
         """The endpoint's state now (an open circuit whose time is up is half-open)."""
         record = self.store.get(key)
         state = record.state
-        if self._refresh(record) != state:
+        if state == OPEN and self._refresh(record) != OPEN:
             self.store.put(key, record)
-        return record.state
+            return record.state
+        return state
 
     def _refresh(self, record: CircuitRecord) -> CircuitState:
         if record.state == OPEN and self.clock() >= record.opened_at + record.open_seconds:

@@ -32,6 +32,7 @@ from typing import Any
 from latgate.config.schema import Config
 from latgate.providers.health import CLOSED, HALF_OPEN
 from latgate.providers.pool import ProviderPool, ProviderRuntime
+from latgate.providers.predictor import P90_SPREADS
 from latgate.providers.state import QUEUE_P90_FACTOR, EndpointState
 from latgate.routing.decision import RouteDecision, Target
 from latgate.routing.policies.deadline import first_token_deadline_ms
@@ -172,9 +173,10 @@ class Selector:
         if not best.available and len(targets) > 1 and plan.overflow_from is None:
             self._skip_unavailable(plan, now, body, commit=commit)
         if latgate and decision.hedge:
-            plan.hedge = self._hedge(plan, now)
+            plan.hedge = self._hedge(plan, runtime, views, now)
         if commit:
-            self._pool.take_trial(plan.endpoint)
+            if best.trial or plan.endpoint is not runtime.endpoints[index]:
+                self._pool.take_trial(plan.endpoint)  # only a half-open endpoint has a trial to take
             self._pool.reserve(plan.endpoint)
             plan.reserved = True
         return plan
@@ -212,22 +214,20 @@ class Selector:
     def _views(
         self, runtime: ProviderRuntime, plan: RoutePlan, now: float, *, predict: bool
     ) -> list[EndpointView]:
-        breaker = self._pool.breaker
+        state_of = self._pool.breaker.state
+        salts = self._salts
         tokens = plan.prompt_tokens
         views = []
         for ep in runtime.endpoints:
-            state = breaker.state(ep.key)
+            state = state_of(ep.key)
             trial = state == HALF_OPEN and now >= ep.trial_until
-            view = EndpointView(
-                in_flight=ep.in_flight,
-                available=state == "closed" or trial,
-                trial=trial,
-                salt=self._salts[ep.key],
-            )
+            view = EndpointView(ep.in_flight, state == CLOSED or trial, trial, 0.0, 0.0, salts[ep.key])
             if predict:
                 queue = ep.queue_ms(now)
-                view.predicted_ttft_ms = queue + ep.predictor.predict_ms(tokens)
-                view.p90_ttft_ms = QUEUE_P90_FACTOR * queue + ep.predictor.p90_ms(tokens)
+                predictor = ep.predictor
+                fitted = predictor.predict_ms(tokens)
+                view.predicted_ttft_ms = queue + fitted
+                view.p90_ttft_ms = QUEUE_P90_FACTOR * queue + fitted + P90_SPREADS * predictor.spread_ms
             views.append(view)
         return views
 
@@ -321,8 +321,20 @@ class Selector:
             return None
         return Hedge(target=choice[1], endpoint=choice[2], delay_ms=plan.hedge.delay_ms)
 
-    def _hedge(self, plan: RoutePlan, now: float) -> Hedge | None:
-        choice = self._hedge_choice(plan, now)
+    def _hedge(
+        self, plan: RoutePlan, runtime: ProviderRuntime, views: list[EndpointView], now: float
+    ) -> Hedge | None:
+        """The hedge's delay, and where it would go now (it is chosen again when sent).
+        The first provider's other endpoints are already in ``views``; the next providers
+        are looked at only when none of them can take it."""
+        choice: tuple[float, Target, EndpointState] | None = None
+        if plan.targets[0].provider == runtime.name:
+            for ep, view in zip(runtime.endpoints, views, strict=True):
+                usable = ep is not plan.endpoint and view.available and not view.trial
+                if usable and (choice is None or view.predicted_ttft_ms < choice[0]):
+                    choice = (view.predicted_ttft_ms, plan.targets[0], ep)
+        if choice is None:
+            choice = self._hedge_choice(plan, now)
         if choice is None:
             return None
         first = plan.endpoint
