@@ -52,6 +52,7 @@ PROVIDER_KEYS = (
     "role",
     "max_batch_size",
     "enable_prefix_cache",
+    "responses_api",
     "tokenizer",
     "latency_sensitive",
     "timeout_sec",

@@ -111,8 +111,9 @@ def _provider_lines(provider: ProviderConfig) -> list[str]:
     capacity += [f"{key} {_value(value)}" for key, value in provider.hints.items()]
     if capacity:
         lines.append(_row("capacity", ", ".join(capacity), indent=4))
-    if provider.latency_sensitive or provider.timeout_sec or provider.tokenizer:
+    if provider.latency_sensitive or provider.timeout_sec or provider.tokenizer or provider.responses_api:
         extras = ["latency-sensitive"] if provider.latency_sensitive else []
+        extras += ["serves /responses (passed through)"] if provider.responses_api else []
         extras += [f"timeout {provider.timeout_sec:g} s"] if provider.timeout_sec else []
         extras += [f"tokenizer {provider.tokenizer}"] if provider.tokenizer else []
         lines.append(_row("other", ", ".join(extras), indent=4))

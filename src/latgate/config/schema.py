@@ -103,7 +103,9 @@ class ProviderConfig(Frozen):
     ``models`` empty means the provider accepts any model name. ``connector`` is a
     registered connector name (validated by the loader). ``hints`` keeps any other
     engine capacity hints the config gave (``chunked_prefill``,
-    ``max_num_batched_tokens``...), shown by ``latgate check``.
+    ``max_num_batched_tokens``...), shown by ``latgate check``. ``responses_api``: the
+    provider serves ``POST /responses`` itself (OpenAI API reference, "Responses"), so
+    Responses requests routed only to such providers pass through untranslated.
     """
 
     name: str
@@ -116,6 +118,7 @@ class ProviderConfig(Frozen):
     role: Literal["decode", "prefill", "upstream"] | None = None
     max_batch_size: int | None = Field(default=None, gt=0)
     enable_prefix_cache: bool = False
+    responses_api: bool = Field(default=False, strict=True)
     tokenizer: str | None = None
     latency_sensitive: bool = False
     timeout_sec: float | None = Field(default=None, gt=0)
