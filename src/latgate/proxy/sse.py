@@ -40,8 +40,10 @@ class StreamTap:
     Attributes (read after feeding):
         content_chunks: generated-content units seen (a choice whose delta carries
             non-empty ``content``, ``reasoning_content``/``reasoning`` or
-            ``tool_calls``, or a completions ``text``), summed over choices.
-        usage: the last ``usage`` object seen, or ``None``.
+            ``tool_calls``, or a completions ``text``), summed over choices; in a
+            Responses API stream, each ``*.delta`` event.
+        usage: the last ``usage`` object seen (a Responses stream's
+            ``response.usage``), or ``None``.
         done: ``data: [DONE]`` was seen.
         error: the first ``error`` object an event carried; such events are not
             forwarded (the relay sends its own redacted error event instead).
@@ -173,6 +175,8 @@ class StreamTap:
             self.usage = usage
         choices = chunk.get("choices")
         if not choices:
+            if choices is None and "type" in chunk:
+                return self._responses_event(chunk)
             return -1 if (usage and self._drop_usage and choices is not None) else 0
         units = 0
         for choice in choices:
@@ -191,6 +195,28 @@ class StreamTap:
                 units += 1
         self.content_chunks += units
         return units
+
+    def _responses_event(self, chunk: dict[str, Any]) -> int:
+        """One OpenAI Responses API stream event (``ResponseStreamEvent``, passed through
+        to providers that serve ``/responses``): a ``*.delta`` event with a non-empty
+        ``delta`` is one content unit, ``response.completed`` (or ``.incomplete``)
+        carries ``response.usage``, an ``error`` event is an in-band error."""
+        kind = chunk["type"]
+        if not isinstance(kind, str):
+            return 0
+        if kind.endswith(".delta"):
+            if chunk.get("delta"):
+                self.content_chunks += 1
+                return 1
+            return 0
+        if kind == "error":
+            if self.error is None:
+                self.error = {"message": chunk.get("message"), "code": chunk.get("code"), "type": "api_error"}
+            return -1
+        response = chunk.get("response")
+        if isinstance(response, dict) and isinstance(response.get("usage"), dict):
+            self.usage = response["usage"]
+        return 0
 
 
 def _data_of(event: bytes, sep: bytes) -> bytes | None:
