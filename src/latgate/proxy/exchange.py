@@ -52,11 +52,15 @@ class Exchange:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def apply_usage(self, usage: dict[str, Any] | None) -> None:
-        """Take token counts from an OpenAI ``usage`` object when it has them."""
+        """Take token counts from an OpenAI ``usage`` object when it has them (chat
+        ``prompt_tokens``/``completion_tokens``, or the Responses API's
+        ``input_tokens``/``output_tokens``)."""
         if not isinstance(usage, dict):
             return
         prompt = usage.get("prompt_tokens")
         completion = usage.get("completion_tokens")
+        if prompt is None and completion is None:
+            prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
         if isinstance(prompt, int) and prompt >= 0:
             self.prompt_tokens = prompt
         if isinstance(completion, int) and completion >= 0:
