@@ -146,7 +146,7 @@ class Forwarder:
             if previous is not None:
                 self._metrics.record_fallback(from_provider=previous, to_provider=target.provider)
             previous = target.provider
-            payload = self._payload(body, target, provider, stream=exchange.stream)
+            payload = self._payload(body, target, provider, stream=exchange.stream, path=path)
             exchange.extra["fallback_model"] = self._fallback_model(decision, target)
             for attempt in range(max_retries + 1):
                 if attempt:
@@ -174,14 +174,17 @@ class Forwarder:
                 break  # the client's own mistake: another provider would say the same
         raise last
 
-    def _payload(self, body: dict[str, Any], target: Target, provider: ProviderRuntime, *, stream: bool) -> bytes:
+    def _payload(
+        self, body: dict[str, Any], target: Target, provider: ProviderRuntime, *, stream: bool, path: str
+    ) -> bytes:
         """The upstream body: the client's, with the upstream model, the provider's
-        ``extra_body`` fields the client did not set, and usage asked for on streams."""
+        ``extra_body`` fields the client did not set, and usage asked for on streams
+        (not on ``/responses``, whose streams always end with their usage)."""
         out = dict(body)
         out["model"] = target.model
         for key, value in provider.config.extra_body.items():
             out.setdefault(key, value)
-        if stream and tap_drop(body):
+        if stream and path != "/responses" and tap_drop(body):
             options = dict(out.get("stream_options") or {})
             options["include_usage"] = True
             out["stream_options"] = options
@@ -222,7 +225,7 @@ class Forwarder:
             runtime = self._pool[now.target.provider]
             self._metrics.record_hedge(provider=runtime.name)
             sent.append(runtime.name)
-            copy = payload if now.target == target else self._payload(body, now.target, runtime, stream=True)
+            copy = payload if now.target == target else self._payload(body, now.target, runtime, stream=True, path=path)
             return self._attempt(
                 exchange, decision, plan, now.target, runtime, now.endpoint, copy, body, path, transform, last_attempt=False, race=race
             )
@@ -425,7 +428,7 @@ class Forwarder:
         except orjson.JSONDecodeError:
             parsed = None
         if isinstance(parsed, dict):
-            if "error" in parsed and "choices" not in parsed and "data" not in parsed:
+            if parsed.get("error") is not None and "choices" not in parsed and "data" not in parsed:
                 raise self._error_event(provider, endpoint, parsed["error"] if isinstance(parsed["error"], dict) else {})
             exchange.apply_usage(parsed.get("usage"))
             if exchange.upstream_model != exchange.public_model and parsed.get("model") == exchange.upstream_model:
