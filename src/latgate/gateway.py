@@ -118,9 +118,12 @@ class Gateway:
         path: str,
         transform: ResponseTransform | None = None,
         caller: Caller | None = None,
+        decision: RouteDecision | None = None,
     ) -> Any:
         """Route and forward an OpenAI-shaped ``body``; the entry point for translated
-        APIs too (they pass a ``transform`` for the answer).
+        APIs too (they pass a ``transform`` for the answer). ``decision``: one the
+        handler already made with :meth:`decide` (the Responses handler, which picks
+        the upstream path from its candidates); else it is made here.
 
         With ``[auth]``, the key in ``headers`` is checked here unless the handler
         already did (``caller``, from :meth:`authenticate`); the key's policy is the
@@ -144,7 +147,8 @@ class Gateway:
         guard = self.guard
         if guard is not None and caller is None:
             caller = guard.authenticate(headers)
-        decision = self.decide(body, headers, key_policy=None if caller is None else caller.policy)
+        if decision is None:
+            decision = self.decide(body, headers, key_policy=None if caller is None else caller.policy)
         exchange.public_model = decision.public_model
         exchange.prompt_tokens = decision.prompt_tokens
         if caller is not None:
