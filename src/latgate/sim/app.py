@@ -1,8 +1,8 @@
 """The simulator's HTTP face: a plain ASGI 3 app, cheap per request and per chunk.
 
 Routes (each also without the ``/v1`` prefix): ``POST /v1/chat/completions``,
-``POST /v1/completions``, ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /health``,
-``GET /metrics``. Errors use the OpenAI envelope (:mod:`latgate.errors`).
+``POST /v1/completions``, ``POST /v1/embeddings``, ``POST /v1/responses`` (see
+:mod:`latgate.sim.responses`), ``GET /v1/models``, ``GET /health``, ``GET /metrics``. Errors use the OpenAI envelope (:mod:`latgate.errors`).
 
 Streaming writes the precomputed bytes of :mod:`latgate.sim.wire` with one ``send`` per
 token while a second task listens for ``http.disconnect``: when the client goes away
@@ -41,7 +41,10 @@ from latgate.sim.faults import FaultInjector, FaultPlan
 from latgate.sim.options import SimOptions
 from latgate.sim.prefix_cache import prefix_digests
 from latgate.sim.replies import ChoicePlan
+from latgate.sim.responses import ResponsesSend
 from latgate.sim.stats import ReceivedRequest, SimStats, prometheus_text
+from latgate.translate.responses_request import responses_to_chat
+from latgate.translate.responses_stream import ResponsesStreamTransform
 
 
 class _MethodNotAllowed(GatewayError):
@@ -90,6 +93,7 @@ class SimApp:
             "/chat/completions": ("POST", self._chat),
             "/completions": ("POST", self._completions),
             "/embeddings": ("POST", self._embeddings),
+            "/responses": ("POST", self._responses),
             "/models": ("GET", self._models),
             "/health": ("GET", self._health),
             "/metrics": ("GET", self._metrics),
@@ -119,40 +123,52 @@ class SimApp:
     # -- generation endpoints ------------------------------------------------------
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generation_request(
+            scope, receive, send, lambda body: self._chat_reply(scope, receive, send, body)
+        )
+
+    async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def reply(body: dict[str, Any]) -> Outcome:
-            model = self._model(body)
-            messages = body.get("messages")
-            if (
-                not isinstance(messages, list)
-                or not messages
-                or not all(isinstance(m, Mapping) for m in messages)
-            ):
-                raise InvalidRequest("messages must be a non-empty list of message objects", param="messages")
-            digests = prefix_digests(messages, context=body.get("tools"))
-            plans = replies.plan_chat(
-                body,
-                rng_seed=self._seed_bytes + digests[-1],
-                default_max_tokens=self.options.default_max_tokens,
-                max_output_tokens=self.options.max_output_tokens,
-                preferred_tools=self.options.preferred_tools,
+            translation = responses_to_chat(body)
+            transform = ResponsesStreamTransform(echo=translation.echo, namespaced=translation.namespaced)
+            return await self._chat_reply(
+                scope, receive, ResponsesSend(send, transform), translation.chat_body
             )
-            prompt_tokens = estimate_prompt_tokens(body)
-            cached = self.engine.cached_prefix_segments(digests)
-            cached_tokens = 0
-            if cached == len(messages):
-                cached_tokens = prompt_tokens - 1
-            elif cached:
-                cached_tokens = min(
-                    estimate_prompt_tokens({**body, "messages": messages[:cached]}), prompt_tokens - 1
-                )
-            envelope = self._envelope("chatcmpl", body, model=model, prompt_tokens=prompt_tokens)
-            generation = self.engine.start(
-                prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, prefix_digests=digests
-            )
-            render = wire.chat_stream if wants_stream(body) else wire.chat_body
-            return await self._generate(scope, receive, send, generation, plans, render(plans, envelope))
 
         await self._generation_request(scope, receive, send, reply)
+
+    async def _chat_reply(self, scope: Scope, receive: Receive, send: Send, body: dict[str, Any]) -> Outcome:
+        model = self._model(body)
+        messages = body.get("messages")
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(isinstance(m, Mapping) for m in messages)
+        ):
+            raise InvalidRequest("messages must be a non-empty list of message objects", param="messages")
+        digests = prefix_digests(messages, context=body.get("tools"))
+        plans = replies.plan_chat(
+            body,
+            rng_seed=self._seed_bytes + digests[-1],
+            default_max_tokens=self.options.default_max_tokens,
+            max_output_tokens=self.options.max_output_tokens,
+            preferred_tools=self.options.preferred_tools,
+        )
+        prompt_tokens = estimate_prompt_tokens(body)
+        cached = self.engine.cached_prefix_segments(digests)
+        cached_tokens = 0
+        if cached == len(messages):
+            cached_tokens = prompt_tokens - 1
+        elif cached:
+            cached_tokens = min(
+                estimate_prompt_tokens({**body, "messages": messages[:cached]}), prompt_tokens - 1
+            )
+        envelope = self._envelope("chatcmpl", body, model=model, prompt_tokens=prompt_tokens)
+        generation = self.engine.start(
+            prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, prefix_digests=digests
+        )
+        render = wire.chat_stream if wants_stream(body) else wire.chat_body
+        return await self._generate(scope, receive, send, generation, plans, render(plans, envelope))
 
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def reply(body: dict[str, Any]) -> Outcome:
