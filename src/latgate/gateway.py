@@ -9,8 +9,8 @@ fallback, stream relay) -> metrics and access log via the request's :class:`Exch
 from __future__ import annotations
 
 import logging
+import os
 import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -230,7 +230,9 @@ class Gateway:
 
 
 def request_id(given: str | None) -> str:
-    """The client's ``X-Request-Id`` when it is short and printable, else a new one."""
+    """The client's ``X-Request-Id`` when it is short and printable, else a new one
+    (128 random bits as 32 hex digits, like ``uuid4().hex`` without building a UUID:
+    ~0.8 µs instead of ~4; ``os.urandom`` leaves the ``random`` module's state alone)."""
     if given and len(given) <= MAX_REQUEST_ID_LENGTH and given.isascii() and given.isprintable():
         return given
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
