@@ -3,9 +3,13 @@
 latgate keeps httpx as its client API but not httpx's default transport: measured on
 this project's machines, a proxied request costs ~2.1 ms of CPU through httpx's
 default (httpcore) transport and ~0.4 ms through aiohttp, and ~53 µs vs ~9 µs per
-streamed chunk. So the client runs on the ``httpx-aiohttp`` transport (aiohttp's
-connection pool and parser under the httpx ``AsyncClient`` interface); tests can pass
-any other ``httpx.AsyncBaseTransport`` (e.g. respx's) to :class:`UpstreamClient`.
+streamed chunk. So proxied requests go to aiohttp directly (:meth:`UpstreamClient.open`
+returns an :class:`AiohttpUpstreamResponse`, the slice of ``httpx.Response`` the
+forwarder reads: building httpx requests, responses and stream wrappers on top of
+aiohttp cost ~10% of a request's CPU in a profile); health probes and metrics scrapes
+use the ``httpx-aiohttp`` transport under httpx's ``AsyncClient``. Tests can pass any
+``httpx.AsyncBaseTransport`` (e.g. respx's) to :class:`UpstreamClient`: every request
+then goes through it, as an ``httpx.Response``.
 
 Every exception of httpx, aiohttp or asyncio raised while talking to an upstream is
 translated into :class:`UpstreamFailure` by :func:`upstream_errors`, with a ``kind``
@@ -18,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Iterator
+import ssl
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import httpx
@@ -47,10 +52,11 @@ def upstream_errors() -> Iterator[None]:
     """Translate transport exceptions into :class:`UpstreamFailure` (the only place)."""
     try:
         yield
-    except (httpx.ConnectError, httpx.ConnectTimeout, aiohttp.ClientConnectorError) as exc:
+    except (httpx.ConnectError, httpx.ConnectTimeout, aiohttp.ClientConnectionError) as exc:
         # httpx-aiohttp maps every aiohttp.ClientConnectionError (including a server
         # disconnecting mid-body) to ConnectTimeout; look at the cause to tell them apart.
-        cause = exc.__cause__
+        # The direct aiohttp path (AiohttpUpstreamResponse) raises them unwrapped.
+        cause = exc if isinstance(exc, aiohttp.ClientError) else exc.__cause__
         if isinstance(cause, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
             raise UpstreamFailure("read", "upstream closed the connection") from None
         if isinstance(cause, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
@@ -85,6 +91,12 @@ class UpstreamClient:
         verify: bool = True,
     ) -> None:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._direct = transport is None and os.environ.get(TRANSPORT_ENV_VAR) != "httpx"
+        self._session: aiohttp.ClientSession | None = None
+        self._max_connections = max_connections
+        # Made here, not at the first request: loading the CA bundle takes tens of ms,
+        # which would count against the first upstream's measured latency.
+        self._ssl_context = httpx.create_ssl_context(verify=verify, trust_env=False) if self._direct else None
         if transport is None:
             transport = default_transport(limits=limits, verify=verify)
         self._timeout = httpx.Timeout(
@@ -105,13 +117,20 @@ class UpstreamClient:
         payload: bytes,
         headers: dict[str, str],
         read_timeout_seconds: float | None = None,
-    ) -> httpx.Response:
+    ) -> httpx.Response | AiohttpUpstreamResponse:
         """POST ``payload`` (JSON bytes) to ``url`` and return once the status and headers
         arrived; the body is left to stream (``aiter_raw``; the caller must ``aclose``).
+
+        Returns:
+            an :class:`AiohttpUpstreamResponse` on the default transport, else the
+            injected transport's ``httpx.Response`` (both: ``status_code``,
+            ``headers``, ``aiter_raw()``, ``aread()``, ``aclose()``).
 
         Raises:
             UpstreamFailure: no response could be had.
         """
+        if self._direct:
+            return await self._open_direct(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds)
         # The hot path goes to the transport directly: AsyncClient.send adds redirect,
         # auth and cookie handling latgate never wants (~25% of a proxied request's CPU
         # in a profile), and URL parsing is cached per upstream URL.
@@ -125,6 +144,26 @@ class UpstreamClient:
         request = httpx.Request("POST", parsed, content=payload, headers=headers, extensions={"timeout": timeout})
         with upstream_errors():
             return await self._transport.handle_async_request(request)
+
+    async def _open_direct(
+        self, *, url: str, payload: bytes, headers: dict[str, str], read_timeout_seconds: float | None
+    ) -> AiohttpUpstreamResponse:
+        session = self._session
+        if session is None:
+            session = self._session = _new_session(max_connections=self._max_connections, ssl_context=self._ssl_context)
+        timeout = self._timeouts.get(read_timeout_seconds)
+        if timeout is None:
+            base = self._timeout if read_timeout_seconds is None else self._timeout_with_read(read_timeout_seconds)
+            # The same mapping as httpx-aiohttp: pool wait as aiohttp's connect, no total.
+            timeout = self._timeouts[read_timeout_seconds] = aiohttp.ClientTimeout(
+                sock_connect=base.connect, sock_read=base.read, connect=base.pool
+            )
+        with upstream_errors():
+            response = await session.request(
+                "POST", url, data=payload, headers=headers, timeout=timeout,
+                allow_redirects=False, auto_decompress=False, compress=False,
+            ).__aenter__()  # fmt: skip
+        return AiohttpUpstreamResponse(response)
 
     async def get(self, *, url: str, headers: dict[str, str], timeout_seconds: float) -> httpx.Response:
         """A small GET (health probes, engine metrics), body read.
@@ -142,6 +181,47 @@ class UpstreamClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
+
+
+class AiohttpUpstreamResponse:
+    """An upstream response on the direct aiohttp path, read like an ``httpx.Response``.
+
+    Attributes:
+        status_code: the HTTP status.
+        headers: case-insensitive response headers (``.get``, ``[]``).
+    """
+
+    __slots__ = ("_response", "headers", "status_code")
+
+    #: bytes per read at most, as httpx-aiohttp (a read returns what has arrived)
+    CHUNK_BYTES = 16 * 1024
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status_code = response.status
+        self.headers = response.headers
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, undecoded (aiohttp errors raised as they are: read
+        under :func:`upstream_errors`)."""
+        return self._response.content.iter_chunked(self.CHUNK_BYTES).__aiter__()
+
+    async def aread(self) -> bytes:
+        """The whole body."""
+        return await self._response.read()
+
+    async def aclose(self) -> None:
+        """Release the connection (back to the pool when the body was read whole)."""
+        await self._response.__aexit__(None, None, None)
+
+
+def _new_session(*, max_connections: int, ssl_context: ssl.SSLContext | None) -> aiohttp.ClientSession:
+    """The pooled aiohttp session (opened on the running loop, at first use)."""
+    connector = aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=5.0, ssl=ssl_context)
+    # No cookie jar: an upstream's cookies are never replayed (nor parsed per response).
+    return aiohttp.ClientSession(connector=connector, trust_env=False, cookie_jar=aiohttp.DummyCookieJar())
 
 
 #: ``LATGATE_UPSTREAM_TRANSPORT=httpx`` selects httpx's own transport instead (for
