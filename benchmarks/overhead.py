@@ -1,242 +1,300 @@
-"""Gateway overhead on loopback: latgate versus the upstream called directly, in one run.
+"""Gateway overhead on loopback: latgate, nginx, vllm-router and LiteLLM proxy versus the
+upstream called directly, in one run.
 
-    .venv/bin/python benchmarks/overhead.py [--quick] [--json OUT]
+    .venv/bin/python benchmarks/overhead.py [--quick] [--json OUT] [--workers 2]
+    bash benchmarks/setup_peers.sh    # once, for the peers (each is skipped when absent)
 
-Set-up (2 cores): the gateway (`latgate serve`, shipped defaults: routing, metrics,
-access log at INFO) runs alone on core 0; a zero-delay mock upstream and the load
-generator share core 1. Modes: non-streamed answers, and 64-chunk SSE streams (each
-chunk its own write, so the gateway sees them as separate reads). For each mode and
-concurrency it reports requests/s, p50/p99 latency and time to first chunk, directly
-and through latgate, the added milliseconds, and the gateway's CPU per request and per
-streamed chunk (from /proc/PID/stat, so everything the process did is counted).
+Set-up (2 cores): each gateway runs alone on core 0 (``taskset``; one worker, or one
+nginx worker), one at a time; the zero-delay mock upstream (``mock_upstream.py``) and
+the load generator (``loadgen.py``) share core 1. latgate runs with its shipped
+defaults: routing, metrics, access log at INFO (to a file nobody reads, like nginx's
+access log here: off).
+
+Modes: ``non-stream`` (one chat completion object), ``stream-64`` (64 content chunks
+written back to back, each its own write), ``paced`` (32 chunks 20 ms apart, at high
+concurrency: what a busy gateway in front of real engines sees). Each cell runs for a
+fixed time with ``c`` connections sending one request after another.
+
+Per target, mode and concurrency it records ``rps``, ``p50_ms``, ``p99_ms``,
+``ttfc_p50_ms`` (time to first body byte), ``itl_p99_ms`` (gaps between reads, paced
+only), ``cpu_us_per_request`` (the gateway's user+system CPU from ``/proc`` over the
+cell, per request), ``cpu_us_per_chunk`` (streams: the CPU beyond a non-streamed
+request's at the same concurrency, per chunk), ``rss_mb``, and the ``added_*`` figures
+versus direct. ``--json OUT`` writes them all, with the issue's targets checked.
 Speed is reported as measured in this one run; nothing here is a pass/fail test.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import math
 import os
-import shutil
-import socket
+import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
+import uvloop
 
-ROOT = Path(__file__).resolve().parent.parent
-CHUNKS = 64
-CHUNK = (
-    b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,"model":"bench",'
-    b'"choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null}]}\n\n'
-)
-ROLE = b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,"model":"bench","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
-USAGE = b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,"model":"bench","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":64,"total_tokens":72}}\n\n'
-DONE = b"data: [DONE]\n\n"
-JSON_BODY = json.dumps(
-    {
-        "id": "chatcmpl-bench",
-        "object": "chat.completion",
-        "created": 1700000000,
-        "model": "bench",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello " * 64}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 8, "completion_tokens": 64, "total_tokens": 72},
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from loadgen import pct, request_bytes, run_load
+from mock_upstream import CHUNKS, PACED_CHUNKS
+from peers import Direct, Latgate, LiteLLM, Nginx, Target, VllmRouter, cpu_seconds, rss_mb, wait_port
+from peers import free_port as _free_port
+
+MODES = {
+    "non-stream": ("bench", False),
+    "stream-64": ("bench", True),
+    "paced": ("bench-paced", True),
+}
+
+
+def plan(*, quick: bool) -> list[tuple[str, int, float]]:
+    """(mode, concurrency, seconds) cells, in order."""
+    t = 1.2 if quick else 4.0
+    cells = [(mode, c, t) for mode in ("non-stream", "stream-64") for c in (1, 16, 64)]
+    cells += [("paced", 1000, 2.0 if quick else 4.0)]
+    if not quick:
+        cells.insert(-1, ("paced", 300, 3.0))
+    return cells
+
+
+def body(model: str, stream: bool) -> bytes:
+    return json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream},
+        separators=(",", ":"),
+    ).encode()
+
+
+def measure(target: Target, mode: str, c: int, seconds: float) -> dict:
+    model, stream = MODES[mode]
+    request = request_bytes(port=target.port, path="/v1/chat/completions", body=body(model, stream))
+    paced = mode == "paced"
+    warm = 0.8 if paced else target.warm_seconds
+    uvloop.run(run_load(port=target.port, request=request, concurrency=c, seconds=warm))
+    pids = target.pids()
+    cpu0 = cpu_seconds(pids)
+    res = uvloop.run(run_load(port=target.port, request=request, concurrency=c, seconds=seconds, gaps=paced))
+    cpu = cpu_seconds(pids) - cpu0
+    n = len(res.latency_ms)
+    row = {
+        "target": target.name,
+        "mode": mode,
+        "concurrency": c,
+        "requests": n,
+        "errors": res.errors,
+        "rps": n / res.seconds if res.seconds else 0.0,
+        "p50_ms": pct(res.latency_ms, 50),
+        "p99_ms": pct(res.latency_ms, 99),
+        "ttfc_p50_ms": pct(res.ttfc_ms, 50),
+        "cpu_us_per_request": cpu / n * 1e6 if n and pids else None,
+        "rss_mb": rss_mb(pids) if pids else None,
     }
-).encode()
+    if paced:
+        row["itl_p50_ms"] = pct(res.gaps_ms, 50)
+        row["itl_p99_ms"] = pct(res.gaps_ms, 99)
+    return row
 
 
-# -- the mock upstream: raw asyncio HTTP/1.1, keep-alive, as cheap as it gets --------------
+def derive(rows: list[dict]) -> None:
+    """Per-chunk CPU and the figures added versus direct, in place."""
+    index = {(r["target"], r["mode"], r["concurrency"]): r for r in rows}
+    for r in rows:
+        base = index.get((r["target"], "non-stream", r["concurrency"] if r["mode"] == "stream-64" else 64))
+        if (
+            r["mode"] != "non-stream"
+            and base
+            and r["cpu_us_per_request"] is not None
+            and base["cpu_us_per_request"] is not None
+        ):
+            per = CHUNKS if r["mode"] == "stream-64" else PACED_CHUNKS
+            r["cpu_us_per_chunk"] = (r["cpu_us_per_request"] - base["cpu_us_per_request"]) / per
+        direct = index.get(("direct", r["mode"], r["concurrency"]))
+        if direct and r["target"] != "direct":
+            for key in ("p50_ms", "p99_ms", "ttfc_p50_ms", "itl_p99_ms"):
+                if key in r:
+                    r["added_" + key] = r[key] - direct[key]
 
 
-class _Upstream(asyncio.Protocol):
-    def connection_made(self, transport):
-        self.transport = transport
-        self.buf = b""
-        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def check_targets(rows: list[dict], idle: dict[str, float]) -> list[dict]:
+    """The issue's targets for latgate, each with the measured value and whether it is met."""
+    at = {(r["target"], r["mode"], r["concurrency"]): r for r in rows}
+    lat = lambda mode, c: at.get(("latgate", mode, c), {})
+    out = []
 
-    def data_received(self, data):
-        self.buf += data
-        while True:
-            head_end = self.buf.find(b"\r\n\r\n")
-            if head_end < 0:
-                return
-            head = self.buf[:head_end].lower()
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            if len(self.buf) < head_end + 4 + length:
-                return
-            body = self.buf[head_end + 4 : head_end + 4 + length]
-            self.buf = self.buf[head_end + 4 + length :]
-            if b'"stream":true' in body.replace(b" ", b""):
-                asyncio.get_running_loop().create_task(self._stream())
-            else:
-                self.transport.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                    % (len(JSON_BODY), JSON_BODY)
-                )
+    def add(name: str, value: float | None, limit: float, *, at_least: bool = False) -> None:
+        met = None if value is None else (value >= limit if at_least else value <= limit)
+        out.append({"target": name, "value": value, "limit": limit, "met": met})
 
-    async def _stream(self):
-        w = self.transport.write
-        w(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
-        for piece in [ROLE] + [CHUNK] * CHUNKS + [USAGE, DONE]:
-            w(b"%x\r\n%s\r\n" % (len(piece), piece))
-            await asyncio.sleep(0)  # one write per event, as an engine flushing per token
-        w(b"0\r\n\r\n")
-
-
-def run_mock_upstream(port: int) -> None:
-    async def main():
-        server = await asyncio.get_running_loop().create_server(_Upstream, "127.0.0.1", port, backlog=1024)
-        await server.serve_forever()
-
-    asyncio.run(main())
+    add("added p50 ms, c=1", lat("non-stream", 1).get("added_p50_ms"), 0.5)
+    add("added p99 ms, c=1", lat("non-stream", 1).get("added_p99_ms"), 1.5)
+    add("cpu us/request (c=64)", lat("non-stream", 64).get("cpu_us_per_request"), 250)
+    cpu = lat("non-stream", 64).get("cpu_us_per_request")
+    add("requests/s per core (1e6/cpu us)", 1e6 / cpu if cpu else None, 4000, at_least=True)
+    add("cpu us/chunk (stream-64, c=64)", lat("stream-64", 64).get("cpu_us_per_chunk"), 10)
+    add("added ttfc p50 ms, c=1", lat("stream-64", 1).get("added_ttfc_p50_ms"), 0.6)
+    add("idle rss MB", idle.get("latgate"), 100)
+    loaded = [r["rss_mb"] for r in rows if r["target"] == "latgate" and r["rss_mb"]]
+    add(
+        "rss growth under load MB",
+        max(loaded) - idle["latgate"] if loaded and "latgate" in idle else None,
+        50,
+    )
+    lite = at.get(("litellm", "non-stream", 64), {})
+    if lite.get("cpu_us_per_request") and cpu:
+        add("x LiteLLM requests/s per core", lite["cpu_us_per_request"] / cpu, 40, at_least=True)
+        add("x LiteLLM rps (c=64)", lat("non-stream", 64).get("rps", 0) / lite["rps"], 40, at_least=True)
+    add("added itl p99 ms, paced c=1000", lat("paced", 1000).get("added_itl_p99_ms"), 5)
+    for mode in ("non-stream", "stream-64"):
+        two = at.get(("latgate-w2", mode, 64))
+        if two and lat(mode, 64).get("rps"):
+            add(
+                f"--workers 2 / 1 worker rps ({mode}, c=64)",
+                two["rps"] / lat(mode, 64)["rps"],
+                1.7,
+                at_least=True,
+            )
+    return out
 
 
-# -- helpers ------------------------------------------------------------------------------
+def _no_nan(value: object) -> object:
+    """NaN (a percentile of no samples) as null, so the file is strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_no_nan(v) for v in value]
+    return value
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None or math.isnan(value) else format(value, spec)
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def wait_port(port: int, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise SystemExit(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
-
-
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(p / 100 * len(values)))] if values else float("nan")
-
-
-async def load(url: str, *, stream: bool, n: int, c: int) -> dict:
-    body = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "hi"}], "stream": stream}).encode()
-    lat, ttfc = [], []
-    queue = list(range(n))
-    connector = aiohttp.TCPConnector(limit=c)
-    async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def worker():
-            while queue:
-                queue.pop()
-                t0 = time.perf_counter()
-                async with session.post(url, data=body, headers={"content-type": "application/json"}) as r:
-                    first = None
-                    async for _ in r.content.iter_any():
-                        if first is None:
-                            first = time.perf_counter()
-                    end = time.perf_counter()
-                    assert r.status == 200, r.status
-                lat.append((end - t0) * 1000)
-                ttfc.append(((first or end) - t0) * 1000)
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(c)))
-        elapsed = time.perf_counter() - start
-    return {"rps": n / elapsed, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "ttfc_p50_ms": pct(ttfc, 50)}
+def print_table(rows: list[dict], idle: dict[str, float], checks: list[dict]) -> None:
+    print("idle RSS MB: " + ", ".join(f"{k} {v:.0f}" for k, v in idle.items()))
+    head = f"{'target':<12}{'mode':<11}{'c':>5}{'rps':>8}{'p50 ms':>8}{'p99 ms':>8}{'+p50':>7}{'+p99':>7}{'+ttfc':>7}{'+itl99':>7}{'us/req':>8}{'us/chunk':>9}{'rss MB':>7}{'err':>5}"
+    print(head)
+    for r in rows:
+        print(
+            f"{r['target']:<12}{r['mode']:<11}{r['concurrency']:>5}{fmt(r['rps'], '.0f'):>8}{fmt(r['p50_ms'], '.2f'):>8}"
+            f"{fmt(r['p99_ms'], '.2f'):>8}{fmt(r.get('added_p50_ms'), '.2f'):>7}{fmt(r.get('added_p99_ms'), '.2f'):>7}"
+            f"{fmt(r.get('added_ttfc_p50_ms'), '.2f'):>7}{fmt(r.get('added_itl_p99_ms'), '.2f'):>7}"
+            f"{fmt(r['cpu_us_per_request'], '.0f'):>8}{fmt(r.get('cpu_us_per_chunk'), '.1f'):>9}{fmt(r['rss_mb'], '.0f'):>7}{r['errors']:>5}"
+        )
+    print("latgate targets:")
+    for t in checks:
+        verdict = "n/a" if t["met"] is None else ("met" if t["met"] else "MISSED")
+        print(f"  {t['target']:<42}{fmt(t['value'], '.2f'):>10}  limit {t['limit']:<7} {verdict}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests (about a minute)")
-    parser.add_argument("--json", help="write results to this file")
+    parser.add_argument(
+        "--quick", action="store_true", help="shorter cells (under 2 minutes with every peer)"
+    )
+    parser.add_argument("--json", metavar="OUT", help="write every figure to this file")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="also run latgate --workers N on both cores (N > 1)"
+    )
+    parser.add_argument(
+        "--targets",
+        default="latgate,nginx,vllm-router,litellm",
+        help="comma-separated subset of latgate,nginx,vllm-router,litellm (direct always runs)",
+    )
     parser.add_argument(
         "--transport",
         choices=["aiohttp", "httpx"],
         default="aiohttp",
-        help="latgate's upstream transport: aiohttp (shipped) or httpx's default, for comparison",
+        help="latgate's upstream transport (httpx: its default, to compare)",
     )
-    parser.add_argument("--mock-upstream", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.mock_upstream:
-        run_mock_upstream(args.mock_upstream)
-        return 0
-    pin = ["taskset", "-c"] if shutil.which("taskset") else None
+    if not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2:
+        print("overhead.py needs Linux and 2 cores", file=sys.stderr)
+        return 2
     os.sched_setaffinity(0, {1})
-    up_port, gw_port = free_port(), free_port()
-    procs = []
+    wanted = [t.strip() for t in args.targets.split(",") if t.strip()]
+    known = {
+        "latgate": lambda: Latgate(transport=args.transport),
+        "nginx": Nginx,
+        "vllm-router": VllmRouter,
+        "litellm": LiteLLM,
+    }
+    unknown = [t for t in wanted if t not in known]
+    if unknown:
+        print(f"unknown target(s): {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
+        return 2
+    targets: list[Target] = [known[t]() for t in wanted]
+    if args.workers > 1:
+        targets.append(Latgate(cores="0,1", workers=args.workers, transport=args.transport))
+    up_port = _free_port()
+    mock = subprocess.Popen(
+        [
+            "taskset",
+            "-c",
+            "1",
+            sys.executable,
+            str(Path(__file__).with_name("mock_upstream.py")),
+            str(up_port),
+        ]
+    )
+    rows: list[dict] = []
+    idle: dict[str, float] = {}
+    skipped: dict[str, str] = {}
+    started = time.monotonic()
     try:
-        up_cmd = [sys.executable, __file__, "--mock-upstream", str(up_port)]
-        procs.append(subprocess.Popen((pin + ["1"] if pin else []) + up_cmd))
-        cfg = Path(tempfile.mkdtemp()) / "config.toml"
-        cfg.write_text(f'[providers.up]\napi_base = "http://127.0.0.1:{up_port}/v1"\nmodels = ["bench"]\n')
-        gw_cmd = [sys.executable, "-m", "latgate", "serve", "--config", str(cfg), "--port", str(gw_port)]
-        env = {**os.environ, "LATGATE_UPSTREAM_TRANSPORT": args.transport}
-        gw = subprocess.Popen((pin + ["0"] if pin else []) + gw_cmd, stderr=subprocess.DEVNULL, env=env)
-        procs.append(gw)
-        wait_port(up_port)
-        wait_port(gw_port)
-        time.sleep(0.5)
-        idle_rss = rss_mb(gw.pid)
-        scale = 0.25 if args.quick else 1.0
-        plan = [("non-stream", False, 1, 1000), ("non-stream", False, 16, 4000), ("stream-64", True, 1, 300), ("stream-64", True, 16, 1500)]
-        rows = []
-        for mode, stream, c, n in plan:
-            n = max(50, int(n * scale))
-            direct = asyncio.run(load(f"http://127.0.0.1:{up_port}/v1/chat/completions", stream=stream, n=n, c=c))
-            asyncio.run(load(f"http://127.0.0.1:{gw_port}/v1/chat/completions", stream=stream, n=min(n, 100), c=c))  # warm
-            cpu0 = cpu_seconds(gw.pid)
-            via = asyncio.run(load(f"http://127.0.0.1:{gw_port}/v1/chat/completions", stream=stream, n=n, c=c))
-            cpu_us = (cpu_seconds(gw.pid) - cpu0) / n * 1e6
-            rows.append(
-                {
-                    "mode": mode,
-                    "concurrency": c,
-                    "requests": n,
-                    "direct": direct,
-                    "latgate": via,
-                    "added_p50_ms": via["p50_ms"] - direct["p50_ms"],
-                    "added_p99_ms": via["p99_ms"] - direct["p99_ms"],
-                    "added_ttfc_p50_ms": via["ttfc_p50_ms"] - direct["ttfc_p50_ms"],
-                    "cpu_us_per_request": cpu_us,
-                    "rss_mb": rss_mb(gw.pid),
-                }
-            )
-        base = {r["concurrency"]: r["cpu_us_per_request"] for r in rows if r["mode"] == "non-stream"}
-        for r in rows:
-            if r["mode"] == "stream-64":
-                r["cpu_us_per_chunk"] = (r["cpu_us_per_request"] - base[r["concurrency"]]) / CHUNKS
-        print(f"latgate upstream transport: {args.transport}; gateway idle RSS {idle_rss:.1f} MB")
-        print(f"{'mode':<11}{'c':>4}{'rps direct':>12}{'rps latgate':>13}{'+p50 ms':>9}{'+p99 ms':>9}{'+ttfc ms':>10}{'cpu us/req':>12}{'cpu us/chunk':>14}{'rss MB':>8}")
-        for r in rows:
-            chunk = f"{r['cpu_us_per_chunk']:.1f}" if "cpu_us_per_chunk" in r else "-"
-            print(
-                f"{r['mode']:<11}{r['concurrency']:>4}{r['direct']['rps']:>12.0f}{r['latgate']['rps']:>13.0f}"
-                f"{r['added_p50_ms']:>9.2f}{r['added_p99_ms']:>9.2f}{r['added_ttfc_p50_ms']:>10.2f}"
-                f"{r['cpu_us_per_request']:>12.0f}{chunk:>14}{r['rss_mb']:>8.1f}"
-            )
-        if args.json:
-            Path(args.json).write_text(json.dumps({"idle_rss_mb": idle_rss, "rows": rows}, indent=2))
+        wait_port(up_port, timeout=10, proc=mock)
+        direct = Direct()
+        direct.port = up_port
+        cells = plan(quick=args.quick)
+        for mode, c, seconds in cells:
+            rows.append(measure(direct, mode, c, seconds))
+        for target in targets:
+            why = target.available()
+            if why:
+                skipped[target.name] = why
+                print(f"skipping {target.name}: {why}", file=sys.stderr)
+                continue
+            try:
+                target.start(upstream_port=up_port)
+            except RuntimeError as exc:
+                skipped[target.name] = str(exc)
+                print(f"skipping {target.name}: {exc}", file=sys.stderr)
+                continue
+            try:
+                idle[target.name] = rss_mb(target.pids())
+                for mode, c, seconds in cells:
+                    if target.name.startswith("latgate-w") and c != 64:
+                        continue  # the workers comparison is about throughput
+                    if args.quick and target.name == "litellm" and mode == "paced":
+                        continue  # minutes at ~1 ms per chunk; the full run has it
+                    rows.append(measure(target, mode, c, seconds))
+                    print(f"  {target.name} {mode} c={c}: {rows[-1]['rps']:.0f} rps", file=sys.stderr)
+            finally:
+                target.stop()
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=10)
+        mock.terminate()
+        mock.wait(timeout=10)
+    derive(rows)
+    checks = check_targets(rows, idle)
+    print(
+        f"{platform.node()} load average {os.getloadavg()[0]:.2f}; {time.monotonic() - started:.0f} s; transport {args.transport}"
+    )
+    print_table(rows, idle, checks)
+    if args.json:
+        out = {
+            "command": " ".join(sys.argv),
+            "load_average": os.getloadavg(),
+            "idle_rss_mb": idle,
+            "skipped": skipped,
+            "rows": rows,
+            "targets": checks,
+        }
+        Path(args.json).write_text(json.dumps(_no_nan(out), indent=2))
     return 0
 
 
