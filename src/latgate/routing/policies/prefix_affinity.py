@@ -12,7 +12,11 @@ times the average; otherwise the next in score order does.
 
 The prefix is the first message (a system prompt, or the first turn of a
 conversation, which every later turn repeats) or the first 2 KiB of a completions
-prompt.
+prompt. An explicit key from the client wins over it (:func:`client_affinity_key`): the
+body's ``prompt_cache_key`` (OpenAI API reference, chat completions and Responses; Codex
+sends it), else a session header (``X-Claude-Code-Session-Id`` from Claude Code,
+``Session-Id`` / ``X-Codex-Session-Id`` from Codex), so every turn of one session lands
+on the endpoint holding its cache. Keys are hashed at once and never kept or logged raw.
 """
 
 from __future__ import annotations
@@ -32,6 +36,34 @@ AFFINITY_SLACK_MS = 20.0
 the fastest by more than this loses its affinity."""
 PROMPT_PREFIX_CHARS = 2048
 _MASK = (1 << 64) - 1
+SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-codex-session-id")
+"""Headers naming a client's session, looked up in this order (lowercase)."""
+MAX_CLIENT_KEY_CHARS = 1024
+
+
+def client_affinity_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> int | None:
+    """A stable hash of the client's explicit cache key, or None when it sent none.
+
+    The body's ``prompt_cache_key`` (a non-empty string) wins, else the first non-empty
+    header of :data:`SESSION_HEADERS`; values longer than ``MAX_CLIENT_KEY_CHARS`` are
+    hashed on their first ``MAX_CLIENT_KEY_CHARS`` characters.
+
+    Args:
+        body: the request body (chat completions, or a translated Responses request).
+        headers: request headers, looked up by lowercase name.
+
+    Example::
+
+        client_affinity_key({"prompt_cache_key": "repo-1"}, {})  # the same number in every process
+        client_affinity_key({}, {"x-claude-code-session-id": "5f0c..."})
+    """
+    key = body.get("prompt_cache_key")
+    if not isinstance(key, str) or not key:
+        key = next((value for name in SESSION_HEADERS if (value := headers.get(name))), None)
+        if not key:
+            return None
+        key = "session:" + key
+    return zlib.crc32(key[:MAX_CLIENT_KEY_CHARS].encode("utf-8", "replace"))
 
 
 def prefix_hash(body: Mapping[str, Any]) -> int | None:
