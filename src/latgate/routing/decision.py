@@ -46,6 +46,7 @@ from typing import Any
 from latgate.config.errors import ConfigError
 from latgate.config.schema import Config, PolicyConfig, ProviderConfig
 from latgate.errors import InvalidRequest, NotFound
+from latgate.routing.policies.prefix_affinity import client_affinity_key
 from latgate.routing.tokens import ExactTokenizer, TokenizerError, estimate_prompt_tokens
 
 _TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
@@ -95,6 +96,10 @@ class RouteDecision:
             strategy is ``latgate``).
         strategy: ``routing.strategy``.
         explain: the client asked for the candidates considered (``X-Latgate-Debug: 1``).
+        affinity_key: a hash of the client's explicit cache key (``prompt_cache_key``
+            or a session header), which prefix affinity uses instead of the prompt's
+            prefix; None when there is none, or when no provider the request may go to
+            has ``enable_prefix_cache`` and several endpoints (under strategy ``latgate``).
     """
 
     provider: str
@@ -111,6 +116,7 @@ class RouteDecision:
     overflow: tuple[Target, ...] = ()
     strategy: str = "latgate"
     explain: bool = False
+    affinity_key: int | None = None
 
 
 class Router:
@@ -151,6 +157,12 @@ class Router:
         }
         self._serving_known = {public: self._compute_serving(public) for public in known}
         self._overflow_known: dict[tuple[str, str], tuple[Target, ...]] = {}
+        # providers where prefix affinity can act: a prefix cache and a choice of endpoints
+        self._affine = frozenset(
+            name
+            for name, provider in config.providers.items()
+            if routing.strategy == "latgate" and provider.enable_prefix_cache and len(provider.endpoints) > 1
+        )
 
     def decide(
         self, body: Mapping[str, Any], headers: Mapping[str, str], *, key_policy: str | None = None
@@ -203,6 +215,11 @@ class Router:
             choice = self._model_or_default(serving, public)
         provider, reason = choice
         primary = Target(provider, serving[provider], reason)
+        candidates = (primary, *self._fallbacks(primary, public, notes))
+        overflow = self._overflow(primary, public) if budget_ms is not None else ()
+        affinity_key = None
+        if self._affine and any(t.provider in self._affine for t in (*candidates, *overflow)):
+            affinity_key = client_affinity_key(body, headers)
         return RouteDecision(
             provider=provider,
             model=primary.model,
@@ -213,11 +230,12 @@ class Router:
             budget_ms=budget_ms,
             policy=policy_name if policy is not None else None,
             hedge=policy.hedge if policy is not None else False,
-            candidates=(primary, *self._fallbacks(primary, public, notes)),
+            candidates=candidates,
             notes=tuple(notes),
-            overflow=self._overflow(primary, public) if budget_ms is not None else (),
+            overflow=overflow,
             strategy=self._routing.strategy,
             explain=_debug_header(headers.get("x-latgate-debug")),
+            affinity_key=affinity_key,
         )
 
     # -- the request's model ------------------------------------------------------
