@@ -87,7 +87,8 @@ class RoutePlan:
     Attributes:
         targets: providers in the order to try them (``targets[0]`` first).
         endpoint: the first attempt's endpoint (of ``targets[0]``).
-        prompt_tokens / budget_ms / prefix: the request's, as the plan used them.
+        prompt_tokens / budget_ms / prefix: the request's, as the plan used them
+            (``prefix``: the client's explicit affinity key when it gave one).
         predicted_ttft_ms: the first endpoint's predicted TTFT (``latgate`` only).
         overflow_from: the preferred provider, when the request overflowed from it.
         hedge: where a second copy goes and when, or None.
@@ -151,6 +152,7 @@ class Selector:
             endpoint=runtime.endpoints[0],
             prompt_tokens=decision.prompt_tokens,
             budget_ms=decision.budget_ms,
+            prefix=decision.affinity_key,
         )
         now = self._pool.clock()
         views = self._views(runtime, plan, now, predict=latgate or explain)
