@@ -106,16 +106,20 @@ def choose_affine(
         views = [EndpointView(salt=endpoint_salt("p-0")), EndpointView(salt=endpoint_salt("p-1"))]
         choose_affine(views, prefix=prefix_hash({"messages": [{"role": "system", "content": "You are..."}]}))
     """
-    candidates = [i for i, view in enumerate(views) if view.available]
-    if not candidates:
+    scored: list[tuple[int, int]] = []
+    total = 1
+    for index, view in enumerate(views):
+        if view.available:
+            total += view.in_flight
+            scored.append((_score(prefix ^ view.salt), index))
+    if not scored:
         return None
-    total = sum(views[i].in_flight for i in candidates) + 1
-    bound = math.ceil(load_factor * total / len(candidates))
-    ranked = sorted(candidates, key=lambda i: _score(prefix ^ views[i].salt), reverse=True)
-    for index in ranked:
-        if views[index].in_flight + 1 <= bound:
+    scored.sort(reverse=True)
+    bound = math.ceil(load_factor * total / len(scored))
+    for _, index in scored:
+        if views[index].in_flight < bound:
             return index
-    return min(candidates, key=lambda i: views[i].in_flight)
+    return min((index for _, index in scored), key=lambda i: views[i].in_flight)
 
 
 def keep_affinity(
