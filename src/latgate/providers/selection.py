@@ -330,19 +330,24 @@ class Selector:
         The first provider's other endpoints are already in ``views``; the next providers
         are looked at only when none of them can take it."""
         choice: tuple[float, Target, EndpointState] | None = None
+        first: EndpointView | None = None
         if plan.targets[0].provider == runtime.name:
             for ep, view in zip(runtime.endpoints, views, strict=True):
-                usable = ep is not plan.endpoint and view.available and not view.trial
-                if usable and (choice is None or view.predicted_ttft_ms < choice[0]):
+                if ep is plan.endpoint:
+                    first = view
+                elif view.available and not view.trial and (choice is None or view.predicted_ttft_ms < choice[0]):
                     choice = (view.predicted_ttft_ms, plan.targets[0], ep)
         if choice is None:
             choice = self._hedge_choice(plan, now)
         if choice is None:
             return None
-        first = plan.endpoint
+        if first is None:
+            first_trial = self._pool.breaker.state(plan.endpoint.key) == HALF_OPEN
+            first_p90 = plan.endpoint.p90_ttft_ms(plan.prompt_tokens, now)
+        else:
+            first_trial, first_p90 = first.trial, first.p90_ttft_ms
         # a trial's own record is stale: wait for it as for a healthy endpoint
-        trial = self._pool.breaker.state(first.key) == HALF_OPEN
-        p90 = 0.0 if trial else first.p90_ttft_ms(plan.prompt_tokens, now)
+        p90 = 0.0 if first_trial else first_p90
         delay = hedge_delay_ms(p90_ttft_ms=p90, hedge_ttft_ms=choice[0], budget_ms=plan.budget_ms)
         return Hedge(target=choice[1], endpoint=choice[2], delay_ms=delay)
 
