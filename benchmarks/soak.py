@@ -150,7 +150,7 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, outcomes: C
                 outcomes["abandoned"] += 1
                 return
             data = await response.aread()
-            internal = response.status_code == 500 and b'"internal_error"' in data
+            internal = response.status_code == 500 and b'internal error in latgate' in data
             outcomes["internal_error" if internal else str(response.status_code)] += 1
     except httpx.TransportError:
         outcomes["transport"] += 1

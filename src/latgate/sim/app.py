@@ -265,7 +265,7 @@ class SimApp:
             fault = self._faults.plan(steps=steps)
             if fault.error:
                 self.stats.errors_injected += 1
-                raise GatewayError("the simulated engine failed (injected fault)", code="internal_error")
+                raise GatewayError("the simulated engine failed (injected fault)", code="injected_fault")
             if fault.rate_limited:
                 self.stats.rate_limited += 1
                 raise RateLimited(
