@@ -14,10 +14,8 @@ from the request's budget (see :mod:`latgate.routing.policies.deadline`) and, wh
 route policy asks for it, a hedge: a second copy sent when the first token is late,
 the first to produce content forwarded and the other cancelled (:mod:`.hedge`).
 
-Retryable: connection failures, timeouts, HTTP 408/429/500/502/503/504 and in-band
-error events. 401/403 mean the provider rejects latgate's own key: no retry on that
-provider, but the fallbacks are tried. Any other 4xx is the client's request: it is
-returned at once, in the OpenAI envelope with the upstream's status.
+Which failures are retried, and how each becomes the client's error, is
+:mod:`latgate.proxy.failures`.
 """
 
 from __future__ import annotations
@@ -33,37 +31,29 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 
 from latgate.config.schema import Config
-from latgate.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from latgate.errors import GatewayError, InvalidRequest, UpstreamUnavailable
 from latgate.metrics import Metrics
 from latgate.providers import EndpointState, ProviderPool, ProviderRuntime, Ticket
 from latgate.providers.selection import RoutePlan, Selector
 from latgate.proxy.exchange import Exchange
+from latgate.proxy.failures import (
+    NO_FIRST_TOKEN,
+    PROVIDER_AUTH_STATUSES,
+    RETRYABLE_STATUSES,
+    AttemptFailed,
+    Failures,
+    provider_secrets,
+)
 from latgate.proxy.hedge import LostRace, Race, run_hedged
-from latgate.proxy.redact import redact, redact_text
 from latgate.proxy.relay import StreamRelay
 from latgate.proxy.sse import StreamTap
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure, upstream_errors, upstream_headers
 from latgate.routing.decision import RouteDecision, Target
 
-RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-PROVIDER_AUTH_STATUSES = frozenset({401, 403})
-MAX_ERROR_BODY_BYTES = 64 * 1024
-#: an error status's body is read for at most this long (or until the first-token deadline)
-ERROR_BODY_TIMEOUT_SECONDS = 5.0
 BACKOFF_BASE_SECONDS = 0.05
 BACKOFF_CAP_SECONDS = 1.0
 MAX_RETRY_AFTER_SECONDS = 5.0
-_NO_FIRST_TOKEN = UpstreamFailure("timeout", "no first token before the first-token deadline")
-
-
-class _AttemptFailed(Exception):
-    """One attempt failed before anything reached the client."""
-
-    def __init__(self, error: GatewayError, *, retryable: bool, retry_after: float | None = None) -> None:
-        self.error = error
-        self.retryable = retryable
-        self.retry_after = retry_after
 
 
 class Forwarder:
@@ -93,6 +83,7 @@ class Forwarder:
         self._pool = pool
         self._client = client
         self._metrics = metrics
+        self._failures = Failures(pool=pool, metrics=metrics)
         self._sleep = sleep
         self.selector = selector or Selector(config=config, pool=pool)
 
@@ -160,7 +151,7 @@ class Forwarder:
                     return await self._attempt(
                         exchange, decision, plan, target, provider, endpoint, payload, body, path, transform, last_attempt=last_attempt
                     )
-                except _AttemptFailed as failed:
+                except AttemptFailed as failed:
                     last = failed.error
                     if not failed.retryable or attempt == max_retries:
                         break
@@ -282,12 +273,12 @@ class Forwarder:
                     response = await self._client.open(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout)
             except TimeoutError:
                 ticket.censored = True
-                raise self._failed(provider, endpoint, _NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
+                raise self._failures.failed(provider, endpoint, NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
             except UpstreamFailure as failure:
-                raise self._failed(provider, endpoint, failure) from None
+                raise self._failures.failed(provider, endpoint, failure) from None
             stack.push_async_callback(response.aclose)
             if response.status_code != 200:
-                raise await self._status_failure(provider, endpoint, response, deadline)
+                raise await self._failures.status_failure(provider, endpoint, response, deadline)
             if tap is None:
                 return await self._complete(exchange, provider, endpoint, response, transform, ticket=ticket)
             relay = await self._start_stream(
@@ -322,7 +313,7 @@ class Forwarder:
         to get there goes on (the other raises :class:`LostRace`)."""
         content_type = response.headers.get("content-type", "")
         if content_type.startswith(("text/html", "application/json")):  # a page, or the stream flag ignored
-            raise await self._wrong_content_type(provider, endpoint, content_type, deadline)
+            raise await self._failures.wrong_content_type(provider, endpoint, content_type, deadline)
         body = response.aiter_raw()
         head: list[bytes] = []
         units = 0
@@ -343,14 +334,14 @@ class Forwarder:
                             break
         except TimeoutError:
             ticket.censored = True
-            raise self._failed(provider, endpoint, _NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
+            raise self._failures.failed(provider, endpoint, NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
         except UpstreamFailure as failure:
-            raise self._failed(provider, endpoint, failure) from None
+            raise self._failures.failed(provider, endpoint, failure) from None
         if tap.error is not None:
-            raise self._error_event(provider, endpoint, tap.error)
+            raise self._failures.error_event(provider, endpoint, tap.error)
         if ended and not units and not tap.done:
             failure = UpstreamFailure("read", "the stream ended before any content")
-            raise self._failed(provider, endpoint, failure)
+            raise self._failures.failed(provider, endpoint, failure)
         if units:
             self._pool.record_first_token(provider, endpoint, ticket, ttft_ms=(time.perf_counter() - ticket.started_at) * 1000.0)
         self._pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
@@ -376,31 +367,7 @@ class Forwarder:
             on_close=handed.aclose,
             on_upstream_failure=lambda kind: self._pool.record_outcome(provider, endpoint, ok=False),
             transform=transform,
-            secrets=_secrets(provider),
-        )
-
-    def _error_event(self, provider: ProviderRuntime, endpoint: EndpointState, error: dict[str, Any]) -> _AttemptFailed:
-        """An error object as the first event of a 200 stream. A client error (the
-        upstream says 400, e.g. context too long) is returned as a 400 and not retried;
-        anything else is the provider's failure."""
-        message = redact_text(str(error.get("message") or "upstream error"), _secrets(provider))
-        code, kind = error.get("code"), str(error.get("type") or "")
-        if code in (400, "400", 422, "422") or kind in ("invalid_request_error", "BadRequestError"):
-            return _AttemptFailed(InvalidRequest(f"provider {provider.name!r}: {message}"), retryable=False)
-        self._pool.record_outcome(provider, endpoint, ok=False)
-        self._metrics.record_upstream_error(provider=provider.name, kind="error_event")
-        return _AttemptFailed(UpstreamError(f"provider {provider.name!r}: {message}"), retryable=True)
-
-    async def _wrong_content_type(
-        self, provider: ProviderRuntime, endpoint: EndpointState, content_type: str, deadline: float | None
-    ) -> _AttemptFailed:
-        """A 200 that is not what was asked for (an HTML login page, a proxy's notice):
-        the provider's failure, retried elsewhere; its body is never shown."""
-        self._pool.record_outcome(provider, endpoint, ok=False)
-        self._metrics.record_upstream_error(provider=provider.name, kind="bad_response")
-        shown = content_type.split(";")[0].strip()[:64] or "none"
-        return _AttemptFailed(
-            UpstreamError(f"provider {provider.name!r} answered with content type {shown!r}"), retryable=True
+            secrets=provider_secrets(provider),
         )
 
     async def _complete(
@@ -416,12 +383,12 @@ class Forwarder:
         """A non-streamed answer: read it whole, take its usage, rewrite the model name."""
         content_type = response.headers.get("content-type", "")
         if content_type.startswith("text/html"):  # a login page or a proxy's notice, not an answer
-            raise await self._wrong_content_type(provider, endpoint, content_type, None)
+            raise await self._failures.wrong_content_type(provider, endpoint, content_type, None)
         try:
             with upstream_errors():
                 data = await response.aread()
         except UpstreamFailure as failure:
-            raise self._failed(provider, endpoint, failure) from None
+            raise self._failures.failed(provider, endpoint, failure) from None
         self._pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
         try:
             parsed = orjson.loads(data)
@@ -429,7 +396,7 @@ class Forwarder:
             parsed = None
         if isinstance(parsed, dict):
             if parsed.get("error") is not None and "choices" not in parsed and "data" not in parsed:
-                raise self._error_event(provider, endpoint, parsed["error"] if isinstance(parsed["error"], dict) else {})
+                raise self._failures.error_event(provider, endpoint, parsed["error"] if isinstance(parsed["error"], dict) else {})
             exchange.apply_usage(parsed.get("usage"))
             if exchange.upstream_model != exchange.public_model and parsed.get("model") == exchange.upstream_model:
                 parsed["model"] = exchange.public_model
@@ -480,45 +447,6 @@ class Forwarder:
         served = self._config.aliases.get(fallback, {}).get(target.provider, fallback)
         return fallback if target.model == served else None
 
-    def _failed(
-        self, provider: ProviderRuntime, endpoint: EndpointState, failure: UpstreamFailure, *, health: bool = True
-    ) -> _AttemptFailed:
-        """``health=False``: a missed budget deadline, which the endpoint's TTFT fit has
-        learnt from already; it does not count towards opening its circuit."""
-        if health:
-            self._pool.record_outcome(provider, endpoint, ok=False)
-        self._metrics.record_upstream_error(provider=provider.name, kind=failure.kind)
-        if failure.kind == "timeout":
-            error: GatewayError = UpstreamTimeout(f"provider {provider.name!r} timed out: {failure}")
-        else:
-            error = UpstreamUnavailable(f"provider {provider.name!r} is unavailable: {failure}")
-        return _AttemptFailed(error, retryable=True)
-
-    async def _status_failure(
-        self, provider: ProviderRuntime, endpoint: EndpointState, response: Any, deadline: float | None
-    ) -> _AttemptFailed:
-        status = response.status_code
-        data = b""
-        if deadline is None:
-            deadline = asyncio.get_running_loop().time() + ERROR_BODY_TIMEOUT_SECONDS
-        with contextlib.suppress(UpstreamFailure, TimeoutError), upstream_errors():
-            async with asyncio.timeout_at(deadline):
-                async for chunk in response.aiter_raw():
-                    data += chunk
-                    if len(data) >= MAX_ERROR_BODY_BYTES:
-                        break
-        retryable = status in RETRYABLE_STATUSES
-        if retryable or status in PROVIDER_AUTH_STATUSES:
-            self._pool.record_outcome(provider, endpoint, ok=status == 429)
-            kind = "status_429" if status == 429 else f"status_{status // 100}xx"
-            self._metrics.record_upstream_error(provider=provider.name, kind=kind)
-        error = _upstream_error(provider, status, data)
-        retry_after = _retry_after(response.headers.get("retry-after"))
-        if status == 429 and retry_after is not None:
-            error.headers["retry-after"] = response.headers["retry-after"]
-        return _AttemptFailed(error, retryable=retryable, retry_after=retry_after)
-
-
 def tap_drop(body: dict[str, Any]) -> bool:
     """True when the client did not ask for usage on its stream (latgate asks instead and
     keeps the usage-only chunk from the client)."""
@@ -531,53 +459,3 @@ def _rewrite(body: dict[str, Any], target: Target) -> tuple[str, str] | None:
     if isinstance(public, str) and public != target.model:
         return (target.model, public)
     return None
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
-
-
-def _secrets(provider: ProviderRuntime) -> tuple[bytes, ...]:
-    """The provider's key as it could appear in an echo (the bare key, not only the header)."""
-    header = provider.auth_headers.get("authorization", "")
-    return (header.removeprefix("Bearer ").encode(),) if header else ()
-
-
-def _upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> GatewayError:
-    """The client-facing error for an upstream's non-200 answer, in the OpenAI envelope."""
-    message = None
-    err_type = "api_error" if status >= 500 else "invalid_request_error"
-    code: str | None = None
-    param = None
-    try:
-        parsed = orjson.loads(redact(data, _secrets(provider))) if data else None
-    except orjson.JSONDecodeError:
-        parsed = None
-    if isinstance(parsed, dict):
-        err = parsed.get("error", parsed)
-        if isinstance(err, dict):
-            message = err.get("message") or err.get("detail")
-            err_type = str(err.get("type") or err_type)
-            code = err.get("code") if isinstance(err.get("code"), str) else None
-            param = err.get("param") if isinstance(err.get("param"), str) else None
-        elif isinstance(err, str):
-            message = err
-    if status in PROVIDER_AUTH_STATUSES:
-        env = provider.config.api_key_env
-        hint = f"check that {env} is set in the gateway's environment" if env else "configure api_key_env for it"
-        message = f"provider {provider.name!r} rejected latgate's credentials (HTTP {status}): {hint}"
-        err_type = "authentication_error" if status == 401 else "permission_error"
-    elif not message:
-        message = f"provider {provider.name!r} returned HTTP {status}"
-    if status == 429:
-        err_type = "rate_limit_error"
-    else:
-        message = f"provider {provider.name!r}: {message}"
-    error = UpstreamError(message, status=status, code=code, param=param)
-    error.type = err_type
-    return error

@@ -1,0 +1,167 @@
+"""How an attempt at an upstream fails: each failure recorded once (passive health,
+``latgate_upstream_errors_total``) and turned into the client-facing error, in the
+OpenAI envelope, with whether another attempt can help.
+
+Retryable: connection failures, timeouts, HTTP 408/429/500/502/503/504, an HTML 200,
+a 200 stream without content and in-band server error events. 401/403 mean the
+provider rejects latgate's own key: not retried on that provider, but its fallbacks
+are tried. Any other 4xx (and an in-band client error such as "context too long") is
+the client's request: returned at once with the upstream's status. Upstream error text
+is redacted (:mod:`latgate.proxy.redact`) before a client sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import orjson
+
+from latgate.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from latgate.metrics import Metrics
+from latgate.providers import EndpointState, ProviderPool, ProviderRuntime
+from latgate.proxy.redact import redact, redact_text
+from latgate.proxy.upstream import UpstreamFailure, upstream_errors
+
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+PROVIDER_AUTH_STATUSES = frozenset({401, 403})
+MAX_ERROR_BODY_BYTES = 64 * 1024
+#: an error status's body is read for at most this long (or until the first-token deadline)
+ERROR_BODY_TIMEOUT_SECONDS = 5.0
+NO_FIRST_TOKEN = UpstreamFailure("timeout", "no first token before the first-token deadline")
+
+
+class AttemptFailed(Exception):
+    """One attempt failed before anything reached the client."""
+
+    def __init__(self, error: GatewayError, *, retryable: bool, retry_after: float | None = None) -> None:
+        self.error = error
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class Failures:
+    """Records failed attempts and builds their :class:`AttemptFailed`.
+
+    Args:
+        pool: providers' run-time state (passive health).
+        metrics: where upstream errors are counted.
+    """
+
+    def __init__(self, *, pool: ProviderPool, metrics: Metrics) -> None:
+        self.pool = pool
+        self.metrics = metrics
+
+    def failed(
+        self, provider: ProviderRuntime, endpoint: EndpointState, failure: UpstreamFailure, *, health: bool = True
+    ) -> AttemptFailed:
+        """``health=False``: a missed budget deadline, which the endpoint's TTFT fit has
+        learnt from already; it does not count towards opening its circuit."""
+        if health:
+            self.pool.record_outcome(provider, endpoint, ok=False)
+        self.metrics.record_upstream_error(provider=provider.name, kind=failure.kind)
+        if failure.kind == "timeout":
+            error: GatewayError = UpstreamTimeout(f"provider {provider.name!r} timed out: {failure}")
+        else:
+            error = UpstreamUnavailable(f"provider {provider.name!r} is unavailable: {failure}")
+        return AttemptFailed(error, retryable=True)
+
+    async def status_failure(
+        self, provider: ProviderRuntime, endpoint: EndpointState, response: Any, deadline: float | None
+    ) -> AttemptFailed:
+        status = response.status_code
+        data = b""
+        if deadline is None:
+            deadline = asyncio.get_running_loop().time() + ERROR_BODY_TIMEOUT_SECONDS
+        with contextlib.suppress(UpstreamFailure, TimeoutError), upstream_errors():
+            async with asyncio.timeout_at(deadline):
+                async for chunk in response.aiter_raw():
+                    data += chunk
+                    if len(data) >= MAX_ERROR_BODY_BYTES:
+                        break
+        retryable = status in RETRYABLE_STATUSES
+        if retryable or status in PROVIDER_AUTH_STATUSES:
+            self.pool.record_outcome(provider, endpoint, ok=status == 429)
+            kind = "status_429" if status == 429 else f"status_{status // 100}xx"
+            self.metrics.record_upstream_error(provider=provider.name, kind=kind)
+        error = upstream_error(provider, status, data)
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        if status == 429 and retry_after is not None:
+            error.headers["retry-after"] = response.headers["retry-after"]
+        return AttemptFailed(error, retryable=retryable, retry_after=retry_after)
+
+
+    def error_event(self, provider: ProviderRuntime, endpoint: EndpointState, error: dict[str, Any]) -> AttemptFailed:
+        """An error object as the first event of a 200 stream. A client error (the
+        upstream says 400, e.g. context too long) is returned as a 400 and not retried;
+        anything else is the provider's failure."""
+        message = redact_text(str(error.get("message") or "upstream error"), provider_secrets(provider))
+        code, kind = error.get("code"), str(error.get("type") or "")
+        if code in (400, "400", 422, "422") or kind in ("invalid_request_error", "BadRequestError"):
+            return AttemptFailed(InvalidRequest(f"provider {provider.name!r}: {message}"), retryable=False)
+        self.pool.record_outcome(provider, endpoint, ok=False)
+        self.metrics.record_upstream_error(provider=provider.name, kind="error_event")
+        return AttemptFailed(UpstreamError(f"provider {provider.name!r}: {message}"), retryable=True)
+
+    async def wrong_content_type(
+        self, provider: ProviderRuntime, endpoint: EndpointState, content_type: str, deadline: float | None
+    ) -> AttemptFailed:
+        """A 200 that is not what was asked for (an HTML login page, a proxy's notice):
+        the provider's failure, retried elsewhere; its body is never shown."""
+        self.pool.record_outcome(provider, endpoint, ok=False)
+        self.metrics.record_upstream_error(provider=provider.name, kind="bad_response")
+        shown = content_type.split(";")[0].strip()[:64] or "none"
+        return AttemptFailed(
+            UpstreamError(f"provider {provider.name!r} answered with content type {shown!r}"), retryable=True
+        )
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def provider_secrets(provider: ProviderRuntime) -> tuple[bytes, ...]:
+    """The provider's key as it could appear in an echo (the bare key, not only the header)."""
+    header = provider.auth_headers.get("authorization", "")
+    return (header.removeprefix("Bearer ").encode(),) if header else ()
+
+
+def upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> GatewayError:
+    """The client-facing error for an upstream's non-200 answer, in the OpenAI envelope."""
+    message = None
+    err_type = "api_error" if status >= 500 else "invalid_request_error"
+    code: str | None = None
+    param = None
+    try:
+        parsed = orjson.loads(redact(data, provider_secrets(provider))) if data else None
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict):
+        err = parsed.get("error", parsed)
+        if isinstance(err, dict):
+            message = err.get("message") or err.get("detail")
+            err_type = str(err.get("type") or err_type)
+            code = err.get("code") if isinstance(err.get("code"), str) else None
+            param = err.get("param") if isinstance(err.get("param"), str) else None
+        elif isinstance(err, str):
+            message = err
+    if status in PROVIDER_AUTH_STATUSES:
+        env = provider.config.api_key_env
+        hint = f"check that {env} is set in the gateway's environment" if env else "configure api_key_env for it"
+        message = f"provider {provider.name!r} rejected latgate's credentials (HTTP {status}): {hint}"
+        err_type = "authentication_error" if status == 401 else "permission_error"
+    elif not message:
+        message = f"provider {provider.name!r} returned HTTP {status}"
+    else:
+        message = f"provider {provider.name!r}: {message}"
+    if status == 429:
+        err_type = "rate_limit_error"
+    error = UpstreamError(message, status=status, code=code, param=param)
+    error.type = err_type
+    return error
