@@ -8,6 +8,7 @@ parse, aliases are resolved per provider. Code downstream never re-checks.
 
 from __future__ import annotations
 
+import functools
 import re
 import types
 import typing
@@ -92,8 +93,8 @@ class EndpointConfig(Frozen):
     id: str
     api_base: str
 
-    @property
-    def base_url(self) -> str:
+    @functools.cached_property
+    def base_url(self) -> str:  # computed once: it is read on every proxied request
         return versioned_base(self.api_base)
 
 
