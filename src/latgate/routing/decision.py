@@ -37,22 +37,19 @@ machine, best of 7 ``timeit`` runs), of which 1.5-2.5 µs is token estimation.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from latgate.config.errors import ConfigError
-from latgate.config.schema import Config, PolicyConfig, ProviderConfig
+from latgate.config.providers import tokenizer_path
+from latgate.config.schema import Config, PolicyConfig
 from latgate.errors import InvalidRequest, NotFound
+from latgate.routing.headers import budget_header, debug_header, flag_header
+from latgate.routing.models import upstream_model
 from latgate.routing.policies.prefix_affinity import client_affinity_key
 from latgate.routing.tokens import ExactTokenizer, TokenizerError, estimate_prompt_tokens
 
-_TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
-_FALSE_VALUES = frozenset({"0", "false", "no", "off"})
-_DIGITS = re.compile(r"[0-9]{1,12}")
-_NAME_WORDS = re.compile(r"[a-z]+|[0-9]+")
 _EXACT_COUNT_BAND = 4
 """The exact tokenizer runs only when the estimate is within this factor of the
 threshold: the estimate is never off by that much on real text, and exact counting of
@@ -194,9 +191,9 @@ class Router:
             )
         notes: list[str] = []
         policy_name, policy = self._policy(headers.get("x-route-policy"), key_policy, notes)
-        budget_ms = _budget_header(headers.get("x-latency-budget-ms"))
+        budget_ms = budget_header(headers.get("x-latency-budget-ms"))
         latency_sensitive = self._is_latency_sensitive(
-            _flag_header(headers.get("x-latency-sensitive")), budget_ms, policy, public
+            flag_header(headers.get("x-latency-sensitive")), budget_ms, policy, public
         )
         if budget_ms is None and policy is not None:
             budget_ms = policy.latency_budget_ms
@@ -234,7 +231,7 @@ class Router:
             notes=tuple(notes),
             overflow=overflow,
             strategy=self._routing.strategy,
-            explain=_debug_header(headers.get("x-latgate-debug")),
+            explain=debug_header(headers.get("x-latgate-debug")),
             affinity_key=affinity_key,
         )
 
@@ -259,7 +256,7 @@ class Router:
         aliases = self._config.aliases.get(public, {})
         serving: dict[str, str] = {}
         for name, provider in self._providers.items():
-            upstream = aliases.get(name) or _upstream_model(provider, public, listed=public in self._listed)
+            upstream = aliases.get(name) or upstream_model(provider, public, listed=public in self._listed)
             if upstream is not None:
                 serving[name] = upstream
         return serving
@@ -408,62 +405,12 @@ def _take(
     return None
 
 
-def _upstream_model(provider: ProviderConfig, public: str, *, listed: bool) -> str | None:
-    """The model ``provider`` is sent for ``public`` without an explicit alias, or None.
-
-    ``listed``: some provider lists ``public`` or an alias defines it, so it names a
-    known model that a single-model provider must not silently replace.
-    """
-    if provider.serves(public):
-        return public
-    if len(provider.models) == 1 and (not listed or _same_model_family(public, provider.models[0])):
-        return provider.models[0]
-    return None
-
-
-def _same_model_family(public: str, served: str) -> bool:
-    """True when every word of ``public`` is a word of ``served`` (org prefix, case ignored)."""
-    public_words = set(_NAME_WORDS.findall(public.rsplit("/", 1)[-1].lower()))
-    served_words = set(_NAME_WORDS.findall(served.rsplit("/", 1)[-1].lower()))
-    return bool(public_words) and public_words <= served_words
-
-
-def _flag_header(value: str | None) -> bool:
-    if value is None:
-        return False
-    text = value.strip().lower()
-    if text in _TRUE_VALUES:
-        return True
-    if text in _FALSE_VALUES or not text:
-        return False
-    raise InvalidRequest(
-        f"X-Latency-Sensitive must be 1, true, yes, 0, false or no, not {value!r}",
-        param="X-Latency-Sensitive",
-    )
-
-
-def _debug_header(value: str | None) -> bool:
-    return value is not None and value.strip().lower() in _TRUE_VALUES
-
-
-def _budget_header(value: str | None) -> int | None:
-    if value is None:
-        return None
-    text = value.strip()
-    if not _DIGITS.fullmatch(text):
-        raise InvalidRequest(
-            f"X-Latency-Budget-Ms must be a non-negative whole number of milliseconds, not {value!r}",
-            param="X-Latency-Budget-Ms",
-        )
-    return int(text)
-
-
 def _load_tokenizers(config: Config) -> dict[str, ExactTokenizer]:
     tokenizers: dict[str, ExactTokenizer] = {}
     for name, provider in config.providers.items():
         if provider.tokenizer:
             try:
-                tokenizers[name] = ExactTokenizer(_beside_config(config.source, provider.tokenizer))
+                tokenizers[name] = ExactTokenizer(tokenizer_path(config.source, provider.tokenizer))
             except TokenizerError as exc:
                 raise ConfigError(
                     source=config.source,
@@ -472,12 +419,3 @@ def _load_tokenizers(config: Config) -> dict[str, ExactTokenizer]:
                     fix="point it at a Hugging Face tokenizer.json, or remove it to use the estimate",
                 ) from None
     return tokenizers
-
-
-def _beside_config(source: str, path: str) -> Path:
-    """``path``, relative paths taken from the config file's directory."""
-    candidate = Path(path).expanduser()
-    config_file = Path(source)
-    if candidate.is_absolute() or not config_file.is_file():
-        return candidate
-    return config_file.parent / candidate

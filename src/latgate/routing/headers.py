@@ -1,0 +1,49 @@
+"""Parsing the request headers routing reads (DESIGN.md, "Request headers latgate reads").
+
+Each parser raises :class:`~latgate.errors.InvalidRequest` naming the header for a value
+that cannot mean anything, so a client learns of its mistake instead of being routed by
+a guess.
+"""
+
+from __future__ import annotations
+
+import re
+
+from latgate.errors import InvalidRequest
+
+_TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
+_FALSE_VALUES = frozenset({"0", "false", "no", "off"})
+_DIGITS = re.compile(r"[0-9]{1,12}")
+
+
+def flag_header(value: str | None) -> bool:
+    """``X-Latency-Sensitive``: 1/true/yes/on or 0/false/no/off (absent or empty: false)."""
+    if value is None:
+        return False
+    text = value.strip().lower()
+    if text in _TRUE_VALUES:
+        return True
+    if text in _FALSE_VALUES or not text:
+        return False
+    raise InvalidRequest(
+        f"X-Latency-Sensitive must be 1, true, yes, 0, false or no, not {value!r}",
+        param="X-Latency-Sensitive",
+    )
+
+
+def debug_header(value: str | None) -> bool:
+    """``X-Latgate-Debug``: true for 1/true/yes/on, anything else false."""
+    return value is not None and value.strip().lower() in _TRUE_VALUES
+
+
+def budget_header(value: str | None) -> int | None:
+    """``X-Latency-Budget-Ms``: a whole number of milliseconds, or None when absent."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not _DIGITS.fullmatch(text):
+        raise InvalidRequest(
+            f"X-Latency-Budget-Ms must be a non-negative whole number of milliseconds, not {value!r}",
+            param="X-Latency-Budget-Ms",
+        )
+    return int(text)
