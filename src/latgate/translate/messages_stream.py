@@ -30,13 +30,14 @@ Anthropic SDKs assemble by index.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from latgate.proxy.exchange import Exchange
+from latgate.proxy.sse import data_payloads
 from latgate.translate.errors import anthropic_error_event
 from latgate.translate.messages_response import (
     anthropic_usage,
@@ -104,7 +105,7 @@ class MessagesStream:
     def feed(self, events: bytes) -> bytes:
         """Anthropic events for complete upstream SSE events (possibly ``b""``)."""
         out: list[bytes] = []
-        for data in _data_payloads(events):
+        for data in data_payloads(events):
             if self._ended:
                 break
             if data == b"[DONE]":
@@ -314,12 +315,3 @@ def _event(name: str, payload: dict[str, Any]) -> bytes:
 
 def _delta(index: int, delta: dict[str, Any]) -> bytes:
     return _event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
-
-
-def _data_payloads(events: bytes) -> Iterator[bytes]:
-    """The ``data`` of each SSE event in ``events`` (WHATWG "Server-sent events": LF or
-    CRLF lines, one optional space after ``data:``, several ``data`` lines joined by LF)."""
-    for event in events.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = [line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
-        if lines:
-            yield b"\n".join(lines)

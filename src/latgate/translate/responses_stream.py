@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from latgate.proxy.sse import data_payloads
 from latgate.translate.responses_output import (
     INCOMPLETE_REASONS,
     chat_to_response,
@@ -124,7 +125,7 @@ class ResponsesStreamTransform:
         out: list[bytes] = []
         if not self._started:
             self._start(out)
-        for data in _data_fields(events):
+        for data in data_payloads(events):
             if self._ended or data == b"[DONE]":
                 continue
             try:
@@ -324,13 +325,3 @@ class ResponsesStreamTransform:
         payload = {"type": event_type, "sequence_number": self._sequence} | fields
         self._sequence += 1
         out.append(b"event: " + event_type.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n")
-
-
-def _data_fields(events: bytes) -> list[bytes]:
-    """The ``data`` of each complete SSE event in ``events`` (multi-line data joined by LF)."""
-    out = []
-    for event in events.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = [line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
-        if lines:
-            out.append(b"\n".join(lines))
-    return out
