@@ -204,13 +204,13 @@ def main() -> int:
     parser.add_argument(
         "--targets",
         default="latgate,nginx,vllm-router,litellm",
-        help="comma-separated subset of latgate,nginx,vllm-router,litellm (direct always runs)",
+        help="comma-separated subset of latgate,nginx,vllm-router,litellm,latgate-aiohttp,latgate-httpx (direct always runs)",
     )
     parser.add_argument(
         "--transport",
-        choices=["aiohttp", "httpx"],
-        default="aiohttp",
-        help="latgate's upstream transport (httpx: its default, to compare)",
+        choices=["h1", "aiohttp", "httpx"],
+        default="h1",
+        help="latgate's upstream client (h1: its own, the default; aiohttp or httpx's default transport, to compare)",
     )
     args = parser.parse_args()
     if not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2:
@@ -220,6 +220,8 @@ def main() -> int:
     wanted = [t.strip() for t in args.targets.split(",") if t.strip()]
     known = {
         "latgate": lambda: Latgate(transport=args.transport),
+        "latgate-aiohttp": lambda: Latgate(transport="aiohttp", name="latgate-aiohttp"),
+        "latgate-httpx": lambda: Latgate(transport="httpx", name="latgate-httpx"),
         "nginx": Nginx,
         "vllm-router": VllmRouter,
         "litellm": LiteLLM,

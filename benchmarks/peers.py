@@ -158,12 +158,13 @@ class Latgate(Target):
 
     name = "latgate"
 
-    def __init__(self, *, cores: str = "0", workers: int = 1, transport: str = "aiohttp") -> None:
+    def __init__(self, *, cores: str = "0", workers: int = 1, transport: str = "h1", name: str = "latgate") -> None:
         super().__init__(cores=cores)
         self.workers = workers
         self.transport = transport
+        self.name = name
         if workers > 1:
-            self.name = f"latgate-w{workers}"
+            self.name = f"{self.name}-w{workers}"
 
     def command(self, *, port: int, upstream_port: int, workdir: Path) -> list[str]:
         models = ", ".join(f'"{m}"' for m in MODELS)

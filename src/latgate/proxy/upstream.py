@@ -1,13 +1,14 @@
-"""The one pooled upstream HTTP client, and the one place foreign errors become ours.
+"""The one pooled upstream client, and the one place foreign errors become ours.
 
-latgate keeps httpx as its client API but not httpx's default transport: measured on
-this project's machines, a proxied request costs ~2.1 ms of CPU through httpx's
-default (httpcore) transport and ~0.4 ms through aiohttp, and ~53 µs vs ~9 µs per
-streamed chunk. So proxied requests go to aiohttp directly (:meth:`UpstreamClient.open`
-returns an :class:`AiohttpUpstreamResponse`, the slice of ``httpx.Response`` the
-forwarder reads: building httpx requests, responses and stream wrappers on top of
-aiohttp cost ~10% of a request's CPU in a profile); health probes and metrics scrapes
-use the ``httpx-aiohttp`` transport under httpx's ``AsyncClient``. Tests can pass any
+Proxied requests go through latgate's own HTTP/1.1 pool (:mod:`latgate.proxy.h1`,
+asyncio protocols and httptools): measured on this project's machines, a proxied
+request cost ~0.4 ms of CPU through aiohttp's client and ~2.1 ms through httpx's
+default (httpcore) transport, and aiohttp's client alone was ~31% of latgate's CPU per
+request. :meth:`UpstreamClient.open` returns an :class:`~latgate.proxy.h1.H1Response`,
+the slice of ``httpx.Response`` the forwarder reads. ``LATGATE_UPSTREAM_TRANSPORT``
+selects ``aiohttp`` (aiohttp's client directly) or ``httpx`` (httpx's default
+transport) instead, for ``benchmarks/overhead.py``. Health probes and metrics scrapes
+use httpx's ``AsyncClient`` on the ``httpx-aiohttp`` transport. Tests can pass any
 ``httpx.AsyncBaseTransport`` (e.g. respx's) to :class:`UpstreamClient`: every request
 then goes through it, as an ``httpx.Response``.
 
@@ -29,22 +30,12 @@ import aiohttp
 import httpx
 
 from latgate import __version__
+from latgate.proxy.errors import UpstreamFailure
+from latgate.proxy.h1 import H1Pool, H1Response
+
+__all__ = ["UpstreamClient", "UpstreamFailure", "upstream_errors", "upstream_headers"]
 
 USER_AGENT = f"latgate/{__version__}"
-
-
-class UpstreamFailure(Exception):
-    """Talking to an upstream failed without an HTTP status to show for it.
-
-    Attributes:
-        kind: ``connect`` (refused, reset, DNS, TLS before any response), ``timeout``
-            (connect, read or first-token deadline), ``read`` (the connection broke or
-            the response was malformed after it started).
-    """
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 @contextlib.contextmanager
@@ -91,8 +82,13 @@ class UpstreamClient:
         verify: bool = True,
     ) -> None:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._direct = transport is None and os.environ.get(TRANSPORT_ENV_VAR) != "httpx"
+        choice = os.environ.get(TRANSPORT_ENV_VAR, "h1")
+        self._direct = transport is None and choice != "httpx"
+        self._use_aiohttp = choice == "aiohttp"
         self._session: aiohttp.ClientSession | None = None
+        self._h1: H1Pool | None = None
+        self._connect_timeout = connect_timeout_seconds
+        self._read_timeout = read_timeout_seconds
         self._max_connections = max_connections
         # Made here, not at the first request: loading the CA bundle takes tens of ms,
         # which would count against the first upstream's measured latency.
@@ -117,18 +113,29 @@ class UpstreamClient:
         payload: bytes,
         headers: dict[str, str],
         read_timeout_seconds: float | None = None,
-    ) -> httpx.Response | AiohttpUpstreamResponse:
+    ) -> httpx.Response | H1Response | AiohttpUpstreamResponse:
         """POST ``payload`` (JSON bytes) to ``url`` and return once the status and headers
         arrived; the body is left to stream (``aiter_raw``; the caller must ``aclose``).
 
         Returns:
-            an :class:`AiohttpUpstreamResponse` on the default transport, else the
-            injected transport's ``httpx.Response`` (both: ``status_code``,
-            ``headers``, ``aiter_raw()``, ``aread()``, ``aclose()``).
+            an :class:`~latgate.proxy.h1.H1Response` by default, an
+            :class:`AiohttpUpstreamResponse` on aiohttp, else the injected
+            transport's ``httpx.Response`` (all: ``status_code``, ``headers``,
+            ``aiter_raw()``, ``aread()``, ``aclose()``).
 
         Raises:
             UpstreamFailure: no response could be had.
         """
+        if self._direct and not self._use_aiohttp:
+            pool = self._h1
+            if pool is None:
+                pool = self._h1 = H1Pool(
+                    connect_timeout_seconds=self._connect_timeout, ssl_context=self._ssl_context, max_connections=self._max_connections
+                )
+            return await pool.post(
+                url=url, payload=payload, headers=headers,
+                read_timeout_seconds=self._read_timeout if read_timeout_seconds is None else read_timeout_seconds,
+            )  # fmt: skip
         if self._direct:
             return await self._open_direct(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds)
         # The hot path goes to the transport directly: AsyncClient.send adds redirect,
@@ -181,6 +188,8 @@ class UpstreamClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        if self._h1 is not None:
+            self._h1.close()
         if self._session is not None:
             await self._session.close()
 
@@ -224,8 +233,8 @@ def _new_session(*, max_connections: int, ssl_context: ssl.SSLContext | None) ->
     return aiohttp.ClientSession(connector=connector, trust_env=False, cookie_jar=aiohttp.DummyCookieJar())
 
 
-#: ``LATGATE_UPSTREAM_TRANSPORT=httpx`` selects httpx's own transport instead (for
-#: ``benchmarks/overhead.py``, which compares the two in one run).
+#: ``LATGATE_UPSTREAM_TRANSPORT`` = ``h1`` (default), ``aiohttp`` or ``httpx`` (for
+#: ``benchmarks/overhead.py``, which compares them in one run).
 TRANSPORT_ENV_VAR = "LATGATE_UPSTREAM_TRANSPORT"
 
 
