@@ -357,7 +357,28 @@ class H1Pool:
         raise AssertionError("unreachable")
 
     async def _acquire(self, target: _Target) -> _Connection:
-        idle = self._idle.get(target.key)
+        """An idle connection to ``target``'s origin, else a new one; at the limit, an
+        idle connection to another origin is closed, or the wait is for one to be
+        released (bounded by the connect timeout)."""
+        conn = self._idle_connection(target.key)
+        if conn is not None:
+            return conn
+        if self._open >= self._max:
+            try:
+                async with asyncio.timeout(self._connect_timeout):
+                    while self._open >= self._max and not self._evict_idle():
+                        waiter = self.loop.create_future()
+                        self._slot_waiters.append(waiter)
+                        await waiter
+                        conn = self._idle_connection(target.key)
+                        if conn is not None:
+                            return conn
+            except TimeoutError:
+                raise UpstreamFailure("timeout", "upstream timed out") from None
+        return await self._connect(target)
+
+    def _idle_connection(self, key: tuple[str, str, int]) -> _Connection | None:
+        idle = self._idle.get(key)
         now = self.loop.time()
         while idle:
             conn = idle.pop()
@@ -368,51 +389,62 @@ class H1Pool:
                 continue
             conn.reused = True
             return conn
-        return await self._connect(target)
+        return None
+
+    def _evict_idle(self) -> bool:
+        """Close the longest-idle connection, if any (frees a slot)."""
+        oldest: _Connection | None = None
+        for idle in self._idle.values():
+            if idle and (oldest is None or idle[0].idle_since < oldest.idle_since):
+                oldest = idle[0]
+        if oldest is None:
+            return False
+        self._idle[oldest.key].remove(oldest)
+        oldest.close()
+        return True
 
     async def _connect(self, target: _Target) -> _Connection:
+        self._open += 1
+        conn = _Connection(self, target.key)
+        self._all.add(conn)
         try:
             async with asyncio.timeout(self._connect_timeout):
-                while self._open >= self._max:
-                    waiter = self.loop.create_future()
-                    self._slot_waiters.append(waiter)
-                    await waiter
-                self._open += 1
-                conn = _Connection(self, target.key)
-                self._all.add(conn)
-                try:
-                    await self.loop.create_connection(
-                        lambda: conn,
-                        target.host,
-                        target.port,
-                        ssl=(self._ssl or ssl.create_default_context()) if target.tls else None,
-                        server_hostname=target.host if target.tls else None,
-                    )
-                except BaseException:
-                    conn.closed = True
-                    self.forget(conn)
-                    raise
-        except TimeoutError:
-            raise UpstreamFailure("timeout", "upstream timed out") from None
-        except (OSError, ssl.SSLError):
-            raise UpstreamFailure("connect", "could not connect to upstream") from None
+                await self.loop.create_connection(
+                    lambda: conn,
+                    target.host,
+                    target.port,
+                    ssl=(self._ssl or ssl.create_default_context()) if target.tls else None,
+                    server_hostname=target.host if target.tls else None,
+                )
+        except BaseException as exc:
+            conn.closed = True
+            self.forget(conn)
+            if isinstance(exc, TimeoutError):
+                raise UpstreamFailure("timeout", "upstream timed out") from None
+            if isinstance(exc, OSError):  # refused, reset, DNS, TLS (ssl.SSLError)
+                raise UpstreamFailure("connect", "could not connect to upstream") from None
+            raise
         return conn
 
     def keep(self, conn: _Connection) -> None:
         """Back to the idle list (called by a finished response)."""
         conn.idle_since = self.loop.time()
         self._idle.setdefault(conn.key, []).append(conn)
+        self._wake_one()
 
     def forget(self, conn: _Connection) -> None:
         """A connection closed: free its slot (idempotent)."""
         if conn in self._all:
             self._all.discard(conn)
             self._open -= 1
-            while self._slot_waiters:
-                waiter = self._slot_waiters.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
-                    break
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._slot_waiters:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     def close(self) -> None:
         """Close every connection."""
