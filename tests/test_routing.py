@@ -361,7 +361,7 @@ def test_fallback_model_is_tried_on_the_same_provider_when_no_fallback_provider_
     decision = Router(config).decide(_chat(model="glm-5.1-highspeed"), {})
     assert decision.candidates == (
         Target("p", "glm-5.1-highspeed", "default"),
-        Target("p", "glm-5.1", "fallback:p"),
+        Target("p", "glm-5.1", "fallback:p", fallback_model="glm-5.1"),
     )
 
 
@@ -373,7 +373,20 @@ def test_fallback_provider_that_lacks_the_model_may_take_the_fallback_model() ->
         fallbacks={"a": ("b",)},
     )
     decision = Router(config).decide(_chat(model="fast-m"), {})
-    assert decision.candidates[1:] == (Target("b", "m", "fallback:a"),)
+    assert decision.candidates[1:] == (Target("b", "m", "fallback:a", fallback_model="m"),)
+
+
+def test_a_fallback_model_reached_through_an_implicit_alias_is_still_reported() -> None:
+    """A fallback provider serving one model under its own name takes the fallback model
+    by implicit alias: the target still says which public model it stands in for."""
+    config = _config(
+        _provider("a", "glm-5.1-highspeed"),
+        _provider("b", "zai-org/GLM-5.1-FP8"),
+        models={"glm-5.1-highspeed": ModelConfig(fallback_model="glm-5.1")},
+        fallbacks={"a": ("b",)},
+    )
+    decision = Router(config).decide(_chat(model="glm-5.1-highspeed"), {})
+    assert decision.candidates[1:] == (Target("b", "zai-org/GLM-5.1-FP8", "fallback:a", fallback_model="glm-5.1"),)
 
 
 # -- exact tokenizer ----------------------------------------------------------------
@@ -475,4 +488,4 @@ def test_seed1_latency_marker_routes_to_tile_rt_and_the_rest_to_vllm(
 
 def test_seed1_fallback_model_glm_5_1_backs_up_glm_5_1_highspeed(seed1: Router) -> None:
     decision = seed1.decide(_chat(model="glm-5.1-highspeed"), {"x-latency-sensitive": "1"})
-    assert decision.candidates[1:] == (Target("tile-rt", "glm-5.1", "fallback:tile-rt"),)
+    assert decision.candidates[1:] == (Target("tile-rt", "glm-5.1", "fallback:tile-rt", fallback_model="glm-5.1"),)

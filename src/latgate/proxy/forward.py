@@ -138,7 +138,7 @@ class Forwarder:
                 self._metrics.record_fallback(from_provider=previous, to_provider=target.provider)
             previous = target.provider
             payload = self._payload(body, target, provider, stream=exchange.stream, path=path)
-            exchange.extra["fallback_model"] = self._fallback_model(decision, target)
+            exchange.extra["fallback_model"] = target.fallback_model
             for attempt in range(max_retries + 1):
                 if attempt:
                     self._metrics.record_retry(provider=provider.name)
@@ -348,10 +348,10 @@ class Forwarder:
         if race is not None:
             if not race.claim():
                 raise LostRace()
-            decision, target = winner
+            _, target = winner
             exchange.provider, exchange.endpoint = provider.name, endpoint.config.id
             exchange.upstream_model, exchange.reason = target.model, target.reason
-            exchange.extra["fallback_model"] = self._fallback_model(decision, target)
+            exchange.extra["fallback_model"] = target.fallback_model
         stack.callback(self._record_decode, endpoint, exchange, tap)
         handed = stack.pop_all()
         if transform is not None:
@@ -436,16 +436,6 @@ class Forwarder:
             seconds = exchange.last_token_at - exchange.first_token_at
             self._pool.record_decode(endpoint, tokens=tap.content_chunks, seconds=seconds)
 
-    def _fallback_model(self, decision: RouteDecision, target: Target) -> str | None:
-        """The requested model's ``fallback_model`` (``[models."NAME"]``) when ``target``
-        serves it instead of the requested model, else None; sent to the client as
-        ``X-Latgate-Fallback-Model`` (the body keeps the name the client asked for)."""
-        settings = self._config.models.get(decision.public_model)
-        fallback = settings.fallback_model if settings is not None else None
-        if not fallback or target.model == decision.model:
-            return None
-        served = self._config.aliases.get(fallback, {}).get(target.provider, fallback)
-        return fallback if target.model == served else None
 
 def tap_drop(body: dict[str, Any]) -> bool:
     """True when the client did not ask for usage on its stream (latgate asks instead and

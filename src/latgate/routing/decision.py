@@ -65,11 +65,15 @@ class Target:
         model: the model name sent upstream to this provider.
         reason: the route reason: the decision's reason for the primary,
             ``fallback:FROM`` for fallbacks.
+        fallback_model: the public name of the requested model's ``fallback_model``
+            when this target serves that instead of the requested model (reported as
+            ``X-Latgate-Fallback-Model``), else None.
     """
 
     provider: str
     model: str
     reason: str
+    fallback_model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,16 +365,19 @@ class Router:
         seen = {(primary.provider, primary.model)}
         targets: list[Target] = []
         for name in self._routing.fallbacks.get(primary.provider, ()):
-            upstream = serving.get(name) or fallback_serving.get(name)
+            upstream = serving.get(name)
+            instead = None
+            if upstream is None and name in fallback_serving:
+                upstream, instead = fallback_serving[name], fallback_model
             if upstream is None:
                 notes.append(f"fallback {name} skipped: it does not serve model {public!r}")
             elif (name, upstream) not in seen:
                 seen.add((name, upstream))
-                targets.append(Target(name, upstream, reason))
+                targets.append(Target(name, upstream, reason, instead))
         if not targets and primary.provider in fallback_serving:
             upstream = fallback_serving[primary.provider]
             if (primary.provider, upstream) not in seen:
-                targets.append(Target(primary.provider, upstream, reason))
+                targets.append(Target(primary.provider, upstream, reason, fallback_model))
         return targets
 
 
