@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Self
 
 import pytest
 
@@ -23,7 +24,7 @@ class Server:
         self.requests: list[bytes] = []
         self.request_seen = asyncio.Event()
 
-    async def __aenter__(self) -> Server:
+    async def __aenter__(self) -> Self:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         port = self.server.sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}/v1/chat/completions"
@@ -44,7 +45,9 @@ class Server:
     async def read_request(self, reader: asyncio.StreamReader) -> bytes:
         head = await reader.readuntil(b"\r\n\r\n")
         length = next(
-            int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
         )
         request = head + await reader.readexactly(length)
         self.requests.append(request)
@@ -53,17 +56,27 @@ class Server:
 
 
 def json_response(body: bytes = b'{"ok":1}', extra: bytes = b"") -> bytes:
-    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s" % (
+        len(body),
+        extra,
+        body,
+    )
 
 
 def pool(**overrides: float) -> H1Pool:
     return H1Pool(
-        connect_timeout_seconds=overrides.get("connect", 2.0), ssl_context=None, max_connections=int(overrides.get("max", 100))
+        connect_timeout_seconds=overrides.get("connect", 2.0),
+        ssl_context=None,
+        max_connections=int(overrides.get("max", 100)),
     )
 
 
-async def post(p: H1Pool, url: str, *, headers: dict[str, str] | None = None, read_timeout: float = 5.0) -> bytes:
-    response = await p.post(url=url, payload=b'{"model":"m"}', headers=headers or {}, read_timeout_seconds=read_timeout)
+async def post(
+    p: H1Pool, url: str, *, headers: dict[str, str] | None = None, read_timeout: float = 5.0
+) -> bytes:
+    response = await p.post(
+        url=url, payload=b'{"model":"m"}', headers=headers or {}, read_timeout_seconds=read_timeout
+    )
     try:
         return await response.aread()
     finally:
@@ -89,7 +102,11 @@ def test_the_request_goes_out_whole_and_the_connection_is_kept_for_the_next_one(
         lines = head.split(b"\r\n")
         assert lines[0] == b"POST /v1/chat/completions HTTP/1.1"
         assert b"host: 127.0.0.1:%d" % int(server.url.split(":")[2].split("/")[0]) in lines
-        assert b"content-length: 13" in lines and b"authorization: Bearer k" in lines and b"x-request-id: r1" in lines
+        assert (
+            b"content-length: 13" in lines
+            and b"authorization: Bearer k" in lines
+            and b"x-request-id: r1" in lines
+        )
         assert body == b'{"model":"m"}'
 
     server: Server
@@ -99,7 +116,9 @@ def test_the_request_goes_out_whole_and_the_connection_is_kept_for_the_next_one(
 def test_a_chunked_body_arrives_dechunked_and_headers_read_in_any_case() -> None:
     async def handler(reader, writer, n):
         await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-A: 1\r\nx-a: 2\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-A: 1\r\nx-a: 2\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
         for piece in (b"data: 1\n\n", b"data: [DONE]\n\n"):
             writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             await writer.drain()
@@ -111,7 +130,10 @@ def test_a_chunked_body_arrives_dechunked_and_headers_read_in_any_case() -> None
             p = pool()
             response = await p.post(url=server.url, payload=b"{}", headers={}, read_timeout_seconds=5)
             assert response.status_code == 200
-            assert response.headers.get("CONTENT-TYPE") == "text/event-stream" and response.headers["x-a"] == "1, 2"
+            assert (
+                response.headers.get("CONTENT-TYPE") == "text/event-stream"
+                and response.headers["x-a"] == "1, 2"
+            )
             body = b"".join([chunk async for chunk in response.aiter_raw()])
             await response.aclose()
             p.close()
@@ -124,7 +146,7 @@ def test_a_chunked_body_arrives_dechunked_and_headers_read_in_any_case() -> None
 def test_a_body_without_length_ends_with_the_connection() -> None:
     async def handler(reader, writer, n):
         await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{\"a\":")
+        writer.write(b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{"a":')
         await writer.drain()
         writer.write(b"1}")
 
@@ -144,10 +166,14 @@ def test_a_body_without_length_ends_with_the_connection() -> None:
 @pytest.mark.parametrize(
     "reply",
     [
-        pytest.param(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"cut", id="body_shorter_than_its_length"),
+        pytest.param(
+            b'HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{"cut', id="body_shorter_than_its_length"
+        ),
         pytest.param(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nab", id="chunked_cut"),
         pytest.param(b"SMTP ready\r\n\r\n", id="not_http"),
-        pytest.param(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nabc", id="two_lengths"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nabc", id="two_lengths"
+        ),
         pytest.param(b"", id="closed_before_any_byte"),
     ],
 )
@@ -228,7 +254,11 @@ def test_a_header_holding_a_newline_is_refused_before_anything_is_sent() -> None
         nonlocal server
         async with Server(handler) as server:
             p = pool()
-            for bad in ({"authorization": "Bearer k\r\nx-evil: 1"}, {"authorization": "Bearer k\n"}, {"x\0": "1"}):
+            for bad in (
+                {"authorization": "Bearer k\r\nx-evil: 1"},
+                {"authorization": "Bearer k\n"},
+                {"x\0": "1"},
+            ):
                 with pytest.raises(UpstreamFailure) as failure:
                     await post(p, server.url, headers=bad)
                 assert failure.value.kind == "request" and "Bearer" not in str(failure.value)

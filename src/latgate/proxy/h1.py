@@ -219,7 +219,9 @@ class _Connection(asyncio.Protocol):
     def _close_delimited(self) -> bool:
         for name, value in self.header_pairs:
             lowered = name.lower()
-            if lowered == b"content-length" or (lowered == b"transfer-encoding" and b"chunked" in value.lower()):
+            if lowered == b"content-length" or (
+                lowered == b"transfer-encoding" and b"chunked" in value.lower()
+            ):
                 return False
         return True
 
@@ -313,7 +315,9 @@ class H1Pool:
         max_connections: open connections across all upstreams.
     """
 
-    def __init__(self, *, connect_timeout_seconds: float, ssl_context: ssl.SSLContext | None, max_connections: int) -> None:
+    def __init__(
+        self, *, connect_timeout_seconds: float, ssl_context: ssl.SSLContext | None, max_connections: int
+    ) -> None:
         self.loop = asyncio.get_running_loop()
         self._connect_timeout = connect_timeout_seconds
         self._ssl = ssl_context
@@ -460,7 +464,11 @@ def _request_bytes(target: _Target, payload: bytes, headers: dict[str, str]) -> 
         UpstreamFailure: ``request`` when a header name or value holds CR, LF or NUL
             (it would split the request; e.g. a key pasted with its newline).
     """
-    lines = [f"POST {target.request_target} HTTP/1.1", f"host: {target.host_header}", f"content-length: {len(payload)}"]
+    lines = [
+        f"POST {target.request_target} HTTP/1.1",
+        f"host: {target.host_header}",
+        f"content-length: {len(payload)}",
+    ]
     if target.auth is not None and "authorization" not in headers:
         lines.append(f"authorization: {target.auth}")
     for name, value in headers.items():
