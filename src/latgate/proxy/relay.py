@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 
 import orjson
 
-from latgate.metrics import Metrics
+from latgate.metrics import HistogramBatch, Metrics
 from latgate.proxy.exchange import CLIENT_CLOSED, Exchange
 from latgate.proxy.redact import redact_text
 from latgate.proxy.sse import StreamTap
@@ -87,6 +87,7 @@ class StreamRelay:
         self.on_upstream_failure = on_upstream_failure
         self.transform = transform
         self.secrets = secrets
+        self._itl: HistogramBatch | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ex = self.exchange
@@ -120,6 +121,8 @@ class StreamRelay:
         finally:
             state["closing"] = True
             watcher.cancel()
+            if self._itl is not None:
+                self._itl.flush()
             with contextlib.suppress(Exception):
                 await self.on_close()
             ex.apply_usage(self.tap.usage)
@@ -132,7 +135,9 @@ class StreamRelay:
             send = _transforming(send, self.transform)
         ex = self.exchange
         tap = self.tap
-        observe_itl = self.metrics.itl_observer(provider=ex.provider, model=ex.public_model)
+        itl = self._itl = self.metrics.itl_batch(provider=ex.provider, model=ex.public_model)
+        observe_itl = itl.observe
+        feed = tap.feed
         clock = time.perf_counter
         if self.head:
             await send({"type": "http.response.body", "body": self.head, "more_body": True})
@@ -142,15 +147,16 @@ class StreamRelay:
         try:
             with upstream_errors():
                 async for data in self.body if not tap.done else _nothing():
-                    out, units = tap.feed(data)
+                    out, units = feed(data)
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                         if units:
                             now = clock()
-                            if ex.first_token_at is None:
+                            last = ex.last_token_at
+                            if last is None:
                                 self._first_token(now)
                             else:
-                                observe_itl(now - ex.last_token_at)
+                                observe_itl(now - last)
                                 ex.last_token_at = now
                     if tap.error is not None or tap.done:
                         break  # an in-band error, or the end: stop reading even if the upstream idles on

@@ -16,6 +16,13 @@ opt-in edits: dropping the usage-only chunk latgate asked for on the client's be
 and rewriting the upstream model name back to the alias the client asked for.
 Lone-CR line endings are forwarded untouched but not parsed (no known engine sends
 them).
+
+Cost: reading events is the relay's per-token work, so the common case is kept to a
+few byte comparisons. A read holding exactly one one-line event skips the boundary
+search and split; and a chat chunk that differs from the stream's last parsed content
+chunk only in the text of its one content string (engines repeat id, model and
+framing on every token) is counted from the bytes, without a JSON parse (see
+:class:`_Template`). Anything else is parsed with orjson.
 """
 
 from __future__ import annotations
@@ -27,6 +34,12 @@ import orjson
 
 _LF_SEP = b"\n\n"
 _CRLF_SEP = b"\r\n\r\n"
+_DATA = b"data: "
+#: delta fields whose non-empty string value makes a choice generated content
+_TEXT_FIELDS = ("content", "reasoning_content", "reasoning")
+#: how many times one stream may (re)learn its chunk template: an upstream whose chunks
+#: vary outside the text (e.g. a random padding field) stops paying for the attempts
+_TEMPLATE_BUDGET = 4
 
 
 class StreamTap:
@@ -53,9 +66,11 @@ class StreamTap:
 
     __slots__ = (
         "_drop_usage",
+        "_learn",
         "_pending",
         "_rewrite",
         "_sep",
+        "_template",
         "content_chunks",
         "done",
         "error",
@@ -71,6 +86,8 @@ class StreamTap:
         if model_rewrite is not None:
             served, public = (orjson.dumps(name) for name in model_rewrite)
             self._rewrite = ((b'"model":' + served, b'"model":' + public), (b'"model": ' + served, b'"model": ' + public))
+        self._template: _Template | None = None
+        self._learn = _TEMPLATE_BUDGET
         self.content_chunks = 0
         self.usage: dict[str, Any] | None = None
         self.done = False
@@ -88,6 +105,25 @@ class StreamTap:
         new bytes (plus the separator's length) are searched for a boundary, so one huge
         event arriving in many reads costs no more than its size.
         """
+        if (
+            self._sep is _LF_SEP
+            and not self._pending
+            and data.startswith(_DATA)
+            and data.find(b"\n") == len(data) - 2
+            and data.endswith(_LF_SEP)
+        ):  # the common read: one one-line event, as an engine flushing per token writes it
+            self.events += 1
+            payload = data[6:-2]
+            if payload == b"[DONE]":
+                self.done = True
+                return data, 0
+            units = self._chunk(payload)
+            if units < 0:
+                return b"", 0
+            if self._rewrite is not None:
+                for old, new in self._rewrite:
+                    data = data.replace(old, new)
+            return data, units
         pending = self._pending
         if pending:
             start = max(0, len(pending) - 3)
@@ -131,19 +167,22 @@ class StreamTap:
 
     def _take(self, complete: bytes, sep: bytes) -> tuple[bytes, int]:
         units = 0
-        dropped = False
-        kept: list[bytes] = []
-        for event in complete.split(sep):
+        dropped: list[bytes] | None = None
+        events = complete.split(sep)
+        for event in events:
             if not event:
                 continue
             self.events += 1
-            result = self._inspect(event, sep)
+            if event.startswith(_DATA) and b"\n" not in event and event != b"data: [DONE]":
+                result = self._chunk(event[6:])  # the common one-line event, inline
+            else:
+                result = self._inspect(event, sep)
             if result < 0:
-                dropped = True
+                dropped = [event] if dropped is None else [*dropped, event]
                 continue
             units += result
-            kept.append(event)
-        if dropped:
+        if dropped is not None:
+            kept = [event for event in events if event and event not in dropped]
             complete = sep.join(kept) + sep if kept else b""
         if self._rewrite is not None and complete:
             for old, new in self._rewrite:
@@ -158,6 +197,14 @@ class StreamTap:
         if payload == b"[DONE]":
             self.done = True
             return 0
+        return self._chunk(payload)
+
+    def _chunk(self, payload: bytes) -> int:
+        """Content units in one event's data; -1 when the event is to be dropped."""
+        template = self._template
+        if template is not None and template.matches(payload):
+            self.content_chunks += 1
+            return 1
         try:
             chunk = orjson.loads(payload)
         except orjson.JSONDecodeError:
@@ -195,6 +242,9 @@ class StreamTap:
             elif choice.get("text"):
                 units += 1
         self.content_chunks += units
+        if units == 1 and self._learn and not usage and len(choices) == 1 and isinstance(delta, dict):
+            self._learn -= 1
+            self._template = _Template.of(payload, delta) or self._template
         return units
 
     def _responses_event(self, chunk: dict[str, Any]) -> int:
@@ -218,6 +268,61 @@ class StreamTap:
         if isinstance(response, dict) and isinstance(response.get("usage"), dict):
             self.usage = response["usage"]
         return 0
+
+
+class _Template:
+    """The bytes around the text of a parsed single-choice content chunk: a later
+    payload made of the same ``head``, a different non-empty JSON string body and the
+    same ``tail`` parses to the same structure with other text, so it is one content
+    unit, with no usage and no error, like the chunk the template came from.
+
+    The body test is conservative: no ``"`` at all (an escaped quote sends the chunk
+    to the parser) and no trailing backslash (which could escape the closing quote).
+    """
+
+    __slots__ = ("_head_len", "_tail_len", "head", "tail")
+
+    def __init__(self, head: bytes, tail: bytes) -> None:
+        self.head, self.tail = head, tail
+        self._head_len, self._tail_len = len(head), len(tail)
+
+    def matches(self, payload: bytes) -> bool:
+        if not (payload.startswith(self.head) and payload.endswith(self.tail)):
+            return False
+        text = payload[self._head_len : len(payload) - self._tail_len]
+        return bool(text) and b'"' not in text and text[-1] != 92  # 92: a backslash
+
+    @classmethod
+    def of(cls, payload: bytes, delta: dict[str, Any]) -> _Template | None:
+        """The template of ``payload``, a parsed chunk whose one choice counts as content
+        through exactly one non-empty string in ``delta`` (else ``None``). The field's
+        key must occur once in the payload, so the bytes found are the delta's."""
+        truthy = [key for key in (*_TEXT_FIELDS, "tool_calls") if delta.get(key)]
+        if len(truthy) != 1 or truthy[0] == "tool_calls" or not isinstance(delta[truthy[0]], str):
+            return None
+        key = b'"' + truthy[0].encode() + b'"'
+        at = payload.find(key)
+        if at < 0 or payload.find(key, at + 1) >= 0:
+            return None
+        start = at + len(key)
+        for opener in (b':"', b': "'):
+            if payload.startswith(opener, start):
+                start += len(opener)
+                break
+        else:
+            return None
+        end = start
+        while True:  # the closing quote: the first one not escaped by an odd run of backslashes
+            end = payload.find(b'"', end)
+            if end < 0:
+                return None
+            slashes = 0
+            while payload[end - 1 - slashes] == 92:
+                slashes += 1
+            if slashes % 2 == 0:
+                break
+            end += 1
+        return cls(payload[:start], payload[end:])
 
 
 def _data_of(event: bytes, sep: bytes) -> bytes | None:
