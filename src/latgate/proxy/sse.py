@@ -278,6 +278,10 @@ class _Template:
 
     The body test is conservative: no ``"`` at all (an escaped quote sends the chunk
     to the parser) and no trailing backslash (which could escape the closing quote).
+    Its escapes and UTF-8 are not checked: a chunk of this shape whose text is not
+    valid JSON counts as content (forwarded as it is either way), where a parse would
+    count nothing. Chunks that also change elsewhere (a per-chunk ``created``, a random
+    padding field, a Responses event's ``sequence_number``) are parsed as before.
     """
 
     __slots__ = ("_head_len", "_tail_len", "head", "tail")
