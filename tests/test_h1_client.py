@@ -9,6 +9,7 @@ from typing import Self
 
 import pytest
 
+from latgate.proxy import h1
 from latgate.proxy.errors import UpstreamFailure
 from latgate.proxy.h1 import H1Pool
 
@@ -196,8 +197,9 @@ def test_a_broken_response_is_a_read_failure(reply: bytes) -> None:
     asyncio.run(scenario())
 
 
-def test_an_idle_connection_the_upstream_dropped_is_retried_once_on_a_new_one() -> None:
+def drops_the_second_request_on_its_first_connection(server_ref: list[Server]) -> Handler:
     async def handler(reader, writer, n):
+        server = server_ref[0]
         await server.read_request(reader)
         if n == 1:
             writer.write(json_response(b'{"n":1}'))  # keep-alive advertised ...
@@ -205,16 +207,44 @@ def test_an_idle_connection_the_upstream_dropped_is_retried_once_on_a_new_one() 
             return
         writer.write(json_response(b'{"n":%d}' % n))
 
+    return handler
+
+
+def test_a_connection_dropped_after_idling_is_retried_once_on_a_new_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Idle for RETRY_IDLE_SECONDS or more: the upstream most likely closed it as idle."""
+    monkeypatch.setattr(h1, "RETRY_IDLE_SECONDS", 0.0)
+    ref: list[Server] = []
+
     async def scenario() -> None:
-        nonlocal server
-        async with Server(handler) as server:
+        async with Server(drops_the_second_request_on_its_first_connection(ref)) as server:
+            ref.append(server)
             p = pool()
             assert await post(p, server.url) == b'{"n":1}'
             assert await post(p, server.url) == b'{"n":2}'
             p.close()
         assert server.connections == 2 and len(server.requests) == 3
 
-    server: Server
+    asyncio.run(scenario())
+
+
+def test_a_busy_connection_dropped_after_reading_the_request_is_not_sent_again() -> None:
+    """Reused at once, then closed after the request was read: the upstream may have
+    been working on it, so sending it again could generate twice."""
+    ref: list[Server] = []
+
+    async def scenario() -> None:
+        async with Server(drops_the_second_request_on_its_first_connection(ref)) as server:
+            ref.append(server)
+            p = pool()
+            assert await post(p, server.url) == b'{"n":1}'
+            with pytest.raises(UpstreamFailure) as failure:
+                await post(p, server.url)
+            p.close()
+        assert failure.value.kind == "read"
+        assert server.connections == 1 and len(server.requests) == 2
+
     asyncio.run(scenario())
 
 

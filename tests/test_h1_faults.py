@@ -2,16 +2,13 @@
 buggy upstreams: interim responses, bytes after a complete response, framings that end
 a connection, resets, full socket buffers, huge headers, odd URLs and the pool's limit.
 
-Tests marked ``xfail(strict=True)`` are defects found by an adversarial pass, each
-asserting the behaviour it should have (they fail the day the defect is fixed: drop the
-mark then). End-to-end counterparts: ``test_h1_faults_e2e.py``.
+End-to-end counterparts: ``test_h1_faults_e2e.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import socket
 import time
 
@@ -31,10 +28,6 @@ from latgate.proxy import h1
 from latgate.proxy.errors import UpstreamFailure
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="h1 returns the interim 100 as the response (on_headers_complete of a 1xx ends post())",
-)
 def test_an_interim_100_continue_is_skipped_for_the_final_response() -> None:
     async def scenario() -> None:
         async with serving(
@@ -51,10 +44,6 @@ def test_an_interim_100_continue_is_skipped_for_the_final_response() -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="h1 merges a 103's headers into the final response's (header_pairs are not reset per message)",
-)
 def test_headers_of_a_103_early_hints_do_not_join_the_final_response() -> None:
     async def scenario() -> None:
         async with serving(
@@ -69,10 +58,6 @@ def test_headers_of_a_103_early_hints_do_not_join_the_final_response() -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the parser keeps parsing after on_message_complete: trailing bytes set conn.error, which __anext__ raises before StopAsyncIteration",
-)
 def test_junk_after_a_complete_response_neither_fails_it_nor_is_reused() -> None:
     async def scenario() -> None:
         async with serving(answering(OK_SMALL + b"junk-after-the-body", OK_SMALL)) as (url, state):
@@ -86,10 +71,6 @@ def test_junk_after_a_complete_response_neither_fails_it_nor_is_reused() -> None
     asyncio.run(scenario())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a second response sent after the first one's Content-Length is parsed into the first: its body is appended and its headers merged",
-)
 def test_a_second_response_after_the_declared_length_never_joins_the_first() -> None:
     smuggled = OK_SMALL + b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-evil: 1\r\n\r\nEVIL!"
 
@@ -212,10 +193,6 @@ def test_a_413_sent_before_the_payload_was_read_reaches_the_caller() -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no limit on response headers: llhttp has none and h1 sets none (aiohttp refused lines over 8190 bytes)",
-)
 @pytest.mark.parametrize(
     "headers",
     [
@@ -238,10 +215,6 @@ def test_response_headers_beyond_a_sane_size_are_refused(headers: bytes) -> None
     asyncio.run(scenario())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a response that completed while reading was paused goes back to the pool still paused (_reset clears _paused without resume_reading): the next request on it times out",
-)
 def test_a_complete_response_left_unread_does_not_poison_its_connection() -> None:
     body = b"x" * (h1.HIGH_WATER_BYTES + 1)  # the read that crosses the high-water mark ends the body
 
@@ -263,10 +236,6 @@ def test_a_complete_response_left_unread_does_not_poison_its_connection() -> Non
     asyncio.run(scenario())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a non-ASCII path in api_base (the config allows it) is written raw as UTF-8 in the request line; aiohttp/httpx percent-encode it",
-)
 def test_a_non_ascii_path_is_percent_encoded() -> None:
     requests: list[bytes] = []
 
@@ -334,10 +303,6 @@ def test_latin1_header_values_arrive_decoded_as_latin1() -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_evict_idle 'frees' a slot by closing an idle connection the upstream already closed (still listed in _idle): _acquire then connects past max_connections",
-)
 def test_the_connection_limit_holds_when_an_idle_connection_was_closed_by_the_upstream() -> None:
     async def scenario() -> None:
         hold = asyncio.Event()
@@ -377,10 +342,6 @@ def test_the_connection_limit_holds_when_an_idle_connection_was_closed_by_the_up
     asyncio.run(scenario())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="httptools raises HttpParserUpgrade (not an HttpParserError) on a 101: uncaught in data_received, asyncio logs a fatal-error traceback and post() returns the 101 as the response",
-)
 def test_a_101_switching_protocols_is_a_read_failure_without_a_logged_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -395,4 +356,5 @@ def test_a_101_switching_protocols_is_a_read_failure_without_a_logged_traceback(
         assert failure.value.kind == "read"
 
     asyncio.run(scenario())
-    assert not [r for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR]
+    # (the test server's own cancelled handler task may log at shutdown: not latgate's)
+    assert not [r for r in caplog.records if r.name == "asyncio" and "Fatal error" in r.getMessage()]

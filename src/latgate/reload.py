@@ -98,6 +98,7 @@ class UpstreamClients:
         timeouts = (config.defaults.connect_timeout_sec, config.defaults.timeout_sec)
         if self._current is None or timeouts != self._timeouts:
             if self._current is not None:
+                self._current.retire()
                 self._retired.append(self._current)
             self._current = UpstreamClient(
                 connect_timeout_seconds=timeouts[0],

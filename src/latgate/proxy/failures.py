@@ -70,7 +70,12 @@ class Failures:
     async def status_failure(
         self, provider: ProviderRuntime, endpoint: EndpointState, response: Any, deadline: float | None
     ) -> AttemptFailed:
+        """A non-200 answer. 4xx/5xx: the upstream's error, redacted, with its status
+        (retried where :data:`RETRYABLE_STATUSES` says). Any other status (a 204, a
+        redirect): not an answer to a completion, so the provider's failure (502)."""
         status = response.status_code
+        if status < 400:
+            return self.bad_response(provider, endpoint, f"answered with status {status}")
         data = b""
         if deadline is None:
             deadline = asyncio.get_running_loop().time() + ERROR_BODY_TIMEOUT_SECONDS
@@ -109,12 +114,16 @@ class Failures:
     ) -> AttemptFailed:
         """A 200 that is not what was asked for (an HTML login page, a proxy's notice):
         the provider's failure, retried elsewhere; its body is never shown."""
+        shown = content_type.split(";")[0].strip()[:64] or "none"
+        return self.bad_response(provider, endpoint, f"answered with content type {shown!r}")
+
+    def bad_response(self, provider: ProviderRuntime, endpoint: EndpointState, what: str) -> AttemptFailed:
+        """An answer latgate cannot relay (wrong status, type or encoding): the provider's
+        failure (counted as ``bad_response``), retried elsewhere, shown as a 502
+        ``provider NAME {what}``."""
         self.pool.record_outcome(provider, endpoint, ok=False)
         self.metrics.record_upstream_error(provider=provider.name, kind="bad_response")
-        shown = content_type.split(";")[0].strip()[:64] or "none"
-        return AttemptFailed(
-            UpstreamError(f"provider {provider.name!r} answered with content type {shown!r}"), retryable=True
-        )
+        return AttemptFailed(UpstreamError(f"provider {provider.name!r} {what}"), retryable=True)
 
 
 def parse_retry_after(value: str | None) -> float | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -279,6 +280,9 @@ class Forwarder:
             stack.push_async_callback(response.aclose)
             if response.status_code != 200:
                 raise await self._failures.status_failure(provider, endpoint, response, deadline)
+            encoding = response.headers.get("content-encoding")
+            if encoding and encoding.lower() != "identity":  # asked for identity: cannot relay it as is
+                raise self._failures.bad_response(provider, endpoint, f"answered with content encoding {encoding[:32]!r}")
             if tap is None:
                 return await self._complete(exchange, provider, endpoint, response, transform, ticket=ticket)
             relay = await self._start_stream(
@@ -409,7 +413,7 @@ class Forwarder:
         return Response(content=data, status_code=200, headers=headers, background=BackgroundTask(exchange.finish_after_send, self._metrics))
 
     def _headers(self, exchange: Exchange, content_type: str, *, raw: bool = True) -> Any:
-        pairs = [("content-type", content_type)]
+        pairs = [("content-type", media_type(content_type))]
         if exchange.stream:  # no caching or proxy buffering of an event stream
             pairs += [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
         pairs += [
@@ -435,6 +439,17 @@ class Forwarder:
         if exchange.first_token_at is not None and exchange.last_token_at is not None:
             seconds = exchange.last_token_at - exchange.first_token_at
             self._pool.record_decode(endpoint, tokens=tap.content_chunks, seconds=seconds)
+
+
+_MEDIA_TYPE = re.compile(r"[a-z0-9!#$&^_.+-]{1,64}/[a-z0-9!#$&^_.+-]{1,64}")
+
+
+def media_type(content_type: str) -> str:
+    """The upstream's media type without parameters (an upstream's parameters can echo
+    anything, a key included; JSON and SSE are UTF-8 by definition: RFC 8259, the HTML
+    standard's event streams); ``application/octet-stream`` when it is not one."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media if _MEDIA_TYPE.fullmatch(media) else "application/octet-stream"
 
 
 def tap_drop(body: dict[str, Any]) -> bool:

@@ -26,7 +26,7 @@ import base64
 import collections
 import ssl
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import httptools
 
@@ -37,6 +37,19 @@ HIGH_WATER_BYTES = 256 * 1024
 #: An idle pooled connection older than this is closed, not reused (upstreams such as
 #: uvicorn close idle keep-alive connections after 5 s).
 KEEPALIVE_SECONDS = 4.0
+#: A request that failed on a reused connection before any response byte is sent again
+#: on a new one only if that connection had been idle this long: then the upstream most
+#: likely closed it as idle while we wrote. A connection that dies right after reading a
+#: request on a busy connection may have been processing it (a duplicate generation).
+RETRY_IDLE_SECONDS = 1.0
+#: Response head limits (aiohttp's are 8190 bytes a line, 32k fields; llhttp has none).
+MAX_HEADER_BYTES = 64 * 1024
+MAX_HEADER_FIELDS = 256
+#: When a response is closed before its end arrived (a stream's chunked terminator often
+#: follows ``[DONE]`` in a separate write), wait this long and this much for the end,
+#: then keep the connection; otherwise close it.
+DRAIN_SECONDS = 0.05
+DRAIN_BYTES = 64 * 1024
 
 
 class Headers(dict[str, str]):
@@ -68,11 +81,18 @@ class _Target:
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.host_header = host if default_port else f"{host}:{self.port}"
         self.key = (parts.scheme, self.host, self.port)
-        self.request_target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        path = quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")  # non-ASCII as UTF-8 %XX
+        self.request_target = path + (
+            f"?{quote(parts.query, safe='/?%:@!$&()*+,;=-._~')}" if parts.query else ""
+        )
         self.auth: str | None = None
         if parts.username is not None:
             userinfo = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
             self.auth = "Basic " + base64.b64encode(userinfo.encode()).decode("ascii")
+
+
+class _Trailing(Exception):
+    """Raised inside a parser callback to stop at bytes after a complete response."""
 
 
 class _Connection(asyncio.Protocol):
@@ -85,6 +105,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.reused = False
+        self.reused_after_idle = False
         self._parser = httptools.HttpResponseParser(self)
         self._reset()
 
@@ -93,6 +114,9 @@ class _Connection(asyncio.Protocol):
     def _reset(self) -> None:
         self.status = 0
         self.header_pairs: list[tuple[bytes, bytes]] = []
+        self._header_bytes = 0
+        self._interim = False
+        self._draining: asyncio.TimerHandle | None = None
         self.headers_done = False
         self.complete = False
         self.keep_alive = False
@@ -114,9 +138,18 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.received_any = True
         self._last_data_at = self._pool.loop.time()
+        if self.complete:
+            self.keep_alive = False  # bytes after a complete response: never reuse it
+            return
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(UpstreamFailure("read", "the upstream switched protocols"))
+            self.close()
         except httptools.HttpParserError:
+            if self.complete:  # junk or a second response after this one: not ours
+                self.keep_alive = False
+                return
             self._fail(UpstreamFailure("read", "the upstream sent a malformed HTTP response"))
             self.close()
 
@@ -135,15 +168,33 @@ class _Connection(asyncio.Protocol):
 
     # --- httptools callbacks --------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self.complete:
+            raise _Trailing  # a second response after ours (RFC 9112 9.3.2: no pipelining)
+
+    def on_status(self, status: bytes) -> None:
+        self._count_head(len(status))
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
         self.header_pairs.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # interim (100 Continue, 103 Early Hints): skip it
+            self._interim = True
+            self.header_pairs = []
+            return
+        self.status = status
         self.headers_done = True
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self._draining is not None:
+            self._buffered += len(body)
+            if self._buffered > DRAIN_BYTES:
+                self.close()
+            return
         self._body.append(body)
         self._buffered += len(body)
         if self._buffered > HIGH_WATER_BYTES and not self._paused and self.transport is not None:
@@ -152,8 +203,16 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         self.complete = True
         self.keep_alive = self._parser.should_keep_alive()
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
+            self.finished()
+            return
         self._wake()
 
     # --- used by H1Pool and H1Response ---------------------------------------------------
@@ -194,27 +253,56 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self._cancel_timer()
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
         if self.transport is not None and not self.closed:
             self.closed = True
             self.transport.abort()
         self._pool.forget(self)
 
     def finished(self) -> None:
-        """The response is done with: keep the connection for the next one, or close it."""
+        """The response is done with: keep the connection for the next one, or close it.
+
+        A body whose end has not arrived yet gets :data:`DRAIN_SECONDS` and
+        :data:`DRAIN_BYTES` to end (discarded) before the connection is closed."""
         self._cancel_timer()
-        if self.complete and self.keep_alive and self.error is None and not self.closed:
-            self._pool.keep(self)
+        if self.closed or self.error is not None:
+            self.close()
+        elif self.complete:
+            if self.keep_alive and not self._pool.retired:
+                if self._paused and self.transport is not None:
+                    self._paused = False
+                    self.transport.resume_reading()
+                self._pool.keep(self)
+            else:
+                self.close()
+        elif self.headers_done and self._draining is None and not self._close_delimited():
+            self._body.clear()
+            self._buffered = 0
+            if self._paused and self.transport is not None:
+                self._paused = False
+                self.transport.resume_reading()
+            self._draining = self._pool.loop.call_later(DRAIN_SECONDS, self.close)
         else:
             self.close()
 
     def headers(self) -> Headers:
-        headers = Headers()
+        fields: dict[str, list[str]] = {}
         for raw_name, raw_value in self.header_pairs:
-            name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+            fields.setdefault(raw_name.decode("latin-1").lower(), []).append(raw_value.decode("latin-1"))
+        headers = Headers()
+        for name, values in fields.items():
+            headers[name] = values[0] if len(values) == 1 else ", ".join(values)
         return headers
 
     # --- internals ------------------------------------------------------------------------
+
+    def _count_head(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > MAX_HEADER_BYTES or len(self.header_pairs) >= MAX_HEADER_FIELDS:
+            self._fail(UpstreamFailure("read", "the upstream's response headers are too large"))
+            raise _Trailing  # stop parsing; data_received closes the connection
 
     def _close_delimited(self) -> bool:
         for name, value in self.header_pairs:
@@ -286,10 +374,10 @@ class H1Response:
         while True:
             if conn.has_body():
                 return conn.take_body()
-            if conn.error is not None:
-                raise conn.error
             if conn.complete:
                 raise StopAsyncIteration
+            if conn.error is not None:
+                raise conn.error
             await conn.wait()
 
     async def aread(self) -> bytes:
@@ -327,6 +415,7 @@ class H1Pool:
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._targets: dict[str, _Target] = {}
         self._all: set[_Connection] = set()
+        self.retired = False
 
     async def post(
         self, *, url: str, payload: bytes, headers: dict[str, str], read_timeout_seconds: float | None
@@ -351,7 +440,12 @@ class H1Pool:
                     await conn.wait()
             except UpstreamFailure as failure:
                 conn.close()
-                if attempt == 1 and failure.kind == "read" and conn.reused and not conn.received_any:
+                if (
+                    attempt == 1
+                    and failure.kind == "read"
+                    and conn.reused_after_idle
+                    and not conn.received_any
+                ):
                     continue  # the upstream closed an idle connection as we wrote to it
                 raise
             except BaseException:
@@ -392,6 +486,7 @@ class H1Pool:
                 conn.close()
                 continue
             conn.reused = True
+            conn.reused_after_idle = now - conn.idle_since >= RETRY_IDLE_SECONDS
             return conn
         return None
 
@@ -399,6 +494,7 @@ class H1Pool:
         """Close the longest-idle connection, if any (frees a slot)."""
         oldest: _Connection | None = None
         for idle in self._idle.values():
+            idle[:] = [conn for conn in idle if not conn.closed]
             if idle and (oldest is None or idle[0].idle_since < oldest.idle_since):
                 oldest = idle[0]
         if oldest is None:
@@ -449,6 +545,15 @@ class H1Pool:
             if not waiter.done():
                 waiter.set_result(None)
                 return
+
+    def retire(self) -> None:
+        """A newer pool took over (a reload): close the idle connections now and each
+        busy one when its response is done."""
+        self.retired = True
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
 
     def close(self) -> None:
         """Close every connection."""

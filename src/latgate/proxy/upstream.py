@@ -186,6 +186,12 @@ class UpstreamClient:
             connect=self._timeout.connect, read=read_seconds, write=read_seconds, pool=self._timeout.pool
         )
 
+    def retire(self) -> None:
+        """A reload replaced this client: idle upstream connections close now, busy ones
+        when their response is done (requests in flight finish on it)."""
+        if self._h1 is not None:
+            self._h1.retire()
+
     async def aclose(self) -> None:
         await self._client.aclose()
         if self._h1 is not None:
