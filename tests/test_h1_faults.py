@@ -24,7 +24,7 @@ from h1_upstreams import (
     serving,
 )
 
-from latgate.proxy import h1
+from latgate.proxy import h1conn
 from latgate.proxy.errors import UpstreamFailure
 
 
@@ -216,7 +216,7 @@ def test_response_headers_beyond_a_sane_size_are_refused(headers: bytes) -> None
 
 
 def test_a_complete_response_left_unread_does_not_poison_its_connection() -> None:
-    body = b"x" * (h1.HIGH_WATER_BYTES + 1)  # the read that crosses the high-water mark ends the body
+    body = b"x" * (h1conn.HIGH_WATER_BYTES + 1)  # the read that crosses the high-water mark ends the body
 
     async def scenario() -> None:
         async with serving(

@@ -40,7 +40,7 @@ from stack import gateway
 
 from latgate.app import create_app
 from latgate.config import load_config
-from latgate.proxy import h1
+from latgate.proxy import h1, h1conn
 
 
 @pytest.fixture
@@ -389,7 +389,7 @@ def test_a_stream_whose_terminator_lags_its_done_keeps_its_connection(
 ) -> None:
     # The terminator is sent once the client has read [DONE], through two threads: give
     # the drain ample time so the outcome never depends on how busy the machine is.
-    monkeypatch.setattr(h1, "DRAIN_SECONDS", 10.0)
+    monkeypatch.setattr(h1conn, "DRAIN_SECONDS", 10.0)
     with stack_on(terminator_on_release) as (up, v1, app):
         for _ in range(3):
             with httpx.stream("POST", v1 + "/chat/completions", json=STREAM, timeout=15) as response:

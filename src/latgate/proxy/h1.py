@@ -1,5 +1,6 @@
 """latgate's own HTTP/1.1 upstream client: a keep-alive connection pool on asyncio
-protocols, responses parsed by httptools (llhttp, the parser Node.js uses).
+protocols (each connection and its response: :mod:`latgate.proxy.h1conn`, parsed by
+httptools, the llhttp parser Node.js uses).
 
 Why not aiohttp or httpx here: measured with ``benchmarks/overhead.py`` on this
 project's 2-core machines, aiohttp's client was ~31% of a proxied request's CPU (its
@@ -25,15 +26,13 @@ import asyncio
 import base64
 import collections
 import ssl
-from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-import httptools
-
 from latgate.proxy.errors import UpstreamFailure
+from latgate.proxy.h1conn import H1Connection, H1Response, Headers
 
-#: Pause reading from an upstream when this many body bytes wait for the client.
-HIGH_WATER_BYTES = 256 * 1024
+__all__ = ["H1Pool", "H1Response", "Headers"]
+
 #: An idle pooled connection older than this is closed, not reused (upstreams such as
 #: uvicorn close idle keep-alive connections after 5 s).
 KEEPALIVE_SECONDS = 4.0
@@ -42,27 +41,6 @@ KEEPALIVE_SECONDS = 4.0
 #: likely closed it as idle while we wrote. A connection that dies right after reading a
 #: request on a busy connection may have been processing it (a duplicate generation).
 RETRY_IDLE_SECONDS = 1.0
-#: Response head limits (aiohttp's are 8190 bytes a line, 32k fields; llhttp has none).
-MAX_HEADER_BYTES = 64 * 1024
-MAX_HEADER_FIELDS = 256
-#: When a response is closed before its end arrived (a stream's chunked terminator often
-#: follows ``[DONE]`` in a separate write), wait this long and this much for the end,
-#: then keep the connection; otherwise close it.
-DRAIN_SECONDS = 0.05
-DRAIN_BYTES = 64 * 1024
-
-
-class Headers(dict[str, str]):
-    """Response headers by lower-case name (repeated fields joined with ``", "``, RFC
-    9110 section 5.3); ``get`` and ``[]`` accept any case."""
-
-    __slots__ = ()
-
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
-        return dict.get(self, name.lower(), default)
-
-    def __getitem__(self, name: str) -> str:
-        return dict.__getitem__(self, name.lower())
 
 
 class _Target:
@@ -91,309 +69,6 @@ class _Target:
             self.auth = "Basic " + base64.b64encode(userinfo.encode()).decode("ascii")
 
 
-class _Trailing(Exception):
-    """Raised inside a parser callback to stop at bytes after a complete response."""
-
-
-class _Connection(asyncio.Protocol):
-    """One upstream TCP (or TLS) connection and the response being read on it."""
-
-    def __init__(self, pool: H1Pool, key: tuple[str, str, int]) -> None:
-        self._pool = pool
-        self.key = key
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self.idle_since = 0.0
-        self.reused = False
-        self.reused_after_idle = False
-        self._parser = httptools.HttpResponseParser(self)
-        self._reset()
-
-    # --- per response state ---------------------------------------------------------------
-
-    def _reset(self) -> None:
-        self.status = 0
-        self.header_pairs: list[tuple[bytes, bytes]] = []
-        self._header_bytes = 0
-        self._interim = False
-        self._draining: asyncio.TimerHandle | None = None
-        self.headers_done = False
-        self.complete = False
-        self.keep_alive = False
-        self.received_any = False
-        self.error: UpstreamFailure | None = None
-        self._body: collections.deque[bytes] = collections.deque()
-        self._buffered = 0
-        self._paused = False
-        self._waiter: asyncio.Future[None] | None = None
-        self._read_timeout: float | None = None
-        self._last_data_at = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-
-    # --- asyncio.Protocol -----------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.received_any = True
-        self._last_data_at = self._pool.loop.time()
-        if self.complete:
-            self.keep_alive = False  # bytes after a complete response: never reuse it
-            return
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(UpstreamFailure("read", "the upstream switched protocols"))
-            self.close()
-        except httptools.HttpParserError:
-            if self.complete:  # junk or a second response after this one: not ours
-                self.keep_alive = False
-                return
-            self._fail(UpstreamFailure("read", "the upstream sent a malformed HTTP response"))
-            self.close()
-
-    def eof_received(self) -> bool:
-        return False  # close the transport; connection_lost follows
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._pool.forget(self)
-        if self.headers_done and not self.complete and self._close_delimited():
-            self.complete = True  # RFC 9112 6.3: the body ends where the connection does
-            self.keep_alive = False
-            self._wake()
-        elif not self.complete:
-            self._fail(UpstreamFailure("read", "upstream closed the connection"))
-
-    # --- httptools callbacks --------------------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        if self.complete:
-            raise _Trailing  # a second response after ours (RFC 9112 9.3.2: no pipelining)
-
-    def on_status(self, status: bytes) -> None:
-        self._count_head(len(status))
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_head(len(name) + len(value))
-        self.header_pairs.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        status = self._parser.get_status_code()
-        if 100 <= status < 200:  # interim (100 Continue, 103 Early Hints): skip it
-            self._interim = True
-            self.header_pairs = []
-            return
-        self.status = status
-        self.headers_done = True
-        self._wake()
-
-    def on_body(self, body: bytes) -> None:
-        if self._draining is not None:
-            self._buffered += len(body)
-            if self._buffered > DRAIN_BYTES:
-                self.close()
-            return
-        self._body.append(body)
-        self._buffered += len(body)
-        if self._buffered > HIGH_WATER_BYTES and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
-        self._wake()
-
-    def on_message_complete(self) -> None:
-        if self._interim:
-            self._interim = False
-            return
-        self.complete = True
-        self.keep_alive = self._parser.should_keep_alive()
-        if self._draining is not None:
-            self._draining.cancel()
-            self._draining = None
-            self.finished()
-            return
-        self._wake()
-
-    # --- used by H1Pool and H1Response ---------------------------------------------------
-
-    def send(self, data: bytes, read_timeout_seconds: float | None) -> None:
-        self._reset()
-        self._parser = httptools.HttpResponseParser(self)
-        self._read_timeout = read_timeout_seconds
-        self._last_data_at = self._pool.loop.time()
-        assert self.transport is not None
-        self.transport.write(data)
-
-    async def wait(self) -> None:
-        """Until something changes (headers, body bytes, end, failure) or the read
-        timeout passes in silence (then ``error`` is set)."""
-        loop = self._pool.loop
-        self._waiter = waiter = loop.create_future()
-        if self._read_timeout is not None and self._timer is None:
-            self._last_data_at = max(self._last_data_at, loop.time())
-            self._timer = loop.call_at(self._last_data_at + self._read_timeout, self._check_silence)
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-
-    def take_body(self) -> bytes:
-        body = self._body
-        data = body.popleft() if len(body) == 1 else b"".join(body)
-        body.clear()
-        self._buffered = 0
-        if self._paused and self.transport is not None and not self.closed:
-            self._paused = False
-            self.transport.resume_reading()
-        return data
-
-    def has_body(self) -> bool:
-        return bool(self._body)
-
-    def close(self) -> None:
-        self._cancel_timer()
-        if self._draining is not None:
-            self._draining.cancel()
-            self._draining = None
-        if self.transport is not None and not self.closed:
-            self.closed = True
-            self.transport.abort()
-        self._pool.forget(self)
-
-    def finished(self) -> None:
-        """The response is done with: keep the connection for the next one, or close it.
-
-        A body whose end has not arrived yet gets :data:`DRAIN_SECONDS` and
-        :data:`DRAIN_BYTES` to end (discarded) before the connection is closed."""
-        self._cancel_timer()
-        if self.closed or self.error is not None:
-            self.close()
-        elif self.complete:
-            if self.keep_alive and not self._pool.retired:
-                if self._paused and self.transport is not None:
-                    self._paused = False
-                    self.transport.resume_reading()
-                self._pool.keep(self)
-            else:
-                self.close()
-        elif self.headers_done and self._draining is None and not self._close_delimited():
-            self._body.clear()
-            self._buffered = 0
-            if self._paused and self.transport is not None:
-                self._paused = False
-                self.transport.resume_reading()
-            self._draining = self._pool.loop.call_later(DRAIN_SECONDS, self.close)
-        else:
-            self.close()
-
-    def headers(self) -> Headers:
-        fields: dict[str, list[str]] = {}
-        for raw_name, raw_value in self.header_pairs:
-            fields.setdefault(raw_name.decode("latin-1").lower(), []).append(raw_value.decode("latin-1"))
-        headers = Headers()
-        for name, values in fields.items():
-            headers[name] = values[0] if len(values) == 1 else ", ".join(values)
-        return headers
-
-    # --- internals ------------------------------------------------------------------------
-
-    def _count_head(self, size: int) -> None:
-        self._header_bytes += size
-        if self._header_bytes > MAX_HEADER_BYTES or len(self.header_pairs) >= MAX_HEADER_FIELDS:
-            self._fail(UpstreamFailure("read", "the upstream's response headers are too large"))
-            raise _Trailing  # stop parsing; data_received closes the connection
-
-    def _close_delimited(self) -> bool:
-        for name, value in self.header_pairs:
-            lowered = name.lower()
-            if lowered == b"content-length" or (
-                lowered == b"transfer-encoding" and b"chunked" in value.lower()
-            ):
-                return False
-        return True
-
-    def _fail(self, failure: UpstreamFailure) -> None:
-        if self.error is None:
-            self.error = failure
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _check_silence(self) -> None:
-        self._timer = None
-        if self._waiter is None or self._read_timeout is None:
-            return  # nobody waits: the client, not the upstream, is slow
-        due = self._last_data_at + self._read_timeout
-        if self._pool.loop.time() >= due:
-            self._fail(UpstreamFailure("timeout", "upstream timed out"))
-            self.close()
-        else:
-            self._timer = self._pool.loop.call_at(due, self._check_silence)
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
-class H1Response:
-    """An upstream response whose status and headers arrived; the body streams.
-
-    The slice of ``httpx.Response`` the forwarder reads: ``status_code``, ``headers``
-    (:class:`Headers`), ``aiter_raw()`` (the body as it arrives, dechunked, undecoded),
-    ``aread()``, ``aclose()`` (must be called: it returns the connection to the pool or
-    closes it).
-    """
-
-    __slots__ = ("_conn", "_done", "headers", "status_code")
-
-    def __init__(self, conn: _Connection) -> None:
-        self._conn = conn
-        self._done = False
-        self.status_code = conn.status
-        self.headers = conn.headers()
-
-    def aiter_raw(self) -> H1Response:
-        return self
-
-    def __aiter__(self) -> H1Response:
-        return self
-
-    async def __anext__(self) -> bytes:
-        """The next body bytes (all that arrived since the last call).
-
-        Raises:
-            StopAsyncIteration: the body is complete.
-            UpstreamFailure: the connection broke, timed out or sent a malformed body.
-        """
-        conn = self._conn
-        while True:
-            if conn.has_body():
-                return conn.take_body()
-            if conn.complete:
-                raise StopAsyncIteration
-            if conn.error is not None:
-                raise conn.error
-            await conn.wait()
-
-    async def aread(self) -> bytes:
-        """The whole body.
-
-        Raises:
-            UpstreamFailure: as :meth:`__anext__`.
-        """
-        return b"".join([chunk async for chunk in self])
-
-    async def aclose(self) -> None:
-        if not self._done:
-            self._done = True
-            self._conn.finished()
-
-
 class H1Pool:
     """Keep-alive HTTP/1.1 connections to every upstream, at most ``max_connections``.
 
@@ -411,10 +86,10 @@ class H1Pool:
         self._ssl = ssl_context
         self._max = max_connections
         self._open = 0
-        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._idle: dict[tuple[str, str, int], list[H1Connection]] = {}
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._targets: dict[str, _Target] = {}
-        self._all: set[_Connection] = set()
+        self._all: set[H1Connection] = set()
         self.retired = False
 
     async def post(
@@ -454,7 +129,7 @@ class H1Pool:
             return H1Response(conn)
         raise AssertionError("unreachable")
 
-    async def _acquire(self, target: _Target) -> _Connection:
+    async def _acquire(self, target: _Target) -> H1Connection:
         """An idle connection to ``target``'s origin, else a new one; at the limit, an
         idle connection to another origin is closed, or the wait is for one to be
         released (bounded by the connect timeout)."""
@@ -475,7 +150,7 @@ class H1Pool:
                 raise UpstreamFailure("timeout", "upstream timed out") from None
         return await self._connect(target)
 
-    def _idle_connection(self, key: tuple[str, str, int]) -> _Connection | None:
+    def _idle_connection(self, key: tuple[str, str, int]) -> H1Connection | None:
         idle = self._idle.get(key)
         now = self.loop.time()
         while idle:
@@ -492,7 +167,7 @@ class H1Pool:
 
     def _evict_idle(self) -> bool:
         """Close the longest-idle connection, if any (frees a slot)."""
-        oldest: _Connection | None = None
+        oldest: H1Connection | None = None
         for idle in self._idle.values():
             idle[:] = [conn for conn in idle if not conn.closed]
             if idle and (oldest is None or idle[0].idle_since < oldest.idle_since):
@@ -503,9 +178,9 @@ class H1Pool:
         oldest.close()
         return True
 
-    async def _connect(self, target: _Target) -> _Connection:
+    async def _connect(self, target: _Target) -> H1Connection:
         self._open += 1
-        conn = _Connection(self, target.key)
+        conn = H1Connection(self, target.key)
         self._all.add(conn)
         try:
             async with asyncio.timeout(self._connect_timeout):
@@ -526,13 +201,13 @@ class H1Pool:
             raise
         return conn
 
-    def keep(self, conn: _Connection) -> None:
+    def keep(self, conn: H1Connection) -> None:
         """Back to the idle list (called by a finished response)."""
         conn.idle_since = self.loop.time()
         self._idle.setdefault(conn.key, []).append(conn)
         self._wake_one()
 
-    def forget(self, conn: _Connection) -> None:
+    def forget(self, conn: H1Connection) -> None:
         """A connection closed: free its slot (idempotent)."""
         if conn in self._all:
             self._all.discard(conn)
