@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from latgate import __version__
 from latgate.api import admin, anthropic, openai, responses
-from latgate.api.body import error_response
+from latgate.api.body import ProxyRequest, error_response
 from latgate.api.openapi_doc import openapi_endpoint
 from latgate.auth import AuthGuard
 from latgate.config.schema import Config
@@ -68,7 +68,7 @@ class LatgateApp:
             path = scope["path"]
             handler = self._hot.get(path if path[-1:] != "/" else path.rstrip("/"))
             if handler is not None:
-                request = Request(scope, receive)
+                request = ProxyRequest(scope, receive)
                 request.scope["app"] = self.fastapi
                 try:
                     response = await handler(request)

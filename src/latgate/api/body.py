@@ -15,6 +15,29 @@ from latgate.errors import BodyTooLarge, ClientClosedRequest, GatewayError, Inva
 T = TypeVar("T")
 
 
+class ProxyRequest(Request):
+    """A Starlette request whose ``headers`` is a plain ``dict`` of lower-case names
+    (the ASGI spec lower-cases them; a repeated field keeps its first value, as
+    Starlette's ``Headers.get`` does).
+
+    Why: routing, auth and the request id look up about ten headers per proxied
+    request, most of them absent; Starlette's ``Headers`` finds each by a linear scan
+    and an absent one through a ``KeyError`` (~1 µs each), a dict in ~0.05 µs.
+    """
+
+    @property
+    def headers(self) -> dict[str, str]:  # type: ignore[override]
+        headers = self.__dict__.get("_plain_headers")
+        if headers is None:
+            headers = {}
+            for name, value in self.scope["headers"]:
+                key = name.decode("latin-1")
+                if key not in headers:
+                    headers[key] = value.decode("latin-1")
+            self.__dict__["_plain_headers"] = headers
+        return headers
+
+
 async def read_json_object(request: Request, *, max_bytes: int) -> dict[str, Any]:
     """The request body as a JSON object, read at most ``max_bytes`` bytes.
 
