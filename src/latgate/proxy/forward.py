@@ -28,14 +28,13 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from starlette.background import BackgroundTask
-from starlette.responses import Response
 
 from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, UpstreamUnavailable
 from latgate.metrics import Metrics
 from latgate.providers import EndpointState, ProviderPool, ProviderRuntime, Ticket
 from latgate.providers.selection import RoutePlan, Selector
+from latgate.proxy.answer import Answer
 from latgate.proxy.exchange import Exchange
 from latgate.proxy.failures import (
     NO_FIRST_TOKEN,
@@ -103,7 +102,7 @@ class Forwarder:
         :mod:`latgate.proxy.transform`); without it the answer passes through.
 
         Returns:
-            an ASGI response: a :class:`StreamRelay` for streams, else a ``Response``.
+            an ASGI response: a :class:`StreamRelay` for streams, else an :class:`Answer`.
 
         Raises:
             GatewayError: every candidate failed; the last failure (its upstream status
@@ -383,7 +382,7 @@ class Forwarder:
         transform: ResponseTransform | None,
         *,
         ticket: Ticket,
-    ) -> Response:
+    ) -> Answer:
         """A non-streamed answer: read it whole, take its usage, rewrite the model name."""
         content_type = response.headers.get("content-type", "")
         if content_type.startswith("text/html"):  # a login page or a proxy's notice, not an answer
@@ -408,11 +407,11 @@ class Forwarder:
         exchange.status = 200
         if transform is not None:
             data = transform.complete(data)
-        headers = dict(self._headers(exchange, response.headers.get("content-type", "application/json"), raw=False))
+        headers = self._headers(exchange, response.headers.get("content-type", "application/json"))
         # Finished once the body was handed to the server (e2e includes writing it).
-        return Response(content=data, status_code=200, headers=headers, background=BackgroundTask(exchange.finish_after_send, self._metrics))
+        return Answer(body=data, headers=headers, on_sent=lambda: exchange.finish(self._metrics))
 
-    def _headers(self, exchange: Exchange, content_type: str, *, raw: bool = True) -> Any:
+    def _headers(self, exchange: Exchange, content_type: str) -> list[tuple[bytes, bytes]]:
         pairs = [("content-type", media_type(content_type))]
         if exchange.stream:  # no caching or proxy buffering of an event stream
             pairs += [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
@@ -430,8 +429,6 @@ class Forwarder:
         candidates = exchange.extra.get("route_candidates")
         if candidates:
             pairs.append(("x-latgate-route-candidates", candidates))
-        if not raw:
-            return pairs
         return [(k.encode(), v.encode("latin-1", "replace")) for k, v in pairs]
 
     def _record_decode(self, endpoint: EndpointState, exchange: Exchange, tap: StreamTap) -> None:
