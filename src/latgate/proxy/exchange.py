@@ -8,16 +8,14 @@ log line. Times are ``time.perf_counter()`` seconds.
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from latgate.logs import access_log
 from latgate.metrics import Metrics
-
-access_log = logging.getLogger("latgate.access")
 
 #: requests_total ``code`` for a client that went away before the response ended (nginx's).
 CLIENT_CLOSED = 499
@@ -87,7 +85,7 @@ class Exchange:
                 completion_tokens=self.completion_tokens,
                 decode_seconds=decode,
             )
-        if access_log.isEnabledFor(logging.INFO):
+        if access_log.enabled():
             ttft = None if self.first_token_at is None else round((self.first_token_at - self.received_at) * 1000, 3)
             line = {
                 "request_id": self.request_id,
@@ -106,4 +104,4 @@ class Exchange:
                 "ttft_ms": ttft,
                 "e2e_ms": round(e2e * 1000, 3),
             }
-            access_log.info(orjson.dumps(line).decode())
+            access_log.write(orjson.dumps(line).decode())
