@@ -77,11 +77,14 @@ class Ticket:
         succeeded: the endpoint answered it (set by :meth:`ProviderPool.record_outcome`).
         budget_deadline: its first-token deadline came from the request's budget: missing
             it is a latency verdict (the censored TTFT), not an error of the endpoint.
+        sent_at: the pool clock's reading when it was sent (its entry in the
+            endpoint's ``starts``).
     """
 
     prompt_tokens: int
     queue_ms: float
     started_at: float
+    sent_at: float = 0.0
     first_token_ms: float | None = None
     censored: bool = False
     trial: bool = False
@@ -236,37 +239,43 @@ class ProviderPool:
         prompt_tokens: int = 0,
         queue_ms: float = 0.0,
     ) -> AsyncIterator[Ticket]:
-        """Count a request in flight on ``endpoint`` for as long as the block runs.
+        """Count a request in flight on ``endpoint`` for as long as the block runs
+        (:meth:`begin` then :meth:`end`). Yields the attempt's :class:`Ticket`."""
+        ticket = self.begin(provider, endpoint, prompt_tokens=prompt_tokens, queue_ms=queue_ms)
+        try:
+            yield ticket
+        finally:
+            self.end(provider, endpoint, ticket)
 
-        Yields the attempt's :class:`Ticket`. On exit: a censored attempt teaches the
-        TTFT fit a lower bound; an answered one, how long it held a batch slot.
-        """
-        gauge = self._metrics.in_flight_gauge(provider.name)
+    def begin(self, provider: ProviderRuntime, endpoint: EndpointState, *, prompt_tokens: int = 0, queue_ms: float = 0.0) -> Ticket:
+        """Count an attempt in flight on ``endpoint`` from now; :meth:`end` must follow
+        (the forwarder calls it from the attempt's exit stack, a plain callback: cheaper
+        per request than an async context manager)."""
         ticket = Ticket(prompt_tokens=prompt_tokens, queue_ms=queue_ms, started_at=time.perf_counter())
         if self.breaker.state(endpoint.key) == HALF_OPEN:
             ticket.trial = True
             self.take_trial(endpoint)
-        sent_at = self.clock()
+        ticket.sent_at = sent_at = self.clock()
         endpoint.starts.append(sent_at)
         endpoint.in_flight += 1
         endpoint.requests += 1
-        gauge.inc()
-        try:
-            yield ticket
-        finally:
-            endpoint.starts.remove(sent_at)
-            endpoint.in_flight -= 1
-            gauge.dec()
-            if ticket.trial:
-                endpoint.trial_until = 0.0
-            elapsed_ms = (time.perf_counter() - ticket.started_at) * 1000.0
-            if ticket.first_token_ms is None and ticket.censored:
-                endpoint.predictor.observe_at_least(
-                    prompt_tokens=prompt_tokens, ttft_ms=elapsed_ms - queue_ms
-                )
-                self._judge_latency(provider, endpoint, ticket, elapsed_ms, censored=True)
-            elif ticket.succeeded:
-                endpoint.observe_slot((elapsed_ms - queue_ms) / 1000.0)
+        self._metrics.in_flight_gauge(provider.name).inc()
+        return ticket
+
+    def end(self, provider: ProviderRuntime, endpoint: EndpointState, ticket: Ticket) -> None:
+        """The attempt is over: a censored one teaches the TTFT fit a lower bound; an
+        answered one, how long it held a batch slot."""
+        endpoint.starts.remove(ticket.sent_at)
+        endpoint.in_flight -= 1
+        self._metrics.in_flight_gauge(provider.name).dec()
+        if ticket.trial:
+            endpoint.trial_until = 0.0
+        elapsed_ms = (time.perf_counter() - ticket.started_at) * 1000.0
+        if ticket.first_token_ms is None and ticket.censored:
+            endpoint.predictor.observe_at_least(prompt_tokens=ticket.prompt_tokens, ttft_ms=elapsed_ms - ticket.queue_ms)
+            self._judge_latency(provider, endpoint, ticket, elapsed_ms, censored=True)
+        elif ticket.succeeded:
+            endpoint.observe_slot((elapsed_ms - ticket.queue_ms) / 1000.0)
 
     def record_first_token(
         self, provider: ProviderRuntime, endpoint: EndpointState, ticket: Ticket, *, ttft_ms: float

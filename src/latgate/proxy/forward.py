@@ -252,9 +252,8 @@ class Forwarder:
             self._pool.release(endpoint)
         queue_ms = endpoint.queue_ms(self._pool.clock())  # before this attempt counts in flight
         predicted_ms = queue_ms + endpoint.predictor.predict_ms(plan.prompt_tokens)
-        ticket = await stack.enter_async_context(
-            self._pool.in_flight(provider, endpoint, prompt_tokens=plan.prompt_tokens, queue_ms=queue_ms)
-        )
+        ticket = self._pool.begin(provider, endpoint, prompt_tokens=plan.prompt_tokens, queue_ms=queue_ms)
+        stack.callback(self._pool.end, provider, endpoint, ticket)
         handed_off = False
         try:
             headers = upstream_headers(auth=provider.auth_headers, request_id=exchange.request_id, stream=exchange.stream)
