@@ -158,6 +158,7 @@ class Router:
         }
         self._serving_known = {public: self._compute_serving(public) for public in known}
         self._overflow_known: dict[tuple[str, str], tuple[Target, ...]] = {}
+        self._fallbacks_known: dict[tuple[str, str, str], tuple[tuple[Target, ...], tuple[str, ...]]] = {}
         # providers where prefix affinity can act: a prefix cache and a choice of endpoints
         self._affine = frozenset(
             name
@@ -356,7 +357,20 @@ class Router:
                 return name, "model"
         return next(iter(serving)), "model"
 
-    def _fallbacks(self, primary: Target, public: str, notes: list[str]) -> list[Target]:
+    def _fallbacks(self, primary: Target, public: str, notes: list[str]) -> tuple[Target, ...]:
+        """The primary's fallbacks, with notes for those skipped (memoised for configured
+        model names: they depend on the config only)."""
+        key = (primary.provider, primary.model, public)
+        known = self._fallbacks_known.get(key)
+        if known is None:
+            found: list[str] = []
+            known = (tuple(self._compute_fallbacks(primary, public, found)), tuple(found))
+            if public in self._serving_known:
+                self._fallbacks_known[key] = known
+        notes.extend(known[1])
+        return known[0]
+
+    def _compute_fallbacks(self, primary: Target, public: str, notes: list[str]) -> list[Target]:
         reason = f"fallback:{primary.provider}"
         model_config = self._config.models.get(public)
         fallback_model = model_config.fallback_model if model_config is not None else None
@@ -379,7 +393,6 @@ class Router:
             if (primary.provider, upstream) not in seen:
                 targets.append(Target(primary.provider, upstream, reason, fallback_model))
         return targets
-
 
     def _overflow(self, primary: Target, public: str) -> tuple[Target, ...]:
         """The primary's fallbacks then the other providers serving ``public`` (memoised
