@@ -38,7 +38,6 @@ machine, best of 7 ``timeit`` runs), of which 1.5-2.5 µs is token estimation.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from latgate.config.errors import ConfigError
@@ -48,76 +47,15 @@ from latgate.errors import InvalidRequest, NotFound
 from latgate.routing.headers import budget_header, debug_header, flag_header
 from latgate.routing.models import upstream_model
 from latgate.routing.policies.prefix_affinity import client_affinity_key
+from latgate.routing.targets import RouteDecision, Target
 from latgate.routing.tokens import ExactTokenizer, TokenizerError, estimate_prompt_tokens
+
+__all__ = ["RouteDecision", "Router", "Target"]
 
 _EXACT_COUNT_BAND = 4
 """The exact tokenizer runs only when the estimate is within this factor of the
 threshold: the estimate is never off by that much on real text, and exact counting of
 a long prompt costs milliseconds."""
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """One provider to try.
-
-    Attributes:
-        provider: the provider name.
-        model: the model name sent upstream to this provider.
-        reason: the route reason: the decision's reason for the primary,
-            ``fallback:FROM`` for fallbacks.
-        fallback_model: the public name of the requested model's ``fallback_model``
-            when this target serves that instead of the requested model (reported as
-            ``X-Latgate-Fallback-Model``), else None.
-    """
-
-    provider: str
-    model: str
-    reason: str
-    fallback_model: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RouteDecision:
-    """Where a request goes and why.
-
-    Attributes:
-        provider, model, reason: the primary target (``model`` as sent upstream).
-        public_model: the model name the client asked for (responses carry it).
-        prompt_tokens: the prompt size routing used (estimate, or exact count when the
-            long-context provider has a ``tokenizer``).
-        latency_sensitive: the request was marked latency-sensitive by any means.
-        budget_ms: time-to-first-token budget in ms: the header's, else the policy's,
-            else ``latency_threshold_ms`` for latency-sensitive requests, else None.
-        policy: the route policy in effect (None when none or unknown).
-        hedge: the policy asks for hedged requests.
-        candidates: ``candidates[0]`` is the primary, then fallbacks in order.
-        notes: why rules or names were skipped, for logs and ``latgate route``.
-        overflow: where the request may go instead of the primary when the primary is
-            predicted to miss ``budget_ms`` (empty without a budget or unless the
-            strategy is ``latgate``).
-        strategy: ``routing.strategy``.
-        explain: the client asked for the candidates considered (``X-Latgate-Debug: 1``).
-        affinity_key: a hash of the client's explicit cache key (``prompt_cache_key``
-            or a session header), which prefix affinity uses instead of the prompt's
-            prefix; None when there is none, or when no provider the request may go to
-            has ``enable_prefix_cache`` and several endpoints (under strategy ``latgate``).
-    """
-
-    provider: str
-    model: str
-    public_model: str
-    reason: str
-    prompt_tokens: int
-    latency_sensitive: bool
-    budget_ms: int | None
-    policy: str | None
-    hedge: bool
-    candidates: tuple[Target, ...]
-    notes: tuple[str, ...]
-    overflow: tuple[Target, ...] = ()
-    strategy: str = "latgate"
-    explain: bool = False
-    affinity_key: int | None = None
 
 
 class Router:
