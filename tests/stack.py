@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from replay import ReplayScript, ReplayServer, replay_server
+from servers import serve_app
 
 from latgate.app import create_app
 from latgate.config import load_config_text
 from latgate.config.schema import Config
 from latgate.sim import SimApp, SimOptions, create_sim_app
-from servers import serve_app
 
 FAST = dict(tpot_ms=0.5, tpot_growth_ms=0.0, ttft_overhead_ms=1.0, default_max_tokens=16)
 
@@ -39,6 +41,31 @@ def gateway(config_text: str, *, env: Mapping[str, str] | None = None) -> Iterat
     app = create_app(config, env=env)
     with serve_app(app) as url:
         yield Stack(url=url, config=config, app=app)
+
+
+ONE_UPSTREAM_TEMPLATE = """
+[defaults]
+timeout_sec = 10
+connect_timeout_sec = 2
+max_retries = 0
+
+[providers.up]
+api_base = "{base}"
+"""
+
+
+def one_upstream_config(api_base: str) -> str:
+    """A config (TOML) whose only provider, ``up``, is at ``api_base``: no retries, a 10 s
+    read timeout and a 2 s connect timeout."""
+    return ONE_UPSTREAM_TEMPLATE.format(base=api_base)
+
+
+@contextlib.contextmanager
+def replay_gateway(script: ReplayScript | Sequence[ReplayScript]) -> Iterator[tuple[ReplayServer, Stack]]:
+    """A replay upstream answering with ``script`` and a gateway in front of it
+    (:func:`one_upstream_config`): ``(upstream, gateway stack)``."""
+    with replay_server(script) as upstream, gateway(one_upstream_config(upstream.base_url)) as stack:
+        yield upstream, stack
 
 
 @contextlib.contextmanager

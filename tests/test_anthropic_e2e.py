@@ -12,8 +12,8 @@ import httpx
 import orjson
 import pydantic
 import pytest
-from replay import ReplayScript, ReplayServer, load_expect, load_stream, replay_server
-from stack import FAST, Stack, demo_stack, gateway, simulators
+from replay import ReplayScript, ReplayServer, load_expect, load_stream
+from stack import FAST, Stack, demo_stack, gateway, one_upstream_config, replay_gateway, simulators
 
 from latgate.sim import SimOptions
 
@@ -24,16 +24,6 @@ WEATHER = {
 }
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 CLAUDE = "claude-sonnet-4-5"
-
-REPLAY_CONFIG = """
-[defaults]
-timeout_sec = 10
-connect_timeout_sec = 2
-max_retries = 0
-
-[providers.up]
-api_base = "{base}"
-"""
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +43,7 @@ def sdk(url: str, **options) -> anthropic.Anthropic:
 
 @contextlib.contextmanager
 def replayed(script: ReplayScript | list[ReplayScript]) -> Iterator[tuple[ReplayServer, anthropic.Anthropic]]:
-    with replay_server(script) as upstream, gateway(REPLAY_CONFIG.format(base=upstream.base_url)) as gw:
+    with replay_gateway(script) as (upstream, gw):
         yield upstream, sdk(gw.url)
 
 
@@ -400,7 +390,7 @@ def test_upstream_rate_limit_is_a_rate_limit_error_with_retry_hints() -> None:
 
 
 def test_unreachable_upstream_is_an_api_error_without_its_address() -> None:
-    with gateway(REPLAY_CONFIG.format(base="http://127.0.0.1:9/v1")) as gw:
+    with gateway(one_upstream_config("http://127.0.0.1:9/v1")) as gw:
         r = httpx.post(gw.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": ASK})
     assert r.status_code == 502
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "api_error"

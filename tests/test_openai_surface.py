@@ -14,8 +14,8 @@ import openai
 import orjson
 import pytest
 from openapi import validate
-from replay import ReplayScript, ReplayServer, load_expect, load_stream, replay_server
-from stack import FAST, Stack, demo_stack, gateway, simulators
+from replay import ReplayScript, ReplayServer, load_expect, load_stream
+from stack import FAST, Stack, demo_stack, gateway, replay_gateway, simulators
 
 from latgate.sim import SimOptions
 
@@ -29,16 +29,6 @@ WEATHER = {
 }
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
-REPLAY_CONFIG = """
-[defaults]
-timeout_sec = 10
-connect_timeout_sec = 2
-max_retries = 0
-
-[providers.up]
-api_base = "{base}"
-"""
-
 
 @pytest.fixture(scope="module")
 def demo() -> Iterator[Stack]:
@@ -51,7 +41,7 @@ def replayed(
     script: ReplayScript | list[ReplayScript], *, max_retries: int = 0
 ) -> Iterator[tuple[ReplayServer, openai.OpenAI]]:
     """A replay upstream behind a gateway (which does not retry), and an openai client for it."""
-    with replay_server(script) as upstream, gateway(REPLAY_CONFIG.format(base=upstream.base_url)) as gw:
+    with replay_gateway(script) as (upstream, gw):
         yield upstream, openai.OpenAI(base_url=gw.v1, api_key="k", max_retries=max_retries)
 
 
