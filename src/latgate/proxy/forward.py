@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import orjson
 
 from latgate.config.schema import Config
-from latgate.errors import GatewayError, InvalidRequest, UpstreamUnavailable
+from latgate.errors import GatewayError, UpstreamUnavailable
 from latgate.metrics import Metrics
 from latgate.providers import EndpointState, ProviderPool, ProviderRuntime, Ticket
 from latgate.providers.selection import RoutePlan, Selector
@@ -49,6 +48,7 @@ from latgate.proxy.relay import StreamRelay
 from latgate.proxy.sse import StreamTap
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure, upstream_errors, upstream_headers
+from latgate.proxy.wire import client_headers, model_rewrite, tap_drop, upstream_payload
 from latgate.routing.decision import RouteDecision, Target
 
 BACKOFF_BASE_SECONDS = 0.05
@@ -137,7 +137,7 @@ class Forwarder:
             if previous is not None:
                 self._metrics.record_fallback(from_provider=previous, to_provider=target.provider)
             previous = target.provider
-            payload = self._payload(body, target, provider, stream=exchange.stream, path=path)
+            payload = upstream_payload(body, target, provider, stream=exchange.stream, path=path)
             exchange.extra["fallback_model"] = target.fallback_model
             for attempt in range(max_retries + 1):
                 if attempt:
@@ -164,25 +164,6 @@ class Forwarder:
             if isinstance(last, GatewayError) and last.status < 500 and last.status not in RETRYABLE_STATUSES | PROVIDER_AUTH_STATUSES:
                 break  # the client's own mistake: another provider would say the same
         raise last
-
-    def _payload(
-        self, body: dict[str, Any], target: Target, provider: ProviderRuntime, *, stream: bool, path: str
-    ) -> bytes:
-        """The upstream body: the client's, with the upstream model, the provider's
-        ``extra_body`` fields the client did not set, and usage asked for on streams
-        (not on ``/responses``, whose streams always end with their usage)."""
-        out = dict(body)
-        out["model"] = target.model
-        for key, value in provider.config.extra_body.items():
-            out.setdefault(key, value)
-        if stream and path != "/responses" and tap_drop(body):
-            options = dict(out.get("stream_options") or {})
-            options["include_usage"] = True
-            out["stream_options"] = options
-        try:
-            return orjson.dumps(out)
-        except orjson.JSONEncodeError as exc:  # parsed, but cannot be re-encoded (e.g. nested too deep)
-            raise InvalidRequest(f"request body cannot be forwarded: {exc}") from None
 
     async def _hedged(
         self,
@@ -216,7 +197,7 @@ class Forwarder:
             runtime = self._pool[now.target.provider]
             self._metrics.record_hedge(provider=runtime.name)
             sent.append(runtime.name)
-            copy = payload if now.target == target else self._payload(body, now.target, runtime, stream=True, path=path)
+            copy = payload if now.target == target else upstream_payload(body, now.target, runtime, stream=True, path=path)
             return self._attempt(
                 exchange, decision, plan, now.target, runtime, now.endpoint, copy, body, path, transform, last_attempt=False, race=race
             )
@@ -245,7 +226,7 @@ class Forwarder:
         exchange.provider, exchange.endpoint = provider.name, endpoint.config.id
         exchange.upstream_model, exchange.reason = target.model, target.reason
         exchange.attempts += 1
-        tap = StreamTap(drop_usage_chunk=tap_drop(body), model_rewrite=_rewrite(body, target)) if exchange.stream else None
+        tap = StreamTap(drop_usage_chunk=tap_drop(body), model_rewrite=model_rewrite(body, target)) if exchange.stream else None
         stack = contextlib.AsyncExitStack()
         if plan.reserved and endpoint is plan.endpoint:  # counted in flight from here on
             plan.reserved = False
@@ -359,7 +340,7 @@ class Forwarder:
         if transform is not None:
             content_type = transform.stream_content_type
         return StreamRelay(
-            headers=self._headers(exchange, content_type),
+            headers=client_headers(exchange, content_type),
             head=b"".join(head),
             head_units=units,
             body=body,
@@ -406,57 +387,12 @@ class Forwarder:
         exchange.status = 200
         if transform is not None:
             data = transform.complete(data)
-        headers = self._headers(exchange, response.headers.get("content-type", "application/json"))
+        headers = client_headers(exchange, response.headers.get("content-type", "application/json"))
         # Finished once the body was handed to the server (e2e includes writing it).
         return Answer(body=data, headers=headers, on_sent=lambda: exchange.finish(self._metrics))
-
-    def _headers(self, exchange: Exchange, content_type: str) -> list[tuple[bytes, bytes]]:
-        pairs = [("content-type", media_type(content_type))]
-        if exchange.stream:  # no caching or proxy buffering of an event stream
-            pairs += [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
-        pairs += [
-            ("x-request-id", exchange.request_id),
-            ("x-latgate-provider", exchange.provider),
-            ("x-latgate-route-reason", exchange.reason),
-            ("x-latgate-prompt-tokens", str(exchange.prompt_tokens)),
-        ]
-        if exchange.upstream_model != exchange.public_model:
-            pairs.append(("x-latgate-upstream-model", exchange.upstream_model))
-        fallback_model = exchange.extra.get("fallback_model")
-        if fallback_model:
-            pairs.append(("x-latgate-fallback-model", fallback_model))
-        candidates = exchange.extra.get("route_candidates")
-        if candidates:
-            pairs.append(("x-latgate-route-candidates", candidates))
-        return [(k.encode(), v.encode("latin-1", "replace")) for k, v in pairs]
 
     def _record_decode(self, endpoint: EndpointState, exchange: Exchange, tap: StreamTap) -> None:
         """After a stream: its decode speed, for the endpoint's live numbers."""
         if exchange.first_token_at is not None and exchange.last_token_at is not None:
             seconds = exchange.last_token_at - exchange.first_token_at
             self._pool.record_decode(endpoint, tokens=tap.content_chunks, seconds=seconds)
-
-
-_MEDIA_TYPE = re.compile(r"[a-z0-9!#$&^_.+-]{1,64}/[a-z0-9!#$&^_.+-]{1,64}")
-
-
-def media_type(content_type: str) -> str:
-    """The upstream's media type without parameters (an upstream's parameters can echo
-    anything, a key included; JSON and SSE are UTF-8 by definition: RFC 8259, the HTML
-    standard's event streams); ``application/octet-stream`` when it is not one."""
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media if _MEDIA_TYPE.fullmatch(media) else "application/octet-stream"
-
-
-def tap_drop(body: dict[str, Any]) -> bool:
-    """True when the client did not ask for usage on its stream (latgate asks instead and
-    keeps the usage-only chunk from the client)."""
-    options = body.get("stream_options")
-    return not (isinstance(options, dict) and options.get("include_usage"))
-
-
-def _rewrite(body: dict[str, Any], target: Target) -> tuple[str, str] | None:
-    public = body.get("model")
-    if isinstance(public, str) and public != target.model:
-        return (target.model, public)
-    return None

@@ -1,0 +1,90 @@
+"""What latgate sends on the wire around a proxied request: the upstream body, the
+client's response headers, and the per-stream edits the SSE tap makes (usage asked for
+on the client's behalf, the model name rewritten back to an alias)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from latgate.errors import InvalidRequest
+from latgate.providers.pool import ProviderRuntime
+from latgate.proxy.exchange import Exchange
+from latgate.routing.targets import Target
+
+
+def upstream_payload(
+    body: dict[str, Any], target: Target, provider: ProviderRuntime, *, stream: bool, path: str
+) -> bytes:
+    """The upstream body: the client's, with the upstream model, the provider's
+    ``extra_body`` fields the client did not set, and usage asked for on streams
+    (not on ``/responses``, whose streams always end with their usage).
+
+    Raises:
+        InvalidRequest: the body was parsed but cannot be re-encoded (400).
+    """
+    out = dict(body)
+    out["model"] = target.model
+    for key, value in provider.config.extra_body.items():
+        out.setdefault(key, value)
+    if stream and path != "/responses" and tap_drop(body):
+        options = dict(out.get("stream_options") or {})
+        options["include_usage"] = True
+        out["stream_options"] = options
+    try:
+        return orjson.dumps(out)
+    except orjson.JSONEncodeError as exc:  # parsed, but cannot be re-encoded (e.g. nested too deep)
+        raise InvalidRequest(f"request body cannot be forwarded: {exc}") from None
+
+
+def client_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, bytes]]:
+    """The response headers latgate sends its client (encoded): the upstream's media
+    type, no caching for streams, and where the request went (DESIGN.md, "Response
+    headers")."""
+    pairs = [("content-type", media_type(content_type))]
+    if exchange.stream:  # no caching or proxy buffering of an event stream
+        pairs += [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
+    pairs += [
+        ("x-request-id", exchange.request_id),
+        ("x-latgate-provider", exchange.provider),
+        ("x-latgate-route-reason", exchange.reason),
+        ("x-latgate-prompt-tokens", str(exchange.prompt_tokens)),
+    ]
+    if exchange.upstream_model != exchange.public_model:
+        pairs.append(("x-latgate-upstream-model", exchange.upstream_model))
+    fallback_model = exchange.extra.get("fallback_model")
+    if fallback_model:
+        pairs.append(("x-latgate-fallback-model", fallback_model))
+    candidates = exchange.extra.get("route_candidates")
+    if candidates:
+        pairs.append(("x-latgate-route-candidates", candidates))
+    return [(k.encode(), v.encode("latin-1", "replace")) for k, v in pairs]
+
+
+_MEDIA_TYPE = re.compile(r"[a-z0-9!#$&^_.+-]{1,64}/[a-z0-9!#$&^_.+-]{1,64}")
+
+
+def media_type(content_type: str) -> str:
+    """The upstream's media type without parameters (an upstream's parameters can echo
+    anything, a key included; JSON and SSE are UTF-8 by definition: RFC 8259, the HTML
+    standard's event streams); ``application/octet-stream`` when it is not one."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media if _MEDIA_TYPE.fullmatch(media) else "application/octet-stream"
+
+
+def tap_drop(body: dict[str, Any]) -> bool:
+    """True when the client did not ask for usage on its stream (latgate asks instead and
+    keeps the usage-only chunk from the client)."""
+    options = body.get("stream_options")
+    return not (isinstance(options, dict) and options.get("include_usage"))
+
+
+def model_rewrite(body: dict[str, Any], target: Target) -> tuple[str, str] | None:
+    """``(served, public)`` when the client asked for another name than the one sent
+    upstream (an alias): streamed chunks are rewritten back to the client's name."""
+    public = body.get("model")
+    if isinstance(public, str) and public != target.model:
+        return (target.model, public)
+    return None
