@@ -9,6 +9,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from completions import CHAT_BODY, chat_completion, proxied_posts
 from replay import ReplayScript, replay_server
 from stack import gateway
 
@@ -17,15 +18,7 @@ from latgate.config.schema import AuthConfig, AuthKey
 from latgate.errors import AuthenticationFailed, PermissionDenied
 from latgate.state import MemoryState
 
-COMPLETION = {
-    "id": "c1",
-    "object": "chat.completion",
-    "created": 0,
-    "model": "m",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-}
-BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+COMPLETION = chat_completion()
 TEAM_B_SHA = hashlib.sha256(b"sk-team-b").hexdigest()
 
 CONFIG = """
@@ -62,11 +55,6 @@ admin = true
 ENV = {"TEAM_A_KEY": "sk-team-a", "FAST_KEY": "upstream-secret"}
 
 
-def posts(server) -> int:
-    """Requests the upstream got that were proxied (active health probes are GETs)."""
-    return sum(1 for r in server.requests if r.method == "POST")
-
-
 def auth_config(base: str) -> str:
     return CONFIG.format(base=base, team_b_sha=TEAM_B_SHA)
 
@@ -82,18 +70,18 @@ def served():
 
 def test_request_without_a_key_gets_401_in_the_openai_envelope_and_never_goes_upstream(served) -> None:
     gw, upstream = served
-    before = posts(upstream)
-    r = httpx.post(gw.v1 + "/chat/completions", json=BODY)
+    before = proxied_posts(upstream)
+    r = httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY)
     assert r.status_code == 401
     assert r.json()["error"]["type"] == "authentication_error"
     assert r.json()["error"]["code"] == "missing_api_key"
     assert r.headers["www-authenticate"].startswith("Bearer")
-    assert posts(upstream) == before
+    assert proxied_posts(upstream) == before
 
 
 def test_unknown_key_gets_401_and_the_key_is_not_echoed(served) -> None:
     gw, _ = served
-    r = httpx.post(gw.v1 + "/chat/completions", json=BODY, headers={"Authorization": "Bearer sk-guess-1234"})
+    r = httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY, headers={"Authorization": "Bearer sk-guess-1234"})
     assert r.status_code == 401
     assert r.json()["error"]["code"] == "invalid_api_key"
     assert "sk-guess" not in r.text and "1234" not in r.text
@@ -110,7 +98,7 @@ def test_unknown_key_gets_401_and_the_key_is_not_echoed(served) -> None:
 )
 def test_key_stored_as_sha256_is_accepted_as_bearer_or_x_api_key(served, headers) -> None:
     gw, _ = served
-    r = httpx.post(gw.v1 + "/chat/completions", json=BODY, headers=headers)
+    r = httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY, headers=headers)
     assert r.status_code == 200
 
 
@@ -118,7 +106,7 @@ def test_client_key_is_never_forwarded_upstream_and_the_provider_gets_its_own(se
     gw, upstream = served
     r = httpx.post(
         gw.v1 + "/chat/completions",
-        json=BODY,
+        json=CHAT_BODY,
         headers={"Authorization": "Bearer sk-team-a", "x-api-key": "sk-team-a"},
     )
     assert r.status_code == 200 and r.headers["x-latgate-provider"] == "fast"
@@ -130,9 +118,9 @@ def test_client_key_is_never_forwarded_upstream_and_the_provider_gets_its_own(se
 
 def test_model_outside_the_keys_allow_list_gets_403_naming_the_param(served) -> None:
     gw, upstream = served
-    before = posts(upstream)
+    before = proxied_posts(upstream)
     r = httpx.post(
-        gw.v1 + "/chat/completions", json={**BODY, "model": "n"}, headers={"x-api-key": "sk-team-a"}
+        gw.v1 + "/chat/completions", json={**CHAT_BODY, "model": "n"}, headers={"x-api-key": "sk-team-a"}
     )
     assert r.status_code == 403
     error = r.json()["error"]
@@ -142,18 +130,18 @@ def test_model_outside_the_keys_allow_list_gets_403_naming_the_param(served) -> 
         and error["code"] == "model_not_allowed"
     )
     assert "team-a" in error["message"]
-    assert posts(upstream) == before
+    assert proxied_posts(upstream) == before
 
 
 def test_keys_policy_is_the_default_route_policy_and_a_header_still_overrides_it(served) -> None:
     gw, _ = served
     key = {"Authorization": "Bearer sk-team-a"}
-    r = httpx.post(gw.v1 + "/chat/completions", json=BODY, headers=key)
+    r = httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY, headers=key)
     assert (r.headers["x-latgate-provider"], r.headers["x-latgate-route-reason"]) == (
         "fast",
         "policy:interactive",
     )
-    other = httpx.post(gw.v1 + "/chat/completions", json=BODY, headers={"Authorization": "Bearer sk-team-b"})
+    other = httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY, headers={"Authorization": "Bearer sk-team-b"})
     assert (other.headers["x-latgate-provider"], other.headers["x-latgate-route-reason"]) == (
         "slow",
         "default",
@@ -185,19 +173,19 @@ def test_model_list_needs_a_key(served) -> None:
 def test_openai_sdk_with_a_gateway_key_works_and_a_wrong_key_raises_authentication_error(served) -> None:
     gw, _ = served
     ok = openai.OpenAI(base_url=gw.v1, api_key="sk-team-b", max_retries=0)
-    assert ok.chat.completions.create(model="m", messages=BODY["messages"]).choices[0].message.content == "ok"
+    assert ok.chat.completions.create(model="m", messages=CHAT_BODY["messages"]).choices[0].message.content == "ok"
     bad = openai.OpenAI(base_url=gw.v1, api_key="sk-nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
-        bad.chat.completions.create(model="m", messages=BODY["messages"])
+        bad.chat.completions.create(model="m", messages=CHAT_BODY["messages"])
 
 
 def test_anthropic_messages_route_checks_the_key_and_answers_in_its_own_envelope(served) -> None:
     gw, _ = served
-    r = httpx.post(gw.v1 + "/messages", json={"model": "m", "max_tokens": 5, "messages": BODY["messages"]})
+    r = httpx.post(gw.v1 + "/messages", json={"model": "m", "max_tokens": 5, "messages": CHAT_BODY["messages"]})
     assert r.status_code == 401
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "authentication_error"
     client = anthropic.Anthropic(base_url=gw.url, api_key="sk-team-b", max_retries=0)
-    message = client.messages.create(model="m", max_tokens=5, messages=BODY["messages"])
+    message = client.messages.create(model="m", max_tokens=5, messages=CHAT_BODY["messages"])
     assert message.content[0].text == "ok"
 
 
@@ -208,7 +196,7 @@ def test_without_an_auth_section_no_key_is_needed_and_no_guard_exists() -> None:
         gateway(text.format(base=upstream.base_url)) as gw,
     ):
         assert gw.app.state.gateway.guard is None
-        assert httpx.post(gw.v1 + "/chat/completions", json=BODY).status_code == 200
+        assert httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY).status_code == 200
         assert httpx.get(gw.url + "/admin/providers").status_code == 200
 
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import trustme
 import uvicorn
+from completions import CHAT_BODY, chat_completion
 from replay import ReplayScript, load_stream, replay_server, split_points
 from servers import listening_socket
 from stack import FAST, gateway
@@ -27,15 +28,7 @@ from latgate.lifecycle import uvicorn_config
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
 from latgate.sim import SimOptions, create_sim_app
 
-BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-COMPLETION = {
-    "id": "c",
-    "object": "chat.completion",
-    "created": 0,
-    "model": "m",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-}
+COMPLETION = chat_completion()
 SECRET = "sk-upstream-9f8e7d6c5b4a"
 
 
@@ -111,7 +104,7 @@ def test_oversized_request_heads_get_431_in_the_openai_envelope(
 
 
 def test_ordinary_heads_with_large_bodies_pass_on_a_kept_alive_connection(latgate_port: int) -> None:
-    content = json.dumps({**BODY, "pad": "x" * 200_000}).encode()
+    content = json.dumps({**CHAT_BODY, "pad": "x" * 200_000}).encode()
     with httpx.Client(base_url=f"http://127.0.0.1:{latgate_port}") as client:
         headers = {f"x-h{i}": "v" * 200 for i in range(40)}
         for _ in range(3):
@@ -161,7 +154,7 @@ def test_no_upstream_key_internal_url_or_traceback_in_responses_or_logs(
         port = upstream.base_url.split(":")[2].split("/")[0]
         text = f'[defaults]\nmax_retries = 0\n\n[providers.up]\napi_base = "{upstream.base_url}"\napi_key_env = "UP_KEY"\n'
         with gateway(text, env={"UP_KEY": SECRET}) as gw:
-            r = httpx.post(gw.v1 + "/chat/completions", json={**BODY, "stream": stream})
+            r = httpx.post(gw.v1 + "/chat/completions", json={**CHAT_BODY, "stream": stream})
             metrics = httpx.get(gw.url + "/metrics").text
             providers = httpx.get(gw.url + "/admin/providers").text
         assert upstream.requests[0].header("authorization") == f"Bearer {SECRET}"  # the key did go upstream
@@ -208,7 +201,7 @@ def tls_simulator() -> Iterator[tuple[str, trustme.CA]]:
 def test_upstream_tls_is_verified_by_default() -> None:
     with tls_simulator() as (origin, _ca):
         with gateway(f'[defaults]\nmax_retries = 0\n\n[providers.tls]\napi_base = "{origin}/v1"\n') as gw:
-            r = httpx.post(gw.v1 + "/chat/completions", json=BODY)
+            r = httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY)
             assert r.status_code == 502
             assert r.json()["error"]["code"] == "upstream_unavailable"
 
@@ -221,7 +214,7 @@ def test_upstream_tls_is_verified_by_default() -> None:
             try:
                 response = await client.open(
                     url=origin + "/v1/chat/completions",
-                    payload=json.dumps(BODY).encode(),
+                    payload=json.dumps(CHAT_BODY).encode(),
                     headers={"content-type": "application/json"},
                 )
                 await response.aread()
@@ -259,8 +252,8 @@ CLIENT_HEADERS = {
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/responses"])
 def test_hop_by_hop_headers_cookies_and_client_credentials_never_go_upstream(path: str) -> None:
     bodies = {
-        "/v1/chat/completions": BODY,
-        "/v1/messages": {"model": "m", "max_tokens": 5, "messages": BODY["messages"]},
+        "/v1/chat/completions": CHAT_BODY,
+        "/v1/messages": {"model": "m", "max_tokens": 5, "messages": CHAT_BODY["messages"]},
         "/v1/responses": {"model": "m", "input": "hi"},
     }
     with replay_server(
@@ -310,7 +303,7 @@ def test_oversized_bodies_get_413_with_the_limit_declared_or_streamed() -> None:
                 content=iter([b"x" * 600, b"x" * 600, b"x" * 600]),
                 headers={"content-type": "application/json"},
             )
-            fits = httpx.post(gw.v1 + "/chat/completions", json=BODY)
+            fits = httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY)
         assert sum(1 for r in upstream.requests if r.method == "POST") == 1
     assert (
         declared.status_code == 413

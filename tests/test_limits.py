@@ -8,6 +8,7 @@ import json
 
 import httpx
 import pytest
+from completions import CHAT_BODY, chat_completion, proxied_posts
 from replay import ReplayScript, replay_server
 from stack import gateway
 
@@ -16,32 +17,12 @@ from latgate.errors import GatewayError, RateLimited
 from latgate.state import MemoryState, Quota, StateUnavailable
 
 
-def posts(server) -> int:
-    """Requests the upstream got that were proxied (active health probes are GETs)."""
-    return sum(1 for r in server.requests if r.method == "POST")
-
-
 class FakeClock:
     def __init__(self) -> None:
         self.now = 1000.0
 
     def __call__(self) -> float:
         return self.now
-
-
-def completion(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {
-        "id": "c",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "m",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
 
 
 def stream_with_usage(prompt_tokens: int, completion_tokens: int) -> bytes:
@@ -62,7 +43,6 @@ def stream_with_usage(prompt_tokens: int, completion_tokens: int) -> bytes:
     return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
 
-BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 KEY = {"Authorization": "Bearer sk-a"}
 
 
@@ -174,19 +154,19 @@ def test_memory_state_charges_all_quotas_or_none() -> None:
 
 
 def test_third_request_over_an_rpm_of_2_gets_429_with_retry_after_and_never_goes_upstream() -> None:
-    with replay_server(ReplayScript.json_response(200, completion(3, 1))) as upstream:
+    with replay_server(ReplayScript.json_response(200, chat_completion(prompt_tokens=3, completion_tokens=1))) as upstream:
         with gateway(limited_config(upstream.base_url, rpm=2)) as gw:
             codes = [
-                httpx.post(gw.v1 + "/chat/completions", json=BODY, headers=KEY).status_code for _ in range(2)
+                httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY, headers=KEY).status_code for _ in range(2)
             ]
-            r = httpx.post(gw.v1 + "/chat/completions", json=BODY, headers=KEY)
+            r = httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY, headers=KEY)
         assert codes == [200, 200]
         assert r.status_code == 429
         error = r.json()["error"]
         assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"
         assert 1 <= int(r.headers["retry-after"]) <= 30
         assert r.headers["x-should-retry"] == "true"
-        assert posts(upstream) == 2
+        assert proxied_posts(upstream) == 2
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -196,9 +176,9 @@ def test_tpm_is_corrected_from_the_reported_usage(stream: bool) -> None:
     script = (
         ReplayScript.sse(stream_with_usage(5, 95))
         if stream
-        else ReplayScript.json_response(200, completion(5, 95))
+        else ReplayScript.json_response(200, chat_completion(prompt_tokens=5, completion_tokens=95))
     )
-    body = {**BODY, "stream": stream}
+    body = {**CHAT_BODY, "stream": stream}
     with replay_server(script) as upstream, gateway(limited_config(upstream.base_url, tpm=150)) as gw:
         codes = []
         for _ in range(3):
@@ -216,7 +196,7 @@ def test_failed_requests_give_their_token_estimate_back() -> None:
         gateway(limited_config(upstream.base_url, tpm=150)) as gw,
     ):
         codes = [
-            httpx.post(gw.v1 + "/chat/completions", json={**BODY, "max_tokens": 120}, headers=KEY).status_code
+            httpx.post(gw.v1 + "/chat/completions", json={**CHAT_BODY, "max_tokens": 120}, headers=KEY).status_code
             for _ in range(4)
         ]
     assert codes == [400, 400, 400, 400]  # never 429: each ~130-token estimate came back
@@ -227,13 +207,13 @@ def test_unreachable_redis_fails_open_quickly_by_default_and_closed_when_configu
     try:
         port = silent.getsockname()[1]
         state = f'\n[state]\nredis_url = "redis://127.0.0.1:{port}/0"\nredis_timeout_ms = 100\n'
-        with replay_server(ReplayScript.json_response(200, completion(3, 1))) as upstream:
+        with replay_server(ReplayScript.json_response(200, chat_completion(prompt_tokens=3, completion_tokens=1))) as upstream:
             with gateway(limited_config(upstream.base_url, rpm=5) + state) as gw:
-                r = httpx.post(gw.v1 + "/chat/completions", json=BODY, headers=KEY, timeout=5)
+                r = httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY, headers=KEY, timeout=5)
                 assert r.status_code == 200
                 assert r.elapsed.total_seconds() < 2
             with gateway(limited_config(upstream.base_url, rpm=5) + state + "fail_open = false\n") as gw:
-                r = httpx.post(gw.v1 + "/chat/completions", json=BODY, headers=KEY, timeout=5)
+                r = httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY, headers=KEY, timeout=5)
                 assert r.status_code == 503
                 assert r.json()["error"]["code"] == "rate_limit_state_unavailable"
                 assert str(port) not in r.text

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from completions import CHAT_BODY, chat_completion, proxied_posts
 from redis.asyncio import Redis
 from redisd import redis_server
 from replay import ReplayScript, replay_server
@@ -23,21 +24,8 @@ from latgate.metrics import Metrics
 from latgate.proxy.upstream import UpstreamClient
 from latgate.state import MemoryState, Quota, RedisState, StateUnavailable
 
-COMPLETION = {
-    "id": "c",
-    "object": "chat.completion",
-    "created": 0,
-    "model": "m",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-}
-BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+COMPLETION = chat_completion()
 KEY = {"Authorization": "Bearer sk-a"}
-
-
-def posts(server) -> int:
-    """Requests the upstream got that were proxied (active health probes are GETs)."""
-    return sum(1 for r in server.requests if r.method == "POST")
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +59,11 @@ def test_rpm_holds_across_two_replicas_sharing_redis(flushed) -> None:
         text = config_text(upstream.base_url, flushed, rpm=3)
         with gateway(text) as one, gateway(text) as two:
             codes = [
-                httpx.post(gw.v1 + "/chat/completions", json=BODY, headers=KEY).status_code
+                httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY, headers=KEY).status_code
                 for gw in (one, two, one, two, one)
             ]
     assert codes == [200, 200, 200, 429, 429]
-    assert posts(upstream) == 3
+    assert proxied_posts(upstream) == 3
 
 
 def test_concurrent_charges_from_many_replicas_never_exceed_the_limit(flushed) -> None:
@@ -243,8 +231,8 @@ def test_limits_survive_a_config_reload(flushed, tmp_path: Path) -> None:
 
         with serve_app(create_app(load_config(path))) as url:
             assert [
-                httpx.post(url + "/v1/chat/completions", json=BODY, headers=KEY).status_code for _ in range(2)
+                httpx.post(url + "/v1/chat/completions", json=CHAT_BODY, headers=KEY).status_code for _ in range(2)
             ] == [200, 200]
             reload = httpx.post(url + "/admin/reload", headers={"Authorization": "Bearer sk-ops"})
             assert reload.status_code == 200
-            assert httpx.post(url + "/v1/chat/completions", json=BODY, headers=KEY).status_code == 429
+            assert httpx.post(url + "/v1/chat/completions", json=CHAT_BODY, headers=KEY).status_code == 429
