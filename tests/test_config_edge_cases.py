@@ -15,6 +15,7 @@ import httpx
 import pytest
 from replay import ReplayScript, replay_server
 from stack import gateway
+from tokenizer_file import whitespace_tokenizer
 
 from latgate import cli, server
 from latgate.config import ConfigError, config_warnings, load_config, load_config_text, resolve_config_path
@@ -41,16 +42,6 @@ def _error(text: str, env: dict[str, str] | None = None) -> ConfigError:
     with pytest.raises(ConfigError) as caught:
         _load(text, env)
     return caught.value
-
-
-def _whitespace_tokenizer(path: Path) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.train_from_iterator(["hello world"], trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
-    tokenizer.save(str(path))
-    return path
 
 
 # --- tokenizer: `check` and `serve` agree ------------------------------------------------
@@ -81,7 +72,7 @@ def test_serve_reports_an_unloadable_tokenizer_in_one_line_without_traceback(tmp
 
 
 def test_a_relative_tokenizer_path_is_loaded_from_the_config_files_folder(tmp_path: Path, monkeypatch) -> None:
-    _whitespace_tokenizer(tmp_path / "tok.json")
+    whitespace_tokenizer(tmp_path / "tok.json")
     cfg = tmp_path / "c.toml"
     cfg.write_text(PROVIDER + 'tokenizer = "tok.json"\n')
     monkeypatch.chdir(tmp_path.parent)

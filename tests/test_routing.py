@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tokenizer_file import whitespace_tokenizer
 
 from latgate.config import load_config
 from latgate.config.errors import ConfigError
@@ -392,18 +393,8 @@ def test_a_fallback_model_reached_through_an_implicit_alias_is_still_reported() 
 # -- exact tokenizer ----------------------------------------------------------------
 
 
-def _whitespace_tokenizer(path: Path) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.train_from_iterator(["hello world"], trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
-    tokenizer.save(str(path))
-    return path
-
-
 def test_long_context_comparison_uses_the_providers_exact_tokenizer(tmp_path: Path) -> None:
-    path = _whitespace_tokenizer(tmp_path / "tokenizer.json")
+    path = whitespace_tokenizer(tmp_path / "tokenizer.json")
     prompt = "测试" * 600  # estimate 1,200 tokens; one unknown "word" to this tokenizer
     rules: dict[str, Any] = {"long_context_threshold": 1000, "long_context_provider": "big"}
     estimated = Router(_config(_provider("slow"), _provider("big"), **rules)).decide(_chat(prompt), {})
