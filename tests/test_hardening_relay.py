@@ -14,6 +14,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from replay import load_expect, load_stream, split_bytes, stream_fixture_names
+from sse_tap import tap_pieces
 
 from latgate.metrics import Metrics
 from latgate.proxy.exchange import Exchange
@@ -35,24 +36,14 @@ def split_stream(draw: st.DrawFn, names: Sequence[str] = CLEAN) -> tuple[str, li
     return name, split_bytes(body, cuts)
 
 
-def tap_all(pieces: list[bytes], tap: StreamTap) -> tuple[bytes, int]:
-    out, units = [], 0
-    for piece in pieces:
-        data, n = tap.feed(piece)
-        out.append(data)
-        units += n
-    data, n = tap.flush()
-    return b"".join([*out, data]), units + n
-
-
 @PROPERTY
 @given(split_stream(names=stream_fixture_names()))
 def test_tap_forwards_the_same_bytes_and_counts_for_any_split(case: tuple[str, list[bytes]]) -> None:
     name, pieces = case
     whole_tap = StreamTap()
-    whole, whole_units = tap_all([b"".join(pieces)], whole_tap)
+    whole, whole_units = tap_pieces([b"".join(pieces)], whole_tap)
     tap = StreamTap()
-    forwarded, units = tap_all(pieces, tap)
+    forwarded, units = tap_pieces(pieces, tap)
     assert forwarded == whole
     assert units == whole_units == tap.content_chunks == load_expect(name).content_chunks
     assert (tap.usage, tap.done, tap.error) == (whole_tap.usage, whole_tap.done, whole_tap.error)
@@ -73,8 +64,8 @@ def test_tap_edits_give_the_same_events_for_any_split(
     # the SSE tap's owner); the events a client sees must not.
     _, pieces = case
     options = {"drop_usage_chunk": drop_usage, "model_rewrite": ("sim-model", "public-name")}
-    whole, _ = tap_all([b"".join(pieces)], StreamTap(**options))
-    forwarded, _ = tap_all(pieces, StreamTap(**options))
+    whole, _ = tap_pieces([b"".join(pieces)], StreamTap(**options))
+    forwarded, _ = tap_pieces(pieces, StreamTap(**options))
     assert sse_events(forwarded) == sse_events(whole)
 
 

@@ -8,19 +8,9 @@ import pytest
 
 from latgate.proxy.sse import StreamTap
 from tests.replay import load_expect, load_stream, split_bytes, split_points, stream_fixture_names
+from tests.sse_tap import tap_pieces
 
 SPLITS = ["events", "bytes", "utf8", "crlf", "random"]
-
-
-def relay(pieces: list[bytes], tap: StreamTap) -> tuple[bytes, int]:
-    out, units = [], 0
-    for piece in pieces:
-        data, n = tap.feed(piece)
-        out.append(data)
-        units += n
-    data, n = tap.flush()
-    out.append(data)
-    return b"".join(out), units + n
 
 
 @pytest.mark.parametrize("how", SPLITS)
@@ -29,7 +19,7 @@ def test_any_split_forwards_the_same_bytes_and_counts(name: str, how: str) -> No
     body = load_stream(name)
     expect = load_expect(name)
     tap = StreamTap()
-    forwarded, units = relay(split_bytes(body, split_points(body, how, seed=7)), tap)
+    forwarded, units = tap_pieces(split_bytes(body, split_points(body, how, seed=7)), tap)
     if expect.error is None:
         assert forwarded == body
     else:  # an error event is never forwarded as is (the relay sends a redacted one)
@@ -48,7 +38,7 @@ def test_any_split_forwards_the_same_bytes_and_counts(name: str, how: str) -> No
 def test_random_splits_of_a_crlf_stream_are_stable(seed: int) -> None:
     body = load_stream("vllm_chat_crlf")
     tap = StreamTap()
-    forwarded, units = relay(split_bytes(body, split_points(body, "random", seed=seed, count=40)), tap)
+    forwarded, units = tap_pieces(split_bytes(body, split_points(body, "random", seed=seed, count=40)), tap)
     assert forwarded == body
     assert units == load_expect("vllm_chat_crlf").content_chunks
 
@@ -56,7 +46,7 @@ def test_random_splits_of_a_crlf_stream_are_stable(seed: int) -> None:
 def test_usage_chunk_latgate_asked_for_is_kept_from_the_client() -> None:
     body = load_stream("vllm_chat")
     tap = StreamTap(drop_usage_chunk=True)
-    forwarded, _ = relay(split_bytes(body, split_points(body, "bytes")), tap)
+    forwarded, _ = tap_pieces(split_bytes(body, split_points(body, "bytes")), tap)
     assert b'"choices":[]' in body
     assert b'"choices":[]' not in forwarded
     assert forwarded.endswith(b"data: [DONE]\n\n")
@@ -70,14 +60,14 @@ def test_model_name_is_rewritten_to_the_alias_the_client_asked_for() -> None:
     body = load_stream("vllm_chat")
     served = orjson.loads(body.split(b"\n\n")[0][6:])["model"]
     tap = StreamTap(model_rewrite=(served, "my-alias"))
-    forwarded, _ = relay([body], tap)
+    forwarded, _ = tap_pieces([body], tap)
     assert served.encode() not in forwarded
     assert forwarded.count(b'"model":"my-alias"') == body.count(b'"model":' + orjson.dumps(served))
 
 
 def test_role_only_and_empty_finish_chunks_are_not_content() -> None:
     tap = StreamTap()
-    _, units = relay(
+    _, units = tap_pieces(
         [
             b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n',
             b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
@@ -90,13 +80,13 @@ def test_role_only_and_empty_finish_chunks_are_not_content() -> None:
 
 def test_a_trailing_event_without_its_blank_line_is_forwarded_at_end_of_stream() -> None:
     tap = StreamTap()
-    forwarded, units = relay([b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}'], tap)
+    forwarded, units = tap_pieces([b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}'], tap)
     assert forwarded == b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}'
     assert units == 1
 
 
 def test_malformed_json_is_forwarded_but_not_counted() -> None:
     tap = StreamTap()
-    forwarded, units = relay([b"data: {not json\n\n", b"data: [DONE]\n\n"], tap)
+    forwarded, units = tap_pieces([b"data: {not json\n\n", b"data: [DONE]\n\n"], tap)
     assert forwarded == b"data: {not json\n\ndata: [DONE]\n\n"
     assert units == 0 and tap.done
