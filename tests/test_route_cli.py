@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from latgate.routing import dryrun
+from route_command import run_route
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SEED1 = FIXTURES / "seed1.with-addresses.config.toml"
@@ -22,14 +20,6 @@ def _write_body(tmp_path: Path, body: object, name: str = "request.json") -> Pat
     path = tmp_path / name
     path.write_text(json.dumps(body, ensure_ascii=False), encoding="utf-8")
     return path
-
-
-def _route(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="latgate route")
-    dryrun.add_arguments(parser)
-    code = dryrun.main(parser.parse_args(list(argv)))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_route_command_sends_seed2_long_cjk_prompt_to_sglang_tilelang(tmp_path: Path) -> None:
@@ -106,7 +96,7 @@ def test_route_headers_mark_latency_on_seed1(
         tmp_path, {"model": "glm-5.1-highspeed", "messages": [{"role": "user", "content": "hi"}]}
     )
     args = [arg for header in headers for arg in ("-H", header)]
-    code, out, _ = _route("--config", str(SEED1), *args, str(body), capsys=capsys)
+    code, out, _ = run_route("--config", str(SEED1), *args, str(body), capsys=capsys)
     decision = json.loads(out)
     assert code == 0
     assert (decision["provider"], decision["reason"], decision["endpoint"]) == (
@@ -130,7 +120,7 @@ def test_route_reads_the_body_from_stdin(
     monkeypatch.setattr(
         sys, "stdin", io.StringIO(json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
     )
-    code, out, _ = _route("--config", str(SEED2), "-", capsys=capsys)
+    code, out, _ = run_route("--config", str(SEED2), "-", capsys=capsys)
     assert code == 0
     assert json.loads(out)["model"] == "llama-3-8b-instruct"  # seed2's default_model
 
@@ -139,7 +129,7 @@ def test_route_uses_latgate_config_from_the_environment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LATGATE_CONFIG", str(SEED2))
-    code, out, _ = _route(str(_write_body(tmp_path, {"model": "qwen2.5-72b-instruct"})), capsys=capsys)
+    code, out, _ = run_route(str(_write_body(tmp_path, {"model": "qwen2.5-72b-instruct"})), capsys=capsys)
     assert code == 0 and json.loads(out)["provider"] == "taotoken"
 
 
@@ -157,23 +147,23 @@ def test_route_bad_input_is_one_error_line_and_exit_1(
 ) -> None:
     path = tmp_path / "request.json"
     path.write_text(body, encoding="utf-8")
-    code, out, err = _route("--config", str(SEED2), *argv_tail, str(path), capsys=capsys)
+    code, out, err = run_route("--config", str(SEED2), *argv_tail, str(path), capsys=capsys)
     assert code == 1 and out == ""
     assert err.startswith("latgate: error: ") and err.count("\n") == 1
     assert message in err
 
 
 def test_route_missing_files_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _route("--config", str(SEED2), str(tmp_path / "absent.json"), capsys=capsys)
+    code, _, err = run_route("--config", str(SEED2), str(tmp_path / "absent.json"), capsys=capsys)
     assert code == 1 and "absent.json: no such file" in err
     body = _write_body(tmp_path, {"model": "m"})
-    code, _, err = _route("--config", str(tmp_path / "absent.toml"), str(body), capsys=capsys)
+    code, _, err = run_route("--config", str(tmp_path / "absent.toml"), str(body), capsys=capsys)
     assert code == 1 and "absent.toml" in err and err.count("\n") == 1
 
 
 def test_route_config_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     verbatim_seed1 = FIXTURES / "seeds" / "seed1.config.toml"
-    code, out, err = _route(
+    code, out, err = run_route(
         "--config", str(verbatim_seed1), str(_write_body(tmp_path, {"model": "m"})), capsys=capsys
     )
     assert code == 1 and out == "" and err.count("\n") == 1

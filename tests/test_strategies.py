@@ -4,16 +4,15 @@ baselines) and latgate's predicted-TTFT choice and prefix affinity; explanations
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from route_command import run_route
 from stack import FAST, Stack, gateway, simulators
 
-from latgate.routing import dryrun
 from latgate.sim import SimOptions
 
 TEMPLATE = """
@@ -129,19 +128,11 @@ def test_admin_route_answers_a_bad_request_in_the_error_envelope() -> None:
         assert response.status_code == 400 and response.json()["error"]["param"] == "X-Latency-Budget-Ms"
 
 
-def route_cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="latgate route")
-    dryrun.add_arguments(parser)
-    code = dryrun.main(parser.parse_args(list(argv)))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_route_url_prints_the_running_gateways_live_decision(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     request = tmp_path / "request.json"
     request.write_text(json.dumps(body()))
     with stack("least_outstanding") as gw:
-        code, out, err = route_cli("--url", gw.url, "-H", "X-Latency-Sensitive: 1", str(request), capsys=capsys)
+        code, out, err = run_route("--url", gw.url, "-H", "X-Latency-Sensitive: 1", str(request), capsys=capsys)
     assert code == 0, err
     answer = json.loads(out)
     assert answer["strategy"] == "least_outstanding" and answer["latency_sensitive"] is True
@@ -151,7 +142,7 @@ def test_route_url_prints_the_running_gateways_live_decision(tmp_path, capsys: p
 def test_route_url_that_cannot_be_reached_is_one_error_line(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     request = tmp_path / "request.json"
     request.write_text(json.dumps(body()))
-    code, out, err = route_cli("--url", "http://127.0.0.1:9", str(request), capsys=capsys)
+    code, out, err = run_route("--url", "http://127.0.0.1:9", str(request), capsys=capsys)
     assert code == 1 and out == ""
     assert err.startswith("latgate: error: cannot reach the gateway at http://127.0.0.1:9") and err.count("\n") == 1
 
@@ -161,7 +152,7 @@ def test_route_url_names_the_missing_admin_key(tmp_path, capsys: pytest.CaptureF
     request.write_text(json.dumps(body()))
     text = '[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n[[auth.keys]]\nname = "ops"\nkey = "admin-key"\nadmin = true\n'
     with gateway(text) as gw:
-        code, _, err = route_cli("--url", gw.url, str(request), capsys=capsys)
+        code, _, err = run_route("--url", gw.url, str(request), capsys=capsys)
         assert code == 1 and "401" in err and "--api-key" in err
-        code, out, _ = route_cli("--url", gw.url, "--api-key", "admin-key", str(request), capsys=capsys)
+        code, out, _ = run_route("--url", gw.url, "--api-key", "admin-key", str(request), capsys=capsys)
         assert code == 0 and json.loads(out)["provider"] == "p"
