@@ -79,6 +79,20 @@ def simulators(options: Mapping[str, SimOptions]) -> Iterator[dict[str, tuple[st
         yield out
 
 
+def default_route_config(urls: Mapping[str, str], *, default: str) -> str:
+    """A config (TOML) with one provider per ``{name: base URL}`` (at ``<base URL>/v1``)
+    and ``default`` as the default route."""
+    providers = "".join(f'[providers.{name}]\napi_base = "{url}/v1"\n\n' for name, url in urls.items())
+    return f'{providers}[routing]\ndefault_route = "{default}"\n'
+
+
+@contextlib.contextmanager
+def simulator_urls(names: Sequence[str]) -> Iterator[dict[str, str]]:
+    """One fast simulator (:data:`FAST`) per name: ``{name: base URL}``."""
+    with simulators({name: SimOptions(name=name, **FAST) for name in names}) as running:
+        yield {name: url for name, (url, _) in running.items()}
+
+
 DEMO_TEMPLATE = """
 [defaults]
 timeout_sec = 30

@@ -11,32 +11,26 @@ import httpx
 import pytest
 from gateway_process import GatedUpstream, GatewayProcess
 from servers import serve_app
-from stack import FAST, simulators
+from stack import default_route_config, simulator_urls
 
 from latgate.app import create_app
 from latgate.config import load_config, load_config_text
 from latgate.reload import UpstreamClients
-from latgate.sim import SimOptions
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def config_text(urls: dict[str, str], *, default: str, extra: str = "") -> str:
-    providers = "".join(f'[providers.{name}]\napi_base = "{url}/v1"\n\n' for name, url in urls.items())
-    return f'{providers}[routing]\ndefault_route = "{default}"\n{extra}'
-
-
 @pytest.fixture
 def sims():
-    with simulators({name: SimOptions(name=name, **FAST) for name in ("a", "b")}) as running:
-        yield {name: url for name, (url, _) in running.items()}
+    with simulator_urls(("a", "b")) as urls:
+        yield urls
 
 
 @pytest.fixture
 def served(tmp_path, sims):
     """A gateway loaded from a config file routing to ``a`` by default: (base URL, config path, app)."""
     path = tmp_path / "config.toml"
-    path.write_text(config_text(sims, default="a"))
+    path.write_text(default_route_config(sims, default="a"))
     app = create_app(load_config(path), env={})
     with serve_app(app) as url:
         yield url, path, app
@@ -51,7 +45,7 @@ def provider_of(url: str) -> str:
 def test_reload_endpoint_swaps_in_a_valid_config(served, sims) -> None:
     url, path, _ = served
     assert provider_of(url) == "a"
-    path.write_text(config_text(sims, default="b"))
+    path.write_text(default_route_config(sims, default="b"))
     response = httpx.post(url + "/admin/reload")
     assert response.status_code == 200
     assert response.json() == {
@@ -68,7 +62,7 @@ def test_reload_endpoint_swaps_in_a_valid_config(served, sims) -> None:
 def test_reload_endpoint_rejects_an_invalid_config_with_its_reason_and_keeps_serving(served, sims) -> None:
     url, path, app = served
     before = app.state.gateway
-    path.write_text(config_text(sims, default="b").replace("default_route", "defualt_route"))
+    path.write_text(default_route_config(sims, default="b").replace("default_route", "defualt_route"))
     response = httpx.post(url + "/admin/reload")
     assert response.status_code == 400
     error = response.json()["error"]
@@ -91,7 +85,7 @@ def test_a_stream_in_flight_finishes_on_the_config_it_started_with(tmp_path, sim
     gated = GatedUpstream()
     with serve_app(gated) as gated_url:
         path = tmp_path / "config.toml"
-        path.write_text(config_text({"gated": gated_url, "b": sims["b"]}, default="gated"))
+        path.write_text(default_route_config({"gated": gated_url, "b": sims["b"]}, default="gated"))
         app = create_app(load_config(path), env={})
         with serve_app(app) as url, httpx.Client(timeout=30) as client:
             try:
@@ -101,7 +95,7 @@ def test_a_stream_in_flight_finishes_on_the_config_it_started_with(tmp_path, sim
                 stream = client.send(request, stream=True)
                 assert stream.headers["x-latgate-provider"] == "gated"
                 assert gated.started.wait(timeout=10)
-                path.write_text(config_text({"b": sims["b"]}, default="b"))
+                path.write_text(default_route_config({"b": sims["b"]}, default="b"))
                 reloaded = client.post(url + "/admin/reload").json()
                 assert reloaded["removed"] == ["gated"] and reloaded["providers"] == ["b"]
                 assert provider_of(url) == "b"
@@ -116,7 +110,7 @@ def test_a_stream_in_flight_finishes_on_the_config_it_started_with(tmp_path, sim
 def test_metrics_keep_counting_across_a_reload_and_drop_removed_endpoints(served, sims) -> None:
     url, path, _ = served
     provider_of(url)
-    path.write_text(config_text({"b": sims["b"]}, default="b"))
+    path.write_text(default_route_config({"b": sims["b"]}, default="b"))
     assert httpx.post(url + "/admin/reload").status_code == 200
     provider_of(url)
     text = httpx.get(url + "/metrics").text
@@ -128,7 +122,7 @@ def test_metrics_keep_counting_across_a_reload_and_drop_removed_endpoints(served
 
 def test_reload_that_moves_the_listen_port_says_it_needs_a_restart(served, sims) -> None:
     url, path, _ = served
-    path.write_text("[server]\nport = 8123\n" + config_text(sims, default="a"))
+    path.write_text("[server]\nport = 8123\n" + default_route_config(sims, default="a"))
     response = httpx.post(url + "/admin/reload")
     assert response.status_code == 200 and response.json()["restart_needed"] == ["server.port"]
     assert provider_of(url) == "a"
@@ -151,16 +145,16 @@ def test_upstream_client_is_kept_unless_the_default_timeouts_change() -> None:
 
 def test_sighup_reloads_a_valid_config_and_rejects_an_invalid_one(tmp_path, sims) -> None:
     path = tmp_path / "config.toml"
-    path.write_text(config_text(sims, default="a"))
+    path.write_text(default_route_config(sims, default="a"))
     gw = GatewayProcess(["--config", str(path), "--port", "0"])
     try:
         url = gw.wait_listening()
         assert provider_of(url) == "a"
-        path.write_text(config_text(sims, default="b"))
+        path.write_text(default_route_config(sims, default="b"))
         gw.signal(signal.SIGHUP)
         gw.wait_for(r"reloaded .*config\.toml: providers a, b")
         assert provider_of(url) == "b"
-        path.write_text(config_text(sims, default="c"))
+        path.write_text(default_route_config(sims, default="c"))
         gw.signal(signal.SIGHUP)
         line = gw.wait_for("reload rejected, still serving the previous config: ").string
         assert "routing.default_route" in line

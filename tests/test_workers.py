@@ -12,23 +12,16 @@ import httpx
 import pytest
 from gateway_process import GatedUpstream, GatewayProcess
 from servers import serve_app
-from stack import FAST, simulators
-
-from latgate.sim import SimOptions
+from stack import default_route_config, simulator_urls
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 WORKER_SERVING = r"worker (\d) \(pid (\d+)\) serving"
 
 
-def config_text(urls: dict[str, str], *, default: str) -> str:
-    providers = "".join(f'[providers.{name}]\napi_base = "{url}/v1"\n\n' for name, url in urls.items())
-    return f'{providers}[routing]\ndefault_route = "{default}"\n'
-
-
 @pytest.fixture
 def sims():
-    with simulators({name: SimOptions(name=name, **FAST) for name in ("a", "b")}) as running:
-        yield {name: url for name, (url, _) in running.items()}
+    with simulator_urls(("a", "b")) as urls:
+        yield urls
 
 
 def start_workers(
@@ -57,7 +50,7 @@ def requests_total(text: str, provider: str) -> float:
 
 def test_metrics_count_every_workers_requests_and_a_dead_worker_comes_back(tmp_path, sims) -> None:
     config = tmp_path / "config.toml"
-    config.write_text(config_text(sims, default="a"))
+    config.write_text(default_route_config(sims, default="a"))
     metrics_dir = tmp_path / "prom"
     gw, url, pids = start_workers(config, env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
     try:
@@ -105,7 +98,7 @@ def test_metrics_count_every_workers_requests_and_a_dead_worker_comes_back(tmp_p
 
 def test_reload_reaches_every_worker_and_a_bad_config_reaches_none(tmp_path, sims) -> None:
     config = tmp_path / "config.toml"
-    config.write_text(config_text(sims, default="a"))
+    config.write_text(default_route_config(sims, default="a"))
     gw, url, pids = start_workers(config)
 
     def wait_every_worker_reloaded(pattern: str) -> None:
@@ -114,12 +107,12 @@ def test_reload_reaches_every_worker_and_a_bad_config_reaches_none(tmp_path, sim
             reloaded.add(int(gw.wait_for(r"latgate\[(\d+)\] " + pattern).group(1)))
 
     try:
-        config.write_text(config_text(sims, default="b"))
+        config.write_text(default_route_config(sims, default="b"))
         gw.signal(signal.SIGHUP)
         gw.wait_for("SIGHUP: reloading 2 workers")
         wait_every_worker_reloaded("reloaded .*: providers a, b")
 
-        config.write_text(config_text(sims, default="nowhere"))
+        config.write_text(default_route_config(sims, default="nowhere"))
         gw.signal(signal.SIGHUP)
         assert (
             "routing.default_route" in gw.wait_for("reload rejected, workers keep the previous config").string
@@ -131,7 +124,7 @@ def test_reload_reaches_every_worker_and_a_bad_config_reaches_none(tmp_path, sim
                 )
 
         # Over HTTP one worker answers; it has the supervisor reload the others.
-        config.write_text(config_text(sims, default="a"))
+        config.write_text(default_route_config(sims, default="a"))
         response = httpx.post(url + "/admin/reload")
         assert response.status_code == 200 and response.json()["status"] == "reloaded"
         gw.wait_for("SIGHUP: reloading 2 workers")
@@ -152,7 +145,7 @@ def test_sigterm_to_the_supervisor_drains_a_stream_in_flight(tmp_path) -> None:
     gated = GatedUpstream()
     with serve_app(gated) as upstream:
         config = tmp_path / "config.toml"
-        config.write_text(config_text({"gated": upstream}, default="gated"))
+        config.write_text(default_route_config({"gated": upstream}, default="gated"))
         gw, url, _ = start_workers(config, extra=("--drain-timeout", "20"))
         try:
             with httpx.Client(timeout=30) as client:
