@@ -3,9 +3,11 @@ within the drain timeout, refuses new connections at once, and exits 0; JSON log
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -45,21 +47,24 @@ def open_stream(client: httpx.Client, url: str):
     raise AssertionError(f"stream ended before its first token: {seen}")
 
 
+@contextlib.contextmanager
+def serving(
+    tmp_path, upstream_url: str, *, drain_timeout_seconds: float
+) -> Iterator[tuple[GatewayProcess, str]]:
+    """``latgate serve`` in front of ``upstream_url`` with this drain timeout, stopped on
+    exit; yields (process, base URL) once it listens."""
+    drain = ["--drain-timeout", str(drain_timeout_seconds)]
+    gw = GatewayProcess(["--config", write_config(tmp_path, upstream_url), "--port", "0", *drain])
+    try:
+        yield gw, gw.wait_listening()
+    finally:
+        gw.stop()
+
+
 def test_sigterm_lets_a_stream_in_flight_finish_and_refuses_new_connections(tmp_path, upstream) -> None:
     gated, upstream_url = upstream
     drain_timeout = 20.0
-    gw = GatewayProcess(
-        [
-            "--config",
-            write_config(tmp_path, upstream_url),
-            "--port",
-            "0",
-            "--drain-timeout",
-            str(drain_timeout),
-        ]
-    )
-    try:
-        url = gw.wait_listening()
+    with serving(tmp_path, upstream_url, drain_timeout_seconds=drain_timeout) as (gw, url):
         with httpx.Client(timeout=30) as client:
             response, lines, seen = open_stream(client, url)
             signalled_at = time.monotonic()
@@ -77,17 +82,11 @@ def test_sigterm_lets_a_stream_in_flight_finish_and_refuses_new_connections(tmp_
         assert time.monotonic() - signalled_at < drain_timeout
         assert any("drained in" in line for line in gw.lines)
         assert not any("Traceback" in line for line in gw.lines)
-    finally:
-        gw.stop()
 
 
 def test_drain_timeout_cuts_a_stream_that_does_not_finish_and_exits(tmp_path, upstream) -> None:
     _, upstream_url = upstream
-    gw = GatewayProcess(
-        ["--config", write_config(tmp_path, upstream_url), "--port", "0", "--drain-timeout", "0.5"]
-    )
-    try:
-        url = gw.wait_listening()
+    with serving(tmp_path, upstream_url, drain_timeout_seconds=0.5) as (gw, url):
         with httpx.Client(timeout=30) as client:
             response, lines, seen = open_stream(client, url)
             signalled_at = time.monotonic()
@@ -100,17 +99,11 @@ def test_drain_timeout_cuts_a_stream_that_does_not_finish_and_exits(tmp_path, up
         assert "data: [DONE]" not in seen
         assert 0.5 <= elapsed < 5
         assert any("drain timeout (0.5s) reached" in line for line in gw.lines)
-    finally:
-        gw.stop()
 
 
 def test_second_ctrl_c_stops_without_waiting_for_the_stream(tmp_path, upstream) -> None:
     _, upstream_url = upstream
-    gw = GatewayProcess(
-        ["--config", write_config(tmp_path, upstream_url), "--port", "0", "--drain-timeout", "60"]
-    )
-    try:
-        url = gw.wait_listening()
+    with serving(tmp_path, upstream_url, drain_timeout_seconds=60) as (gw, url):
         with httpx.Client(timeout=30) as client:
             response, _, _ = open_stream(client, url)
             gw.signal(signal.SIGINT)
@@ -119,8 +112,6 @@ def test_second_ctrl_c_stops_without_waiting_for_the_stream(tmp_path, upstream) 
             assert gw.wait_exit(timeout=10) == 0
             response.close()
         assert any("SIGINT again: exiting without waiting" in line for line in gw.lines)
-    finally:
-        gw.stop()
 
 
 def test_json_logs_carry_one_access_line_per_request_without_key_or_prompt(tmp_path, upstream) -> None:
