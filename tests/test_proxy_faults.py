@@ -130,22 +130,29 @@ def test_an_error_status_whose_body_stalls_fails_over_within_the_first_token_dea
 # --- client goes away before the first token --------------------------------------------------
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non_stream"])
-def test_client_leaving_before_the_first_token_closes_the_upstream(stream: bool) -> None:
-    """Only StreamRelay watches for disconnect; while latgate waits for the upstream's
-    headers / first token (or a whole non-streamed answer) an abandoned request keeps the
-    upstream generating and the in-flight gauge up until timeout_sec."""
+def assert_leaving_before_the_first_token_closes_the_upstream(path: str, body: dict) -> None:
+    """POST ``body`` to ``path`` on a raw connection to a gateway in front of an upstream that
+    never answers, and leave once the upstream got it: within 3 s the gateway must close
+    its upstream connection, and count no request in flight."""
     with replay_server(ReplayScript(stall_before_headers=True)) as up, gateway(config(up.base_url, retries=0, ftt=60, timeout=60), env={"UP_KEY": SECRET}) as gw:
-        body = json.dumps({**BODY, "stream": stream}).encode()
+        raw = json.dumps(body).encode()
         host, port = gw.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=5) as s:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (path.encode(), len(raw), raw))
             assert up.request_seen.wait(5), "the request never reached the upstream"
         closed = up.client_closed.wait(3)
         in_flight = metric_lines(gw.url, "latgate_in_flight_requests")
         up.release.set()
         assert closed, "upstream connection still open 3 s after the client left"
         assert 'latgate_in_flight_requests{provider="up"} 0.0' in in_flight, in_flight
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non_stream"])
+def test_client_leaving_before_the_first_token_closes_the_upstream(stream: bool) -> None:
+    """Only StreamRelay watches for disconnect; while latgate waits for the upstream's
+    headers / first token (or a whole non-streamed answer) an abandoned request keeps the
+    upstream generating and the in-flight gauge up until timeout_sec."""
+    assert_leaving_before_the_first_token_closes_the_upstream("/v1/chat/completions", {**BODY, "stream": stream})
 
 
 # --- the SSE tap --------------------------------------------------------------------------
@@ -205,14 +212,4 @@ def test_negative_usage_from_the_upstream_still_finishes_the_request_record(stre
     ids=["anthropic", "responses"],
 )
 def test_client_leaving_a_translated_api_before_the_first_token_closes_the_upstream(path: str, body: dict) -> None:
-    with replay_server(ReplayScript(stall_before_headers=True)) as up, gateway(config(up.base_url, retries=0, ftt=60, timeout=60), env={"UP_KEY": SECRET}) as gw:
-        raw = json.dumps(body).encode()
-        host, port = gw.url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=5) as s:
-            s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (path.encode(), len(raw), raw))
-            assert up.request_seen.wait(5), "the request never reached the upstream"
-        closed = up.client_closed.wait(3)
-        in_flight = metric_lines(gw.url, "latgate_in_flight_requests")
-        up.release.set()
-        assert closed, "upstream connection still open 3 s after the client left"
-        assert 'latgate_in_flight_requests{provider="up"} 0.0' in in_flight, in_flight
+    assert_leaving_before_the_first_token_closes_the_upstream(path, body)
