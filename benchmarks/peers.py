@@ -13,20 +13,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from serving import free_port, latgate_serve_command
+
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / ".peers"
 MODELS = ("bench", "bench-paced")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port: int, *, timeout: float, proc: subprocess.Popen | None = None) -> None:
@@ -171,16 +166,7 @@ class Latgate(Target):
         (workdir / "config.toml").write_text(
             f'[providers.up]\napi_base = "http://127.0.0.1:{upstream_port}/v1"\nmodels = [{models}]\n'
         )
-        cmd = [
-            sys.executable,
-            "-m",
-            "latgate",
-            "serve",
-            "--config",
-            str(workdir / "config.toml"),
-            "--port",
-            str(port),
-        ]
+        cmd = latgate_serve_command(workdir / "config.toml", port=port)
         return cmd + (["--workers", str(self.workers)] if self.workers > 1 else [])
 
     def env(self) -> dict[str, str]:

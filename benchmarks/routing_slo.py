@@ -48,7 +48,6 @@ import json
 import math
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,6 +60,10 @@ import aiohttp
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from serving import free_port, latgate_serve_command
+
 BUDGET_MS = 200
 STRATEGIES = ("latgate", "round_robin", "least_outstanding")
 DEBUG_ROUTES = False
@@ -242,12 +245,6 @@ def make_trace(*, seed: int, duration_s: float) -> list[Arrival]:
 # -- processes ------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def serve_sims(spec: dict[str, Any]) -> None:
     """Child process: every simulator of ``spec`` on one event loop; ``POST /bench/slow``
     on the slow endpoint's port makes it slow."""
@@ -312,21 +309,7 @@ def running_stack(strategy: str):
                 text = text.replace("{" + name + "}", url)
             config.write_text(text.replace("{strategy}", strategy).replace("{{", "{").replace("}}", "}"))
             port = free_port()
-            gateway = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "latgate",
-                    "serve",
-                    "--config",
-                    str(config),
-                    "--port",
-                    str(port),
-                    "--log-level",
-                    "warning",
-                ],
-                env=env,
-            )
+            gateway = subprocess.Popen(latgate_serve_command(config, port=port, log_level="warning"), env=env)
             base = f"http://127.0.0.1:{port}"
             wait_until_up(base + "/readyz")
             yield base, urls

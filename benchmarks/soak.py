@@ -28,7 +28,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,10 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from serving import free_port, latgate_serve_command
 
 MESSAGES = [{"role": "user", "content": "summarise the design of a latency-aware gateway in two lines"}]
 GOOD_KEY, LIMITED_KEY = "sk-soak", "sk-soak-limited"
@@ -73,12 +76,6 @@ SIM_FAULTS = [
     "--stall-rate", "0.03", "--stall-ms", "400", "--drop-rate", "0.03",
     "--tpot-ms", "1", "--ttft-overhead-ms", "2", "--default-max-tokens", "24", "--max-output-tokens", "48",
 ]  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def rss_mb(pid: int) -> float:
@@ -249,18 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             log = open(args.gateway_log, "w") if args.gateway_log else subprocess.DEVNULL  # noqa: SIM115
             gateway = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "latgate",
-                    "serve",
-                    "--config",
-                    str(config),
-                    "--port",
-                    str(ports["gateway"]),
-                    "--log-level",
-                    "warning",
-                ],
+                latgate_serve_command(config, port=ports["gateway"], log_level="warning"),
                 stdout=log,
                 stderr=log,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
