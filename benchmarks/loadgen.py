@@ -28,7 +28,10 @@ class LoadResult:
     errors: int = 0
 
 
-class _Conn(asyncio.Protocol):
+class Conn(asyncio.Protocol):
+    """One keep-alive client connection: ``await send(request)`` returns when the whole
+    response arrived (``status``, ``first`` byte time, ``reads``, gaps between reads)."""
+
     def __init__(self, *, gaps: bool) -> None:
         self.gaps = gaps
         self.closed = False
@@ -139,10 +142,10 @@ async def run_load(
     deadline = time.perf_counter() + seconds
 
     async def slot() -> None:
-        conn: _Conn | None = None
+        conn: Conn | None = None
         while time.perf_counter() < deadline:
             if conn is None or conn.closed:
-                _, conn = await loop.create_connection(lambda: _Conn(gaps=gaps), "127.0.0.1", port)
+                _, conn = await loop.create_connection(lambda: Conn(gaps=gaps), "127.0.0.1", port)
             start = time.perf_counter()
             try:
                 end = await conn.send(request)

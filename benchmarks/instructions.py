@@ -1,0 +1,126 @@
+"""Instructions per proxied request, counted by valgrind's callgrind: a figure that does
+not move with the machine's load, for comparing two versions of latgate in one run.
+
+    .venv/bin/python benchmarks/instructions.py [--requests 800] [--concurrency 16]
+        [--mode non-stream|stream] [--baseline-src PATH/TO/OTHER/src]
+
+latgate runs under callgrind with instrumentation off while it starts and warms up
+(200 requests), on for the measured requests, then off again; the zero-delay mock
+upstream (``mock_upstream.py``) and the load generator run natively. With
+``--baseline-src`` (e.g. ``git worktree add /tmp/base HEAD~5`` then
+``--baseline-src /tmp/base/src``) the same is done for that tree (put first on
+``PYTHONPATH``) and the ratio printed. Needs ``valgrind`` (Debian package).
+
+Counts repeat within ~0.5% run to run; CPU time per request on this project's shared
+2-core machines moves by ±30%. Instructions are not time (cache misses, syscalls and
+the kernel are not in them), so ``overhead.py`` stays the benchmark of record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from loadgen import Conn, request_bytes
+from peers import wait_port
+from serving import free_port, latgate_serve_command
+
+WARM_UP_REQUESTS = 200
+
+
+async def send_exactly(*, port: int, request: bytes, total: int, concurrency: int) -> int:
+    """``total`` requests (rounded down to a multiple of ``concurrency``) over
+    ``concurrency`` keep-alive connections; returns how many were sent."""
+    loop = asyncio.get_running_loop()
+    conns = []
+    for _ in range(concurrency):
+        _, conn = await loop.create_connection(lambda: Conn(gaps=False), "127.0.0.1", port)
+        conns.append(conn)
+    each = total // concurrency
+
+    async def slot(conn: Conn) -> None:
+        for _ in range(each):
+            await conn.send(request)
+            if conn.status != 200:
+                raise RuntimeError(f"latgate answered {conn.status}")
+
+    await asyncio.gather(*(slot(c) for c in conns))
+    for conn in conns:
+        conn.transport.close()
+    return each * concurrency
+
+
+def measure(*, src: str | None, mode: str, requests: int, concurrency: int, workdir: Path) -> float:
+    """Instructions per request (thousands) of the latgate in ``src`` (None: this one)."""
+    up_port, gw_port = free_port(), free_port()
+    mock = subprocess.Popen([sys.executable, str(Path(__file__).with_name("mock_upstream.py")), str(up_port)])
+    config = workdir / "config.toml"
+    config.write_text(f'[providers.up]\napi_base = "http://127.0.0.1:{up_port}/v1"\nmodels = ["bench"]\n')
+    out = workdir / "callgrind.out"
+    env = dict(os.environ)
+    if src:
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    command = latgate_serve_command(config, port=gw_port)
+    gateway = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        wait_port(up_port, timeout=30)
+        wait_port(gw_port, timeout=600, proc=gateway)
+        body = json.dumps(
+            {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "stream": mode == "stream"}
+        ).encode()
+        request = request_bytes(port=gw_port, path="/v1/chat/completions", body=body)
+        asyncio.run(send_exactly(port=gw_port, request=request, total=WARM_UP_REQUESTS, concurrency=concurrency))
+        subprocess.run(["callgrind_control", "-i", "on", str(gateway.pid)], check=True, capture_output=True)
+        sent = asyncio.run(send_exactly(port=gw_port, request=request, total=requests, concurrency=concurrency))
+        subprocess.run(["callgrind_control", "-i", "off", str(gateway.pid)], check=True, capture_output=True)
+    finally:
+        gateway.terminate()
+        mock.terminate()
+        gateway.wait()
+        mock.wait()
+    total = 0
+    for path in glob.glob(f"{out}*"):
+        for line in Path(path).read_text(errors="replace").splitlines():
+            if line.startswith(("summary:", "totals:")):
+                total = max(total, int(line.split()[1]))
+    return total / sent / 1000.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=800)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--mode", choices=["non-stream", "stream"], default="non-stream")
+    parser.add_argument("--baseline-src", help="another latgate source tree (its src/ folder) to compare")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("instructions.py needs valgrind (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        this = measure(src=None, mode=args.mode, requests=args.requests, concurrency=args.concurrency, workdir=Path(tmp))
+        print(f"latgate ({args.mode}, c={args.concurrency}): {this:.1f} k instructions per request")
+        if args.baseline_src:
+            base = measure(
+                src=args.baseline_src, mode=args.mode, requests=args.requests, concurrency=args.concurrency, workdir=Path(tmp)
+            )
+            print(f"baseline {args.baseline_src}: {base:.1f} k instructions per request; this / baseline = {this / base:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
