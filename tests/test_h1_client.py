@@ -13,11 +13,12 @@ from latgate.proxy import h1
 from latgate.proxy.errors import UpstreamFailure
 from latgate.proxy.h1 import H1Pool
 
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+Handler = Callable[["Server", asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
 
 class Server:
-    """A loopback TCP server; ``handler(reader, writer, connection_number)`` per connection."""
+    """A loopback TCP server; ``handler(server, reader, writer, connection_number)`` per
+    connection."""
 
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
@@ -37,7 +38,7 @@ class Server:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
-            await self.handler(reader, writer, self.connections)
+            await self.handler(self, reader, writer, self.connections)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -85,13 +86,12 @@ async def post(
 
 
 def test_the_request_goes_out_whole_and_the_connection_is_kept_for_the_next_one() -> None:
-    async def handler(reader, writer, n):
+    async def handler(server, reader, writer, n):
         while True:
             await server.read_request(reader)
             writer.write(json_response(b'{"n":%d}' % len(server.requests)))
 
     async def scenario() -> None:
-        nonlocal server
         async with Server(handler) as server:
             p = pool()
             first = await post(p, server.url, headers={"authorization": "Bearer k", "x-request-id": "r1"})
@@ -110,12 +110,11 @@ def test_the_request_goes_out_whole_and_the_connection_is_kept_for_the_next_one(
         )
         assert body == b'{"model":"m"}'
 
-    server: Server
     asyncio.run(scenario())
 
 
 def test_a_chunked_body_arrives_dechunked_and_headers_read_in_any_case() -> None:
-    async def handler(reader, writer, n):
+    async def handler(server, reader, writer, n):
         await server.read_request(reader)
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-A: 1\r\nx-a: 2\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -126,7 +125,6 @@ def test_a_chunked_body_arrives_dechunked_and_headers_read_in_any_case() -> None
         writer.write(b"0\r\n\r\n")
 
     async def scenario() -> None:
-        nonlocal server
         async with Server(handler) as server:
             p = pool()
             response = await p.post(url=server.url, payload=b"{}", headers={}, read_timeout_seconds=5)
@@ -140,19 +138,17 @@ def test_a_chunked_body_arrives_dechunked_and_headers_read_in_any_case() -> None
             p.close()
         assert body == b"data: 1\n\ndata: [DONE]\n\n"
 
-    server: Server
     asyncio.run(scenario())
 
 
 def test_a_body_without_length_ends_with_the_connection() -> None:
-    async def handler(reader, writer, n):
+    async def handler(server, reader, writer, n):
         await server.read_request(reader)
         writer.write(b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{"a":')
         await writer.drain()
         writer.write(b"1}")
 
     async def scenario() -> None:
-        nonlocal server
         async with Server(handler) as server:
             p = pool()
             assert await post(p, server.url) == b'{"a":1}'
@@ -160,7 +156,6 @@ def test_a_body_without_length_ends_with_the_connection() -> None:
             p.close()
         assert server.connections == 2
 
-    server: Server
     asyncio.run(scenario())
 
 
@@ -179,12 +174,11 @@ def test_a_body_without_length_ends_with_the_connection() -> None:
     ],
 )
 def test_a_broken_response_is_a_read_failure(reply: bytes) -> None:
-    async def handler(reader, writer, n):
+    async def handler(server, reader, writer, n):
         await server.read_request(reader)
         writer.write(reply)
 
     async def scenario() -> None:
-        nonlocal server
         async with Server(handler) as server:
             p = pool()
             with pytest.raises(UpstreamFailure) as failure:
@@ -193,21 +187,16 @@ def test_a_broken_response_is_a_read_failure(reply: bytes) -> None:
         assert failure.value.kind == "read"
         assert "127.0.0.1" not in str(failure.value)
 
-    server: Server
     asyncio.run(scenario())
 
 
-def drops_the_second_request_on_its_first_connection(server_ref: list[Server]) -> Handler:
-    async def handler(reader, writer, n):
-        server = server_ref[0]
-        await server.read_request(reader)
-        if n == 1:
-            writer.write(json_response(b'{"n":1}'))  # keep-alive advertised ...
-            await server.read_request(reader)  # ... but the next request on it is dropped
-            return
-        writer.write(json_response(b'{"n":%d}' % n))
-
-    return handler
+async def drops_the_second_request_on_its_first_connection(server: Server, reader, writer, n) -> None:
+    await server.read_request(reader)
+    if n == 1:
+        writer.write(json_response(b'{"n":1}'))  # keep-alive advertised ...
+        await server.read_request(reader)  # ... but the next request on it is dropped
+        return
+    writer.write(json_response(b'{"n":%d}' % n))
 
 
 def test_a_connection_dropped_after_idling_is_retried_once_on_a_new_one(
@@ -215,11 +204,9 @@ def test_a_connection_dropped_after_idling_is_retried_once_on_a_new_one(
 ) -> None:
     """Idle for RETRY_IDLE_SECONDS or more: the upstream most likely closed it as idle."""
     monkeypatch.setattr(h1, "RETRY_IDLE_SECONDS", 0.0)
-    ref: list[Server] = []
 
     async def scenario() -> None:
-        async with Server(drops_the_second_request_on_its_first_connection(ref)) as server:
-            ref.append(server)
+        async with Server(drops_the_second_request_on_its_first_connection) as server:
             p = pool()
             assert await post(p, server.url) == b'{"n":1}'
             assert await post(p, server.url) == b'{"n":2}'
@@ -232,11 +219,9 @@ def test_a_connection_dropped_after_idling_is_retried_once_on_a_new_one(
 def test_a_busy_connection_dropped_after_reading_the_request_is_not_sent_again() -> None:
     """Reused at once, then closed after the request was read: the upstream may have
     been working on it, so sending it again could generate twice."""
-    ref: list[Server] = []
 
     async def scenario() -> None:
-        async with Server(drops_the_second_request_on_its_first_connection(ref)) as server:
-            ref.append(server)
+        async with Server(drops_the_second_request_on_its_first_connection) as server:
             p = pool()
             assert await post(p, server.url) == b'{"n":1}'
             with pytest.raises(UpstreamFailure) as failure:
@@ -251,14 +236,13 @@ def test_a_busy_connection_dropped_after_reading_the_request_is_not_sent_again()
 def test_silence_past_the_read_timeout_fails_without_a_retry() -> None:
     stall = asyncio.Event()
 
-    async def handler(reader, writer, n):
+    async def handler(server, reader, writer, n):
         await server.read_request(reader)
         if n == 2:
             writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
         await stall.wait()
 
     async def scenario() -> None:
-        nonlocal server
         async with Server(handler) as server:
             p = pool()
             with pytest.raises(UpstreamFailure) as no_headers:
@@ -272,16 +256,14 @@ def test_silence_past_the_read_timeout_fails_without_a_retry() -> None:
         assert no_headers.value.kind == "timeout" and no_body.value.kind == "timeout"
         assert server.connections == 2 and len(server.requests) == 2
 
-    server: Server
     asyncio.run(scenario())
 
 
 def test_a_header_holding_a_newline_is_refused_before_anything_is_sent() -> None:
-    async def handler(reader, writer, n):
+    async def handler(server, reader, writer, n):
         await server.read_request(reader)
 
     async def scenario() -> None:
-        nonlocal server
         async with Server(handler) as server:
             p = pool()
             for bad in (
@@ -295,17 +277,15 @@ def test_a_header_holding_a_newline_is_refused_before_anything_is_sent() -> None
             p.close()
         assert server.connections == 0
 
-    server: Server
     asyncio.run(scenario())
 
 
 def test_userinfo_in_the_url_is_sent_as_basic_auth_and_never_in_the_target() -> None:
-    async def handler(reader, writer, n):
+    async def handler(server, reader, writer, n):
         await server.read_request(reader)
         writer.write(json_response())
 
     async def scenario() -> None:
-        nonlocal server
         async with Server(handler) as server:
             p = pool()
             await post(p, server.url.replace("http://", "http://us%40er:p%3Aw@"))
@@ -314,14 +294,13 @@ def test_userinfo_in_the_url_is_sent_as_basic_auth_and_never_in_the_target() -> 
         assert b"authorization: Basic dXNAZXI6cDp3" in head.split(b"\r\n")  # us@er:p:w
         assert b"p%3Aw" not in head and head.startswith(b"POST /v1/chat/completions HTTP/1.1")
 
-    server: Server
     asyncio.run(scenario())
 
 
 def test_requests_over_the_connection_limit_wait_for_a_free_slot() -> None:
     release = asyncio.Event()
 
-    async def handler(reader, writer, n):
+    async def handler(server, reader, writer, n):
         while True:
             await server.read_request(reader)
             if len(server.requests) == 1:
@@ -329,7 +308,6 @@ def test_requests_over_the_connection_limit_wait_for_a_free_slot() -> None:
             writer.write(json_response(b'{"n":%d}' % len(server.requests)))
 
     async def scenario() -> None:
-        nonlocal server
         async with Server(handler) as server:
             p = pool(max=1)
             first = asyncio.create_task(post(p, server.url))
@@ -341,20 +319,18 @@ def test_requests_over_the_connection_limit_wait_for_a_free_slot() -> None:
             p.close()
         assert server.connections == 1
 
-    server: Server
     asyncio.run(scenario())
 
 
 def test_a_cancelled_request_closes_its_connection() -> None:
     closed = asyncio.Event()
 
-    async def handler(reader, writer, n):
+    async def handler(server, reader, writer, n):
         await server.read_request(reader)
         if await reader.read(1) == b"":
             closed.set()
 
     async def scenario() -> None:
-        nonlocal server
         async with Server(handler) as server:
             p = pool()
             task = asyncio.create_task(post(p, server.url))
@@ -365,7 +341,6 @@ def test_a_cancelled_request_closes_its_connection() -> None:
             await asyncio.wait_for(closed.wait(), 5)
             p.close()
 
-    server: Server
     asyncio.run(scenario())
 
 

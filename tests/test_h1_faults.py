@@ -236,33 +236,32 @@ def test_a_complete_response_left_unread_does_not_poison_its_connection() -> Non
     asyncio.run(scenario())
 
 
-def test_a_non_ascii_path_is_percent_encoded() -> None:
+@pytest.mark.parametrize(
+    ("path", "request_line"),
+    [
+        pytest.param(
+            "/modèles/v1/chat/completions",
+            b"POST /mod%C3%A8les/v1/chat/completions HTTP/1.1",
+            id="non_ascii_path_percent_encoded",
+        ),
+        pytest.param(
+            "/v1/a%2Fb/chat?api-version=2024-10-01&x=%20y",
+            b"POST /v1/a%2Fb/chat?api-version=2024-10-01&x=%20y HTTP/1.1",
+            id="query_and_escapes_as_written",
+        ),
+    ],
+)
+def test_the_request_target_is_the_urls_path_and_query_percent_encoded(
+    path: str, request_line: bytes
+) -> None:
     requests: list[bytes] = []
 
     async def scenario() -> None:
-        async with serving(answering(OK_SMALL, record=requests), path="/modèles/v1/chat/completions") as (
-            url,
-            _,
-        ):
+        async with serving(answering(OK_SMALL, record=requests), path=path) as (url, _):
             pool = new_pool()
             await fetch(pool, url)
             pool.close()
-        assert requests[0].startswith(b"POST /mod%C3%A8les/v1/chat/completions HTTP/1.1\r\n")
-
-    asyncio.run(scenario())
-
-
-def test_a_query_string_and_percent_encoding_are_sent_as_written() -> None:
-    requests: list[bytes] = []
-
-    async def scenario() -> None:
-        async with serving(
-            answering(OK_SMALL, record=requests), path="/v1/a%2Fb/chat?api-version=2024-10-01&x=%20y"
-        ) as (url, _):
-            pool = new_pool()
-            await fetch(pool, url)
-            pool.close()
-        assert requests[0].startswith(b"POST /v1/a%2Fb/chat?api-version=2024-10-01&x=%20y HTTP/1.1\r\n")
+        assert requests[0].startswith(request_line + b"\r\n")
 
     asyncio.run(scenario())
 
