@@ -28,6 +28,22 @@ from latgate.proxy import h1conn
 from latgate.proxy.errors import UpstreamFailure
 
 
+def failure_fetching(reply: bytes) -> UpstreamFailure:
+    """What fetching from an upstream that answers ``reply`` raises (it must raise)."""
+
+    async def scenario() -> UpstreamFailure:
+        async with serving(answering(reply)) as (url, _):
+            pool = new_pool()
+            try:
+                with pytest.raises(UpstreamFailure) as failure:
+                    await fetch(pool, url)
+            finally:
+                pool.close()
+        return failure.value
+
+    return asyncio.run(scenario())
+
+
 def test_an_interim_100_continue_is_skipped_for_the_final_response() -> None:
     async def scenario() -> None:
         async with serving(
@@ -201,18 +217,8 @@ def test_a_413_sent_before_the_payload_was_read_reaches_the_caller() -> None:
     ],
 )
 def test_response_headers_beyond_a_sane_size_are_refused(headers: bytes) -> None:
-    async def scenario() -> None:
-        async with serving(answering(b"HTTP/1.1 200 OK\r\n" + headers + b"content-length: 2\r\n\r\nok")) as (
-            url,
-            _,
-        ):
-            pool = new_pool()
-            with pytest.raises(UpstreamFailure) as failure:
-                await fetch(pool, url)
-            pool.close()
-        assert failure.value.kind == "read"
-
-    asyncio.run(scenario())
+    failure = failure_fetching(b"HTTP/1.1 200 OK\r\n" + headers + b"content-length: 2\r\n\r\nok")
+    assert failure.kind == "read"
 
 
 def test_a_complete_response_left_unread_does_not_poison_its_connection() -> None:
@@ -344,16 +350,9 @@ def test_the_connection_limit_holds_when_an_idle_connection_was_closed_by_the_up
 def test_a_101_switching_protocols_is_a_read_failure_without_a_logged_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    reply = b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n\x00\x00\x12"
-
-    async def scenario() -> None:
-        async with serving(answering(reply)) as (url, _):
-            pool = new_pool()
-            with pytest.raises(UpstreamFailure) as failure:
-                await fetch(pool, url)
-            pool.close()
-        assert failure.value.kind == "read"
-
-    asyncio.run(scenario())
+    failure = failure_fetching(
+        b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n\x00\x00\x12"
+    )
+    assert failure.kind == "read"
     # (the test server's own cancelled handler task may log at shutdown: not latgate's)
     assert not [r for r in caplog.records if r.name == "asyncio" and "Fatal error" in r.getMessage()]
