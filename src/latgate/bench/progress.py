@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import Self, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -42,7 +42,7 @@ class BenchProgress:
             )
             self._task_id = self._progress.add_task("bench", total=total, errors=0)
 
-    def __enter__(self) -> BenchProgress:
+    def __enter__(self) -> Self:
         if self._progress is not None:
             self._progress.start()
         return self

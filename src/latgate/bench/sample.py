@@ -79,23 +79,23 @@ class SampleRecorder:
     """
 
     __slots__ = (
-        "_index",
-        "_started_at",
-        "_status_code",
-        "_provider",
-        "_route_reason",
+        "_done_at",
         "_error_kind",
         "_error_message",
+        "_finish_reason",
         "_first_output_at",
-        "_last_output_at",
+        "_index",
         "_itl_ms",
+        "_last_output_at",
+        "_non_stream_at",
+        "_non_stream_tokens",
         "_output_chunks",
+        "_provider",
+        "_route_reason",
+        "_started_at",
+        "_status_code",
         "_usage_completion_tokens",
         "_usage_prompt_tokens",
-        "_finish_reason",
-        "_done_at",
-        "_non_stream_tokens",
-        "_non_stream_at",
     )
 
     def __init__(self, *, index: int, started_at: float) -> None:

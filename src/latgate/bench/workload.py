@@ -24,11 +24,12 @@ from latgate.routing.tokens import estimate_text_tokens
 _INSTRUCTION = "Write a long, detailed story inspired by the notes below. Notes:"
 _TAG_SLOT = "\x00TAG\x00"
 _WORDS = (
-    "river lantern copper meadow signal harbor quartz ember violet canyon orbit thistle "
-    "falcon marble cedar drift static prism willow beacon tundra saffron glacier relay "
-    "cobalt orchard ripple summit pylon fern vector cinder lagoon mosaic quill basalt "
-    "meridian lattice harvest nimbus ochre pepper rampart sable timber umber vessel"
-).split()
+    "river", "lantern", "copper", "meadow", "signal", "harbor", "quartz", "ember", "violet", "canyon",
+    "orbit", "thistle", "falcon", "marble", "cedar", "drift", "static", "prism", "willow", "beacon",
+    "tundra", "saffron", "glacier", "relay", "cobalt", "orchard", "ripple", "summit", "pylon", "fern",
+    "vector", "cinder", "lagoon", "mosaic", "quill", "basalt", "meridian", "lattice", "harvest", "nimbus",
+    "ochre", "pepper", "rampart", "sable", "timber", "umber", "vessel",
+)
 
 
 class Workload:

@@ -38,7 +38,7 @@ def get_connector(name: str) -> Connector:
             raise UnknownConnector(f"unknown connector {name!r}; known: {', '.join(known_connectors())}")
         try:
             cls = ep.load()
-        except Exception as exc:  # a broken plugin must not start silently
+        except Exception as exc:  # noqa: BLE001 - plugin code raises anything; it must not start silently
             raise UnknownConnector(f"connector {name!r} failed to load: {type(exc).__name__}: {exc}") from None
         if not (isinstance(cls, type) and issubclass(cls, Connector)):
             raise UnknownConnector(f"connector {name!r} is not a latgate.connectors.Connector subclass")
