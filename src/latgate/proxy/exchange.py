@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from latgate.logs import access_log
 from latgate.metrics import Metrics
+
+if TYPE_CHECKING:
+    from latgate.tracing import RequestTrace
 
 #: requests_total ``code`` for a client that went away before the response ended (nginx's).
 CLIENT_CLOSED = 499
@@ -48,6 +51,7 @@ class Exchange:
     attempts: int = 0
     finished: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    trace: RequestTrace | None = None  # the request's span, with tracing on (latgate.tracing)
 
     def apply_usage(self, usage: dict[str, Any] | None) -> None:
         """Take token counts from an OpenAI ``usage`` object when it has them (chat
@@ -71,6 +75,8 @@ class Exchange:
         self.finished = True
         end = time.perf_counter() if now is None else now
         e2e = end - self.received_at
+        if self.trace is not None:
+            self.trace.end(self)
         provider = self.provider or "none"
         metrics.record_request(provider=provider, model=self.public_model, code=self.status)
         if 200 <= self.status < 300 and self.provider:
