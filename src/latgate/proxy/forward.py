@@ -238,6 +238,8 @@ class Forwarder:
         handed_off = False
         try:
             headers = upstream_headers(auth=provider.auth_headers, request_id=exchange.request_id, stream=exchange.stream)
+            if exchange.trace is not None:  # W3C traceparent: the request's span is the parent
+                headers.update(exchange.trace.upstream_headers())
             url = provider.connector.url(endpoint.config, path)
             read_timeout = provider.config.timeout_sec
             if exchange.attempts == 1:
