@@ -30,6 +30,7 @@ from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
 from latgate.routing.decision import RouteDecision, Router
 from latgate.state import HealthSync, RedisState, StateStore, open_state
+from latgate.tracing import Tracing
 
 log = logging.getLogger("latgate")
 
@@ -52,6 +53,7 @@ class Gateway:
         env: where provider keys are read from (``os.environ`` by default).
         state: rate-limit state kept across reloads (by default a new one for
             ``config.state``; see :class:`latgate.state.StateStores`).
+        tracing: starts a span per request (:mod:`latgate.tracing`); ``None``: off.
 
     Attributes (with ``[auth]`` / Redis only, else ``None``): ``guard`` checks keys
     (:mod:`latgate.auth`); ``health_sync`` shares endpoint health with other replicas.
@@ -65,8 +67,10 @@ class Gateway:
         metrics: Metrics,
         env: Mapping[str, str] | None = None,
         state: StateStore | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config
+        self.tracing = tracing
         self.metrics = metrics
         self.client = client
         self.router = Router(config)
@@ -191,13 +195,17 @@ class Gateway:
         return None if self.guard is None else self.guard.authenticate(headers)
 
     def new_exchange(self, request: Request, *, path: str) -> Exchange:
-        """A request record started now, with the client's or a new request id."""
-        return Exchange(
+        """A request record started now, with the client's or a new request id (and,
+        with tracing on, its span started from the client's ``traceparent``)."""
+        exchange = Exchange(
             request_id=request_id(request.headers.get("x-request-id")),
             received_at=time.perf_counter(),
             path=path,
             stream=False,
         )
+        if self.tracing is not None:
+            exchange.trace = self.tracing.start(path=path, headers=request.headers)
+        return exchange
 
     def fail(self, exchange: Exchange, error: GatewayError) -> None:
         """Record a request that ended in ``error`` (metrics, access log)."""
