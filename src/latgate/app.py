@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -37,6 +38,7 @@ from latgate.proxy.exchange import CLIENT_CLOSED
 from latgate.providers.monitor import run_monitor
 from latgate.reload import Reloader, UpstreamClients, reload_endpoint
 from latgate.state import StateStores, run_health_sync
+from latgate.tracing import Tracing, tracing_from_env
 
 log = logging.getLogger("latgate")
 
@@ -92,6 +94,7 @@ def create_app(
     transport: httpx.AsyncBaseTransport | None = None,
     env: Mapping[str, str] | None = None,
     metrics_multiprocess_dir: str | None = None,
+    tracing: Tracing | None = None,
 ) -> LatgateApp:
     """A gateway ASGI app for ``config``.
 
@@ -101,6 +104,8 @@ def create_app(
         env: environment read for provider keys (``os.environ`` by default).
         metrics_multiprocess_dir: set in each worker of ``serve --workers N``: metrics
             go to prometheus-client's multiprocess files there (see :mod:`latgate.metrics`).
+        tracing: request spans (tests: an in-memory exporter); by default the tracing
+            that ``env``'s ``OTEL_*`` variables ask for, if any (:mod:`latgate.tracing`).
 
     The upstream client is opened lazily on the app's event loop and closed on shutdown.
     ``app.state.reloader`` reloads the config file (SIGHUP, ``POST /admin/reload``).
@@ -112,12 +117,19 @@ def create_app(
     )
     clients = UpstreamClients(transport=transport)
     states = StateStores()
+    if tracing is None:
+        tracing = tracing_from_env(os.environ if env is None else env)
 
     def build_gateway(config: Config) -> Gateway:
         # Everything derived from the config hangs off the Gateway built here, so a
         # reload (latgate/reload.py) replaces all of it in one swap.
         gateway = Gateway(
-            config=config, client=clients.client_for(config), metrics=metrics, env=env, state=states.store_for(config.state)
+            config=config,
+            client=clients.client_for(config),
+            metrics=metrics,
+            env=env,
+            state=states.store_for(config.state),
+            tracing=tracing,
         )
         endpoints = [(name, ep.id) for name, p in config.providers.items() for ep in p.endpoints]
         metrics.reconfigure(providers=config.providers, models=_model_labels(config), endpoints=endpoints)
