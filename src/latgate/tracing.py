@@ -42,7 +42,7 @@ EXPORTERS = ("otlp", "console")
 class RequestTrace:
     """One request's span: its context for upstream headers, ended with the record."""
 
-    __slots__ = ("_span", "_propagator", "_context")
+    __slots__ = ("_context", "_propagator", "_span")
 
     def __init__(self, *, span: Any, propagator: Any, context: Any) -> None:
         self._span = span
