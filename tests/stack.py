@@ -16,7 +16,7 @@ from latgate.config import load_config_text
 from latgate.config.schema import Config
 from latgate.sim import SimApp, SimOptions, create_sim_app
 
-FAST = dict(tpot_ms=0.5, tpot_growth_ms=0.0, ttft_overhead_ms=1.0, default_max_tokens=16)
+FAST = {"tpot_ms": 0.5, "tpot_growth_ms": 0.0, "ttft_overhead_ms": 1.0, "default_max_tokens": 16}
 
 
 @dataclass

@@ -455,6 +455,7 @@ def test_bench_runs_as_a_subprocess(tmp_path):
                 "--json",
                 str(json_path),
             ],
+            check=False,  # the exit code is asserted below, with stderr in the message
             capture_output=True,
             text=True,
             timeout=60,
@@ -462,7 +463,7 @@ def test_bench_runs_as_a_subprocess(tmp_path):
         )
     assert completed.returncode == 0, completed.stderr
     assert "TTFT (ms)" in completed.stdout
-    assert re.search(r"^TTFT [\d.]+ ms, total [\d.]+ ms, 3 completion tokens", completed.stdout, re.M)
+    assert re.search(r"^TTFT [\d.]+ ms, total [\d.]+ ms, 3 completion tokens", completed.stdout, re.MULTILINE)
     assert "bench: 1/1 requests done, 0 errors" in completed.stderr  # plain progress off a terminal
     assert json.loads(json_path.read_text())["totals"]["completion_tokens"] == 3
 

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import httpx
-
 from servers import listening_socket
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +33,7 @@ def wait_for_line(proc: subprocess.Popen, pattern: str) -> str:
         seen.append(line)
         if re.search(pattern, line):
             return line
-    raise AssertionError("process ended without printing %r:\n%s" % (pattern, "".join(seen)))
+    raise AssertionError(f"process ended without printing {pattern!r}:\n{''.join(seen)}")
 
 
 def test_demo_serves_the_bundled_system_and_stops_on_ctrl_c(tmp_path) -> None:
@@ -46,7 +45,7 @@ def test_demo_serves_the_bundled_system_and_stops_on_ctrl_c(tmp_path) -> None:
     cfg.write_text(text)
     proc = start(["demo", "--config", str(cfg), "--port", str(gw)])
     try:
-        wait_for_line(proc, r"gateway on http://127\.0\.0\.1:%d/v1" % gw)
+        wait_for_line(proc, rf"gateway on http://127\.0\.0\.1:{gw}/v1")
         r = httpx.post(
             f"http://127.0.0.1:{gw}/v1/chat/completions",
             json={"messages": [{"role": "user", "content": "hi"}], "stream": True},
@@ -69,7 +68,10 @@ def test_serve_reports_a_taken_port_in_one_line(tmp_path) -> None:
     try:
         result = subprocess.run(
             [sys.executable, "-m", "latgate", "serve", "--config", str(cfg), "--port", str(port)],
-            capture_output=True, text=True, timeout=60,
+            check=False,  # the exit code is the assertion
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     finally:
         taken.close()
@@ -82,7 +84,11 @@ def test_serve_with_a_broken_config_exits_1_with_one_line(tmp_path) -> None:
     cfg = tmp_path / "config.toml"
     cfg.write_text('[providers.p]\napi_base = "http://127.0.0.1:9/v1"\nconector = "vllm"\n')
     result = subprocess.run(
-        [sys.executable, "-m", "latgate", "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "latgate", "serve", "--config", str(cfg)],
+        check=False,  # the exit code is the assertion
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
@@ -95,7 +101,7 @@ def test_serve_answers_and_stops_on_sigterm(tmp_path) -> None:
     cfg.write_text('[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n')
     proc = start(["serve", "--config", str(cfg), "--port", str(port)])
     try:
-        wait_for_line(proc, r"listening on http://127\.0\.0\.1:%d" % port)
+        wait_for_line(proc, rf"listening on http://127\.0\.0\.1:{port}")
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": []})
         assert r.status_code == 502  # nothing listens on the provider's port

@@ -418,8 +418,10 @@ def test_unset_key_variable_is_a_warning_naming_provider_and_variable():
     config = load_config(SEEDS / "seed2.config.toml", env={})
     env = {"SGLANG_LOCAL_KEY": "x", "SGLANG_TILELANG_KEY": "y"}
     assert config_warnings(config, env) == [
-        'provider "taotoken": api_key_env TAOTOKEN_API_KEY is not set; requests to it will be sent '
-        "without a key (expect 401 from the upstream)"
+        (
+            'provider "taotoken": api_key_env TAOTOKEN_API_KEY is not set; requests to it will be sent '
+            "without a key (expect 401 from the upstream)"
+        )
     ]
     assert config_warnings(config, {**env, "TAOTOKEN_API_KEY": "k"}) == []
 
@@ -436,8 +438,10 @@ def test_missing_auth_is_a_warning_only_beyond_loopback(host, warned):
 def test_sub_second_timeout_is_a_warning():
     config = load("[defaults]\ntimeout_sec = 0.5\n" + VLLM)
     assert config_warnings(config, {}) == [
-        "defaults.timeout_sec = 0.5 s is under 1 s: slow first tokens will time out and be retried, "
-        "inflating tail latency"
+        (
+            "defaults.timeout_sec = 0.5 s is under 1 s: slow first tokens will time out and be retried, "
+            "inflating tail latency"
+        )
     ]
 
 

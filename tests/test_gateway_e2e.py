@@ -8,9 +8,9 @@ import re
 import httpx
 import openai
 import pytest
+from stack import FAST, demo_stack
 
 from latgate.sim import SimOptions
-from stack import FAST, demo_stack
 
 MESSAGES = [{"role": "user", "content": "write a haiku about latency"}]
 
@@ -130,13 +130,14 @@ def test_model_served_only_by_the_upstream_goes_there_with_its_key_and_never_the
 def test_client_disconnect_closes_the_upstream_request() -> None:
     slow = SimOptions(name="vllm", tpot_ms=20, default_max_tokens=500, max_output_tokens=500)
     with demo_stack(vllm=slow) as stack:
-        with httpx.Client(timeout=10) as client:
-            with client.stream(
-                "POST", stack.v1 + "/chat/completions", json={"model": "glm-5.1", "messages": MESSAGES, "stream": True}
-            ) as r:
-                for line in r.iter_lines():
-                    if '"content":"' in line and '"content":""' not in line:
-                        break
+        body = {"model": "glm-5.1", "messages": MESSAGES, "stream": True}
+        with (
+            httpx.Client(timeout=10) as client,
+            client.stream("POST", stack.v1 + "/chat/completions", json=body) as r,
+        ):
+            for line in r.iter_lines():
+                if '"content":"' in line and '"content":""' not in line:
+                    break
         assert stack.sims["vllm"].stats.disconnected_event.wait(5)
         metrics = httpx.get(stack.url + "/metrics").text
         assert 'latgate_in_flight_requests{provider="vllm"} 0.0' in metrics

@@ -6,7 +6,6 @@ import httpx
 import jsonschema
 import orjson
 import pytest
-
 from openapi import validate
 from stack import demo_stack
 

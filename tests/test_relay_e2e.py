@@ -11,7 +11,6 @@ import json
 
 import httpx
 import pytest
-
 from replay import ReplayScript, load_expect, load_stream, replay_server, split_points, stream_fixture_names
 from stack import gateway
 
@@ -49,7 +48,7 @@ def test_recorded_stream_reaches_the_client_unchanged(name: str, how: str) -> No
         assert r.headers["content-type"].startswith("text/event-stream")
         metrics = httpx.get(gw.url + "/metrics").text
         expect = load_expect(name)
-        assert f'latgate_requests_total{{code="200",model="other",provider="up"}} 1.0' in metrics
+        assert 'latgate_requests_total{code="200",model="other",provider="up"} 1.0' in metrics
         if expect.usage:
             assert f'latgate_completion_tokens_total{{model="other",provider="up"}} {float(expect.usage["completion_tokens"])}' in metrics
         else:
@@ -176,11 +175,13 @@ def test_upstream_4xx_is_passed_back_with_its_status_and_not_retried() -> None:
 
 def test_upstream_401_names_the_missing_key_variable() -> None:
     text = config("{base}") + 'api_key_env = "UP_KEY"\n'
-    with replay_server(ReplayScript.json_response(401, {"error": {"message": "bad key"}})) as upstream:
-        with gateway(text.replace("{base}", upstream.base_url)) as gw:
-            r = httpx.post(gw.v1 + "/chat/completions", json=BODY)
-            assert r.status_code == 401
-            assert "UP_KEY" in r.json()["error"]["message"]
+    with (
+        replay_server(ReplayScript.json_response(401, {"error": {"message": "bad key"}})) as upstream,
+        gateway(text.replace("{base}", upstream.base_url)) as gw,
+    ):
+        r = httpx.post(gw.v1 + "/chat/completions", json=BODY)
+        assert r.status_code == 401
+        assert "UP_KEY" in r.json()["error"]["message"]
 
 
 def test_extra_body_fields_are_added_only_where_the_client_did_not_set_them() -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import openai
+from stack import FAST, gateway, simulators
 
 from latgate.sim import SimOptions
-from stack import FAST, gateway, simulators
 
 SEEDS = Path(__file__).parent / "fixtures"
 LONG_CJK_PROMPT = "请总结以下内容：" + "测试" * 20000
