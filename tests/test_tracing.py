@@ -234,3 +234,25 @@ def test_unknown_exporter_logs_one_line_and_leaves_tracing_off(caplog: pytest.Lo
     assert [r.getMessage() for r in caplog.records] == [
         "tracing off: OTEL_TRACES_EXPORTER=zipkin is not one of otlp, console"
     ]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/completions", {"model": "m", "prompt": "hi"}),
+        ("/messages", {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}),
+        ("/responses", {"model": "m", "input": "hi"}),
+    ],
+)
+def test_every_proxied_api_gets_its_span_and_traceparent_upstream(path: str, body: dict[str, object]) -> None:
+    exporter = InMemorySpanExporter()
+    with traced_gateway(ReplayScript.json_response(200, CHAT_BODY), exporter=exporter) as (upstream, v1):
+        r = httpx.post(v1 + path, json=body, headers={"traceparent": CLIENT_TRACEPARENT})
+        assert r.status_code == 200
+    span = only_span(exporter)
+    assert span.name == "POST /v1" + path
+    assert format(span.context.trace_id, "032x") == CLIENT_TRACE_ID
+    assert dict(span.attributes or {})["gen_ai.response.model"] == "m"
+    assert parse_traceparent(upstream.requests[0].header("traceparent"))[1] == format(
+        span.context.span_id, "016x"
+    )
