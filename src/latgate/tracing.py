@@ -155,7 +155,9 @@ def tracing_from_env(env: Mapping[str, str]) -> Tracing | None:
         return None
     exporter_name = env.get("OTEL_TRACES_EXPORTER", "").strip().lower() or "otlp"
     if exporter_name not in EXPORTERS:
-        log.warning("tracing off: OTEL_TRACES_EXPORTER=%s is not one of %s", exporter_name, ", ".join(EXPORTERS))
+        log.warning(
+            "tracing off: OTEL_TRACES_EXPORTER=%s is not one of %s", exporter_name, ", ".join(EXPORTERS)
+        )
         return None
     try:
         from opentelemetry.sdk.resources import Resource
@@ -170,8 +172,9 @@ def tracing_from_env(env: Mapping[str, str]) -> Tracing | None:
             exporter = ConsoleSpanExporter()
     except ImportError as error:
         log.warning(
-            "tracing off: OpenTelemetry is configured but %s is not installed (pip install 'latgate[tracing]')",
-            error.name or "the SDK",
+            "tracing off: OTEL_* variables ask for traces but the OpenTelemetry SDK or exporter is not"
+            " installed (no module %s; pip install 'latgate[tracing]')",
+            error.name or "opentelemetry",
         )
         return None
     service = env.get("OTEL_SERVICE_NAME", "").strip() or "latgate"
