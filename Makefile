@@ -25,7 +25,6 @@ check: $(VENV)/.installed
 # ruff is not in the dev extra yet: fetched on first use (pinned: the rule set changes between versions).
 # No `ruff format --check`: ~48 files predate the formatter and the tree is not reformatted wholesale.
 lint: $(VENV)/.installed  ## lint src, tests and benchmarks with ruff (config: pyproject.toml [tool.ruff])
-	$(BIN)/python -m ruff --version >/dev/null 2>&1 || $(BIN)/python -m pip install -q --disable-pip-version-check 'ruff==0.17.6'
 	$(BIN)/python -m ruff check src tests benchmarks
 
 clean:

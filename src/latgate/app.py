@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI
-from starlette.exceptions import HTTPException
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -34,8 +34,8 @@ from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
 from latgate.gateway import Gateway, request_id
 from latgate.metrics import Metrics
-from latgate.proxy.exchange import CLIENT_CLOSED
 from latgate.providers.monitor import run_monitor
+from latgate.proxy.exchange import CLIENT_CLOSED
 from latgate.reload import Reloader, UpstreamClients, reload_endpoint
 from latgate.state import StateStores, run_health_sync
 from latgate.tracing import Tracing, tracing_from_env
@@ -76,7 +76,7 @@ class LatgateApp:
                     response = await handler(request)
                 except ClientDisconnect:  # the client left while sending its body
                     response = Response(status_code=CLIENT_CLOSED)
-                except Exception as exc:  # a bug: never a traceback to the client
+                except Exception as exc:  # noqa: BLE001  # a bug: a 500 envelope, never a traceback to the client
                     response = await _unexpected(request, exc)
                 await response(scope, receive, send)
                 return
