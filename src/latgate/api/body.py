@@ -95,10 +95,18 @@ def error_response(error: GatewayError, *, request_id: str, extra_headers: dict[
     return Response(content=error.body(), status_code=error.status, headers=headers, media_type="application/json")
 
 
+#: The disconnect watch starts this long after the work: most of a request's wait is the
+#: upstream's (seconds), and a request answered sooner does without the watcher task
+#: (~5% of a fast proxied request's instructions); a client that left is still noticed
+#: within this time of starting to wait.
+WATCH_AFTER_SECONDS = 0.02
+
+
 async def until_client_leaves(request: Request, work: Awaitable[T]) -> T:
     """Await ``work`` (routing and the wait for the upstream's first token), cancelling
-    it as soon as the client disconnects, so an abandoned request closes its upstream
-    connection at once instead of holding it until a timeout.
+    it when the client disconnects (noticed at most :data:`WATCH_AFTER_SECONDS` after the
+    wait began, then at once), so an abandoned request closes its upstream connection
+    instead of holding it until a timeout.
 
     Call only after the body was read: from then on the ASGI ``receive`` channel
     carries nothing but ``http.disconnect``.
@@ -108,7 +116,9 @@ async def until_client_leaves(request: Request, work: Awaitable[T]) -> T:
     """
     task = asyncio.current_task()
     assert task is not None
+    loop = asyncio.get_running_loop()
     left = False
+    watcher: asyncio.Task[None] | None = None
 
     async def watch() -> None:
         nonlocal left
@@ -117,7 +127,11 @@ async def until_client_leaves(request: Request, work: Awaitable[T]) -> T:
         left = True
         task.cancel()
 
-    watcher = asyncio.create_task(watch())
+    def start_watching() -> None:
+        nonlocal watcher
+        watcher = loop.create_task(watch())
+
+    timer = loop.call_later(WATCH_AFTER_SECONDS, start_watching)
     try:
         return await work
     except asyncio.CancelledError:
@@ -126,4 +140,6 @@ async def until_client_leaves(request: Request, work: Awaitable[T]) -> T:
         task.uncancel()
         raise ClientClosedRequest("the client closed the connection before the answer began") from None
     finally:
-        watcher.cancel()
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
