@@ -96,7 +96,6 @@ class Gateway:
         """Proxy one OpenAI request (``path`` is ``/chat/completions``, ``/completions`` or
         ``/embeddings``). Never raises: errors become envelopes."""
         exchange = self.new_exchange(request, path=path)
-        request_id = exchange.request_id
         try:
             caller = None if self.guard is None else self.guard.authenticate(request.headers)
             body = await read_json_object(request, max_bytes=self.config.server.max_body_bytes)
@@ -106,8 +105,7 @@ class Gateway:
                 request, self.proxy(exchange, body=body, headers=request.headers, path=path, caller=caller)
             )
         except GatewayError as error:
-            self.fail(exchange, error)
-            return error_response(error, request_id=request_id, extra_headers=self.route_headers(exchange))
+            return self.fail(exchange, error)
         except ClientDisconnect:  # gone while sending its body: nothing went upstream
             exchange.status, exchange.error_kind = CLIENT_CLOSED, "client_closed"
             exchange.finish(self.metrics)
@@ -207,15 +205,20 @@ class Gateway:
             exchange.trace = self.tracing.start(path=path, headers=request.headers)
         return exchange
 
-    def fail(self, exchange: Exchange, error: GatewayError) -> None:
-        """Record a request that ended in ``error`` (metrics, access log)."""
+    def fail(self, exchange: Exchange, error: GatewayError) -> Response:
+        """Record a request that ended in ``error`` and render its OpenAI envelope (see
+        :meth:`record_failure`)."""
+        return error_response(
+            error, request_id=exchange.request_id, extra_headers=self.record_failure(exchange, error)
+        )
+
+    def record_failure(self, exchange: Exchange, error: GatewayError) -> dict[str, str]:
+        """Record a request that ended in ``error`` (metrics, access log); returns the
+        response headers naming where it went, when it went anywhere
+        (``X-Latgate-Provider``, ``X-Latgate-Route-Reason``), for any envelope."""
         exchange.status = error.status
         exchange.error_kind = error.code or error.type
         exchange.finish(self.metrics)
-
-    @staticmethod
-    def route_headers(exchange: Exchange) -> dict[str, str]:
-        """Response headers naming where a failed request went, when it went anywhere."""
         if not exchange.provider:
             return {}
         return {"x-latgate-provider": exchange.provider, "x-latgate-route-reason": exchange.reason}

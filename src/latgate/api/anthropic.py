@@ -54,9 +54,8 @@ async def messages(request: Request) -> object:
         )
         return await until_client_leaves(request, forwarded)
     except GatewayError as error:
-        gateway.fail(exchange, error)
         return error_response(
-            error, request_id=exchange.request_id, extra_headers=gateway.route_headers(exchange)
+            error, request_id=exchange.request_id, extra_headers=gateway.record_failure(exchange, error)
         )
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from latgate.api.body import error_response, read_json_object, until_client_leaves
+from latgate.api.body import read_json_object, until_client_leaves
 from latgate.config.schema import ProviderConfig
 from latgate.errors import GatewayError
 from latgate.gateway import Gateway
@@ -69,10 +69,7 @@ async def create_response(request: Request) -> Any:
             )
         return await until_client_leaves(request, forwarded)
     except GatewayError as error:
-        gateway.fail(exchange, error)
-        return error_response(
-            error, request_id=exchange.request_id, extra_headers=gateway.route_headers(exchange)
-        )
+        return gateway.fail(exchange, error)
 
 
 def serves_responses(providers: Mapping[str, ProviderConfig], decision: RouteDecision) -> bool:
