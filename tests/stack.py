@@ -7,7 +7,9 @@ import contextlib
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import httpx
 from replay import ReplayScript, ReplayServer, replay_server
 from servers import serve_app
 
@@ -166,3 +168,12 @@ def demo_stack(
 
 def quiet_access_log() -> None:
     logging.getLogger("latgate.access").setLevel(logging.INFO)
+
+
+def leave_after_first_content(url: str, body: dict[str, Any]) -> None:
+    """POST a streamed ``body`` to ``url``, read until the first chunk with generated
+    content, then close the connection (a client leaving mid-stream)."""
+    with httpx.Client(timeout=10) as client, client.stream("POST", url, json=body) as response:
+        for line in response.iter_lines():
+            if '"content":"' in line and '"content":""' not in line:
+                return

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 from replay import ReplayScript, load_stream, replay_server, split_points
-from stack import gateway
+from stack import gateway, leave_after_first_content
 
 STREAM = load_stream("vllm_chat")
 EVENTS = split_points(STREAM, "events")
@@ -164,13 +164,7 @@ def test_client_disconnecting_mid_stream_closes_the_upstream_and_counts_a_499() 
         replay_server(ReplayScript.sse(STREAM)) as backup,
         gateway(fault_config(FAULTS["dies mid-stream"], primary.base_url, backup.base_url)) as gw,
     ):
-        with (
-            httpx.Client(timeout=10) as client,
-            client.stream("POST", gw.v1 + "/chat/completions", json=BODY) as r,
-        ):
-            for line in r.iter_lines():
-                if '"content":"' in line and '"content":""' not in line:
-                    break
+        leave_after_first_content(gw.v1 + "/chat/completions", BODY)
         assert primary.client_closed.wait(5)
         metrics = httpx.get(gw.url + "/metrics").text
     assert 'latgate_requests_total{code="499",model="other",provider="primary"} 1.0' in metrics

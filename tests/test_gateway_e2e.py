@@ -8,7 +8,7 @@ import re
 import httpx
 import openai
 import pytest
-from stack import FAST, demo_stack
+from stack import FAST, demo_stack, leave_after_first_content
 
 from latgate.sim import SimOptions
 
@@ -131,13 +131,7 @@ def test_client_disconnect_closes_the_upstream_request() -> None:
     slow = SimOptions(name="vllm", tpot_ms=20, default_max_tokens=500, max_output_tokens=500)
     with demo_stack(vllm=slow) as stack:
         body = {"model": "glm-5.1", "messages": MESSAGES, "stream": True}
-        with (
-            httpx.Client(timeout=10) as client,
-            client.stream("POST", stack.v1 + "/chat/completions", json=body) as r,
-        ):
-            for line in r.iter_lines():
-                if '"content":"' in line and '"content":""' not in line:
-                    break
+        leave_after_first_content(stack.v1 + "/chat/completions", body)
         assert stack.sims["vllm"].stats.disconnected_event.wait(5)
         metrics = httpx.get(stack.url + "/metrics").text
         assert 'latgate_in_flight_requests{provider="vllm"} 0.0' in metrics

@@ -12,7 +12,7 @@ import json
 import httpx
 import pytest
 from replay import ReplayScript, load_expect, load_stream, replay_server, split_points, stream_fixture_names
-from stack import gateway
+from stack import gateway, leave_after_first_content
 
 CONFIG = """
 [defaults]
@@ -156,10 +156,7 @@ def test_client_closing_mid_stream_closes_the_upstream_connection() -> None:
     events = split_points(body, "events")
     script = ReplayScript.sse(body[: events[3]], split_at=events[:3], end="stall")
     with replay_server(script) as upstream, gateway(config(upstream.base_url)) as gw:
-        with httpx.Client(timeout=10) as client, client.stream("POST", gw.v1 + "/chat/completions", json=BODY) as r:
-            for line in r.iter_lines():
-                if '"content":"' in line and '"content":""' not in line:
-                    break
+        leave_after_first_content(gw.v1 + "/chat/completions", BODY)
         assert upstream.client_closed.wait(5)
 
 
