@@ -4,6 +4,7 @@ on the client's behalf, the model name rewritten back to an alias)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -66,6 +67,7 @@ def client_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, b
 _MEDIA_TYPE = re.compile(r"[a-z0-9!#$&^_.+-]{1,64}/[a-z0-9!#$&^_.+-]{1,64}")
 
 
+@functools.lru_cache(maxsize=64)  # upstreams repeat the same few values
 def media_type(content_type: str) -> str:
     """The upstream's media type without parameters (an upstream's parameters can echo
     anything, a key included; JSON and SSE are UTF-8 by definition: RFC 8259, the HTML
