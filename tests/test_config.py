@@ -463,3 +463,23 @@ def test_config_is_frozen():
     config = load(VLLM)
     with pytest.raises(Exception):  # noqa: B017 - pydantic raises ValidationError for frozen models
         config.routing.default_route = "other"  # type: ignore[misc]
+
+
+def test_endpoints_may_be_tables_with_per_replica_batch_size_and_weight() -> None:
+    from latgate.metrics import Metrics
+    from latgate.providers import ProviderPool
+
+    text = """
+[providers.p]
+endpoints = ["http://a:1/v1", { url = "http://b:1/v1", max_batch_size = 2, weight = 0.5 }]
+max_batch_size = 8
+"""
+    config = load_config_text(text, source="t.toml")
+    a, b = config.providers["p"].endpoints
+    assert (a.max_batch_size, a.weight) == (None, 1.0) and (b.max_batch_size, b.weight) == (2, 0.5)
+    pool = ProviderPool(config, metrics=Metrics(providers=config.providers, models=[]), env={})
+    assert [ep.capacity for ep in pool["p"].endpoints] == [8, 2]
+    with pytest.raises(ConfigError, match="max_batch_size"):
+        load_config_text(text.replace("max_batch_size = 2", "max_batch_size = 0"), source="t.toml")
+    with pytest.raises(ConfigError, match="weigth"):
+        load_config_text(text.replace("weight = 0.5", "weigth = 0.5"), source="t.toml")

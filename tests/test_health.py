@@ -78,18 +78,28 @@ def test_a_failed_trial_opens_it_again_for_twice_as_long_up_to_the_maximum() -> 
     assert lengths == [10.0, 15.0, 15.0]
 
 
-def test_failed_probes_open_the_circuit_and_a_good_probe_closes_it_after_the_time_out() -> None:
+def test_failed_probes_open_the_circuit_and_good_probes_bring_it_back_before_the_time_out() -> None:
     clock = Clock()
-    b = breaker(clock, open_sec=5.0)
+    b = breaker(clock, open_sec=60.0)
     b.on_probe("k", ok=False)
     assert b.state("k") == "closed"
     b.on_probe("k", ok=False)
     assert b.state("k") == "open" and b.store.get("k").reason == "probes"
     b.on_probe("k", ok=True)
-    assert b.state("k") == "open", "not before its time out"
-    clock.now += 5.0
+    assert b.state("k") == "half_open", "the engine answers again: a trial now, not in 60 s"
     b.on_probe("k", ok=True)
     assert b.state("k") == "closed"
+
+
+def test_an_engine_answering_its_load_gauges_gives_an_errored_endpoint_its_trial_at_once() -> None:
+    b = breaker(Clock(), open_sec=60.0)
+    for _ in range(5):
+        b.on_failure("k")
+    assert b.state("k") == "open"
+    transition = b.on_alive("k")
+    assert transition is not None and b.state("k") == "half_open"
+    b.eject("slow", reason="latency")
+    assert b.on_alive("slow") is None and b.state("slow") == "open", "answering says nothing of speed"
 
 
 def test_a_latency_ejection_is_ended_by_a_fast_trial_not_by_a_probe_or_a_success() -> None:
@@ -181,11 +191,14 @@ def test_an_endpoint_far_slower_than_its_peers_is_ejected_for_latency() -> None:
     p = pool(Clock())
     first_tokens(p, 0, 20.0, 5)
     first_tokens(p, 1, 25.0, 5)
-    first_tokens(p, 2, 400.0, 2)
+    first_tokens(p, 2, 400.0, 4)
     assert p["p"].endpoints[2].healthy, "not judged before a few first tokens"
     first_tokens(p, 2, 400.0, 1)
     ep = p["p"].endpoints[2]
     assert not ep.healthy and p.breaker.store.get(ep.key).reason == "latency"
+    assert ep.ejection_evidence is not None and "400 ms measured" in ep.ejection_evidence
+    described = p.describe()["p"]["endpoints"][2]
+    assert described["ejection_evidence"] == ep.ejection_evidence
     assert p["p"].endpoints[0].healthy and p["p"].endpoints[1].healthy
 
 
@@ -194,7 +207,7 @@ def test_a_slow_endpoint_comes_back_after_a_fast_trial_with_a_fresh_prediction()
     p = pool(clock)
     first_tokens(p, 0, 20.0, 5)
     first_tokens(p, 1, 25.0, 5)
-    first_tokens(p, 2, 400.0, 3)
+    first_tokens(p, 2, 400.0, 5)
     ep = p["p"].endpoints[2]
     clock.now += 10.0
     first_tokens(p, 2, 400.0, 1)  # still slow: out for twice as long

@@ -72,9 +72,9 @@ def test_a_request_that_cannot_risk_a_trial_passes_a_half_open_endpoint_over() -
 def test_power_of_two_compares_only_the_two_drawn() -> None:
     views = [
         V(predicted_ttft_ms=10.0),
-        V(predicted_ttft_ms=50.0),
+        V(predicted_ttft_ms=500.0),
         V(predicted_ttft_ms=30.0),
-        V(predicted_ttft_ms=40.0),
+        V(predicted_ttft_ms=200.0),
     ]
     assert choose_power_of_two(views, draws=(1, 2)) == 3  # the pair is (1, 3)
     assert choose_power_of_two(views, draws=(0, 0)) == 0  # the pair is (0, 1)
@@ -82,7 +82,7 @@ def test_power_of_two_compares_only_the_two_drawn() -> None:
 
 def test_power_of_two_spreads_a_burst_instead_of_herding_on_the_best() -> None:
     rng = random.Random(7)
-    views = [V(predicted_ttft_ms=10.0 + i) for i in range(8)]
+    views = [V(predicted_ttft_ms=10.0 * 2**i) for i in range(8)]
     picks = collections.Counter(
         choose_power_of_two(views, draws=(rng.getrandbits(30), rng.getrandbits(30))) for _ in range(800)
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import openai
+import pytest
 from stack import FAST, gateway, simulators
 
 from latgate.sim import SimOptions
@@ -125,3 +126,45 @@ def test_seed1_unmarked_request_stays_on_the_vllm_pool() -> None:
         assert raw.headers["x-latgate-provider"] == "vllm"
         assert raw.headers["x-latgate-route-reason"] == "default"
         assert sims["tile-rt"][1].stats.requests_total == 0
+
+
+SEED1_SHAPE_TABLES = """
+[providers.tile-rt]
+api_base = "{tile-rt}/v1"
+connector = "vllm"
+max_batch_size = 8
+[providers.vllm]
+api_base = "{vllm}/v1"
+connector = "vllm"
+[routing]
+latency_threshold_ms = 200
+route_latency_sensitive_to = "tile-rt"
+default_route = "vllm"
+"""
+
+
+def seed1_shape_tables(urls: dict[str, str]) -> str:
+    """The seed1 shape written as provider tables without roles (no role prior to help)."""
+    return SEED1_SHAPE_TABLES.replace("{tile-rt}", urls["tile-rt"]).replace("{vllm}", urls["vllm"])
+
+
+@pytest.mark.parametrize("config", [seed1_text, seed1_shape_tables], ids=["seed1", "provider-tables"])
+def test_seed1_after_an_ordinary_stream_latency_sensitive_requests_still_reach_the_idle_decode_pool(config) -> None:
+    with seed1_sims() as sims, gateway(config({k: v[0] for k, v in sims.items()})) as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
+        ordinary = client.chat.completions.with_raw_response.create(
+            model="glm-5.1-highspeed", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        list(ordinary.parse())
+        assert ordinary.headers["x-latgate-provider"] == "vllm"
+        for _ in range(5):
+            raw = client.chat.completions.with_raw_response.create(
+                model="glm-5.1-highspeed",
+                messages=[{"role": "user", "content": "hi"}],
+                stream=True,
+                extra_headers={"X-Latency-Sensitive": "1", "X-Latgate-Debug": "1"},
+            )
+            assert "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+            assert raw.headers["x-latgate-provider"] == "tile-rt", raw.headers.get("x-latgate-route-candidates")
+            assert raw.headers["x-latgate-route-reason"] == "latency_sensitive"
+        assert sims["tile-rt"][1].stats.requests_total == 5

@@ -4,6 +4,7 @@ baselines) and latgate's predicted-TTFT choice and prefix affinity; explanations
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 from collections.abc import Iterator
@@ -80,10 +81,11 @@ def test_least_outstanding_avoids_the_endpoint_holding_a_long_stream(strategy: s
 def test_latgate_sends_traffic_to_the_endpoint_with_the_lower_predicted_ttft() -> None:
     slow = SimOptions(name="a", ttft_overhead_ms=150.0, tpot_ms=0.5, default_max_tokens=4)
     with stack("latgate", a=slow) as gw:
-        for n in range(8):
+        for n in range(20):
             send(gw, body(user=f"question {n}"))
         a, b = counts(gw)
-        assert a <= 2 and b >= 6, f"slow endpoint got {a} of 8"
+        # each is measured a few times (unknown is not slow), then the slow one only explored
+        assert 3 <= a <= 5 and b >= 15, f"slow endpoint got {a} of 20"
 
 
 def test_prefix_affinity_keeps_a_system_prompt_on_one_endpoint() -> None:
@@ -156,3 +158,17 @@ def test_route_url_names_the_missing_admin_key(tmp_path, capsys: pytest.CaptureF
         assert code == 1 and "401" in err and "--api-key" in err
         code, out, _ = run_route("--url", gw.url, "--api-key", "admin-key", str(request), capsys=capsys)
         assert code == 0 and json.loads(out)["provider"] == "p"
+
+
+def test_latgate_splits_streams_evenly_between_two_cold_identical_replicas() -> None:
+    with stack("latgate") as gw, httpx.Client(timeout=10) as client:
+
+        def one(n: int) -> None:
+            with client.stream("POST", gw.v1 + "/chat/completions", json=body(user=f"q {n}")) as response:
+                assert response.status_code == 200
+                response.read()
+
+        with concurrent.futures.ThreadPoolExecutor(4) as workers:
+            list(workers.map(one, range(40)))
+        a, b = counts(gw)
+        assert a + b == 40 and min(a, b) >= 14, f"split {a} / {b}"

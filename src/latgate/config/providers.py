@@ -2,7 +2,8 @@
 
 One section gives its address as ``api_base`` (``base_url`` is a synonym) or as
 ``endpoints = ["http://a:1/v1", {url = "http://b:2/v1"}]`` for replicas, whose ids are
-``NAME-0``, ``NAME-1``... in order (one ``api_base`` is the endpoint ``NAME-0``). URLs
+``NAME-0``, ``NAME-1``... in order (one ``api_base`` is the endpoint ``NAME-0``); a
+table entry may also give that replica's ``max_batch_size`` and ``weight``. URLs
 must be http(s) with a host, without whitespace, query or fragment (not even an empty
 ``?`` or ``#``: paths are appended to the base), and without ``user:password@`` when
 ``api_key_env`` is set (the upstream can take one ``Authorization`` only); only a
@@ -122,12 +123,12 @@ def _endpoints(section: ProviderSection, *, source: str) -> tuple[EndpointConfig
             fix="give one address: api_base (base_url is the same key) or endpoints = [...] for replicas",
         )
     if given[0] != "endpoints":
-        urls = [(key_path(section.key, given[0]), table[given[0]])]
+        urls = [(key_path(section.key, given[0]), table[given[0]], {})]
     else:
         urls = _endpoint_urls(table["endpoints"], source=source, key=key_path(section.key, "endpoints"))
     seen: dict[str, str] = {}
     endpoints = []
-    for index, (key, url) in enumerate(urls):
+    for index, (key, url, settings) in enumerate(urls):
         api_base = _checked_url(url, source=source, key=key)
         if "api_key_env" in table and urlsplit(api_base).username is not None:
             raise ConfigError(
@@ -146,11 +147,13 @@ def _endpoints(section: ProviderSection, *, source: str) -> tuple[EndpointConfig
                 fix="list each replica once",
             )
         seen[calls] = key
-        endpoints.append(EndpointConfig(id=f"{section.name}-{index}", api_base=api_base))
+        endpoints.append(EndpointConfig(id=f"{section.name}-{index}", api_base=api_base, **settings))
     return tuple(endpoints)
 
 
-def _endpoint_urls(value: object, *, source: str, key: str) -> list[tuple[str, object]]:
+def _endpoint_urls(value: object, *, source: str, key: str) -> list[tuple[str, object, dict[str, object]]]:
+    """Each entry's key path, URL and per-endpoint settings (``max_batch_size``,
+    ``weight`` of a table entry)."""
     if not isinstance(value, list) or not value:
         raise ConfigError(
             source=source,
@@ -158,10 +161,10 @@ def _endpoint_urls(value: object, *, source: str, key: str) -> list[tuple[str, o
             message=f"expected a non-empty list of URLs, got {show(value)}",
             fix='write endpoints = ["http://HOST:PORT/v1", ...] or [{ url = "http://HOST:PORT/v1" }, ...]',
         )
-    urls: list[tuple[str, object]] = []
+    urls: list[tuple[str, object, dict[str, object]]] = []
     for index, item in enumerate(value):
         if isinstance(item, dict):
-            check_keys(item, ("url",), source=source, prefix=key_path(key, index))
+            check_keys(item, ("url", *_ENDPOINT_SETTINGS), source=source, prefix=key_path(key, index))
             if "url" not in item:
                 raise ConfigError(
                     source=source,
@@ -169,10 +172,32 @@ def _endpoint_urls(value: object, *, source: str, key: str) -> list[tuple[str, o
                     message="missing",
                     fix='write { url = "http://HOST:PORT/v1" }',
                 )
-            urls.append((key_path(key, index, "url"), item["url"]))
+            settings = {
+                name: _endpoint_setting(item[name], name, source=source, key=key_path(key, index, name))
+                for name in _ENDPOINT_SETTINGS
+                if name in item
+            }
+            urls.append((key_path(key, index, "url"), item["url"], settings))
         else:
-            urls.append((key_path(key, index), item))
+            urls.append((key_path(key, index), item, {}))
     return urls
+
+
+_ENDPOINT_SETTINGS = ("max_batch_size", "weight")
+
+
+def _endpoint_setting(value: object, name: str, *, source: str, key: str) -> object:
+    """A table entry's ``max_batch_size`` (a whole number >= 1) or ``weight`` (a number > 0)."""
+    whole = name == "max_batch_size"
+    ok = not isinstance(value, bool) and isinstance(value, int if whole else (int, float)) and value > 0
+    if not ok:
+        raise ConfigError(
+            source=source,
+            key=key,
+            message=f"expected a {'whole number' if whole else 'number'} above 0, got {show(value)}",
+            fix=f"write {name} = {'8' if whole else '1'}",
+        )
+    return value if whole else float(value)
 
 
 def _checked_url(url: object, *, source: str, key: str) -> str:

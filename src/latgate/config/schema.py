@@ -87,11 +87,15 @@ class EndpointConfig(Frozen):
     label. ``api_base`` is the base URL as configured (trailing slash removed);
     ``base_url`` is the same with exactly one version segment (see
     :func:`versioned_base`), to which OpenAI paths such as ``/chat/completions`` are
-    appended.
+    appended. ``max_batch_size`` (batch slots of this replica, overriding the
+    provider's) and ``weight`` (its share of load under ``least_outstanding`` and
+    ``latgate``, default 1) come from an ``endpoints`` table entry.
     """
 
     id: str
     api_base: str
+    max_batch_size: int | None = Field(default=None, gt=0)
+    weight: float = Field(default=1.0, gt=0)
 
     @functools.cached_property
     def base_url(self) -> str:  # computed once: it is read on every proxied request
@@ -152,7 +156,10 @@ class RoutingConfig(Frozen):
     ``default_route`` is always set after loading (the first provider when the file
     names none). ``fallbacks`` maps a provider to the providers tried, in order, when
     it fails before the first byte reached the client. ``strategy`` is one of
-    :data:`STRATEGIES`.
+    :data:`STRATEGIES`. ``exploration_share``: under ``latgate``, at most this share of
+    requests with a budget is spent refreshing an endpoint whose estimate is thin or
+    stale while a measured endpoint can take them (requests without a budget explore
+    freely).
     """
 
     default_route: str
@@ -165,6 +172,7 @@ class RoutingConfig(Frozen):
     allow_route_override: bool = False
     strategy: Literal["latgate", "round_robin", "least_outstanding", "rules"] = "latgate"
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
+    exploration_share: float = Field(default=0.03, ge=0, le=1)
 
 
 class ModelConfig(Frozen):
@@ -225,7 +233,11 @@ class HealthConfig(Frozen):
         latency_factor / latency_margin_ms: with strategy ``latgate``, an endpoint
             whose predicted time to first token exceeds ``latency_factor`` times the
             median of its provider's other endpoints plus ``latency_margin_ms`` is
-            ejected as too slow (then tried again like an open circuit).
+            ejected as too slow (then tried again like an open circuit), on enough
+            observations and unless its queue or overload explains it.
+        max_ejection_share: latency ejection never leaves more than this share of a
+            provider's endpoints (at least one may go) or of its batch slots out of
+            service, and never the last endpoint in service.
     """
 
     probe_interval_sec: float = Field(default=5.0, ge=0)
@@ -237,6 +249,7 @@ class HealthConfig(Frozen):
     max_open_sec: float = Field(default=60.0, gt=0)
     latency_factor: float = Field(default=3.0, gt=1)
     latency_margin_ms: float = Field(default=50.0, ge=0)
+    max_ejection_share: float = Field(default=0.5, gt=0, le=1)
 
 
 class Config(Frozen):

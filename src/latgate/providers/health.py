@@ -4,7 +4,8 @@
 
     closed --(failure_threshold failed requests, or probe_failure_threshold failed
     |         probes in a row, or ejected as too slow)--> open
-    open   --(open_sec elapsed)--> half_open: one trial at a time
+    open   --(open_sec elapsed, or the engine answers again: a good probe or load
+    |         read, when it opened for errors or probes)--> half_open: one trial at a time
     half_open --(trial succeeds)--> closed
     half_open --(trial fails)--> open again, for twice as long (up to max_open_sec)
 
@@ -30,6 +31,8 @@ from latgate.config.schema import HealthConfig
 
 CircuitState = Literal["closed", "open", "half_open"]
 OpenReason = Literal["errors", "probes", "latency", "shared"]
+_ALIVE_ENDS = ("errors", "probes", "shared")
+"""Open reasons that an engine answering again ends (not ``latency``)."""
 CLOSED: CircuitState = "closed"
 OPEN: CircuitState = "open"
 HALF_OPEN: CircuitState = "half_open"
@@ -158,8 +161,10 @@ class CircuitBreaker:
         state = self._refresh(record)
         if ok:
             record.consecutive_probe_failures = 0
-            if state == HALF_OPEN and record.reason in ("errors", "probes", "shared"):
+            if state == HALF_OPEN and record.reason in _ALIVE_ENDS:
                 return self._close(key, record)
+            if state == OPEN and record.reason in _ALIVE_ENDS:
+                return self._half_open(key, record)
             self.store.put(key, record)
             return None
         record.consecutive_probe_failures += 1
@@ -169,6 +174,20 @@ class CircuitBreaker:
             return self._open(key, record, "probes")
         self.store.put(key, record)
         return None
+
+    def on_alive(self, key: str) -> Transition | None:
+        """The engine answered something other than a request (its load gauges): an
+        endpoint open for errors or probes gets its trial now rather than after its
+        time out; one ejected for latency waits (answering says nothing of speed)."""
+        record = self.store.get(key)
+        if self._refresh(record) == OPEN and record.reason in _ALIVE_ENDS:
+            return self._half_open(key, record)
+        return None
+
+    def _half_open(self, key: str, record: CircuitRecord) -> Transition:
+        record.state = HALF_OPEN
+        self.store.put(key, record)
+        return Transition(key=key, before=OPEN, after=HALF_OPEN, reason=record.reason)
 
     def eject(self, key: str, *, reason: OpenReason) -> Transition | None:
         """Open the circuit now (too slow, or ejected by another replica)."""

@@ -12,7 +12,8 @@
   ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` at ``/metrics`` of the
   server root; SGLang ``sglang:num_running_reqs`` / ``sglang:num_queue_reqs``), every
   ``load_interval_sec``; the TTFT prediction counts the requests the engine has beyond
-  latgate's own. An endpoint that answers 404 there is not asked again. A failed read
+  latgate's own; an endpoint whose circuit opened for errors and whose engine answers
+  here again gets its trial request at once. An endpoint that answers 404 there is not asked again. A failed read
   changes nothing (the numbers go stale and are ignored after a few seconds).
 
 :func:`run_monitor` runs both loops until cancelled (the app's lifespan starts and
@@ -151,6 +152,7 @@ class Monitor:
         if running is None and waiting is None:
             return
         self.pool.record_engine_load(
+            runtime,
             endpoint,
             running=None if running is None else int(running),
             waiting=None if waiting is None else int(waiting),

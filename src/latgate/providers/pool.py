@@ -32,10 +32,10 @@ from latgate.providers.health import (
     Transition,
 )
 from latgate.providers.state import EndpointState
-from latgate.routing.policies.outlier import too_slow
+from latgate.routing.policies.outlier import LatencyEvidence, judge_outlier, too_slow
 
 log = logging.getLogger("latgate")
-MIN_LATENCY_OBSERVATIONS = 3
+MIN_LATENCY_OBSERVATIONS = 5
 """First tokens an endpoint and its peers must have shown before one is judged slow."""
 TRIAL_LEASE_SECONDS = 30.0
 """A half-open circuit's trial, once handed out, is not handed out again for this long
@@ -48,7 +48,9 @@ class ProviderRuntime:
 
     ``auth_headers`` holds ``Authorization: Bearer <key>`` when ``api_key_env`` is set
     in the environment, else nothing. It is never logged nor sent to a client.
-    ``turn`` is the round-robin counter of endpoint choice.
+    ``turn`` counts the requests routed to it (round robin's counter; equal endpoints
+    take turns by it). ``budgeted`` / ``explored``: requests with a budget routed to it,
+    and how many of those were spent refreshing thin or stale evidence.
     """
 
     config: ProviderConfig
@@ -56,6 +58,8 @@ class ProviderRuntime:
     endpoints: list[EndpointState]
     auth_headers: dict[str, str] = field(default_factory=dict)
     turn: int = 0
+    budgeted: int = 0
+    explored: int = 0
 
     @property
     def name(self) -> str:
@@ -196,6 +200,7 @@ class ProviderPool:
             "reopens_in_seconds": round(max(0.0, record.opened_at + record.open_seconds - now), 3)
             if state == OPEN
             else None,
+            "ejection_evidence": ep.ejection_evidence if record.reason == "latency" else None,
             "consecutive_failures": record.consecutive_failures,
             "in_flight": ep.in_flight,
             "requests": ep.requests,
@@ -209,7 +214,11 @@ class ProviderPool:
                 "per_1k_tokens_ms": round(predictor.per_token_ms * 1000, 2),
                 "spread_ms": round(predictor.spread_ms, 2),
                 "observations": predictor.observations,
+                "age_seconds": None if ep.observed_at is None else round(now - ep.observed_at, 3),
             },
+            "measured_ttft_ms": None if ep.measured_ttft_ms is None else round(ep.measured_ttft_ms, 1),
+            "weight": ep.config.weight,
+            "busy": ep.busy(now),
             "slot_seconds": round(ep.slot_seconds, 4),
             "itl_ms": None if ep.itl_ms is None else round(ep.itl_ms, 3),
             "engine": None
@@ -272,7 +281,7 @@ class ProviderPool:
             endpoint.trial_until = 0.0
         elapsed_ms = (time.perf_counter() - ticket.started_at) * 1000.0
         if ticket.first_token_ms is None and ticket.censored:
-            endpoint.predictor.observe_at_least(prompt_tokens=ticket.prompt_tokens, ttft_ms=elapsed_ms - ticket.queue_ms)
+            endpoint.observe_at_least(prompt_tokens=ticket.prompt_tokens, ttft_ms=elapsed_ms - ticket.queue_ms, now=self.clock())
             self._judge_latency(provider, endpoint, ticket, elapsed_ms, censored=True)
         elif ticket.succeeded:
             endpoint.observe_slot((elapsed_ms - ticket.queue_ms) / 1000.0)
@@ -282,7 +291,9 @@ class ProviderPool:
     ) -> None:
         """The attempt's first generated content came ``ttft_ms`` after sending it."""
         ticket.first_token_ms = ttft_ms
-        endpoint.predictor.observe(prompt_tokens=ticket.prompt_tokens, ttft_ms=ttft_ms - ticket.queue_ms)
+        endpoint.observe_ttft(
+            prompt_tokens=ticket.prompt_tokens, ttft_ms=ttft_ms, queue_ms=ticket.queue_ms, now=self.clock()
+        )
         self._judge_latency(provider, endpoint, ticket, ttft_ms, censored=False)
 
     def record_outcome(
@@ -314,10 +325,12 @@ class ProviderPool:
         self._apply(provider, endpoint, self.breaker.on_probe(endpoint.key, ok=ok))
 
     def record_engine_load(
-        self, endpoint: EndpointState, *, running: int | None, waiting: int | None
+        self, provider: ProviderRuntime, endpoint: EndpointState, *, running: int | None, waiting: int | None
     ) -> None:
-        """The engine's own load gauges, just read."""
+        """The engine's own load gauges, just read: it answers, so an endpoint open for
+        errors gets its trial request now."""
         endpoint.observe_engine(running=running, waiting=waiting, now=self.clock())
+        self._apply(provider, endpoint, self.breaker.on_alive(endpoint.key))
 
     # -- internals -----------------------------------------------------------------------
 
@@ -330,32 +343,64 @@ class ProviderPool:
         *,
         censored: bool,
     ) -> None:
-        """Eject an endpoint far slower than its peers; end a latency trial."""
+        """Eject an endpoint far slower than its peers (:func:`judge_outlier`); end a
+        latency trial (one first token against the peers' fitted median)."""
         if not self.latency_ejection or len(provider.endpoints) < 2:
             return
         tokens = ticket.prompt_tokens
-        peers = [
-            ep.predictor.predict_ms(tokens)
-            for ep in provider.endpoints
-            if ep is not endpoint
-            and ep.predictor.observations >= MIN_LATENCY_OBSERVATIONS
-            and self.breaker.state(ep.key) == CLOSED
-        ]
-        if not peers:
-            return
         settings = self.config.health
         if ticket.trial:
+            peers = [
+                ep.predictor.predict_ms(tokens)
+                for ep in provider.endpoints
+                if ep is not endpoint
+                and ep.predictor.observations >= MIN_LATENCY_OBSERVATIONS
+                and self.breaker.state(ep.key) == CLOSED
+            ]
+            if not peers:
+                return
             own = ttft_ms - ticket.queue_ms
-        elif endpoint.predictor.observations >= MIN_LATENCY_OBSERVATIONS:
-            own = endpoint.predictor.predict_ms(tokens)
-        else:
+            slow = too_slow(own, peers, factor=settings.latency_factor, margin_ms=settings.latency_margin_ms)
+            if censored and not slow:
+                return  # no first token yet is no verdict of speed
+            endpoint.ejection_evidence = f"trial ttft {own:.0f} ms against peers' {min(peers):.0f}-{max(peers):.0f} ms"
+            if not slow:  # back: judged from now on by what it does next
+                endpoint.predictor.restart(prompt_tokens=tokens, ttft_ms=own)
+                endpoint.ejection_evidence = None
+            self._apply(provider, endpoint, self.breaker.judge_latency(endpoint.key, too_slow=slow))
             return
-        slow = too_slow(own, peers, factor=settings.latency_factor, margin_ms=settings.latency_margin_ms)
-        if censored and not slow:
-            return  # no first token yet is no verdict of speed
-        if ticket.trial and not slow:  # back: judged from now on by what it does next
-            endpoint.predictor.restart(prompt_tokens=tokens, ttft_ms=own)
-        self._apply(provider, endpoint, self.breaker.judge_latency(endpoint.key, too_slow=slow))
+        if self.breaker.state(endpoint.key) != CLOSED:
+            return
+        now = self.clock()
+        verdict = judge_outlier(
+            self._latency_evidence(endpoint, tokens, now, measured_ms=ttft_ms if censored else None),
+            [self._latency_evidence(ep, tokens, now) for ep in provider.endpoints if ep is not endpoint],
+            factor=settings.latency_factor,
+            margin_ms=settings.latency_margin_ms,
+            min_observations=MIN_LATENCY_OBSERVATIONS,
+            max_share=settings.max_ejection_share,
+        )
+        if verdict.eject:
+            endpoint.ejection_evidence = verdict.evidence
+            self._apply(provider, endpoint, self.breaker.judge_latency(endpoint.key, too_slow=True))
+
+    def _latency_evidence(
+        self, endpoint: EndpointState, tokens: int, now: float, *, measured_ms: float | None = None
+    ) -> LatencyEvidence:
+        """``endpoint``'s record for :func:`judge_outlier` (``measured_ms``: a censored
+        attempt's elapsed time, a lower bound that counts when above its average)."""
+        predictor = endpoint.predictor
+        measured = endpoint.measured_ttft_ms or predictor.predict_ms(tokens)
+        if measured_ms is not None:
+            measured = max(measured, measured_ms)
+        return LatencyEvidence(
+            fitted_ms=predictor.predict_ms(tokens),
+            measured_ms=measured,
+            observations=predictor.observations,
+            queued=endpoint.busy(now) or endpoint.queue_ms(now) > 0.0,
+            in_service=self.breaker.state(endpoint.key) == CLOSED,
+            capacity=float(endpoint.capacity or endpoint.inferred_capacity or endpoint.config.weight),
+        )
 
     def _apply(
         self, provider: ProviderRuntime, endpoint: EndpointState, transition: Transition | None
@@ -368,10 +413,12 @@ class ProviderPool:
             self._metrics.record_ejection(
                 provider=provider.name, endpoint=endpoint_id, reason=transition.reason or "errors"
             )
+            evidence = f" on {endpoint.ejection_evidence}" if transition.reason == "latency" else ""
             log.warning(
-                "endpoint %s ejected (%s): no traffic for %.0f s, then one trial request",
+                "endpoint %s ejected (%s%s): no traffic for %.0f s, then one trial request",
                 endpoint_id,
                 transition.reason,
+                evidence,
                 record.open_seconds,
             )
         elif transition.after == CLOSED:

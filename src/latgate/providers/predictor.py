@@ -67,6 +67,15 @@ class TtftPredictor:
         self.per_token_ms = self.prior_per_token_ms
         self.spread_ms = self.prior_base_ms / 4
 
+    @property
+    def weight(self) -> float:
+        """The observations' recency-weighted count (0 before any; at most ``1 / alpha``)."""
+        return self._w
+
+    def prior_ms(self, prompt_tokens: int) -> float:
+        """The prior line's TTFT in ms for a prompt of ``prompt_tokens``."""
+        return self.prior_base_ms + self.prior_per_token_ms * prompt_tokens
+
     def predict_ms(self, prompt_tokens: int) -> float:
         """Predicted TTFT in ms for a prompt of ``prompt_tokens``, without queueing."""
         value = self.base_ms + self.per_token_ms * prompt_tokens

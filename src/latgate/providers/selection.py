@@ -6,11 +6,15 @@ only, no state) into a :class:`RoutePlan` with ``routing.strategy``:
 - ``round_robin`` / ``least_outstanding`` (``rules`` is the latter): the rules'
   provider order; endpoints in turn, or the one with the fewest in flight.
 - ``latgate``: each endpoint's predicted time to first token (queue wait plus its
-  fitted line, :mod:`latgate.providers.state`); power of two choices among them, or
-  the prompt prefix's endpoint for providers with ``enable_prefix_cache``; a request
-  with a budget whose preferred provider is predicted (90th percentile) to miss it
-  moves to the overflow candidate most likely to meet it (reason ``overflow:FROM``);
-  hedging when the decision's policy asks for it.
+  fitted line aged towards a prior by its confidence, :mod:`latgate.routing.policies.evidence`);
+  power of two choices among them with load deciding between close predictions, an
+  endpoint with thin or stale evidence explored (any request without a budget; at most
+  ``routing.exploration_share`` of those with one while a measured endpoint can take
+  them), or the prompt prefix's endpoint for providers with ``enable_prefix_cache``. A
+  request with a budget leaves its rule's provider only on evidence: at capacity
+  (reason ``overflow:FROM``) or measured too slow for the budget
+  (``predicted_miss:FROM``), for the candidate most likely to meet it; hedging when
+  the decision's policy asks for it.
 
 Under every strategy, endpoints whose circuit is open are skipped while another can
 take the request, and a provider with none left is tried after the fallbacks that
@@ -24,6 +28,7 @@ to a two-endpoint pool with prefix affinity and hedging (timed by
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Mapping
@@ -37,6 +42,14 @@ from latgate.providers.predictor import P90_SPREADS
 from latgate.providers.state import QUEUE_P90_FACTOR, EndpointState
 from latgate.routing.decision import RouteDecision, Target
 from latgate.routing.policies.deadline import first_token_deadline_ms
+from latgate.routing.policies.evidence import (
+    MIN_OBSERVATIONS,
+    aged_estimate_ms,
+    confidence,
+    leave_evidence,
+    peer_prior_ms,
+    stale,
+)
 from latgate.routing.policies.hedging import hedge_delay_ms
 from latgate.routing.policies.least_outstanding import choose_least_outstanding
 from latgate.routing.policies.overflow import choose_overflow
@@ -59,9 +72,13 @@ class Considered:
     in_flight: int
     circuit: str
     chosen: bool = False
+    observations: int = 0
+    evidence: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "observations": self.observations,
+            "evidence": self.evidence,
             "provider": self.provider,
             "endpoint": self.endpoint,
             "predicted_ttft_ms": round(self.predicted_ttft_ms, 1),
@@ -92,6 +109,8 @@ class RoutePlan:
             (``prefix``: the client's explicit affinity key when it gave one).
         predicted_ttft_ms: the first endpoint's predicted TTFT (``latgate`` only).
         overflow_from: the preferred provider, when the request overflowed from it.
+        evidence: why it left the preferred provider (``capacity: ...`` or
+            ``predicted_miss: ...``), for the debug view.
         hedge: where a second copy goes and when, or None.
         considered: every endpoint looked at (filled when explaining).
         reserved: ``endpoint`` counts this request as load until its first attempt
@@ -105,18 +124,22 @@ class RoutePlan:
     prefix: int | None = None
     predicted_ttft_ms: float | None = None
     overflow_from: str | None = None
+    evidence: str | None = None
     hedge: Hedge | None = None
     considered: list[Considered] = field(default_factory=list)
     reserved: bool = False
 
     def explain_header(self) -> str:
-        """``ENDPOINT PREDICTEDms[ CIRCUIT][ chosen]; ...`` for ``X-Latgate-Route-Candidates``."""
+        """``ENDPOINT PREDICTEDms nOBS[ CIRCUIT (EVIDENCE)][ chosen]; ...[; left FROM: EVIDENCE]``
+        for ``X-Latgate-Route-Candidates`` (``nOBS``: first tokens measured)."""
         parts = []
         for c in self.considered:
-            text = f"{c.endpoint} {c.predicted_ttft_ms:.0f}ms"
+            text = f"{c.endpoint} {c.predicted_ttft_ms:.0f}ms n{c.observations}"
             if c.circuit != "closed":
-                text += f" {c.circuit}"
+                text += f" {c.circuit}" + (f" ({c.evidence})" if c.evidence else "")
             parts.append(text + (" chosen" if c.chosen else ""))
+        if self.evidence is not None:
+            parts.append(f"left {self.overflow_from}: {self.evidence}")
         return "; ".join(parts)
 
 
@@ -133,6 +156,7 @@ class Selector:
         self.strategy = _STRATEGY.get(config.routing.strategy, config.routing.strategy)
         self._pool = pool
         self._rng = rng or random.Random()
+        self._exploration_share = config.routing.exploration_share
         timeout = config.defaults.first_token_timeout_sec
         self.configured_deadline_ms = timeout * 1000.0 if timeout else None
         self._salts = {
@@ -158,21 +182,19 @@ class Selector:
         now = self._pool.clock()
         views = self._views(runtime, plan, now, predict=latgate or explain)
         trial_ok = decision.budget_ms is None or decision.hedge
-        index = self._choose(runtime, views, plan, body, commit=commit, trial_ok=trial_ok)
+        explore = latgate and self._may_explore(runtime, views, decision.budget_ms)
+        index = self._choose(runtime, views, plan, body, commit=commit, trial_ok=trial_ok, explore=explore)
         plan.endpoint = runtime.endpoints[index]
         best = views[index]
         if explain:
             self._consider(plan, runtime, views, index)
         if latgate:
             plan.predicted_ttft_ms = best.predicted_ttft_ms
-            if decision.overflow and decision.budget_ms is not None:
-                # a trial says nothing about the provider's speed: judge it by the others
-                proven = [v.p90_ttft_ms for v in views if v.available and not v.trial]
-                estimate = (
-                    best.p90_ttft_ms if best.available and not best.trial else min(proven, default=math.inf)
-                )
-                if estimate > decision.budget_ms:
-                    self._overflow(decision, plan, estimate, now, body, explain=explain, commit=commit)
+            if decision.overflow and decision.budget_ms is not None and best.available:
+                queue_p90_ms = QUEUE_P90_FACTOR * plan.endpoint.queue_ms(now)
+                evidence = leave_evidence(views, best, budget_ms=decision.budget_ms, queue_p90_ms=queue_p90_ms)
+                if evidence is not None:
+                    self._overflow(decision, plan, best, evidence, now, body, explain=explain)
         if not best.available and len(targets) > 1 and plan.overflow_from is None:
             self._skip_unavailable(plan, now, body, commit=commit)
         if latgate and decision.hedge:
@@ -180,9 +202,33 @@ class Selector:
         if commit:
             if best.trial or plan.endpoint is not runtime.endpoints[index]:
                 self._pool.take_trial(plan.endpoint)  # only a half-open endpoint has a trial to take
+            if latgate:
+                self._note_choice(runtime, plan, best if plan.endpoint is runtime.endpoints[index] else None)
             self._pool.reserve(plan.endpoint)
             plan.reserved = True
         return plan
+
+    def _may_explore(self, runtime: ProviderRuntime, views: list[EndpointView], budget_ms: int | None) -> bool:
+        """A request without a budget may explore; one with a budget only while no
+        measured endpoint is known to meet it, or within the exploration share."""
+        if budget_ms is None:
+            return True
+        known_good = any(
+            v.available and v.observations and not v.busy and v.p90_ttft_ms <= budget_ms for v in views
+        )
+        return not known_good or runtime.explored + 1 <= self._exploration_share * runtime.budgeted
+
+    def _note_choice(self, runtime: ProviderRuntime, plan: RoutePlan, view: EndpointView | None) -> None:
+        """Count the routed request for the exploration share and the endpoint's staleness."""
+        chosen_runtime = self._pool[plan.targets[0].provider]
+        chosen_runtime.turn += 1
+        plan.endpoint.chosen_turn = chosen_runtime.turn
+        if plan.budget_ms is not None:
+            runtime.budgeted += 1
+        if view is not None and view.explore:
+            plan.endpoint.refresh = plan.endpoint.predictor.observations > 0
+            if plan.budget_ms is not None:
+                runtime.explored += 1
 
     def next_endpoint(
         self, runtime: ProviderRuntime, plan: RoutePlan, *, exclude: list[EndpointState]
@@ -220,17 +266,40 @@ class Selector:
         state_of = self._pool.breaker.state
         salts = self._salts
         tokens = plan.prompt_tokens
+        endpoints = runtime.endpoints
+        states = [state_of(ep.key) for ep in endpoints]
+        measured: list[float | None] = []
+        if predict and len(endpoints) > 1:
+            measured = [
+                ep.predictor.predict_ms(tokens)
+                if ep.predictor.observations >= MIN_OBSERVATIONS and state == CLOSED
+                else None
+                for ep, state in zip(endpoints, states, strict=True)
+            ]
+        turn = runtime.turn
         views = []
-        for ep in runtime.endpoints:
-            state = state_of(ep.key)
+        for index, (ep, state) in enumerate(zip(endpoints, states, strict=True)):
             trial = state == HALF_OPEN and now >= ep.trial_until
             view = EndpointView(ep.in_flight, state == CLOSED or trial, trial, 0.0, 0.0, salts[ep.key])
+            view.weight = ep.config.weight
             if predict:
-                queue = ep.queue_ms(now)
                 predictor = ep.predictor
-                fitted = predictor.predict_ms(tokens)
+                view.others = ep.others(now) + ep.pending
+                view.observations = observations = predictor.observations
+                age_s = math.inf if ep.observed_at is None else now - ep.observed_at
+                prior = None
+                if measured:
+                    prior = peer_prior_ms([m for i, m in enumerate(measured) if m is not None and i != index])
+                if prior is None:
+                    prior = predictor.prior_ms(tokens)
+                trust = confidence(predictor.weight, age_s) if observations else 0.0
+                fitted = aged_estimate_ms(predictor.predict_ms(tokens), prior, trust)
+                spread = aged_estimate_ms(predictor.spread_ms, prior / 4, trust)
+                queue = ep.queue_ms(now)
                 view.predicted_ttft_ms = queue + fitted
-                view.p90_ttft_ms = QUEUE_P90_FACTOR * queue + fitted + P90_SPREADS * predictor.spread_ms
+                view.p90_ttft_ms = QUEUE_P90_FACTOR * queue + fitted + P90_SPREADS * spread
+                view.busy = ep.busy(now)
+                view.explore = stale(observations=observations, age_s=age_s, routed_elsewhere=turn - ep.chosen_turn)
             views.append(view)
         return views
 
@@ -243,9 +312,11 @@ class Selector:
         *,
         commit: bool,
         trial_ok: bool = False,
+        explore: bool = False,
     ) -> int:
         """The strategy's endpoint of ``runtime``; ``trial_ok``: this request may be a
-        half-open endpoint's trial (it has no budget, or a hedge to save it)."""
+        half-open endpoint's trial (it has no budget, or a hedge to save it);
+        ``explore``: it may refresh an endpoint with thin or stale evidence."""
         if len(views) == 1:
             return 0
         strategy = self.strategy
@@ -257,13 +328,15 @@ class Selector:
                 return choose_round_robin(views, turn=turn)
             return choose_least_outstanding(views, turn=turn)
         draws = (self._rng.getrandbits(30), self._rng.getrandbits(30)) if len(views) > 2 else (0, 0)
-        fastest = choose_power_of_two(views, draws=draws, trial_first=trial_ok)
+        fastest = choose_power_of_two(views, draws=draws, trial_first=trial_ok, turn=runtime.turn, explore=explore)
         if views[fastest].trial or not runtime.config.enable_prefix_cache:
             return fastest
         if plan.prefix is None and body:
             plan.prefix = prefix_hash(body)
         if plan.prefix is None:
             return fastest
+        if explore and views[fastest].explore:  # a cached prefix is worth more than a fresh measurement
+            fastest = choose_power_of_two(views, draws=draws, trial_first=trial_ok, turn=runtime.turn)
         affine = choose_affine([v if not v.trial else _unavailable(v) for v in views], prefix=plan.prefix)
         if affine is None or not keep_affinity(views[affine], views[fastest], budget_ms=plan.budget_ms):
             return fastest
@@ -273,14 +346,16 @@ class Selector:
         self,
         decision: RouteDecision,
         plan: RoutePlan,
-        estimate: float,
+        best: EndpointView,
+        evidence: str,
         now: float,
         body: Mapping[str, Any],
         *,
         explain: bool,
-        commit: bool,
     ) -> None:
-        estimates = [estimate]
+        """Move the plan to the overflow candidate most likely to meet the budget (or
+        stay when the preferred one still is, queue and all)."""
+        estimates = [best.p90_ttft_ms]
         choices: list[tuple[ProviderRuntime, int]] = []
         for target in decision.overflow:
             runtime = self._pool[target.provider]
@@ -295,7 +370,17 @@ class Selector:
         if pick == 0:
             return
         target = decision.overflow[pick - 1]
+        if evidence == "predicted_miss":
+            target = dataclasses.replace(target, reason=f"predicted_miss:{decision.provider}")
         runtime, index = choices[pick - 1]
+        chosen = plan.endpoint
+        plan.evidence = (
+            f"{evidence} ({chosen.config.id} p90 {best.p90_ttft_ms:.0f}ms > budget {decision.budget_ms}ms, "
+            f"{best.observations} observations)"
+            if evidence == "predicted_miss"
+            else f"{evidence} ({chosen.config.id} {chosen.load(now)} on {chosen.capacity or chosen.inferred_capacity or '?'} slots"
+            f", p90 {best.p90_ttft_ms:.0f}ms)"
+        )
         plan.endpoint = runtime.endpoints[index]
         plan.predicted_ttft_ms = plan.endpoint.predicted_ttft_ms(plan.prompt_tokens, now)
         plan.overflow_from = decision.provider
@@ -377,6 +462,8 @@ class Selector:
                     in_flight=view.in_flight,
                     circuit=self._pool.breaker.state(ep.key),
                     chosen=index == chosen,
+                    observations=ep.predictor.observations,
+                    evidence=ep.ejection_evidence,
                 )
             )
 

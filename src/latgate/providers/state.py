@@ -34,15 +34,19 @@ QUEUE_P90_FACTOR = 2.0
 """The queue wait is an estimate from average slot times: requests that hold their slot
 longer than average (long generations, a slow client) make it longer, so its 90th
 percentile is taken as twice the estimate."""
+REFRESH_FACTOR = 2.0
 CAPACITY_HINT_KEYS = ("max_num_seqs", "max_running_requests")
 _PRIOR_BASE_MS = {"decode": 20.0, "prefill": 100.0, "upstream": 500.0, None: 200.0}
 PRIOR_PER_TOKEN_MS = 0.05
 """20 000 prompt tokens per second: a mid-range GPU's prefill rate."""
 
 
-def configured_capacity(provider: ProviderConfig) -> int | None:
-    """Batch slots per endpoint from the config: ``max_batch_size``, else the engine hint
+def configured_capacity(provider: ProviderConfig, endpoint: EndpointConfig | None = None) -> int | None:
+    """Batch slots of an endpoint from the config: its own ``max_batch_size`` (an
+    ``endpoints`` table entry), else the provider's, else the engine hint
     ``max_num_seqs`` (vLLM) or ``max_running_requests`` (SGLang), else None."""
+    if endpoint is not None and endpoint.max_batch_size:
+        return endpoint.max_batch_size
     if provider.max_batch_size:
         return provider.max_batch_size
     for key in CAPACITY_HINT_KEYS:
@@ -80,6 +84,15 @@ class EndpointState:
         answered_at: clock seconds of the last request it answered (None before one).
         trial_until: clock seconds until which a half-open circuit's trial is taken
             (handed to a request, or running); 0 when the next request may be the trial.
+        observed_at: clock seconds of the last first token measured (None before one).
+        measured_ttft_ms: recency-weighted measured TTFT, queueing included (None
+            before one).
+        chosen_turn: the provider's request counter when this endpoint was last chosen.
+        refresh: the next first token refreshes a stale estimate: when it disagrees
+            with the fit by more than ``REFRESH_FACTOR``, the fit restarts from it.
+        busy_until: clock seconds until which a busy answer (429) marks it at capacity.
+        ejection_evidence: the estimate its last latency verdict was based on (shown in
+            ``/admin/providers``, the debug view and the ejection's log line).
     """
 
     config: EndpointConfig
@@ -105,6 +118,12 @@ class EndpointState:
     probe_at: float | None = None
     answered_at: float | None = None
     trial_until: float = 0.0
+    observed_at: float | None = None
+    measured_ttft_ms: float | None = None
+    chosen_turn: int = 0
+    refresh: bool = False
+    busy_until: float = 0.0
+    ejection_evidence: str | None = None
 
     @classmethod
     def for_provider(
@@ -117,7 +136,7 @@ class EndpointState:
             key=f"{provider.name}:{endpoint.id}",
             breaker=breaker,
             predictor=TtftPredictor(prior_base_ms=prior_base_ms, prior_per_token_ms=PRIOR_PER_TOKEN_MS),
-            capacity=configured_capacity(provider),
+            capacity=configured_capacity(provider, endpoint),
         )
 
     # -- health (the circuit lives in the breaker's store) ------------------------------
@@ -164,6 +183,21 @@ class EndpointState:
         others = (self.engine_running or 0) + (self.engine_waiting or 0) - self.engine_own_in_flight
         return max(0, others)
 
+    def others(self, now: float) -> int:
+        """Requests the engine reported beyond latgate's own (0 when its gauges are stale)."""
+        return self._others(now)
+
+    def busy(self, now: float) -> bool:
+        """Known to be at capacity: its load at its batch slots, the engine reporting
+        waiting requests (recent gauges), or a busy answer lately."""
+        if now < self.busy_until:
+            return True
+        capacity = self.capacity or self.inferred_capacity
+        if capacity is not None and self.load(now) >= capacity:
+            return True
+        recent = self.engine_read_at is not None and now - self.engine_read_at <= ENGINE_LOAD_STALE_SECONDS
+        return recent and bool(self.engine_waiting)
+
     def queue_ms(self, now: float) -> float:
         """Expected wait for a batch slot, in ms (0 with room, or no known capacity)."""
         capacity = self.capacity or self.inferred_capacity
@@ -191,6 +225,33 @@ class EndpointState:
         return QUEUE_P90_FACTOR * self.queue_ms(now) + self.predictor.p90_ms(prompt_tokens)
 
     # -- observations -----------------------------------------------------------------------
+
+    def observe_ttft(self, *, prompt_tokens: int, ttft_ms: float, queue_ms: float, now: float) -> None:
+        """A measured first token ``ttft_ms`` after sending, ``queue_ms`` of it
+        predicted as the wait for a slot: refits the line (a refresh that disagrees
+        with a stale fit by more than ``REFRESH_FACTOR`` restarts it from this one)."""
+        predictor = self.predictor
+        own = ttft_ms - queue_ms
+        restart = False
+        if self.refresh:
+            self.refresh = False
+            ratio = max(own, 1.0) / max(predictor.predict_ms(prompt_tokens), 1.0)
+            restart = not 1.0 / REFRESH_FACTOR <= ratio <= REFRESH_FACTOR
+        if restart:
+            predictor.restart(prompt_tokens=prompt_tokens, ttft_ms=own)
+        else:
+            predictor.observe(prompt_tokens=prompt_tokens, ttft_ms=own)
+        measured = self.measured_ttft_ms
+        self.measured_ttft_ms = ttft_ms if measured is None else measured + EWMA_ALPHA * 2 * (ttft_ms - measured)
+        self.observed_at = now
+
+    def observe_at_least(self, *, prompt_tokens: int, ttft_ms: float, now: float) -> None:
+        """A censored attempt: no first token after ``ttft_ms`` (queue wait taken out);
+        evidence when it exceeds the prediction (:meth:`TtftPredictor.observe_at_least`)."""
+        before = self.predictor.observations
+        self.predictor.observe_at_least(prompt_tokens=prompt_tokens, ttft_ms=ttft_ms)
+        if self.predictor.observations != before:
+            self.observed_at = now
 
     def observe_slot(self, seconds: float) -> None:
         """A finished request held a batch slot for ``seconds``."""

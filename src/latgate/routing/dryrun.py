@@ -149,6 +149,7 @@ def decision_json(decision: RouteDecision, config: Config, plan: RoutePlan | Non
     if plan is not None:
         out["predicted_ttft_ms"] = None if plan.predicted_ttft_ms is None else round(plan.predicted_ttft_ms, 1)
         out["overflow_from"] = plan.overflow_from
+        out["evidence"] = plan.evidence
         out["hedge_plan"] = (
             None
             if plan.hedge is None

@@ -6,7 +6,7 @@ from latgate.routing.policies.view import EndpointView, usable
 
 
 def choose_least_outstanding(views: list[EndpointView], *, turn: int) -> int:
-    """The index of the available view with the fewest in flight; ties go to the first
+    """The index of the available view with the fewest in flight per unit of weight; ties go to the first
     at or after ``turn`` (mod the count), so equal endpoints take turns.
 
     Example::
@@ -18,6 +18,8 @@ def choose_least_outstanding(views: list[EndpointView], *, turn: int) -> int:
     best = -1
     for step in range(count):
         index = (turn + step) % count
-        if index in candidates and (best < 0 or views[index].in_flight < views[best].in_flight):
+        if index in candidates and (
+            best < 0 or views[index].in_flight / views[index].weight < views[best].in_flight / views[best].weight
+        ):
             best = index
     return best

@@ -1,21 +1,48 @@
-"""Power of two choices by predicted time to first token.
+"""Power of two choices by predicted time to first token, with load deciding between
+endpoints whose predictions are close.
 
 Comparing every endpoint sends each burst to whichever looked best a moment ago (the
 herd effect); comparing two drawn at random spreads load almost as well as full
 knowledge would (Mitzenmacher, "The Power of Two Choices in Randomized Load
 Balancing", 2001). With two endpoints both are compared.
+
+Two predictions within ``CLOSE_FRACTION`` of each other (plus ``CLOSE_MARGIN_MS``) are
+the same within noise: then the endpoint with less load (latgate's in flight plus the
+engine's other requests, per unit of weight) takes the request, and on equal load they
+take turns. So identical replicas split traffic evenly whether requests come one at a
+time or together, even when the engine reports no queue (vLLM's waiting count stays 0
+until its own ``max_num_seqs`` is reached, so without a known capacity the queue term of
+the prediction is 0 and load must count here).
 """
 
 from __future__ import annotations
 
 from latgate.routing.policies.view import EndpointView, usable
 
+CLOSE_FRACTION = 0.25
+CLOSE_MARGIN_MS = 10.0
+
+
+def close(a_ms: float, b_ms: float) -> bool:
+    """True when two predicted TTFTs are the same within noise.
+
+    Example::
+
+        close(100.0, 120.0)  # True: within 25% + 10 ms
+        close(20.0, 80.0)    # False
+    """
+    return abs(a_ms - b_ms) <= CLOSE_FRACTION * min(a_ms, b_ms) + CLOSE_MARGIN_MS
+
 
 def choose_power_of_two(
-    views: list[EndpointView], *, draws: tuple[int, int], trial_first: bool = True
+    views: list[EndpointView],
+    *,
+    draws: tuple[int, int],
+    trial_first: bool = True,
+    turn: int = 0,
+    explore: bool = False,
 ) -> int:
-    """The index of the better of two available views (lower predicted TTFT, then fewer in
-    flight, then the earlier one).
+    """The index of the endpoint that takes the request.
 
     Args:
         views: the provider's endpoints.
@@ -25,6 +52,15 @@ def choose_power_of_two(
             recovered endpoint is found out with the first request after its time out;
             when False (a request that cannot risk it), views on trial are passed over
             while another is available.
+        turn: the provider's request counter: equal candidates take turns by it.
+        explore: this request may be spent on an endpoint whose estimate is thin or
+            stale (``view.explore``) and that is not known to be busy nor more loaded than
+            the least loaded: the one with the fewest observations takes it (the caller
+            bounds how often).
+
+    Returns:
+        Otherwise the better of two: the lower predicted TTFT, unless the two are
+        :func:`close`, when the lower load wins, then the one whose turn it is.
 
     Example::
 
@@ -38,15 +74,28 @@ def choose_power_of_two(
                 return index
     else:
         candidates = [i for i in candidates if not views[i].trial] or candidates
+    if explore:
+        least = min(views[i].load for i in candidates)
+        thin = [
+            i
+            for i in candidates
+            if views[i].explore and views[i].available and not views[i].busy and views[i].load <= least
+        ]
+        if thin:
+            count = len(views)
+            return min(thin, key=lambda i: (views[i].observations, views[i].load, (i - turn) % count))
     if len(candidates) > 2:
         first = draws[0] % len(candidates)
         second = draws[1] % (len(candidates) - 1)
         if second >= first:
             second += 1
         candidates = sorted((candidates[first], candidates[second]))
-    best = candidates[0]
-    for index in candidates[1:]:
-        view, other = views[index], views[best]
-        if (view.predicted_ttft_ms, view.in_flight) < (other.predicted_ttft_ms, other.in_flight):
-            best = index
-    return best
+    if len(candidates) == 1:
+        return candidates[0]
+    a, b = candidates[0], candidates[1]
+    va, vb = views[a], views[b]
+    if not close(va.predicted_ttft_ms, vb.predicted_ttft_ms):
+        return a if va.predicted_ttft_ms <= vb.predicted_ttft_ms else b
+    if va.load != vb.load:
+        return a if va.load < vb.load else b
+    return (a, b)[turn % 2]

@@ -10,13 +10,21 @@ class EndpointView:
     """One endpoint at decision time.
 
     Attributes:
-        in_flight: requests latgate has on it.
+        in_flight: requests latgate has on it (sent, or routed and about to be sent).
         available: it may take the request: circuit closed, or half-open with no
             trial running (then this request is the trial).
         trial: half-open: this request would be its trial.
-        predicted_ttft_ms: predicted time to first token (queue wait included), ms.
+        predicted_ttft_ms: predicted time to first token (queue wait included, evidence
+            aged towards the prior, see :mod:`.evidence`), ms.
         p90_ttft_ms: a 90th-percentile estimate of the same, ms.
         salt: a stable number per endpoint (prefix affinity hashes with it).
+        others: requests the engine reported beyond latgate's own (recent gauges only).
+        weight: the endpoint's configured share of load (``weight``, default 1).
+        observations: first tokens measured on it (the estimate's evidence).
+        explore: its estimate is thin (fewer than the minimum observations) or stale
+            (not refreshed for a while): a request may be spent to refresh it.
+        busy: known to be at capacity (in flight at its batch size, or the engine
+            reports a queue).
     """
 
     in_flight: int = 0
@@ -25,6 +33,16 @@ class EndpointView:
     predicted_ttft_ms: float = 0.0
     p90_ttft_ms: float = 0.0
     salt: int = 0
+    others: int = 0
+    weight: float = 1.0
+    observations: int = 0
+    explore: bool = False
+    busy: bool = False
+
+    @property
+    def load(self) -> float:
+        """Requests on the endpoint (latgate's and the engine's others) per unit of weight."""
+        return (self.in_flight + self.others) / self.weight
 
 
 def usable(views: list[EndpointView]) -> list[int]:
