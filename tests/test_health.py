@@ -189,10 +189,10 @@ def test_an_ejected_endpoint_gets_one_trial_after_its_time_out_and_is_back_when_
 
 def test_an_endpoint_far_slower_than_its_peers_is_ejected_for_latency() -> None:
     p = pool(Clock())
-    first_tokens(p, 0, 20.0, 5)
-    first_tokens(p, 1, 25.0, 5)
-    first_tokens(p, 2, 400.0, 4)
-    assert p["p"].endpoints[2].healthy, "not judged before a few first tokens"
+    first_tokens(p, 0, 20.0, 10)
+    first_tokens(p, 1, 25.0, 10)
+    first_tokens(p, 2, 400.0, 9)
+    assert p["p"].endpoints[2].healthy, "not judged before ten first tokens"
     first_tokens(p, 2, 400.0, 1)
     ep = p["p"].endpoints[2]
     assert not ep.healthy and p.breaker.store.get(ep.key).reason == "latency"
@@ -205,9 +205,9 @@ def test_an_endpoint_far_slower_than_its_peers_is_ejected_for_latency() -> None:
 def test_a_slow_endpoint_comes_back_after_a_fast_trial_with_a_fresh_prediction() -> None:
     clock = Clock()
     p = pool(clock)
-    first_tokens(p, 0, 20.0, 5)
-    first_tokens(p, 1, 25.0, 5)
-    first_tokens(p, 2, 400.0, 5)
+    first_tokens(p, 0, 20.0, 10)
+    first_tokens(p, 1, 25.0, 10)
+    first_tokens(p, 2, 400.0, 10)
     ep = p["p"].endpoints[2]
     clock.now += 10.0
     first_tokens(p, 2, 400.0, 1)  # still slow: out for twice as long

@@ -35,8 +35,9 @@ from latgate.providers.state import EndpointState
 from latgate.routing.policies.outlier import LatencyEvidence, judge_outlier, too_slow
 
 log = logging.getLogger("latgate")
-MIN_LATENCY_OBSERVATIONS = 5
-"""First tokens an endpoint and its peers must have shown before one is judged slow."""
+MIN_LATENCY_OBSERVATIONS = 10
+"""First tokens an endpoint and its peers must have shown before one is judged slow (more
+than a cold engine's first few slow requests)."""
 TRIAL_LEASE_SECONDS = 30.0
 """A half-open circuit's trial, once handed out, is not handed out again for this long
 unless it ends first (a request routed but never sent does not block trials forever)."""
