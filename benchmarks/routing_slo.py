@@ -580,11 +580,28 @@ def main(argv: list[str] | None = None) -> int:
         "--dump", metavar="OUT.jsonl", type=Path, help="write every request's result, one JSON line each"
     )
     parser.add_argument("--no-routing-cost", action="store_true", help="skip timing the routing cost")
+    parser.add_argument(
+        "--scenarios",
+        help="run these routing scenarios instead (comma-separated, or all: cold, identical, recovery, full, unequal)",
+    )
+    parser.add_argument(
+        "--systems",
+        default="latgate,round_robin,least_outstanding,litellm,vllm-router",
+        help="with --scenarios: the strategies and peers to compare (default: all)",
+    )
     parser.add_argument("--serve-sims", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-scenario-sims", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_sims:
         serve_sims(json.loads(args.serve_sims))
         return 0
+    if args.serve_scenario_sims or args.scenarios:
+        import routing_scenarios
+
+        if args.serve_scenario_sims:
+            routing_scenarios.serve_controlled_sims(json.loads(args.serve_scenario_sims))
+            return 0
+        return _scenarios(routing_scenarios, args)
     global DEBUG_ROUTES
     DEBUG_ROUTES = args.dump is not None
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
@@ -645,6 +662,24 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             print("plot skipped: it needs matplotlib (pip install 'latgate[plot]')")
     print(f"wall time: {document['wall_seconds']} s")
+    return 0
+
+
+def _scenarios(module: Any, args: argparse.Namespace) -> int:
+    names = list(module.SCENARIOS) if args.scenarios == "all" else [n.strip() for n in args.scenarios.split(",")]
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [n for n in names if n not in module.SCENARIOS] + [
+        s for s in systems if s not in (*module.LATGATE_SYSTEMS, *module.PEER_SYSTEMS)
+    ]
+    if unknown:
+        print(f"routing_slo: error: unknown scenario or system {unknown[0]!r}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    document = module.run(names, systems, seed=args.seed)
+    print(module.table(document))
+    if args.json:
+        args.json.write_text(json.dumps({"scenarios": document, "wall_seconds": round(time.monotonic() - started, 1)}, indent=2) + "\n")
+    print(f"wall time: {time.monotonic() - started:.1f} s")
     return 0
 
 
