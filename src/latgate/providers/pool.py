@@ -52,6 +52,9 @@ class ProviderRuntime:
     ``turn`` counts the requests routed to it (round robin's counter; equal endpoints
     take turns by it). ``budgeted`` / ``explored``: requests with a budget routed to it,
     and how many of those were spent refreshing thin or stale evidence.
+    ``rejects_stream_options``: it answered a stream's ``stream_options`` with a
+    client error, so it is never sent them again (learnt at run time, see
+    :mod:`latgate.proxy.forward`).
     """
 
     config: ProviderConfig
@@ -61,6 +64,7 @@ class ProviderRuntime:
     turn: int = 0
     budgeted: int = 0
     explored: int = 0
+    rejects_stream_options: bool = False
 
     @property
     def name(self) -> str:

@@ -15,7 +15,9 @@ route policy asks for it, a hedge: a second copy sent when the first token is la
 the first to produce content forwarded and the other cancelled (:mod:`.hedge`).
 
 Which failures are retried, and how each becomes the client's error, is
-:mod:`latgate.proxy.failures`.
+:mod:`latgate.proxy.failures`. One is retried on the same endpoint at once, whatever
+``max_retries`` says: a stream's ``stream_options`` refused with a 400 (or 422) naming
+them, sent again without them; the provider is remembered as rejecting them.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from latgate.proxy.relay import StreamRelay
 from latgate.proxy.sse import StreamTap
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure, upstream_errors, upstream_headers
-from latgate.proxy.wire import client_headers, model_rewrite, tap_drop, upstream_payload
+from latgate.proxy.wire import client_headers, model_rewrite, rejects_stream_options, tap_drop, upstream_payload
 from latgate.routing.decision import RouteDecision, Target
 
 BACKOFF_BASE_SECONDS = 0.05
@@ -260,7 +262,16 @@ class Forwarder:
                 raise self._failures.failed(provider, endpoint, failure) from None
             stack.push_async_callback(response.aclose)
             if response.status_code != 200:
-                raise await self._failures.status_failure(provider, endpoint, response, deadline)
+                failed = await self._failures.status_failure(provider, endpoint, response, deadline)
+                if tap is not None and rejects_stream_options(failed.error, provider, payload):
+                    provider.rejects_stream_options = True  # remembered: never sent to it again
+                    self._metrics.record_retry(provider=provider.name)
+                    await stack.aclose()
+                    again = upstream_payload(body, target, provider, stream=True, path=path)
+                    return await self._attempt(
+                        exchange, decision, plan, target, provider, endpoint, again, body, path, transform, last_attempt=last_attempt, race=race
+                    )
+                raise failed
             encoding = response.headers.get("content-encoding")
             if encoding and encoding.lower() != "identity":  # asked for identity: cannot relay it as is
                 raise self._failures.bad_response(provider, endpoint, f"answered with content encoding {encoding[:32]!r}")
@@ -324,7 +335,7 @@ class Forwarder:
             raise self._failures.failed(provider, endpoint, failure) from None
         if tap.error is not None:
             raise self._failures.error_event(provider, endpoint, tap.error)
-        if ended and not units and not tap.done:
+        if ended and not units and not tap.done and not tap.finished:
             failure = UpstreamFailure("read", "the stream ended before any content")
             raise self._failures.failed(provider, endpoint, failure)
         if units:

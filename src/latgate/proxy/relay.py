@@ -8,8 +8,11 @@ generated-content chunk was handed to the server, and (c) end a broken stream wi
 error event. ``StreamingResponse`` does (a) with a task group per response; doing it
 here with one watcher task keeps the per-chunk path to one ``send`` call.
 
-After output began, a failing upstream (a broken connection, or an in-band error event,
-whose text is redacted) ends the stream with one SSE error event
+An upstream that finished every choice and closed without ``data: [DONE]`` gets one
+appended (the OpenAI SDKs and most clients wait for it). After output began, a failing
+upstream (a broken connection, an in-band error event, whose text is redacted, or a
+close before every choice had its ``finish_reason``: see
+:func:`~latgate.proxy.sse.stream_unfinished`) ends the stream with one SSE error event
 ``data: {"error": {...}}`` and no ``[DONE]``, so clients see a failure rather than a
 silently truncated answer (the OpenAI Python SDK raises ``APIError`` on such an event).
 """
@@ -26,7 +29,7 @@ import orjson
 from latgate.metrics import HistogramBatch, Metrics
 from latgate.proxy.exchange import CLIENT_CLOSED, Exchange
 from latgate.proxy.redact import redact_text
-from latgate.proxy.sse import StreamTap
+from latgate.proxy.sse import StreamTap, stream_unfinished
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamFailure, upstream_errors
 
@@ -168,6 +171,12 @@ class StreamRelay:
                         self._first_token(clock())
             if tap.error is not None:
                 failure = self._fail("error_event", redact_text(str(tap.error.get("message") or "error"), self.secrets))
+            else:
+                unfinished = stream_unfinished(tap)
+                if unfinished is not None:
+                    failure = self._fail(*unfinished)
+                elif not tap.done and not tap.responses and self.transform is None:
+                    await send({"type": "http.response.body", "body": tap.done_event(), "more_body": True})
         except UpstreamFailure as err:
             # A partial trailing event is dropped (the SSE spec discards an event cut
             # before its blank line), so the error event below stays a well-formed event.

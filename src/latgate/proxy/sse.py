@@ -59,6 +59,10 @@ class StreamTap:
         usage: the last ``usage`` object seen (a Responses stream's
             ``response.usage``), or ``None``.
         done: ``data: [DONE]`` was seen.
+        finish_reason: the last non-null ``finish_reason`` of a choice (a Responses
+            stream's terminal event type, ``response.completed`` or
+            ``response.incomplete``), or ``None``.
+        responses: the stream is a Responses API event stream (no ``[DONE]`` there).
         error: the first ``error`` object an event carried; such events are not
             forwarded (the relay sends its own redacted error event instead).
         events: complete events seen.
@@ -67,6 +71,7 @@ class StreamTap:
     __slots__ = (
         "_drop_usage",
         "_learn",
+        "_open",
         "_pending",
         "_rewrite",
         "_sep",
@@ -75,6 +80,8 @@ class StreamTap:
         "done",
         "error",
         "events",
+        "finish_reason",
+        "responses",
         "usage",
     )
 
@@ -93,6 +100,9 @@ class StreamTap:
         self.done = False
         self.error: dict[str, Any] | None = None
         self.events = 0
+        self.finish_reason: str | None = None
+        self.responses = False
+        self._open: set[int] = set()  # choice indexes seen without their finish_reason yet
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
         """Take one read of upstream bytes.
@@ -230,6 +240,12 @@ class StreamTap:
         for choice in choices:
             if not isinstance(choice, dict):
                 continue
+            finish = choice.get("finish_reason")
+            if finish:
+                self.finish_reason = str(finish)
+                self._open.discard(choice.get("index", 0))
+            else:
+                self._open.add(choice.get("index", 0))
             delta = choice.get("delta")
             if isinstance(delta, dict):
                 if (
@@ -256,6 +272,7 @@ class StreamTap:
         if not isinstance(kind, str):
             return 0
         if kind.endswith(".delta"):
+            self.responses = True
             if chunk.get("delta"):
                 self.content_chunks += 1
                 return 1
@@ -264,10 +281,24 @@ class StreamTap:
             if self.error is None:
                 self.error = {"message": chunk.get("message"), "code": chunk.get("code"), "type": "api_error"}
             return -1
+        self.responses = True
+        if kind in ("response.completed", "response.incomplete"):
+            self.finish_reason = kind
         response = chunk.get("response")
         if isinstance(response, dict) and isinstance(response.get("usage"), dict):
             self.usage = response["usage"]
         return 0
+
+    @property
+    def finished(self) -> bool:
+        """Every choice seen has its ``finish_reason`` (a Responses stream: its terminal
+        event came): the upstream said the answer is whole, ``[DONE]`` or not."""
+        return self.finish_reason is not None and not self._open
+
+    def done_event(self) -> bytes:
+        """``data: [DONE]`` in the stream's own line endings, for an upstream that
+        finished every choice and closed without it."""
+        return b"data: [DONE]" + (self._sep or _LF_SEP)
 
 
 class _Template:
@@ -327,6 +358,18 @@ class _Template:
                 break
             end += 1
         return cls(payload[:start], payload[end:])
+
+
+def stream_unfinished(tap: StreamTap) -> tuple[str, str] | None:
+    """Why a stream whose upstream body ended is not a whole answer, as ``(error kind,
+    detail)``; ``None`` when it is (``[DONE]`` came, or every choice had its
+    ``finish_reason``). The one classification of stream endings: a stream that closes
+    (or whose chunked body is cut) after content with a choice still open is a failed
+    request (``stream_unfinished``), whatever the framing said.
+    """
+    if tap.done or tap.finished:
+        return None
+    return "stream_unfinished", "the stream ended before its finish reason"
 
 
 def _data_of(event: bytes, sep: bytes) -> bytes | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from latgate.errors import InvalidRequest
+from latgate.errors import GatewayError, InvalidRequest
 from latgate.providers.pool import ProviderRuntime
 from latgate.proxy.exchange import Exchange
 from latgate.routing.targets import Target
@@ -21,7 +21,8 @@ def upstream_payload(
 ) -> bytes:
     """The upstream body: the client's, with the upstream model, the provider's
     ``extra_body`` fields the client did not set, and usage asked for on streams
-    (not on ``/responses``, whose streams always end with their usage).
+    (not on ``/responses``, whose streams always end with their usage). A provider
+    known to reject ``stream_options`` is sent none (latgate counts usage itself).
 
     Raises:
         InvalidRequest: the body was parsed but cannot be re-encoded (400).
@@ -30,7 +31,9 @@ def upstream_payload(
     out["model"] = target.model
     for key, value in provider.config.extra_body.items():
         out.setdefault(key, value)
-    if stream and path != "/responses" and tap_drop(body):
+    if provider.rejects_stream_options:
+        out.pop("stream_options", None)
+    elif stream and path != "/responses" and tap_drop(body):
         options = dict(out.get("stream_options") or {})
         options["include_usage"] = True
         out["stream_options"] = options
@@ -38,6 +41,22 @@ def upstream_payload(
         return orjson.dumps(out)
     except orjson.JSONEncodeError as exc:  # parsed, but cannot be re-encoded (e.g. nested too deep)
         raise InvalidRequest(f"request body cannot be forwarded: {exc}") from None
+
+
+#: statuses with which an upstream may refuse a field it does not know (422: FastAPI-style servers)
+_FIELD_REJECTED_STATUSES = (400, 422)
+
+
+def rejects_stream_options(error: GatewayError, provider: ProviderRuntime, payload: bytes) -> bool:
+    """True when ``error`` (an upstream's answer to ``payload``) refuses the request's
+    ``stream_options`` (OpenAI-compatible APIs that do not know the field), the first
+    time for ``provider``: the stream is then retried once without it."""
+    return (
+        not provider.rejects_stream_options
+        and error.status in _FIELD_REJECTED_STATUSES
+        and b'"stream_options":' in payload
+        and ("stream_options" in error.message or error.param == "stream_options")
+    )
 
 
 def client_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, bytes]]:
