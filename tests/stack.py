@@ -136,6 +136,7 @@ latency_sensitive = true
 
 [aliases]
 "glm-5.1-highspeed" = "glm-5.1"
+"*" = "glm-5.1"
 
 [models."glm-5.1-highspeed"]
 latency_sensitive = true

@@ -432,6 +432,9 @@ route_latency_sensitive_to = "fast"
 [routing.policies.interactive]
 latency_sensitive = true
 
+[aliases]
+"*" = "glm-5.1"  # Claude Code's own model names
+
 [[auth.keys]]
 name = "claude-code"
 key = "sk-claude-code"

@@ -49,7 +49,7 @@ def test_check_on_seed2_shows_providers_routes_and_warns_for_unset_key_variables
         "sglang_local",
         "sglang_tilelang",
         "https://taotoken.net/api",
-        "* -> meta-llama/Meta-Llama-3-8B-Instruct",
+        "names of the same model -> meta-llama/Meta-Llama-3-8B-Instruct",
         "top_k, repetition_penalty",
         "prompt > 16384 tokens -> sglang_tilelang",
     ):

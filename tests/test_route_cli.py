@@ -58,7 +58,8 @@ def test_route_command_sends_seed2_long_cjk_prompt_to_sglang_tilelang(tmp_path: 
         "model": "meta-llama/Meta-Llama-3-8B-Instruct",
         "reason": "long_context",
     }
-    assert len(decision["notes"]) == 1 and "long-context-prefer-tilelang" in decision["notes"][0]
+    assert "long-context-prefer-tilelang" in decision["notes"][0]
+    assert decision["notes"][1:] == ["sglang_tilelang is sent model 'meta-llama/Meta-Llama-3-8B-Instruct' for 'llama-3-8b-instruct'"]
 
 
 def test_route_command_reports_an_unknown_model_in_one_line_and_exits_1(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from latgate.config.schema import (
 )
 from latgate.errors import InvalidRequest, NotFound
 from latgate.routing.decision import Router, Target
+from latgate.routing.models import same_model
 from latgate.routing.tokens import ExactTokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -292,17 +293,115 @@ def test_single_model_provider_never_substitutes_a_different_model() -> None:
     assert any("long_context rule skipped" in note and "local" in note for note in decision.notes)
 
 
-def test_single_model_provider_takes_a_name_the_config_does_not_list() -> None:
+def test_a_name_no_provider_lists_is_a_404_listing_the_available_names() -> None:
     config = _config(
         _provider("general", "a", "b"), _provider("local", "org/Local-7B"), _provider("other", "c")
     )
-    decision = Router(config).decide(_chat(model="gpt-4o"), {})
-    assert (decision.provider, decision.model, decision.public_model, decision.reason) == (
-        "local",
-        "org/Local-7B",
-        "gpt-4o",
-        "model",
+    with pytest.raises(NotFound) as raised:
+        Router(config).decide(_chat(model="gpt-4o"), {})
+    assert raised.value.code == "model_not_found" and raised.value.status == 404
+    assert "'gpt-4o'" in raised.value.message and "a, b, org/Local-7B, c" in raised.value.message
+
+
+def test_the_default_routes_single_model_is_not_a_catch_all() -> None:
+    config = _config(_provider("d", "coder-large"), _provider("c", "coder"), default_route="d")
+    with pytest.raises(NotFound):
+        Router(config).decide(_chat(model="gpt-4o"), {})
+
+
+def test_a_catch_all_alias_serves_names_no_provider_lists() -> None:
+    config = _config(
+        _provider("general", "a"), _provider("local", "org/Local-7B"), aliases={"*": {"local": "org/Local-7B"}}
     )
+    decision = Router(config).decide(_chat(model="gpt-4o"), {})
+    assert (decision.provider, decision.model, decision.public_model) == ("local", "org/Local-7B", "gpt-4o")
+    assert Router(config).decide(_chat(model="a"), {}).provider == "general"  # listed names still win
+
+
+def test_a_provider_without_a_models_list_still_serves_any_name() -> None:
+    config = _config(_provider("listed", "a"), _provider("any"), default_route="listed")
+    decision = Router(config).decide(_chat(model="gpt-4o"), {})
+    assert (decision.provider, decision.model, decision.reason) == ("any", "gpt-4o", "model")
+
+
+def test_default_model_fills_a_request_naming_none() -> None:
+    config = _config(_provider("p", "a", "b"), default_model="b")
+    decision = Router(config).decide(_chat(model=None), {})
+    assert (decision.provider, decision.model, decision.public_model) == ("p", "b", "b")
+
+
+def test_an_exact_listed_name_goes_to_the_provider_listing_it_not_the_default_route() -> None:
+    config = _config(_provider("d", "coder-large"), _provider("c", "coder"), default_route="d")
+    decision = Router(config).decide(_chat(model="coder"), {})
+    assert (decision.provider, decision.model, decision.reason) == ("c", "coder", "model")
+
+
+@pytest.mark.parametrize("asked", ["QWEN2.5-7B", "Qwen/Qwen2.5-7B"])
+def test_a_case_or_org_variant_of_a_listed_name_is_a_404_naming_the_listed_one(asked: str) -> None:
+    config = _config(_provider("d", "coder-large"), _provider("a", "qwen2.5-7b"), default_route="d")
+    with pytest.raises(NotFound) as raised:
+        Router(config).decide(_chat(model=asked), {})
+    assert "did you mean 'qwen2.5-7b'" in raised.value.message
+
+
+def _qwen_pair(**routing: Any) -> Config:
+    return _config(_provider("a", "qwen2.5-7b"), _provider("b", "qwen2.5-7b-instruct"), **routing)
+
+
+def test_a_long_prompt_never_becomes_an_instruct_model_of_the_same_size() -> None:
+    decision = Router(_qwen_pair(long_context_threshold=100, long_context_provider="b")).decide(
+        _chat(LONG, model="qwen2.5-7b"), {}
+    )
+    assert (decision.provider, decision.model, decision.reason) == ("a", "qwen2.5-7b", "default")
+    assert any("long_context rule skipped" in n and "'qwen2.5-7b-instruct' is another model" in n for n in decision.notes)
+
+
+def test_a_fallback_serving_another_model_of_the_family_is_skipped_with_a_note() -> None:
+    decision = Router(_qwen_pair(fallbacks={"a": ("b",)})).decide(_chat(model="qwen2.5-7b"), {})
+    assert decision.candidates == (Target("a", "qwen2.5-7b", "default"),)
+    assert any("fallback b skipped" in n and "another model" in n for n in decision.notes)
+
+
+def test_an_explicit_alias_can_always_map_onto_another_model() -> None:
+    config = _qwen_pair(fallbacks={"a": ("b",)}, aliases={"qwen2.5-7b": {"a": "qwen2.5-7b", "b": "qwen2.5-7b-instruct"}})
+    decision = Router(config).decide(_chat(model="qwen2.5-7b"), {})
+    assert decision.candidates[1:] == (Target("b", "qwen2.5-7b-instruct", "fallback:a"),)
+
+
+@pytest.mark.parametrize(
+    ("public", "served", "same"),
+    [
+        ("llama-3-8b-instruct", "meta-llama/Meta-Llama-3-8B-Instruct", True),
+        ("qwen2.5-7b", "Qwen/Qwen2.5-7B", True),
+        ("QWEN2.5-7B", "qwen2.5-7b", True),
+        ("gemma-2-9b", "google/google-gemma-2-9b", True),
+        ("qwen2.5-7b", "qwen2.5-7b-instruct", False),
+        ("gpt-4o", "gpt-4o-mini", False),
+        ("deepseek-r1", "deepseek-r1-distill-qwen-7b", False),
+        ("qwen2.5-7b", "qwen2.5-14b", False),
+        ("llama-3-8b", "llama-3.1-8b", False),
+        ("glm-5.1", "zai-org/GLM-5.1-FP8", False),
+        ("deepseek-r1", "deepseek-ai/DeepSeek-R1", True),
+        ("r1", "deepseek-ai/DeepSeek-R1", False),
+    ],
+)
+def test_same_model_is_name_equality_after_case_org_prefix_and_vendor_word(public: str, served: str, same: bool) -> None:
+    assert same_model(public, served) is same
+
+
+@pytest.mark.parametrize("rule", ["latency_sensitive", "policy", "fallback", "override"])
+def test_every_configured_rule_maps_onto_a_single_model_of_the_same_name(rule: str) -> None:
+    hosted, local = _provider("hosted", "llama-3-8b-instruct"), _provider("local", "meta-llama/Meta-Llama-3-8B-Instruct")
+    routing: dict[str, Any] = {
+        "latency_sensitive": {"route_latency_sensitive_to": "local"},
+        "policy": {"policies": {"p": PolicyConfig(route_to="local")}},
+        "fallback": {"fallbacks": {"hosted": ("local",)}},
+        "override": {"allow_route_override": True},
+    }[rule]
+    headers = {"latency_sensitive": {"x-latency-sensitive": "1"}, "policy": {"x-route-policy": "p"}, "override": {"x-route-to": "local"}}.get(rule, {})
+    decision = Router(_config(hosted, local, **routing)).decide(_chat(model="llama-3-8b-instruct"), headers)
+    target = decision.candidates[1] if rule == "fallback" else decision.candidates[0]
+    assert (target.provider, target.model) == ("local", "meta-llama/Meta-Llama-3-8B-Instruct")
 
 
 def test_rule_whose_provider_cannot_serve_the_model_is_skipped_for_the_next_rule() -> None:
@@ -377,17 +476,17 @@ def test_fallback_provider_that_lacks_the_model_may_take_the_fallback_model() ->
     assert decision.candidates[1:] == (Target("b", "m", "fallback:a", fallback_model="m"),)
 
 
-def test_a_fallback_model_reached_through_an_implicit_alias_is_still_reported() -> None:
-    """A fallback provider serving one model under its own name takes the fallback model
-    by implicit alias: the target still says which public model it stands in for."""
+def test_a_fallback_model_reached_through_the_same_model_rule_is_still_reported() -> None:
+    """A fallback provider serving one model under its own spelling takes the fallback
+    model by the same-model rule: the target still says which public model it stands in for."""
     config = _config(
         _provider("a", "glm-5.1-highspeed"),
-        _provider("b", "zai-org/GLM-5.1-FP8"),
+        _provider("b", "zai-org/GLM-5.1"),
         models={"glm-5.1-highspeed": ModelConfig(fallback_model="glm-5.1")},
         fallbacks={"a": ("b",)},
     )
     decision = Router(config).decide(_chat(model="glm-5.1-highspeed"), {})
-    assert decision.candidates[1:] == (Target("b", "zai-org/GLM-5.1-FP8", "fallback:a", fallback_model="glm-5.1"),)
+    assert decision.candidates[1:] == (Target("b", "zai-org/GLM-5.1", "fallback:a", fallback_model="glm-5.1"),)
 
 
 # -- exact tokenizer ----------------------------------------------------------------

@@ -69,6 +69,7 @@ def test_seed2_long_chinese_prompt_goes_to_sglang_tilelang_with_the_served_model
         chunks = list(raw.parse())
         assert raw.headers["x-latgate-provider"] == "sglang_tilelang"
         assert raw.headers["x-latgate-route-reason"] == "long_context"
+        assert raw.headers["x-latgate-upstream-model"] == "meta-llama/Meta-Llama-3-8B-Instruct"
         assert int(raw.headers["x-latgate-prompt-tokens"]) > 16384
         usage = chunks[-1].usage
         assert usage is not None and usage.prompt_tokens > 16384

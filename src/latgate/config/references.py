@@ -7,8 +7,8 @@ Routing names providers (``default_route``, ``route_latency_sensitive_to``,
 policies. A name that does not resolve is a ConfigError naming the key and the closest
 valid name: nothing is ever silently routed elsewhere.
 
-A model is *servable* when a provider lists it, it is an alias, or some provider
-accepts any model (empty ``models``).
+A model is *servable* when a provider lists it, it is an alias, some provider
+accepts any model (empty ``models``), or ``[aliases]`` has the catch-all ``"*"``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from latgate.config.errors import ConfigError
 from latgate.config.keys import check_keys, key_path, require_table, show, suggestion, validate_model
 from latgate.config.schema import (
+    CATCH_ALL,
     STRATEGIES,
     AuthConfig,
     AuthKey,
@@ -195,8 +196,9 @@ def _alias_table(
 def servable_models(
     providers: Mapping[str, ProviderConfig], aliases: Mapping[str, object]
 ) -> list[str] | None:
-    """Every model a client may name, or None when some provider accepts any model."""
-    if any(not p.models for p in providers.values()):
+    """Every model a client may name, or None when some provider accepts any model (or
+    a catch-all ``"*"`` alias takes any name)."""
+    if CATCH_ALL in aliases or any(not p.models for p in providers.values()):
         return None
     return list(dict.fromkeys([*(m for p in providers.values() for m in p.models), *aliases]))
 

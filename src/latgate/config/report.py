@@ -2,7 +2,7 @@
 
 Prints, as plain aligned text (it reads the same in a terminal, a pipe or a CI log):
 each provider (connector, role, engine, endpoints with their URLs, models or "any",
-the implicit alias of a single-model provider, extra_body keys, capacity hints), the
+the same-model rule of a single-model provider, extra_body keys, capacity hints), the
 aliases, the ``[models]`` settings, the routing rules in the order they apply, and the
 warnings. ``check`` is an operator tool, so URLs are shown; keys never are, nor the
 password of a URL's ``user:password@`` part.
@@ -101,7 +101,7 @@ def _provider_lines(provider: ProviderConfig) -> list[str]:
         )
     lines.append(_row("models", ", ".join(provider.models) if provider.models else "any", indent=4))
     if len(provider.models) == 1:
-        lines.append(_row("implicit alias", f"* -> {provider.models[0]}", indent=4))
+        lines.append(_row("rules map", f"names of the same model -> {provider.models[0]}", indent=4))
     if provider.api_key_env:
         lines.append(_row("api key", f"${provider.api_key_env}", indent=4))
     if provider.extra_body:

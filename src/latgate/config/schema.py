@@ -252,13 +252,18 @@ class HealthConfig(Frozen):
     max_ejection_share: float = Field(default=0.5, gt=0, le=1)
 
 
+#: the ``[aliases]`` key that serves every model name no provider lists
+CATCH_ALL = "*"
+
+
 class Config(Frozen):
     """The whole resolved configuration.
 
     ``providers`` keeps file order. ``aliases`` maps a public model name to
     ``{provider: served model name}`` for every provider that takes it (string aliases
-    are expanded to every provider serving the target; the implicit alias of a
-    provider serving exactly one model is *not* listed here, routing applies it).
+    are expanded to every provider serving the target; the key ``"*"``, when
+    present, is the catch-all that serves names no provider lists; the same-model rule
+    of a single-model provider is *not* listed here, routing applies it).
     ``source`` is the path the config was read from (``<builtin>`` for the embedded
     default), used in messages.
     """
@@ -281,7 +286,8 @@ class Config(Frozen):
             for model in provider.models:
                 seen.setdefault(model, None)
         for public in self.aliases:
-            seen.setdefault(public, None)
+            if public != CATCH_ALL:
+                seen.setdefault(public, None)
         for public in self.models:
             seen.setdefault(public, None)
         if self.routing.default_model:

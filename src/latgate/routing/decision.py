@@ -23,13 +23,17 @@ why. With ``routing.strategy = "latgate"``, a request with a time-to-first-token
 also gets ``overflow`` candidates (reason ``overflow:FROM``): the primary's fallbacks,
 then every other provider serving the model, in file order; the selector moves the
 request to one of them when live state predicts the primary will miss the budget
-(never for ``override`` or ``long_context`` decisions). The upstream model name for a provider is, in order: its ``[aliases]`` entry; the
-public name itself when the provider serves it; else the implicit alias of a provider
-serving exactly one model, which takes any name the config does not list (clients
-with a hard-coded model name) and a listed name of the same model family, whose words
-all appear in the served name (``llama-3-8b-instruct`` ->
-``meta-llama/Meta-Llama-3-8B-Instruct``). A listed name of another model
-(``qwen2.5-72b-instruct``) is never replaced by that Llama.
+(never for ``override`` or ``long_context`` decisions).
+
+Model names (:mod:`latgate.routing.models`): a provider serves a name through its
+``[aliases]`` entry, or because it lists that exact name (or lists none). A name no
+provider serves is a 404 ``model_not_found``, unless ``[aliases]`` has a catch-all
+``"*"`` entry, which then serves it. The model and default rules go only to providers
+serving the name exactly, so a listed name always reaches the providers listing it.
+A configured rule (override, long context, latency-sensitive, policy, fallback) may
+also send a provider listing one model that model, when both name the same model
+(``llama-3-8b-instruct`` -> ``meta-llama/Meta-Llama-3-8B-Instruct``); a served name of
+another model (``qwen2.5-7b`` vs ``qwen2.5-7b-instruct``) skips the rule, with a note.
 
 Speed: 6-8 µs per decision for a short chat (CPython 3.11 on the project's 2-core
 machine, best of 7 ``timeit`` runs), of which 1.5-2.5 µs is token estimation.
@@ -45,7 +49,7 @@ from latgate.config.providers import tokenizer_path
 from latgate.config.schema import Config, PolicyConfig
 from latgate.errors import InvalidRequest, NotFound
 from latgate.routing.headers import budget_header, debug_header, flag_header
-from latgate.routing.models import upstream_model
+from latgate.routing.models import model_key, rule_model, skipped_note, upstream_model
 from latgate.routing.policies.prefix_affinity import client_affinity_key
 from latgate.routing.targets import RouteDecision, Target
 from latgate.routing.tokens import ExactTokenizer, TokenizerError, estimate_prompt_tokens
@@ -86,7 +90,7 @@ class Router:
         self._routing = routing
         self._providers = config.providers
         self._public_models = tuple(config.public_models())
-        self._listed = frozenset(config.aliases).union(*(p.models for p in config.providers.values()))
+        self._catch_all = config.aliases.get("*", {})
         self._exact = dict(exact_tokenizers) if exact_tokenizers is not None else _load_tokenizers(config)
         self._latency_target = routing.route_latency_sensitive_to or next(
             (name for name, provider in config.providers.items() if provider.latency_sensitive), None
@@ -127,11 +131,7 @@ class Router:
         public = self._public_model(body)
         serving = self._serving(public)
         if not serving:
-            raise NotFound(
-                f"model {public!r} is not served here; available models: {', '.join(self._public_models)}",
-                code="model_not_found",
-                param="model",
-            )
+            raise NotFound(self._not_found(public), code="model_not_found", param="model")
         notes: list[str] = []
         policy_name, policy = self._policy(headers.get("x-route-policy"), key_policy, notes)
         budget_ms = budget_header(headers.get("x-latency-budget-ms"))
@@ -144,17 +144,17 @@ class Router:
             budget_ms = self._routing.latency_threshold_ms
         prompt_tokens = estimate_prompt_tokens(body)
 
-        choice: tuple[str, str] | None = self._override(headers.get("x-route-to"), serving, public, notes)
+        choice: tuple[str, str, str] | None = self._override(headers.get("x-route-to"), public, notes)
         if choice is None:
-            choice, prompt_tokens = self._long_context(body, prompt_tokens, policy, serving, public, notes)
+            choice, prompt_tokens = self._long_context(body, prompt_tokens, policy, public, notes)
         if choice is None and latency_sensitive:
-            choice = self._latency_sensitive(serving, public, notes)
+            choice = self._latency_sensitive(public, notes)
         if choice is None and policy is not None and policy.route_to:
-            choice = _take(policy.route_to, f"policy:{policy_name}", serving, public, notes)
+            choice = self._take(policy.route_to, f"policy:{policy_name}", public, notes)
         if choice is None:
             choice = self._model_or_default(serving, public)
-        provider, reason = choice
-        primary = Target(provider, serving[provider], reason)
+        provider, reason, upstream = choice
+        primary = Target(provider, upstream, reason)
         candidates = (primary, *self._fallbacks(primary, public, notes))
         overflow = self._overflow(primary, public) if budget_ms is not None else ()
         affinity_key = None
@@ -199,10 +199,28 @@ class Router:
         aliases = self._config.aliases.get(public, {})
         serving: dict[str, str] = {}
         for name, provider in self._providers.items():
-            upstream = aliases.get(name) or upstream_model(provider, public, listed=public in self._listed)
+            upstream = aliases.get(name) or upstream_model(provider, public)
             if upstream is not None:
                 serving[name] = upstream
-        return serving
+        return serving or dict(self._catch_all)
+
+    def _rule_upstream(self, provider: str, public: str) -> str | None:
+        """The model a configured rule sends ``provider`` for ``public``, or None."""
+        served = self._serving(public).get(provider)
+        return served if served is not None else rule_model(self._providers[provider], public)
+
+    def _take(self, provider: str, reason: str, public: str, notes: list[str]) -> tuple[str, str, str] | None:
+        upstream = self._rule_upstream(provider, public)
+        if upstream is not None:
+            return provider, reason, upstream
+        notes.append(f"{reason} rule skipped: {skipped_note(self._providers[provider], public)}")
+        return None
+
+    def _not_found(self, public: str) -> str:
+        """The 404 message: the available names, and a same-model one when there is one."""
+        same = [name for name in self._public_models if model_key(name) == model_key(public)]
+        hint = f" (did you mean {same[0]!r}?)" if same else ""
+        return f"model {public!r} is not served here{hint}; available models: {', '.join(self._public_models)}"
 
     # -- the rules ----------------------------------------------------------------
 
@@ -236,9 +254,7 @@ class Router:
         model = self._config.models.get(public)
         return model is not None and model.latency_sensitive
 
-    def _override(
-        self, header: str | None, serving: dict[str, str], public: str, notes: list[str]
-    ) -> tuple[str, str] | None:
+    def _override(self, header: str | None, public: str, notes: list[str]) -> tuple[str, str, str] | None:
         name = header.strip() if header else None
         if not name:
             return None
@@ -250,17 +266,16 @@ class Router:
                 f"X-Route-To names unknown provider {name!r}; known providers: {', '.join(self._providers)}",
                 param="X-Route-To",
             )
-        return _take(name, "override", serving, public, notes)
+        return self._take(name, "override", public, notes)
 
     def _long_context(
         self,
         body: Mapping[str, Any],
         prompt_tokens: int,
         policy: PolicyConfig | None,
-        serving: dict[str, str],
         public: str,
         notes: list[str],
-    ) -> tuple[tuple[str, str] | None, int]:
+    ) -> tuple[tuple[str, str, str] | None, int]:
         threshold = self._routing.long_context_threshold
         provider = (policy.long_context_provider if policy is not None else None) or (
             self._routing.long_context_provider
@@ -275,25 +290,24 @@ class Router:
             prompt_tokens = exact.count_prompt(body)
         if prompt_tokens <= threshold:
             return None, prompt_tokens
-        return _take(provider, "long_context", serving, public, notes), prompt_tokens
+        return self._take(provider, "long_context", public, notes), prompt_tokens
 
-    def _latency_sensitive(
-        self, serving: dict[str, str], public: str, notes: list[str]
-    ) -> tuple[str, str] | None:
+    def _latency_sensitive(self, public: str, notes: list[str]) -> tuple[str, str, str] | None:
         if self._latency_target is None:
             notes.append("latency-sensitive, but no routing.route_latency_sensitive_to is configured")
             return None
-        return _take(self._latency_target, "latency_sensitive", serving, public, notes)
+        return self._take(self._latency_target, "latency_sensitive", public, notes)
 
-    def _model_or_default(self, serving: dict[str, str], public: str) -> tuple[str, str]:
+    def _model_or_default(self, serving: dict[str, str], public: str) -> tuple[str, str, str]:
         default = self._routing.default_route
         if default in serving:
-            return default, "default"
+            return default, "default", serving[default]
         aliases = self._config.aliases.get(public, {})
         for name, provider in self._providers.items():
             if name in serving and (public in provider.models or name in aliases):
-                return name, "model"
-        return next(iter(serving)), "model"
+                return name, "model", serving[name]
+        name = next(iter(serving))
+        return name, "model", serving[name]
 
     def _fallbacks(self, primary: Target, public: str, notes: list[str]) -> tuple[Target, ...]:
         """The primary's fallbacks, with notes for those skipped (memoised for configured
@@ -312,24 +326,22 @@ class Router:
         reason = f"fallback:{primary.provider}"
         model_config = self._config.models.get(public)
         fallback_model = model_config.fallback_model if model_config is not None else None
-        fallback_serving = self._serving(fallback_model) if fallback_model else {}
-        serving = self._serving(public)
         seen = {(primary.provider, primary.model)}
         targets: list[Target] = []
         for name in self._routing.fallbacks.get(primary.provider, ()):
-            upstream = serving.get(name)
+            upstream = self._rule_upstream(name, public)
             instead = None
-            if upstream is None and name in fallback_serving:
-                upstream, instead = fallback_serving[name], fallback_model
+            if upstream is None and fallback_model:
+                upstream = self._rule_upstream(name, fallback_model)
+                instead = fallback_model
             if upstream is None:
-                notes.append(f"fallback {name} skipped: it does not serve model {public!r}")
+                notes.append(f"fallback {name} skipped: {skipped_note(self._providers[name], public)}")
             elif (name, upstream) not in seen:
                 seen.add((name, upstream))
                 targets.append(Target(name, upstream, reason, instead))
-        if not targets and primary.provider in fallback_serving:
-            upstream = fallback_serving[primary.provider]
-            if (primary.provider, upstream) not in seen:
-                targets.append(Target(primary.provider, upstream, reason, fallback_model))
+        upstream = self._rule_upstream(primary.provider, fallback_model) if fallback_model and not targets else None
+        if upstream is not None and (primary.provider, upstream) not in seen:
+            targets.append(Target(primary.provider, upstream, reason, fallback_model))
         return targets
 
     def _overflow(self, primary: Target, public: str) -> tuple[Target, ...]:
@@ -341,26 +353,13 @@ class Router:
         known = self._overflow_known.get(key)
         if known is not None:
             return known
-        serving = self._serving(public)
-        order = [*self._routing.fallbacks.get(primary.provider, ()), *serving]
+        order = [*self._routing.fallbacks.get(primary.provider, ()), *self._serving(public)]
         reason = f"overflow:{primary.provider}"
-        targets = tuple(
-            Target(name, serving[name], reason)
-            for name in dict.fromkeys(order)
-            if name != primary.provider and name in serving
-        )
+        upstreams = {name: self._rule_upstream(name, public) for name in dict.fromkeys(order) if name != primary.provider}
+        targets = tuple(Target(name, upstream, reason) for name, upstream in upstreams.items() if upstream is not None)
         if public in self._serving_known:
             self._overflow_known[key] = targets
         return targets
-
-
-def _take(
-    provider: str, reason: str, serving: dict[str, str], public: str, notes: list[str]
-) -> tuple[str, str] | None:
-    if provider in serving:
-        return provider, reason
-    notes.append(f"{reason} rule skipped: provider {provider} does not serve model {public!r}")
-    return None
 
 
 def _load_tokenizers(config: Config) -> dict[str, ExactTokenizer]:

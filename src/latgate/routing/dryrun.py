@@ -11,7 +11,9 @@ nothing::
      "notes": []}
 
 ``endpoint`` is the id of the provider's first endpoint: a dry run has no live health
-or load to choose among replicas.
+or load to choose among replicas. ``notes`` says why rules were skipped, and names
+every candidate that would be sent another model than the one asked for (an alias,
+or the same model under the provider's own spelling).
 
 ``--url URL`` asks a running gateway instead (``POST URL/admin/route``, with an admin
 key when its ``[auth]`` is on: ``--api-key``, default ``$LATGATE_API_KEY``): the
@@ -146,6 +148,8 @@ def decision_json(decision: RouteDecision, config: Config, plan: RoutePlan | Non
         ],
         "notes": list(decision.notes),
     }
+    swapped = [t for t in targets if t.model != decision.public_model]
+    out["notes"] += [f"{t.provider} is sent model {t.model!r} for {decision.public_model!r}" for t in swapped]
     if plan is not None:
         out["predicted_ttft_ms"] = None if plan.predicted_ttft_ms is None else round(plan.predicted_ttft_ms, 1)
         out["overflow_from"] = plan.overflow_from
