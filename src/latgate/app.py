@@ -133,6 +133,9 @@ def create_app(
         )
         endpoints = [(name, ep.id) for name, p in config.providers.items() for ep in p.endpoints]
         metrics.reconfigure(providers=config.providers, models=_model_labels(config), endpoints=endpoints)
+        metrics.set_provider_info(
+            (name, p.role or "", p.connector or "", p.engine or "") for name, p in config.providers.items()
+        )
         return gateway
 
     @contextlib.asynccontextmanager

@@ -96,8 +96,10 @@ class Metrics:
         self.overflows = Counter("latgate_overflows", "Requests sent past their preferred provider, predicted to miss their time-to-first-token budget", ("from", "to"), registry=r)
         self.hedges = Counter("latgate_hedges", "Hedged requests: a second copy sent because the first token was late, by the copy's provider", ("provider",), registry=r)
         self.hedge_wins = Counter("latgate_hedge_wins", "Hedged requests answered first by the copy (the original was cancelled)", ("provider",), registry=r)
+        self.provider_info = Gauge("latgate_provider_info", "1 per configured provider, labelled with its role, connector and engine (empty when unset): dashboards join on it instead of naming providers", ("provider", "role", "connector", "engine"), multiprocess_mode="livemax", registry=r)
         self.overhead = Histogram("latgate_gateway_overhead_seconds", "Time latgate itself spent on a request before sending it upstream", buckets=OVERHEAD_BUCKETS_SECONDS, registry=r)
         self._children: dict[tuple[object, ...], object] = {}
+        self._info_labels: set[tuple[str, str, str, str]] = set()
 
     def model_label(self, model: str | None) -> str:
         """``model`` if configured, else ``other`` (keeps label cardinality bounded)."""
@@ -196,6 +198,17 @@ class Metrics:
         for provider, endpoint in [labels for labels in self._health_labels() if labels not in keep]:
             self.provider_healthy.remove(provider, endpoint)
             self._children.pop((id(self.provider_healthy), provider, endpoint), None)
+
+    def set_provider_info(self, providers: Iterable[tuple[str, str, str, str]]) -> None:
+        """Export ``latgate_provider_info`` as 1 for each ``(provider, role, connector,
+        engine)`` given (empty strings for unset fields); label sets of providers no
+        longer configured are dropped."""
+        wanted = set(providers)
+        for labels in self._info_labels - wanted:
+            self.provider_info.remove(*labels)
+        for labels in wanted:
+            self.provider_info.labels(*labels).set(1)
+        self._info_labels = wanted
 
     def _health_labels(self) -> list[tuple[str, str]]:
         return [key[1:] for key in self._children if key[0] == id(self.provider_healthy)]  # type: ignore[misc]
