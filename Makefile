@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CONFIG ?= config.toml
 
-.PHONY: run test check lint bench clean
+.PHONY: run test check lint bench clean test-prometheus
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ check: $(VENV)/.installed
 # No `ruff format --check`: ~48 files predate the formatter and the tree is not reformatted wholesale.
 lint: $(VENV)/.installed  ## lint src, tests and benchmarks with ruff (config: pyproject.toml [tool.ruff])
 	$(BIN)/python -m ruff check src tests benchmarks
+
+# Real Prometheus (Debian's prometheus package, installed when missing) scraping a gateway
+# in front of simulators: every dashboard query and alert rule evaluated (tests/prometheus).
+test-prometheus: $(VENV)/.installed
+	.ci/apt-need promtool=prometheus
+	LATGATE_TIER=prometheus $(BIN)/python -m pytest -q -p no:cacheprovider tests/prometheus
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist
