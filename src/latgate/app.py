@@ -39,6 +39,9 @@ from latgate.proxy.exchange import CLIENT_CLOSED
 from latgate.reload import Reloader, UpstreamClients, reload_endpoint
 from latgate.state import StateStores, run_health_sync
 from latgate.tracing import Tracing, tracing_from_env
+from latgate.ui import Activity
+from latgate.ui import authorize as ui_authorize
+from latgate.ui import routes as ui_routes
 
 log = logging.getLogger("latgate")
 
@@ -117,6 +120,7 @@ def create_app(
     )
     clients = UpstreamClients(transport=transport)
     states = StateStores()
+    activity = Activity(metrics)
     if tracing is None:
         tracing = tracing_from_env(os.environ if env is None else env)
 
@@ -130,6 +134,7 @@ def create_app(
             env=env,
             state=states.store_for(config.state),
             tracing=tracing,
+            recent=activity.requests,
         )
         endpoints = [(name, ep.id) for name, p in config.providers.items() for ep in p.endpoints]
         metrics.reconfigure(providers=config.providers, models=_model_labels(config), endpoints=endpoints)
@@ -160,10 +165,12 @@ def create_app(
         openapi_url=None,
     )
     app.state.gateway = build_gateway(config)
+    app.state.activity = activity
     app.state.reloader = Reloader(state=app.state, build_gateway=build_gateway, env=env)
     app.router.routes.extend(openai.routes())
     app.router.routes.extend(anthropic.routes())
     app.router.routes.extend(admin.routes())
+    app.router.routes.extend(ui_routes())  # /ui: the live routing page (an admin key when [auth] is on)
     # /admin/*: operator routes (an admin key when [auth] is on).
     app.router.routes.append(Route("/admin/reload", reload_endpoint, methods=["POST"]))
     app.router.routes.append(Route("/openapi.json", openapi_endpoint(version=__version__), methods=["GET"]))
@@ -195,6 +202,8 @@ def _key_required(guard: AuthGuard, scope: dict) -> Response | None:
     """The 401/403 envelope for an admin or model-list request without the key it
     needs, else ``None``."""
     path = scope["path"]
+    if path == "/ui" or path.startswith("/ui/"):
+        return ui_authorize(guard, scope)
     try:
         if path.startswith("/admin"):
             guard.authorize_admin(Headers(scope=scope))

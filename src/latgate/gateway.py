@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,6 +55,7 @@ class Gateway:
         state: rate-limit state kept across reloads (by default a new one for
             ``config.state``; see :class:`latgate.state.StateStores`).
         tracing: starts a span per request (:mod:`latgate.tracing`); ``None``: off.
+        recent: the ring finished requests join (``/ui``, :mod:`latgate.ui`); ``None``: off.
 
     Attributes (with ``[auth]`` / Redis only, else ``None``): ``guard`` checks keys
     (:mod:`latgate.auth`); ``health_sync`` shares endpoint health with other replicas.
@@ -68,8 +70,10 @@ class Gateway:
         env: Mapping[str, str] | None = None,
         state: StateStore | None = None,
         tracing: Tracing | None = None,
+        recent: deque[Exchange] | None = None,
     ) -> None:
         self.config = config
+        self.recent = recent
         self.tracing = tracing
         self.metrics = metrics
         self.client = client
@@ -200,6 +204,7 @@ class Gateway:
             received_at=time.perf_counter(),
             path=path,
             stream=False,
+            recent=self.recent,
         )
         if self.tracing is not None:
             exchange.trace = self.tracing.start(path=path, headers=request.headers)

@@ -9,6 +9,7 @@ log line. Times are ``time.perf_counter()`` seconds.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,8 @@ class Exchange:
     finished: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     trace: RequestTrace | None = None  # the request's span, with tracing on (latgate.tracing)
+    recent: deque[Exchange] | None = None  # the /ui ring this exchange joins when finished
+    finished_at: float = 0.0
 
     def apply_usage(self, usage: dict[str, Any] | None) -> None:
         """Take token counts from an OpenAI ``usage`` object when it has them (chat
@@ -75,6 +78,9 @@ class Exchange:
         self.finished = True
         end = time.perf_counter() if now is None else now
         e2e = end - self.received_at
+        if self.recent is not None:
+            self.finished_at = end
+            self.recent.append(self)
         if self.trace is not None:
             self.trace.end(self)
         provider = self.provider or "none"

@@ -1,0 +1,81 @@
+"""``GET /ui`` (the page), ``/ui/ui.js``, ``/ui/ui.css`` and ``/ui/state`` (what the page
+polls): with ``[auth]``, an admin key, as ``Authorization: Bearer``, ``x-api-key`` or
+HTTP Basic (any user name, the key as password, so a browser asks for it)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from pathlib import Path
+
+import orjson
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from latgate import __version__
+from latgate.api.body import error_response
+from latgate.auth import AuthGuard
+from latgate.errors import GatewayError
+
+STATIC = Path(__file__).resolve().parent / "static"
+_FILES = {"index.html": "text/html; charset=utf-8", "ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
+_NO_STORE = {"cache-control": "no-store"}
+
+
+def authorize(guard: AuthGuard, scope: dict) -> Response | None:
+    """The 401/403 envelope for a ``/ui`` request without an admin key, else ``None``.
+    A 401 challenges with HTTP Basic so a browser prompts for the key."""
+    headers = Headers(scope=scope)
+    authorization = headers.get("authorization", "")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() == "basic":
+        try:
+            _, _, password = base64.b64decode(token.strip(), validate=True).decode("latin-1").partition(":")
+        except (binascii.Error, ValueError):
+            password = ""
+        headers = {"authorization": f"Bearer {password}"}  # type: ignore[assignment]
+    try:
+        guard.authorize_admin(headers)
+    except GatewayError as error:
+        extra = {"www-authenticate": 'Basic realm="latgate ui"'} if error.status == 401 else None
+        response = error_response(error, request_id="-")
+        if extra:
+            response.headers.update(extra)
+        return response
+    return None
+
+
+def _static(name: str):
+    body = (STATIC / name).read_bytes()
+    media_type = _FILES[name]
+
+    async def endpoint(request: Request) -> Response:
+        return Response(body, media_type=media_type, headers=_NO_STORE)
+
+    return endpoint
+
+
+async def state(request: Request) -> Response:
+    """What the page shows: the pool's live numbers (:meth:`ProviderPool.describe`),
+    recent requests and events (:meth:`Activity.snapshot`)."""
+    gateway = request.app.state.gateway
+    body = {
+        "now": time.time(),
+        "version": __version__,
+        "strategy": gateway.config.routing.strategy,
+        "providers": gateway.pool.describe(),
+        **request.app.state.activity.snapshot(),
+    }
+    return Response(orjson.dumps(body), media_type="application/json", headers=_NO_STORE)
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/ui", _static("index.html"), methods=["GET"]),
+        Route("/ui/ui.js", _static("ui.js"), methods=["GET"]),
+        Route("/ui/ui.css", _static("ui.css"), methods=["GET"]),
+        Route("/ui/state", state, methods=["GET"]),
+    ]
