@@ -208,3 +208,10 @@ def test_namespace_tools_are_flattened_and_namespaced_calls_in_history_follow() 
         translation.chat_body["messages"][1]["tool_calls"][0]["function"]["name"]
         == "multi_agent__spawn_agent"
     )
+
+
+@pytest.mark.parametrize("role", [{"a": {}}, ["user"], 3])
+def test_a_role_that_is_not_a_string_is_a_400_naming_the_field(role) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        responses_to_chat({"model": "m", "input": [{"role": role, "content": "hi"}]})
+    assert caught.value.status == 400 and caught.value.param == "input[0].role"

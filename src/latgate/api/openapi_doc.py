@@ -284,6 +284,23 @@ def openapi_document(*, version: str) -> dict[str, Any]:
             },
         }
     }
+    for path, summary, media in (
+        ("/ui", "The live routing page (admin key with [auth]; HTTP Basic accepted)", "text/html"),
+        ("/ui/ui.js", "The live routing page's script", "text/javascript"),
+        ("/ui/ui.css", "The live routing page's style sheet", "text/css"),
+        ("/ui/state", "What the live routing page shows: providers, recent requests, events", "application/json"),
+    ):
+        schema = {"type": "object"} if media == "application/json" else {"type": "string"}
+        paths[path] = {
+            "get": {
+                "summary": summary,
+                "responses": {
+                    "200": {"description": summary, "content": {media: {"schema": schema}}},
+                    "401": {"description": "no key", "content": _json("ErrorResponse")},
+                    "403": {"description": "not an admin key", "content": _json("ErrorResponse")},
+                },
+            }
+        }
     paths["/admin/route"] = {
         "post": {
             "summary": "The decision latgate would make now for this body, with live predictions (admin key with [auth])",

@@ -133,14 +133,17 @@ function drawChart(canvas, points, line, now) {
   g.clearRect(0, 0, w, h);
   const values = points.map((p) => p[1]).concat(line.map((p) => p[1]));
   const top = Math.max(1, ...values) * 1.15;
-  const x = (t) => 30 + ((t - (now - CHART_WINDOW_S)) / CHART_WINDOW_S) * (w - 36);
+  // the window grows with the data seen, from one minute up to five
+  const first = Math.min(now - 60, ...points.map((p) => p[0]), ...line.map((p) => p[0]));
+  const span = Math.min(CHART_WINDOW_S, now - first);
+  const x = (t) => 30 + ((t - (now - span)) / span) * (w - 36);
   const y = (v) => h - 14 - (v / top) * (h - 24);
   g.fillStyle = "#8a93a3"; g.font = "10px system-ui"; g.strokeStyle = "#262d3a"; g.lineWidth = 1;
   for (const f of [0, 0.5, 1]) {
     g.beginPath(); g.moveTo(30, y(top * f / 1.15)); g.lineTo(w - 6, y(top * f / 1.15)); g.stroke();
     g.fillText(ms(top * f / 1.15), 2, y(top * f / 1.15) + 3);
   }
-  g.fillText("-5 min", 30, h - 2); g.fillText("now", w - 26, h - 2);
+  g.fillText(span >= 90 ? `-${Math.round(span / 60)} min` : `-${Math.round(span)} s`, 30, h - 2); g.fillText("now", w - 26, h - 2);
   if (line.length > 1) {
     g.strokeStyle = "#e0a32e"; g.beginPath();
     line.forEach(([t, v], i) => (i ? g.lineTo(x(t), y(v)) : g.moveTo(x(t), y(v))));
