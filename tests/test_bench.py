@@ -25,7 +25,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from latgate.bench.runner import BenchConfig, normalize_base_url, run_bench
-from latgate.bench.sample import SampleRecorder
+from latgate.bench.plot import panel_values, served_by, write_plot
+from latgate.bench.sample import RequestSample, SampleRecorder
 from latgate.bench.sse import SseDecoder
 from latgate.bench.stats import percentile, summarize, summarize_samples
 from latgate.bench.workload import Workload
@@ -492,3 +493,28 @@ def test_server_that_never_answers_is_a_timeout():
             run_bench(bench_config(base_url, requests=2, concurrency=2, timeout_seconds=0.2))
         )
     assert [s.error_kind for s in result.samples] == ["timeout", "timeout"]
+
+
+def _sample(index: int, *, provider: str | None, ok: bool = True, ttft: float | None = 5.0) -> RequestSample:
+    return RequestSample(
+        index=index, ok=ok, status_code=200 if ok else 503, error_kind=None if ok else "http_503",
+        error_message=None, provider=provider, route_reason="default", ttft_ms=ttft, e2e_ms=40.0 + index,
+        completion_tokens=8, prompt_tokens=3, usage_reported=True, output_chunks=8,
+        tokens_per_second=200.0 + index, e2e_tokens_per_second=None, finish_reason="stop",
+    )
+
+
+def test_plot_panels_are_ttft_tokens_per_second_and_e2e_by_the_provider_that_served_them(tmp_path):
+    samples = [
+        _sample(0, provider="tile-rt"),
+        _sample(1, provider="vllm", ttft=None),
+        _sample(2, provider="tile-rt"),
+        _sample(3, provider="vllm", ok=False),
+    ]
+    assert served_by(samples) == "tile-rt x2, vllm x1"
+    panels = dict(panel_values(samples))
+    assert list(panels) == ["time to first token (ms)", "decode tokens/s per request", "end-to-end latency (ms)"]
+    assert panels["time to first token (ms)"] == {"tile-rt": [5.0, 5.0]}
+    assert panels["end-to-end latency (ms)"] == {"tile-rt": [40.0, 42.0], "vllm": [41.0]}
+    write_plot(tmp_path / "p.png", samples, title="t")
+    assert (tmp_path / "p.png").read_bytes()[:8] == PNG_MAGIC
