@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CONFIG ?= config.toml
 
-.PHONY: run test check lint bench clean test-prometheus
+.PHONY: run test check lint bench clean test-prometheus test-browser test-docker
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,20 @@ lint: $(VENV)/.installed  ## lint src, tests and benchmarks with ruff (config: p
 test-prometheus: $(VENV)/.installed
 	.ci/apt-need promtool=prometheus
 	LATGATE_TIER=prometheus $(BIN)/python -m pytest -q -p no:cacheprovider tests/prometheus
+
+# /ui in Debian's headless Chromium (installed when missing) against a demo stack; the
+# screenshot lands in build/artifacts/ui.png (tests/browser).
+test-browser: $(VENV)/.installed
+	.ci/apt-need chromium=chromium
+	LATGATE_TIER=browser $(BIN)/python -m pytest -q -p no:cacheprovider tests/browser
+
+# The image built and run on a real Docker engine (docker.io; dockerd started with host
+# networking only) on a debootstrap-made base image cached in the engine (tests/dockerimage).
+test-docker: $(VENV)/.installed
+	.ci/apt-need dockerd=docker.io debootstrap=debootstrap
+	.ci/docker-engine start
+	.ci/docker-engine base
+	LATGATE_TIER=docker $(BIN)/python -m pytest -q -p no:cacheprovider tests/dockerimage; status=$$?; .ci/docker-engine stop; exit $$status
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist

@@ -46,6 +46,8 @@ def test_demo_serves_the_bundled_system_and_stops_on_ctrl_c(tmp_path) -> None:
     proc = start(["demo", "--config", str(cfg), "--port", str(gw)])
     try:
         wait_for_line(proc, rf"gateway on http://127\.0\.0\.1:{gw}/v1")
+        wait_for_line(proc, rf"live routing page: http://127\.0\.0\.1:{gw}/ui")
+        assert httpx.get(f"http://127.0.0.1:{gw}/ui").headers["content-type"].startswith("text/html")
         r = httpx.post(
             f"http://127.0.0.1:{gw}/v1/chat/completions",
             json={"messages": [{"role": "user", "content": "hi"}], "stream": True},

@@ -86,6 +86,7 @@ async def _run(config, *, sockets: list, log_level: str) -> None:
         log.info(line)
     url = f"http://{_address(sockets[-1][1])}"
     log.info("gateway on %s/v1 -- try: curl %s/v1/models", url, url)
+    log.info("live routing page: %s/ui", url)
     # Each server installs its signal handler over the previous one and, on exit, hands
     # the captured signal back down the chain: one Ctrl-C stops them all.
     await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
