@@ -53,8 +53,7 @@ class Exchange:
     finished: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     trace: RequestTrace | None = None  # the request's span, with tracing on (latgate.tracing)
-    recent: deque[Exchange] | None = None  # the /ui ring this exchange joins when finished
-    finished_at: float = 0.0
+    recent: deque[tuple] | None = None  # the /ui ring this exchange's summary joins when finished (latgate.ui)
 
     def apply_usage(self, usage: dict[str, Any] | None) -> None:
         """Take token counts from an OpenAI ``usage`` object when it has them (chat
@@ -79,8 +78,13 @@ class Exchange:
         end = time.perf_counter() if now is None else now
         e2e = end - self.received_at
         if self.recent is not None:
-            self.finished_at = end
-            self.recent.append(self)
+            # a tuple of atoms, not the exchange: the collector stops tracking it, and
+            # nothing else (body, trace, extra) is kept alive by the ring
+            self.recent.append(
+                (self.request_id, self.received_at, end, self.path, self.public_model, self.provider, self.endpoint,
+                 self.reason, self.stream, self.status, self.error_kind, self.first_token_at, self.last_token_at,
+                 self.completion_tokens, self.attempts)
+            )
         if self.trace is not None:
             self.trace.end(self)
         provider = self.provider or "none"

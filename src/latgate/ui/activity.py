@@ -1,7 +1,8 @@
 """Recent requests and routing events for ``/ui``.
 
-The request path pays one ``deque.append`` of the finished :class:`Exchange` (see
-:meth:`Exchange.finish`); turning them into JSON, and noticing counters that moved,
+The request path pays one ``deque.append`` of a tuple summarising the finished
+:class:`~latgate.proxy.exchange.Exchange` (see :meth:`Exchange.finish`, field order as
+:func:`_request_json` reads it); turning them into JSON, and noticing counters that moved,
 happens only in :meth:`Activity.snapshot`, i.e. when the page polls.
 """
 
@@ -12,7 +13,6 @@ from collections import deque
 from typing import Any
 
 from latgate.metrics import Metrics
-from latgate.proxy.exchange import Exchange
 
 #: finished requests the ring keeps (the page's request list)
 RECENT_REQUESTS = 300
@@ -32,7 +32,7 @@ class Activity:
     """
 
     def __init__(self, metrics: Metrics, *, size: int = RECENT_REQUESTS) -> None:
-        self.requests: deque[Exchange] = deque(maxlen=size)
+        self.requests: deque[tuple] = deque(maxlen=size)
         self.events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         self._metrics = metrics
         self._counts: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
@@ -84,27 +84,29 @@ def _describe(labels: dict[str, str]) -> dict[str, str]:
     return {"provider": labels["provider"], "detail": detail}
 
 
-def _request_json(ex: Exchange, wall_minus_perf: float) -> dict[str, Any]:
-    ttft = None if ex.first_token_at is None else round((ex.first_token_at - ex.received_at) * 1000, 1)
+def _request_json(entry: tuple, wall_minus_perf: float) -> dict[str, Any]:
+    (request_id, received_at, finished_at, path, model, provider, endpoint, reason, stream, status, error,
+     first_token_at, last_token_at, completion_tokens, attempts) = entry
+    ttft = None if first_token_at is None else round((first_token_at - received_at) * 1000, 1)
     speed = None
-    if ex.first_token_at is not None and ex.last_token_at is not None and ex.completion_tokens > 1:
-        decode = ex.last_token_at - ex.first_token_at
+    if first_token_at is not None and last_token_at is not None and completion_tokens > 1:
+        decode = last_token_at - first_token_at
         if decode > 0:
-            speed = round(ex.completion_tokens / decode, 1)
+            speed = round(completion_tokens / decode, 1)
     return {
-        "id": ex.request_id,
-        "at": round(ex.finished_at + wall_minus_perf, 3),
-        "path": ex.path,
-        "model": ex.public_model,
-        "provider": ex.provider or "none",
-        "endpoint": ex.endpoint,
-        "reason": ex.reason,
-        "stream": ex.stream,
-        "status": ex.status,
-        "error": ex.error_kind,
+        "id": request_id,
+        "at": round(finished_at + wall_minus_perf, 3),
+        "path": path,
+        "model": model,
+        "provider": provider or "none",
+        "endpoint": endpoint,
+        "reason": reason,
+        "stream": stream,
+        "status": status,
+        "error": error,
         "ttft_ms": ttft,
-        "e2e_ms": round((ex.finished_at - ex.received_at) * 1000, 1),
-        "completion_tokens": ex.completion_tokens,
+        "e2e_ms": round((finished_at - received_at) * 1000, 1),
+        "completion_tokens": completion_tokens,
         "tokens_per_second": speed,
-        "attempts": ex.attempts,
+        "attempts": attempts,
     }
