@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from processes import stop
 from servers import listening_socket
 
 READY_LINE = "Ready to accept connections"
@@ -71,10 +72,5 @@ def redis_server() -> Iterator[str]:
             raise RuntimeError("redis-server did not start: " + "".join(seen[-5:]))
         yield f"redis://127.0.0.1:{port}/0"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, timeout=10)
         reader.join(timeout=10)

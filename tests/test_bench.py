@@ -24,8 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from latgate.bench.runner import BenchConfig, normalize_base_url, run_bench
 from latgate.bench.plot import panel_values, served_by, write_plot
+from latgate.bench.runner import BenchConfig, normalize_base_url, run_bench
 from latgate.bench.sample import RequestSample, SampleRecorder
 from latgate.bench.sse import SseDecoder
 from latgate.bench.stats import percentile, summarize, summarize_samples

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from stack import FAST, demo_stack, simulator_urls, gateway
+from stack import FAST, demo_stack, gateway, simulator_urls
 
 from latgate.metrics import Metrics
 from latgate.proxy.exchange import Exchange

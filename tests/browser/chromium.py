@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import websocket
+from processes import stop
 
 FLAGS = (
     "--headless",
@@ -118,9 +119,4 @@ def chromium(profile: Path, *, width: int = 1440, height: int = 1000) -> Iterato
     finally:
         if page is not None:
             page.close()
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)

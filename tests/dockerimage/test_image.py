@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from processes import poll
 from redisd import free_port
 from stack import FAST, simulators
 
@@ -61,16 +62,6 @@ def report(line: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with (ARTIFACTS / "docker.md").open("a") as out:
         out.write(line + "\n")
-
-
-def poll(check, *, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="module")

@@ -8,16 +8,14 @@ import contextlib
 import math
 import shutil
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
+from processes import poll, stop
 from redisd import free_port
-
-T = TypeVar("T")
 
 
 def binary(name: str) -> str:
@@ -25,19 +23,6 @@ def binary(name: str) -> str:
     found = shutil.which(name)
     assert found, f"{name} is not installed: `make test-prometheus` installs Debian's prometheus package"
     return found
-
-
-def poll(check: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.25) -> T:
-    """``check()`` until it returns something truthy (returned), for at most ``timeout``
-    seconds; AssertionError naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 @dataclass
@@ -107,10 +92,5 @@ def prometheus(config: Path, data_dir: Path) -> Iterator[Prometheus]:
         poll(ready, timeout=60, what="Prometheus to be ready")
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, timeout=20)
         log.close()

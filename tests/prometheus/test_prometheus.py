@@ -25,11 +25,11 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from promd import Prometheus, binary, poll, prometheus
+from processes import poll
+from promd import Prometheus, binary, prometheus
+from prometheus_client.parser import text_string_to_metric_families
 from redisd import free_port
 from stack import FAST, Stack, gateway, simulators
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from latgate.sim import SimOptions
 
