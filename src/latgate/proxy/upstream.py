@@ -25,17 +25,43 @@ import contextlib
 import os
 import ssl
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 import httpx
 
 from latgate import __version__
+from latgate.proxy.decoding import DecodedResponse, decoder_problem
 from latgate.proxy.errors import UpstreamFailure
 from latgate.proxy.h1 import H1Pool, H1Response
 
 __all__ = ["UpstreamClient", "UpstreamFailure", "upstream_errors", "upstream_headers"]
 
 USER_AGENT = f"latgate/{__version__}"
+#: Redirects that keep the method and body (RFC 9110 sections 15.4.8 and 15.4.9): one is
+#: followed when it stays on the same origin. Others (301, 302, 303) are not answers.
+SAME_ORIGIN_REDIRECTS = frozenset({307, 308})
+
+
+def same_origin_location(url: str, location: str | None) -> str | None:
+    """``location`` resolved against ``url`` when it is on the same origin (scheme, host
+    and port, RFC 6454), else ``None``: the provider's key is never sent to another host."""
+    if not location:
+        return None
+    target = urljoin(url, location.strip())
+    a, b = urlsplit(url), urlsplit(target)
+    try:
+        same = (a.scheme, a.hostname, _port(a)) == (b.scheme, b.hostname, _port(b))
+    except ValueError:  # a port that is not a number
+        return None
+    if not same or b.username is not None or b.password is not None:
+        return None
+    return target.split("#", 1)[0]
+
+
+def _port(parts: Any) -> int:
+    return parts.port or (443 if parts.scheme == "https" else 80)
 
 
 @contextlib.contextmanager
@@ -126,6 +152,35 @@ class UpstreamClient:
         Raises:
             UpstreamFailure: no response could be had.
         """
+        response = await self._send(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds)
+        if response.status_code in SAME_ORIGIN_REDIRECTS or "content-encoding" in response.headers:
+            return await self._unusual(response, url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds)
+        return response
+
+    async def _unusual(
+        self, response: Any, *, url: str, payload: bytes, headers: dict[str, str], read_timeout_seconds: float | None
+    ) -> Any:
+        """A same-origin 307/308 followed once (method and body kept, RFC 9110 section
+        15.4.8/15.4.9); a compressed body decoded (:mod:`latgate.proxy.decoding`)."""
+        if response.status_code in SAME_ORIGIN_REDIRECTS:
+            location = same_origin_location(url, response.headers.get("location"))
+            if location is not None:
+                await response.aclose()
+                response = await self._send(
+                    url=location, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds
+                )
+        encoding = response.headers.get("content-encoding")
+        if encoding is None:
+            return response
+        problem = decoder_problem(encoding)
+        if problem is not None:
+            await response.aclose()
+            raise UpstreamFailure("read", problem)
+        return DecodedResponse(response, encoding)
+
+    async def _send(
+        self, *, url: str, payload: bytes, headers: dict[str, str], read_timeout_seconds: float | None
+    ) -> Any:
         if self._direct and not self._use_aiohttp:
             pool = self._h1
             if pool is None:
@@ -138,6 +193,11 @@ class UpstreamClient:
             )  # fmt: skip
         if self._direct:
             return await self._open_direct(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds)
+        return await self._open_transport(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds)
+
+    async def _open_transport(
+        self, *, url: str, payload: bytes, headers: dict[str, str], read_timeout_seconds: float | None
+    ) -> httpx.Response:
         # The hot path goes to the transport directly: AsyncClient.send adds redirect,
         # auth and cookie handling latgate never wants (~25% of a proxied request's CPU
         # in a profile), and URL parsing is cached per upstream URL.

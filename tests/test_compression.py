@@ -1,0 +1,143 @@
+"""Compressed upstream answers (gzip, deflate, br, zstd) sent whatever latgate's
+``Accept-Encoding: identity`` said: decoded for JSON answers and streams alike, never
+a 502 nor a mark against the endpoint's health; a malformed or unknown one is the
+provider's clear error. Scripted raw upstreams on loopback (tests/h1_upstreams.py).
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Callable
+
+import brotli
+import httpx
+import openai
+import pytest
+import zstandard
+from h1_upstreams import (
+    CHAT,
+    DONE,
+    OK_JSON,
+    STREAM,
+    assert_clean_logs,
+    chunk,
+    content,
+    json_reply,
+    keep_serving,
+    stack_on,
+)
+
+
+def raw_deflate(data: bytes) -> bytes:
+    packer = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return packer.compress(data) + packer.flush()
+
+
+CODINGS: dict[str, Callable[[bytes], bytes]] = {
+    "gzip": gzip.compress,
+    "deflate": zlib.compress,
+    "br": brotli.compress,
+    "zstd": lambda data: zstandard.ZstdCompressor().compress(data),
+}
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> Callable[[], None]:
+    caplog.set_level("DEBUG", logger="latgate")
+    return lambda: assert_clean_logs(caplog)
+
+
+def health(v1: str) -> dict:
+    return httpx.get(v1.removesuffix("/v1") + "/admin/providers", timeout=5).json()["providers"]["up"]["endpoints"][0]
+
+
+@pytest.mark.parametrize("coding", sorted(CODINGS))
+def test_a_compressed_json_answer_is_decoded_and_counts_as_a_success(coding: str, logs: Callable[[], None]) -> None:
+    reply = json_reply(CODINGS[coding](OK_JSON), extra=b"content-encoding: %s\r\n" % coding.encode())
+    with stack_on(keep_serving(reply)) as (up, v1, _app):
+        for _ in range(3):
+            client = openai.OpenAI(base_url=v1, api_key="k", max_retries=0)
+            completion = client.chat.completions.create(model="m", messages=CHAT["messages"])
+            assert completion.choices[0].message.content == "ok"
+        assert b"accept-encoding: identity" in up.requests[0].lower()
+        assert health(v1)["healthy"] and health(v1)["consecutive_failures"] == 0
+    logs()
+
+
+@pytest.mark.parametrize("coding", sorted(CODINGS))
+def test_a_compressed_stream_is_decoded_as_it_arrives(coding: str, logs: Callable[[], None]) -> None:
+    """Chunked, compressed, each event flushed on its own (``Z_SYNC_FLUSH`` for gzip):
+    the client reads every event and the ``[DONE]``."""
+    events = [content("one "), content("two "), content("three"), DONE]
+    if coding == "gzip":
+        packer = zlib.compressobj(wbits=zlib.MAX_WBITS | 16)
+        pieces = [packer.compress(e) + packer.flush(zlib.Z_SYNC_FLUSH) for e in events] + [packer.flush()]
+    else:
+        whole = CODINGS[coding](b"".join(events))
+        pieces = [whole[: len(whole) // 2], whole[len(whole) // 2 :]]
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+        b"content-encoding: %s\r\n\r\n" % coding.encode()
+    )
+    reply = head + b"".join(chunk(p) for p in pieces if p) + b"0\r\n\r\n"
+    with stack_on(keep_serving(reply)) as (_up, v1, _app):
+        with httpx.stream("POST", v1 + "/chat/completions", json=STREAM, timeout=15) as response:
+            assert response.status_code == 200 and "content-encoding" not in response.headers
+            text = response.read().decode()
+        assert text.count("data: ") == 4 and text.rstrip().endswith("data: [DONE]")
+        assert '"one "' in text and '"three"' in text
+        client = openai.OpenAI(base_url=v1, api_key="k", max_retries=0)
+        stream = client.chat.completions.create(model="m", messages=CHAT["messages"], stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "one two three"
+        assert health(v1)["consecutive_failures"] == 0
+    logs()
+
+
+def test_a_raw_deflate_body_is_accepted_as_browsers_do(logs: Callable[[], None]) -> None:
+    reply = json_reply(raw_deflate(OK_JSON), extra=b"content-encoding: deflate\r\n")
+    with stack_on(keep_serving(reply)) as (_up, v1, _app):
+        response = httpx.post(v1 + "/chat/completions", json=CHAT, timeout=15)
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "ok"
+    logs()
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body", "message"),
+    [
+        (b"gzip", b"this is not gzip at all", "compressed body is malformed"),
+        (b"gzip", gzip.compress(OK_JSON)[:-12], "compressed body ended early"),
+        (b"compress", OK_JSON, "content encoding 'compress', which latgate cannot decode"),
+    ],
+    ids=["malformed", "truncated", "unknown"],
+)
+def test_a_bad_compressed_answer_is_a_clear_provider_error(
+    encoding: bytes, body: bytes, message: str, logs: Callable[[], None]
+) -> None:
+    reply = json_reply(body, extra=b"content-encoding: %s\r\n" % encoding)
+    with stack_on(keep_serving(reply)) as (_up, v1, _app):
+        response = httpx.post(v1 + "/chat/completions", json=CHAT, timeout=15)
+    assert response.status_code == 502, response.text
+    error = response.json()["error"]
+    assert error["message"].startswith("provider 'up' is unavailable") and message in error["message"]
+    logs()
+
+
+def test_a_compression_bomb_stops_at_the_decoded_size_bound(
+    monkeypatch: pytest.MonkeyPatch, logs: Callable[[], None]
+) -> None:
+    monkeypatch.setattr("latgate.proxy.decoding.MAX_DECODED_BYTES", 1024 * 1024)
+    bomb = gzip.compress(b" " * (8 * 1024 * 1024))  # ~8 KiB that decode to 8 MiB
+    with stack_on(keep_serving(json_reply(bomb, extra=b"content-encoding: gzip\r\n"))) as (_up, v1, _app):
+        response = httpx.post(v1 + "/chat/completions", json=CHAT, timeout=15)
+    assert response.status_code == 502
+    assert "decodes to more than 1048576 bytes" in response.json()["error"]["message"]
+    logs()
+
+
+def test_a_compressed_error_answer_keeps_its_message() -> None:
+    error = b'{"error":{"message":"context too long","type":"invalid_request_error"}}'
+    reply = json_reply(gzip.compress(error), status=b"400 Bad Request", extra=b"content-encoding: gzip\r\n")
+    with stack_on(keep_serving(reply)) as (_up, v1, _app):
+        response = httpx.post(v1 + "/chat/completions", json=CHAT, timeout=15)
+    assert response.status_code == 400 and "context too long" in response.json()["error"]["message"]
