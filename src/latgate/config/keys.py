@@ -57,6 +57,12 @@ PROVIDER_KEYS = (
     "latency_sensitive",
     "timeout_sec",
     "hints",
+    "api_base_exact",
+    "proxy",
+    "ca_file",
+    "client_cert",
+    "client_key",
+    "verify",
 )
 """Keys of ``[providers.NAME]`` (and of the seed1 shorthand sections)."""
 

@@ -8,7 +8,7 @@ must be http(s) with a host, without whitespace, query or fragment (not even an 
 ``?`` or ``#``: paths are appended to the base), and without ``user:password@`` when
 ``api_key_env`` is set (the upstream can take one ``Authorization`` only); only a
 trailing slash is removed (the version segment is :attr:`EndpointConfig.base_url`'s
-business). Two endpoints that call the same versioned URL (``http://h:1`` and
+business; ``api_base_exact = true`` uses each URL as given). Two endpoints that call the same versioned URL (``http://h:1`` and
 ``http://h:1/v1``) are duplicates. Engine settings from
 :data:`~latgate.config.keys.ENGINE_HINT_KEYS` and an explicit ``hints`` table go to
 ``hints``. ``connector`` defaults to the ``engine`` when that names a connector
@@ -138,7 +138,8 @@ def _endpoints(section: ProviderSection, *, source: str) -> tuple[EndpointConfig
                 "but an upstream request takes one Authorization only",
                 fix="remove the user:password@ part, or remove api_key_env",
             )
-        calls = versioned_base(api_base)
+        exact = table.get("api_base_exact") is True
+        calls = versioned_base(api_base, exact=exact)
         if calls in seen:
             raise ConfigError(
                 source=source,
@@ -147,7 +148,7 @@ def _endpoints(section: ProviderSection, *, source: str) -> tuple[EndpointConfig
                 fix="list each replica once",
             )
         seen[calls] = key
-        endpoints.append(EndpointConfig(id=f"{section.name}-{index}", api_base=api_base, **settings))
+        endpoints.append(EndpointConfig(id=f"{section.name}-{index}", api_base=api_base, exact=exact, **settings))
     return tuple(endpoints)
 
 

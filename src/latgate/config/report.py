@@ -95,7 +95,7 @@ def _provider_lines(provider: ProviderConfig) -> list[str]:
         lines.append(
             _row(
                 "endpoint",
-                f"{endpoint.id}  {mask_userinfo(endpoint.api_base)}  (calls {mask_userinfo(endpoint.base_url)}/...)",
+                f"{endpoint.id}  {mask_userinfo(endpoint.api_base)}  (calls {mask_userinfo(endpoint.base_url)}/chat/completions)",
                 indent=4,
             )
         )

@@ -13,11 +13,12 @@ import re
 import types
 import typing
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-_VERSION_SUFFIX = re.compile(r"/v\d+(?:beta\d*|alpha\d*)?$")
+_VERSION_SEGMENT = re.compile(r"(?:^|/)v\d+(?:beta\d*|alpha\d*)?(?:/|$)")
 
 
 class Frozen(BaseModel):
@@ -47,17 +48,20 @@ def _annotation_kinds(annotation: object) -> tuple[object, ...]:
     return (annotation,)
 
 
-def versioned_base(api_base: str) -> str:
-    """Return ``api_base`` with exactly one API version path segment.
+def versioned_base(api_base: str, *, exact: bool = False) -> str:
+    """Return the base URL the OpenAI paths (``/chat/completions``...) are appended to.
 
-    ``http://h:1/v1`` and ``http://h:1/v1/`` stay ``http://h:1/v1``;
-    ``https://taotoken.net/api`` becomes ``https://taotoken.net/api/v1``. A base that
-    already ends in another version (``/v3``, ``/v1beta``) is kept as it is. So the
-    OpenAI paths (``/chat/completions``...) are appended to the result, never giving
-    ``/v1/v1`` nor a missing version.
+    A path that already names an API version in any segment (``v1``, ``v4``,
+    ``v1beta``, ``v2alpha1``) is used as given, trailing slash removed:
+    ``http://h:1/v1/`` -> ``http://h:1/v1``, ``.../v1beta/openai/`` ->
+    ``.../v1beta/openai``, ``https://open.bigmodel.cn/api/paas/v4``,
+    ``.../compatible-mode/v1`` and ``.../openai/v1`` as they are. A path without one
+    gets ``/v1``: ``http://h:8000`` -> ``http://h:8000/v1``,
+    ``https://taotoken.net/api`` -> ``https://taotoken.net/api/v1`` (the OpenAI SDK's
+    convention for a bare origin). ``exact`` (``api_base_exact = true``): as given.
     """
     base = api_base.rstrip("/")
-    if _VERSION_SUFFIX.search(base):
+    if exact or _VERSION_SEGMENT.search(urlsplit(base).path):
         return base
     return base + "/v1"
 
@@ -85,21 +89,23 @@ class EndpointConfig(Frozen):
 
     ``id`` is stable and bounded (``NAME-0``, ``NAME-1``...): it is used as a metric
     label. ``api_base`` is the base URL as configured (trailing slash removed);
-    ``base_url`` is the same with exactly one version segment (see
-    :func:`versioned_base`), to which OpenAI paths such as ``/chat/completions`` are
-    appended. ``max_batch_size`` (batch slots of this replica, overriding the
-    provider's) and ``weight`` (its share of load under ``least_outstanding`` and
-    ``latgate``, default 1) come from an ``endpoints`` table entry.
+    ``base_url`` is the same with a version segment where it names none (see
+    :func:`versioned_base`; ``exact``: the provider's ``api_base_exact``), to which
+    OpenAI paths such as ``/chat/completions`` are appended. ``max_batch_size`` (batch
+    slots of this replica, overriding the provider's) and ``weight`` (its share of load
+    under ``least_outstanding`` and ``latgate``, default 1) come from an ``endpoints``
+    table entry.
     """
 
     id: str
     api_base: str
     max_batch_size: int | None = Field(default=None, gt=0)
     weight: float = Field(default=1.0, gt=0)
+    exact: bool = False
 
     @functools.cached_property
     def base_url(self) -> str:  # computed once: it is read on every proxied request
-        return versioned_base(self.api_base)
+        return versioned_base(self.api_base, exact=self.exact)
 
 
 class ProviderConfig(Frozen):
@@ -128,6 +134,7 @@ class ProviderConfig(Frozen):
     latency_sensitive: bool = False
     timeout_sec: float | None = Field(default=None, gt=0)
     hints: dict[str, object] = Field(default_factory=dict)
+    api_base_exact: bool = Field(default=False, strict=True)
 
     def serves(self, model: str) -> bool:
         """True when this provider accepts ``model`` as an upstream model name."""

@@ -74,6 +74,11 @@ class Failures:
         (retried where :data:`RETRYABLE_STATUSES` says). Any other status (a 204, a
         redirect): not an answer to a completion, so the provider's failure (502)."""
         status = response.status_code
+        if 300 <= status < 400:  # a same-origin 307/308 was followed already (upstream.py)
+            return self.bad_response(
+                provider, endpoint, f"answered with a redirect (HTTP {status}) latgate does not follow: "
+                "only one 307/308 to the same host is followed; set api_base to the address it names",
+            )  # fmt: skip
         if status < 400:
             return self.bad_response(provider, endpoint, f"answered with status {status}")
         data = b""

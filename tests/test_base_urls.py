@@ -1,0 +1,122 @@
+"""Base URLs as hosted providers publish them, and upstream redirects: each form
+reaches the path the issue names (seen by a raw upstream on loopback), a same-origin
+307/308 is followed once with its method and body, and any other redirect is a clear
+error that never sends the provider's key to another host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from h1_upstreams import CHAT, OK_JSON, SECRET, RawUpstream, config, json_reply, keep_serving
+from stack import gateway
+
+from latgate.config import load_config_text
+from latgate.config.report import report_lines
+
+FORMS = [
+    ("/api", "/api/v1/chat/completions"),  # https://taotoken.net/api (the seeds' curl)
+    ("", "/v1/chat/completions"),  # http://h:8000
+    ("/v1", "/v1/chat/completions"),
+    ("/v1/", "/v1/chat/completions"),
+    ("/v1beta/openai/", "/v1beta/openai/chat/completions"),  # Gemini
+    ("/api/paas/v4", "/api/paas/v4/chat/completions"),  # Zhipu
+    ("/compatible-mode/v1", "/compatible-mode/v1/chat/completions"),  # DashScope
+    ("/openai/v1", "/openai/v1/chat/completions"),  # Groq
+]
+
+
+def request_path(request: bytes) -> str:
+    return request.split(b" ", 2)[1].decode()
+
+
+@pytest.mark.parametrize(("path", "called"), FORMS, ids=[p or "origin" for p, _ in FORMS])
+def test_each_base_url_form_reaches_the_path_its_provider_serves(path: str, called: str) -> None:
+    with RawUpstream(keep_serving(json_reply())) as up:
+        base = f"http://127.0.0.1:{up.port}{path}"
+        with gateway(config(base), env={"UP_KEY": SECRET}) as gw:
+            response = httpx.post(gw.v1 + "/chat/completions", json=CHAT, timeout=15)
+            check = "\n".join(report_lines(gw.config, warnings=[]))
+    assert response.status_code == 200, response.text
+    assert request_path(up.requests[0]) == called
+    assert f"calls http://127.0.0.1:{up.port}{called}" in check
+
+
+def test_api_base_exact_uses_the_url_as_given() -> None:
+    with RawUpstream(keep_serving(json_reply())) as up:
+        base = f"http://127.0.0.1:{up.port}/serving/openai-compatible"
+        with gateway(config(base, extra="api_base_exact = true\n"), env={"UP_KEY": SECRET}) as gw:
+            assert httpx.post(gw.v1 + "/chat/completions", json=CHAT, timeout=15).status_code == 200
+    assert request_path(up.requests[0]) == "/serving/openai-compatible/chat/completions"
+
+
+def test_api_base_exact_must_be_a_boolean() -> None:
+    with pytest.raises(Exception, match="api_base_exact"):
+        load_config_text(config("http://127.0.0.1:9", extra='api_base_exact = "yes"\n'), source="t.toml", env={})
+
+
+def redirecting(status: bytes, location: bytes):
+    """First request: a redirect to ``location``; later ones: the JSON answer."""
+
+    async def handler(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await up.request(reader)
+            if len(up.requests) == 1:
+                writer.write(b"HTTP/1.1 %s\r\nlocation: %s\r\ncontent-length: 0\r\n\r\n" % (status, location))
+            else:
+                writer.write(json_reply())
+            await writer.drain()
+
+    return handler
+
+
+@pytest.mark.parametrize("status", [b"307 Temporary Redirect", b"308 Permanent Redirect"])
+@pytest.mark.parametrize("absolute", [False, True], ids=["relative", "absolute"])
+def test_a_same_origin_307_or_308_is_followed_once_with_method_and_body(status: bytes, absolute: bool) -> None:
+    holder: dict[str, int] = {}
+
+    async def handler(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        where = b"/moved/v1/chat/completions"
+        if absolute:
+            where = b"http://127.0.0.1:%d%s" % (holder["port"], where)
+        await redirecting(status, where)(up, reader, writer)
+
+    with RawUpstream(handler) as up:
+        holder["port"] = up.port
+        with gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
+            response = httpx.post(gw.v1 + "/chat/completions", json=CHAT, timeout=15)
+    assert response.status_code == 200 and response.content == OK_JSON
+    assert [request_path(r) for r in up.requests] == ["/v1/chat/completions", "/moved/v1/chat/completions"]
+    first, second = up.requests
+    assert second.startswith(b"POST ") and second.split(b"\r\n\r\n", 1)[1] == first.split(b"\r\n\r\n", 1)[1]
+    assert json.loads(second.split(b"\r\n\r\n", 1)[1])["messages"] == CHAT["messages"]
+    assert f"authorization: Bearer {SECRET}".encode() in second
+
+
+def test_a_second_redirect_is_not_followed() -> None:
+    async def handler(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await up.request(reader)
+            writer.write(b"HTTP/1.1 307 Temporary Redirect\r\nlocation: /again\r\ncontent-length: 0\r\n\r\n")
+            await writer.drain()
+
+    with RawUpstream(handler) as up, gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
+        response = httpx.post(gw.v1 + "/chat/completions", json=CHAT, timeout=15)
+    assert response.status_code == 502 and "HTTP 307" in response.json()["error"]["message"]
+    assert len(up.requests) == 2
+
+
+@pytest.mark.parametrize("status", [b"307 Temporary Redirect", b"308 Permanent Redirect", b"302 Found", b"301 Moved"])
+def test_a_redirect_to_another_host_is_a_clear_error_and_the_key_stays_home(status: bytes) -> None:
+    with RawUpstream(keep_serving(json_reply())) as other:
+        elsewhere = b"http://127.0.0.1:%d/v1/chat/completions" % other.port
+        with RawUpstream(redirecting(status, elsewhere)) as up, gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
+            response = httpx.post(gw.v1 + "/chat/completions", json=CHAT, timeout=15)
+        assert other.requests == []
+    assert response.status_code == 502
+    message = response.json()["error"]["message"]
+    assert f"HTTP {status[:3].decode()}" in message and "does not follow" in message
+    assert str(other.port) not in message and SECRET not in response.text
