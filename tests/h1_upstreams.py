@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -69,9 +70,8 @@ def json_reply(body: bytes = OK_JSON, *, status: bytes = b"200 OK", extra: bytes
 async def read_request(reader: asyncio.StreamReader) -> bytes:
     head = await reader.readuntil(b"\r\n\r\n")
     length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
+        (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")),
+        0,  # a GET (health probe) has no body
     )
     return head + await reader.readexactly(length)
 
@@ -88,7 +88,8 @@ Handler = Callable[["RawUpstream", asyncio.StreamReader, asyncio.StreamWriter], 
 
 
 class RawUpstream:
-    """A loopback HTTP/1.1 server speaking raw bytes, on its own event loop thread.
+    """A loopback HTTP/1.1 server speaking raw bytes, on its own event loop thread
+    (``tls``: a server context, for an https upstream).
 
     ``handler(upstream, reader, writer)`` serves one connection. Counts connections
     (``total``, ``open``) and requests; ``wait_until(predicate)`` blocks the test thread
@@ -96,8 +97,9 @@ class RawUpstream:
     ``asyncio.Event`` on the server's loop) for handlers that stall.
     """
 
-    def __init__(self, handler: Handler, *, host: str = "127.0.0.1") -> None:
+    def __init__(self, handler: Handler, *, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> None:
         self.handler = handler
+        self._tls = tls
         self.total = 0
         self.open = 0
         self.requests: list[bytes] = []
@@ -111,7 +113,7 @@ class RawUpstream:
         self._sock.listen(1024)
         self.port = self._sock.getsockname()[1]
         shown = f"[{host}]" if ":" in host else host
-        self.base_url = f"http://{shown}:{self.port}/v1"
+        self.base_url = f"{'https' if tls else 'http'}://{shown}:{self.port}/v1"
         self._tasks: set[asyncio.Task[None]] = set()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._started = threading.Event()
@@ -132,7 +134,7 @@ class RawUpstream:
     async def _main(self) -> None:
         self._done = asyncio.Event()
         self.released = asyncio.Event()
-        server = await asyncio.start_server(self._serve, sock=self._sock)
+        server = await asyncio.start_server(self._serve, sock=self._sock, ssl=self._tls)
         self._started.set()
         await self._done.wait()
         server.close()

@@ -25,6 +25,7 @@ exactly when ``latgate serve`` would.
 from __future__ import annotations
 
 import re
+import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -44,6 +45,7 @@ from latgate.config.keys import (
 from latgate.config.schema import EndpointConfig, ProviderConfig, versioned_base
 from latgate.config.seedforms import ProviderSection
 from latgate.connectors import UnknownConnector, get_connector, known_connectors
+from latgate.proxy.egress import Proxy, tls_context
 from latgate.routing.tokens import ExactTokenizer, TokenizerError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -92,7 +94,38 @@ def build_provider(section: ProviderSection, *, source: str) -> ProviderConfig:
     _check_extra_body(provider.extra_body, source=source, key=key_path(section.key, "extra_body"))
     _check_models(provider.models, source=source, key=key_path(section.key, "models"))
     _check_tokenizer(provider.tokenizer, source=source, key=key_path(section.key, "tokenizer"))
+    _check_egress(provider, source=source, prefix=section.key)
     return provider
+
+
+def _check_egress(provider: ProviderConfig, *, source: str, prefix: str) -> None:
+    """The proxy URL parses; the CA, certificate and key files load (so ``latgate
+    check`` fails where ``serve`` would)."""
+    if isinstance(provider.proxy, str):
+        try:
+            Proxy.parse(provider.proxy)
+        except ValueError as exc:
+            raise ConfigError(
+                source=source, key=key_path(prefix, "proxy"), message=str(exc),
+                fix='write proxy = "http://HOST:PORT" (user:password@ for Basic credentials), or proxy = false',
+            ) from None  # fmt: skip
+    if provider.client_key and not provider.client_cert:
+        raise ConfigError(
+            source=source, key=key_path(prefix, "client_key"), message="client_key is given without client_cert",
+            fix="add client_cert = \"PATH\" (the certificate the key belongs to)",
+        )  # fmt: skip
+    try:
+        tls_context(
+            ca_file=provider.ca_file, client_cert=provider.client_cert, client_key=provider.client_key,
+            verify=provider.verify, env={},
+        )  # fmt: skip
+    except (OSError, ssl.SSLError) as exc:
+        key = "ca_file" if provider.ca_file and not provider.client_cert else "client_cert"
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(
+            source=source, key=key_path(prefix, key), message=f"cannot load the TLS files: {reason}",
+            fix="give PEM files that exist (ca_file: the CA bundle; client_cert/client_key: the certificate and its key)",
+        ) from None  # fmt: skip
 
 
 def tokenizer_path(source: str, tokenizer: str) -> Path:

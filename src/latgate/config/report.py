@@ -15,13 +15,13 @@ every endpoint, with the provider's key when its variable is set).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import ssl
 import sys
 import time
 from collections.abc import Mapping
 from typing import TextIO
-
-import httpx
 
 from latgate.config.apikeys import header_key
 from latgate.config.errors import ConfigError
@@ -30,6 +30,8 @@ from latgate.config.loader import load_config, resolve_config_path
 from latgate.config.schema import Config, ProviderConfig
 from latgate.config.warnings import config_warnings
 from latgate.connectors import get_connector
+from latgate.proxy.egress import Egress, egress_for
+from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
 
 PROBE_TIMEOUT_SECONDS = 3.0
 _LABEL_WIDTH = 21
@@ -53,14 +55,15 @@ def main(args: argparse.Namespace) -> int:
         print(f"latgate: error: {exc}", file=sys.stderr)
         return 1
     out = sys.stdout
-    out.write("\n".join(report_lines(config, warnings=config_warnings(config))) + "\n")
+    out.write("\n".join(report_lines(config, warnings=config_warnings(config), env=os.environ)) + "\n")
     if not args.probe:
         return 0
     return 0 if probe(config, env=os.environ, out=out) else 2
 
 
-def report_lines(config: Config, *, warnings: list[str]) -> list[str]:
-    """The report as lines of text (no trailing newlines)."""
+def report_lines(config: Config, *, warnings: list[str], env: Mapping[str, str] | None = None) -> list[str]:
+    """The report as lines of text (no trailing newlines). ``env``: where proxy and
+    certificate variables are read (none when not given)."""
     auth = f"{len(config.auth.keys)} key(s)" if config.auth else "none"
     lines = [
         f"config   {config.source}",
@@ -69,7 +72,7 @@ def report_lines(config: Config, *, warnings: list[str]) -> list[str]:
     ]
     lines.append(f"providers ({len(config.providers)})")
     for provider in config.providers.values():
-        lines += _provider_lines(provider)
+        lines += _provider_lines(provider, env or {})
     lines += ["", "aliases"]
     lines += [
         _row(public, ", ".join(f"{p}: {served}" for p, served in targets.items()))
@@ -88,17 +91,25 @@ def _row(label: str, value: str, *, indent: int = 2) -> str:
     return f"{' ' * indent}{label:<{_LABEL_WIDTH}} {value}".rstrip()
 
 
-def _provider_lines(provider: ProviderConfig) -> list[str]:
+def _provider_lines(provider: ProviderConfig, env: Mapping[str, str]) -> list[str]:
     summary = f"connector {provider.connector}, role {provider.role or '-'}, engine {provider.engine or '-'}"
     lines = ["", f"  {provider.name}   ({summary})"]
+    try:
+        egress = egress_for(provider, env)
+    except (OSError, ssl.SSLError, ValueError) as exc:  # SSL_CERT_FILE or a proxy variable is unusable
+        egress = None
+        lines.append(_row("egress", f"cannot be set up: {type(exc).__name__}", indent=4))
     for endpoint in provider.endpoints:
-        lines.append(
-            _row(
-                "endpoint",
-                f"{endpoint.id}  {mask_userinfo(endpoint.api_base)}  (calls {mask_userinfo(endpoint.base_url)}/chat/completions)",
-                indent=4,
-            )
-        )
+        called = mask_userinfo(endpoint.base_url) + "/chat/completions"
+        lines.append(_row("endpoint", f"{endpoint.id}  {mask_userinfo(endpoint.api_base)}  (calls {called})", indent=4))
+        if egress is not None and egress.proxies:
+            lines.append(_row("proxy", egress.shown_proxy(endpoint.base_url), indent=6))
+    tls = [f"ca_file {provider.ca_file}"] if provider.ca_file else []
+    tls += ["SSL_CERT_FILE"] if not provider.ca_file and env.get("SSL_CERT_FILE") else []
+    tls += [f"client_cert {provider.client_cert}"] if provider.client_cert else []
+    tls += ["verify OFF (certificates not checked)"] if not provider.verify else []
+    if tls:
+        lines.append(_row("tls", ", ".join(tls), indent=4))
     lines.append(_row("models", ", ".join(provider.models) if provider.models else "any", indent=4))
     if len(provider.models) == 1:
         lines.append(_row("rules map", f"names of the same model -> {provider.models[0]}", indent=4))
@@ -185,33 +196,48 @@ def _policy_text(fields: Mapping[str, object]) -> str:
 
 
 def probe(config: Config, *, env: Mapping[str, str], out: TextIO) -> bool:
-    """``GET`` each endpoint's health URL (timeout 3 s); print ok/failed lines; True if all ok.
+    """``GET`` each endpoint's health URL (timeout 3 s) the way the gateway would reach it
+    (proxy, TLS settings); print ok/failed lines, a failure with its cause (DNS name not
+    found, connection refused, TLS: reason, timeout); True if all ok.
 
     The provider's key (``api_key_env`` from ``env``) is sent as ``Authorization:
     Bearer`` when set, and never printed.
     """
     out.write("\nprobe\n")
+    return asyncio.run(_probe_all(config, env=env, out=out))
+
+
+async def _probe_all(config: Config, *, env: Mapping[str, str], out: TextIO) -> bool:
+    client = UpstreamClient(connect_timeout_seconds=PROBE_TIMEOUT_SECONDS, read_timeout_seconds=PROBE_TIMEOUT_SECONDS)
     all_ok = True
-    with httpx.Client(timeout=PROBE_TIMEOUT_SECONDS) as client:
+    try:
         for provider in config.providers.values():
             connector = get_connector(provider.connector)
             key = header_key(env.get(provider.api_key_env, "")) if provider.api_key_env else None
             headers = {"Authorization": f"Bearer {key}"} if key else {}
+            try:
+                egress = egress_for(provider, env)
+            except (OSError, ssl.SSLError, ValueError):
+                egress = None
             for endpoint in provider.endpoints:
                 url = connector.url(endpoint, connector.health_path)
-                ok, detail = _probe_one(client, url, headers=headers)
+                ok, detail = await _probe_one(client, url, headers=headers, egress=egress)
                 all_ok &= ok
                 shown = f"{mask_userinfo(url)}  {mask_userinfo(detail)}"
                 out.write(f"  {'ok' if ok else 'failed':<7} {endpoint.id:<{_LABEL_WIDTH}} {shown}\n")
+    finally:
+        await client.aclose()
     return all_ok
 
 
-def _probe_one(client: httpx.Client, url: str, *, headers: Mapping[str, str]) -> tuple[bool, str]:
+async def _probe_one(
+    client: UpstreamClient, url: str, *, headers: dict[str, str], egress: Egress | None
+) -> tuple[bool, str]:
     started = time.perf_counter()
     try:
-        response = client.get(url, headers=headers)
-    except httpx.HTTPError as exc:
-        return False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        response = await client.get(url=url, headers=headers, timeout_seconds=PROBE_TIMEOUT_SECONDS, egress=egress)
+    except UpstreamFailure as failure:
+        return False, str(failure)
     elapsed_ms = (time.perf_counter() - started) * 1000
     detail = f"HTTP {response.status_code} in {elapsed_ms:.0f} ms"
     if response.status_code in (401, 403):

@@ -117,6 +117,10 @@ class ProviderConfig(Frozen):
     ``max_num_batched_tokens``...), shown by ``latgate check``. ``responses_api``: the
     provider serves ``POST /responses`` itself (OpenAI API reference, "Responses"), so
     Responses requests routed only to such providers pass through untranslated.
+    ``proxy`` (``None``: the environment's ``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY``;
+    a URL; ``False``: direct), ``ca_file``, ``client_cert``/``client_key`` and
+    ``verify``: how its endpoints are reached (:mod:`latgate.proxy.egress`).
+    ``api_base_exact``: base URLs used as given (see :func:`versioned_base`).
     """
 
     name: str
@@ -135,6 +139,11 @@ class ProviderConfig(Frozen):
     timeout_sec: float | None = Field(default=None, gt=0)
     hints: dict[str, object] = Field(default_factory=dict)
     api_base_exact: bool = Field(default=False, strict=True)
+    proxy: str | Literal[False] | None = None
+    ca_file: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    verify: bool = Field(default=True, strict=True)
 
     def serves(self, model: str) -> bool:
         """True when this provider accepts ``model`` as an upstream model name."""

@@ -20,6 +20,7 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None) -> lis
       key, and the upstream answers 401), is empty, or holds what an HTTP header cannot
       carry (see :mod:`latgate.config.apikeys`);
     - ``[auth]`` is absent while ``server.host`` is not a loopback address;
+    - a provider with ``verify = false`` (TLS certificates not checked);
     - a timeout under 1 s (such timeouts cause retry storms and explode tail latency).
 
     ``env`` defaults to :data:`os.environ`: pass the environment the gateway will run
@@ -37,6 +38,12 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None) -> lis
             )
         elif (problem := key_problem(env[p.api_key_env])) is not None:
             warnings.append(f'provider "{p.name}": api_key_env {p.api_key_env} {problem}')
+    for p in config.providers.values():
+        if not p.verify:
+            warnings.append(
+                f'provider "{p.name}": verify = false: its TLS certificates are not checked, so anyone on the '
+                "path can read and change its traffic and its key (trust its CA with ca_file instead)"
+            )
     if config.auth is None and not is_loopback(config.server.host):
         warnings.append(
             f"server.host {config.server.host} is reachable from other machines and [auth] is absent: "

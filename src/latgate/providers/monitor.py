@@ -119,7 +119,7 @@ class Monitor:
         try:
             async with asyncio.timeout(timeout):
                 response = await self.client.get(
-                    url=url, headers=runtime.auth_headers, timeout_seconds=timeout
+                    url=url, headers=runtime.auth_headers, timeout_seconds=timeout, egress=runtime.egress
                 )
             ok = response.status_code < 500
         except (UpstreamFailure, TimeoutError):
@@ -134,7 +134,7 @@ class Monitor:
         try:
             async with asyncio.timeout(timeout):
                 response = await self.client.get(
-                    url=url, headers=runtime.auth_headers, timeout_seconds=timeout
+                    url=url, headers=runtime.auth_headers, timeout_seconds=timeout, egress=runtime.egress
                 )
         except (UpstreamFailure, TimeoutError):
             return

@@ -32,6 +32,7 @@ from latgate.providers.health import (
     Transition,
 )
 from latgate.providers.state import EndpointState
+from latgate.proxy.egress import Egress, egress_for
 from latgate.routing.policies.outlier import LatencyEvidence, judge_outlier, too_slow
 
 log = logging.getLogger("latgate")
@@ -65,6 +66,7 @@ class ProviderRuntime:
     budgeted: int = 0
     explored: int = 0
     rejects_stream_options: bool = False
+    egress: Egress | None = None
 
     @property
     def name(self) -> str:
@@ -141,6 +143,7 @@ class ProviderPool:
                     for ep in provider.endpoints
                 ],
                 auth_headers={"authorization": f"Bearer {key}"} if key else {},
+                egress=egress_for(provider, env),
             )
             self.providers[name] = runtime
             for endpoint in runtime.endpoints:

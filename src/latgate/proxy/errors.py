@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import ssl
+
 
 class UpstreamFailure(Exception):
     """Talking to an upstream failed without an HTTP status to show for it.
@@ -19,3 +23,49 @@ class UpstreamFailure(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+#: OpenSSL verification codes (``X509_V_ERR_*``) and the reason latgate names.
+_VERIFY_REASONS = {
+    9: "certificate not yet valid",
+    10: "certificate expired",
+    18: "unknown CA (self-signed certificate)",
+    19: "unknown CA (self-signed certificate in the chain)",
+    20: "unknown CA (issuer not trusted)",
+    21: "unknown CA (issuer not trusted)",
+    23: "certificate revoked",
+    62: "hostname mismatch",
+    64: "hostname mismatch (the certificate does not name this IP address)",
+}
+
+
+def failure_cause(exc: BaseException) -> str:
+    """What kind of failure a socket or TLS exception was, in a few words naming neither
+    host nor URL: ``DNS name not found``, ``connection refused``, ``connection reset``,
+    ``TLS: certificate expired`` / ``TLS: unknown CA (...)`` / ``TLS: hostname
+    mismatch`` / ``TLS: REASON`` (OpenSSL's reason code), else the OS error's text."""
+    if isinstance(exc, socket.gaierror):
+        return "DNS name not found"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        code = getattr(exc, "verify_code", None)
+        return "TLS: " + _VERIFY_REASONS.get(code, f"certificate not accepted (OpenSSL code {code})")
+    if isinstance(exc, ssl.SSLError):
+        reason = getattr(exc, "reason", None) or type(exc).__name__
+        return "TLS: " + str(reason).lower().replace("_", " ")
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, ConnectionResetError | BrokenPipeError | ConnectionAbortedError):
+        return "connection reset"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return os.strerror(exc.errno).lower()
+    return type(exc).__name__
+
+
+def connect_failure(exc: BaseException) -> UpstreamFailure:
+    """The :class:`UpstreamFailure` for an exception raised while connecting (TCP, proxy
+    tunnel, TLS handshake): ``timeout`` for a ``TimeoutError``, else ``connect``."""
+    if isinstance(exc, UpstreamFailure):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return UpstreamFailure("timeout", "upstream timed out: connect")
+    return UpstreamFailure("connect", f"could not connect to upstream: {failure_cause(exc)}")

@@ -254,7 +254,9 @@ class Forwarder:
                     ticket.budget_deadline = deadline_ms != self.selector.configured_deadline_ms
             try:
                 async with asyncio.timeout_at(deadline):
-                    response = await self._client.open(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout)
+                    response = await self._client.open(
+                        url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout, egress=provider.egress
+                    )
             except TimeoutError:
                 ticket.censored = True
                 raise self._failures.failed(provider, endpoint, NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None

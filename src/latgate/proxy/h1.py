@@ -28,8 +28,10 @@ import collections
 import ssl
 from urllib.parse import quote, unquote, urlsplit
 
-from latgate.proxy.errors import UpstreamFailure
+from latgate.proxy.egress import Egress
+from latgate.proxy.errors import UpstreamFailure, connect_failure
 from latgate.proxy.h1conn import H1Connection, H1Response, Headers
+from latgate.proxy.tunnel import open_tunnel
 
 __all__ = ["H1Pool", "H1Response", "Headers"]
 
@@ -44,11 +46,15 @@ RETRY_IDLE_SECONDS = 1.0
 
 
 class _Target:
-    """One upstream URL, parsed once: origin key, request-target, Host and Basic auth."""
+    """One upstream URL, parsed once: origin key, request-target, Host and Basic auth,
+    and how to reach it (direct, through a proxy, or a proxy's ``CONNECT`` tunnel; the
+    TLS context) as its provider's :class:`~latgate.proxy.egress.Egress` says."""
 
-    __slots__ = ("auth", "host", "host_header", "key", "port", "request_target", "tls")
+    __slots__ = (
+        "address", "auth", "host", "host_header", "key", "port", "proxy_auth", "request_target", "ssl", "tls", "tunnel",
+    )  # fmt: skip
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, egress: Egress | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UpstreamFailure("request", "the upstream URL is not an http(s) URL")
@@ -58,7 +64,6 @@ class _Target:
         default_port = parts.port is None or parts.port == (443 if self.tls else 80)
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.host_header = host if default_port else f"{host}:{self.port}"
-        self.key = (parts.scheme, self.host, self.port)
         path = quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")  # non-ASCII as UTF-8 %XX
         self.request_target = path + (
             f"?{quote(parts.query, safe='/?%:@!$&()*+,;=-._~')}" if parts.query else ""
@@ -67,6 +72,23 @@ class _Target:
         if parts.username is not None:
             userinfo = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
             self.auth = "Basic " + base64.b64encode(userinfo.encode()).decode("ascii")
+        self.address = (self.host, self.port)
+        self.ssl = egress.ssl_context if egress is not None else None
+        self.proxy_auth: str | None = None
+        self.tunnel: bytes | None = None
+        proxy = egress.proxy_for(parts.scheme, self.host, self.port) if egress is not None else None
+        if proxy is not None:
+            self.address = (proxy.host, proxy.port)
+            if self.tls:  # RFC 9110 9.3.6: CONNECT host:port, TLS inside the tunnel
+                authority = f"{host}:{self.port}"
+                lines = [f"CONNECT {authority} HTTP/1.1", f"host: {authority}"]
+                if proxy.authorization is not None:
+                    lines.append(f"proxy-authorization: {proxy.authorization}")
+                self.tunnel = ("\r\n".join(lines) + "\r\n\r\n").encode()
+            else:  # RFC 9112 3.2.2: the absolute form, to the proxy
+                self.request_target = f"http://{self.host_header}{self.request_target}"
+                self.proxy_auth = proxy.authorization
+        self.key = (parts.scheme, self.host, self.port, proxy, egress.tls_key if egress is not None else None)
 
 
 class H1Pool:
@@ -86,24 +108,32 @@ class H1Pool:
         self._ssl = ssl_context
         self._max = max_connections
         self._open = 0
-        self._idle: dict[tuple[str, str, int], list[H1Connection]] = {}
+        self._idle: dict[tuple[object, ...], list[H1Connection]] = {}
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._targets: dict[str, _Target] = {}
         self._all: set[H1Connection] = set()
         self.retired = False
 
     async def post(
-        self, *, url: str, payload: bytes, headers: dict[str, str], read_timeout_seconds: float | None
+        self,
+        *,
+        url: str,
+        payload: bytes,
+        headers: dict[str, str],
+        read_timeout_seconds: float | None,
+        egress: Egress | None = None,
     ) -> H1Response:
         """POST ``payload`` to ``url``; return once the status line and headers arrived.
+        ``egress``: the provider's proxy and TLS settings (``None``: direct, default TLS).
 
         Raises:
             UpstreamFailure: ``connect``, ``timeout``, ``read`` or ``request`` (a header
                 with CR/LF or the URL not http(s)).
         """
-        target = self._targets.get(url)
+        targets = self._targets if egress is None else egress.targets
+        target = targets.get(url)
         if target is None:
-            target = self._targets[url] = _Target(url)
+            target = targets[url] = _Target(url, egress)
         request = _request_bytes(target, payload, headers)
         for attempt in (1, 2):
             conn = await self._acquire(target)
@@ -147,10 +177,10 @@ class H1Pool:
                         if conn is not None:
                             return conn
             except TimeoutError:
-                raise UpstreamFailure("timeout", "upstream timed out") from None
+                raise UpstreamFailure("timeout", "upstream timed out: waiting for a free connection") from None
         return await self._connect(target)
 
-    def _idle_connection(self, key: tuple[str, str, int]) -> H1Connection | None:
+    def _idle_connection(self, key: tuple[object, ...]) -> H1Connection | None:
         idle = self._idle.get(key)
         now = self.loop.time()
         while idle:
@@ -182,22 +212,26 @@ class H1Pool:
         self._open += 1
         conn = H1Connection(self, target.key)
         self._all.add(conn)
+        context = (target.ssl or self._ssl or ssl.create_default_context()) if target.tls else None
         try:
             async with asyncio.timeout(self._connect_timeout):
-                await self.loop.create_connection(
-                    lambda: conn,
-                    target.host,
-                    target.port,
-                    ssl=(self._ssl or ssl.create_default_context()) if target.tls else None,
-                    server_hostname=target.host if target.tls else None,
-                )
+                if target.tunnel is not None:
+                    assert context is not None
+                    await open_tunnel(
+                        self.loop, conn, proxy=target.address, request=target.tunnel, context=context, server_hostname=target.host
+                    )
+                else:
+                    await self.loop.create_connection(
+                        lambda: conn,
+                        *target.address,
+                        ssl=context,
+                        server_hostname=target.host if target.tls else None,
+                    )
         except BaseException as exc:
             conn.closed = True
             self.forget(conn)
-            if isinstance(exc, TimeoutError):
-                raise UpstreamFailure("timeout", "upstream timed out") from None
-            if isinstance(exc, OSError):  # refused, reset, DNS, TLS (ssl.SSLError)
-                raise UpstreamFailure("connect", "could not connect to upstream") from None
+            if isinstance(exc, OSError | TimeoutError | UpstreamFailure):  # refused, reset, DNS, TLS (ssl.SSLError)
+                raise connect_failure(exc) from None
             raise
         return conn
 
@@ -251,6 +285,8 @@ def _request_bytes(target: _Target, payload: bytes, headers: dict[str, str]) -> 
     ]
     if target.auth is not None and "authorization" not in headers:
         lines.append(f"authorization: {target.auth}")
+    if target.proxy_auth is not None:
+        lines.append(f"proxy-authorization: {target.proxy_auth}")
     for name, value in headers.items():
         lines.append(f"{name}: {value}")
     head = "\r\n".join(lines)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import httptools
 
-from latgate.proxy.errors import UpstreamFailure
+from latgate.proxy.errors import UpstreamFailure, failure_cause
 
 if TYPE_CHECKING:
     from latgate.proxy.h1 import H1Pool
@@ -52,7 +52,7 @@ class _Trailing(Exception):
 class H1Connection(asyncio.Protocol):
     """One upstream TCP (or TLS) connection and the response being read on it."""
 
-    def __init__(self, pool: H1Pool, key: tuple[str, str, int]) -> None:
+    def __init__(self, pool: H1Pool, key: tuple[object, ...]) -> None:
         self._pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
@@ -118,7 +118,8 @@ class H1Connection(asyncio.Protocol):
             self.keep_alive = False
             self._wake()
         elif not self.complete:
-            self._fail(UpstreamFailure("read", "upstream closed the connection"))
+            cause = f": {failure_cause(exc)}" if exc is not None else ""
+            self._fail(UpstreamFailure("read", f"upstream closed the connection{cause}"))
 
     # --- httptools callbacks --------------------------------------------------------------
 
@@ -283,7 +284,8 @@ class H1Connection(asyncio.Protocol):
             return  # nobody waits: the client, not the upstream, is slow
         due = self._last_data_at + self._read_timeout
         if self._pool.loop.time() >= due:
-            self._fail(UpstreamFailure("timeout", "upstream timed out"))
+            which = "between reads" if self.received_any else "no first byte"
+            self._fail(UpstreamFailure("timeout", f"upstream timed out: {which}"))
             self.close()
         else:
             self._timer = self._pool.loop.call_at(due, self._check_silence)

@@ -33,7 +33,8 @@ import httpx
 
 from latgate import __version__
 from latgate.proxy.decoding import DecodedResponse, decoder_problem
-from latgate.proxy.errors import UpstreamFailure
+from latgate.proxy.egress import Egress
+from latgate.proxy.errors import UpstreamFailure, failure_cause
 from latgate.proxy.h1 import H1Pool, H1Response
 
 __all__ = ["UpstreamClient", "UpstreamFailure", "upstream_errors", "upstream_headers"]
@@ -78,13 +79,31 @@ def upstream_errors() -> Iterator[None]:
             raise UpstreamFailure("read", "upstream closed the connection") from None
         if isinstance(cause, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
             raise UpstreamFailure("timeout", "upstream timed out") from None
-        raise UpstreamFailure("connect", "could not connect to upstream") from None
-    except (TimeoutError, httpx.TimeoutException, aiohttp.ServerTimeoutError):
-        raise UpstreamFailure("timeout", "upstream timed out") from None
+        root = _root_cause(exc)
+        detail = f": {failure_cause(root)}" if root is not None else ""
+        raise UpstreamFailure("connect", f"could not connect to upstream{detail}") from None
+    except (TimeoutError, httpx.TimeoutException, aiohttp.ServerTimeoutError) as exc:
+        which = ": connect" if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout) else ""
+        raise UpstreamFailure("timeout", f"upstream timed out{which}") from None
     except (httpx.HTTPError, aiohttp.ClientError, OSError) as exc:
         raise UpstreamFailure("read", f"upstream connection failed ({type(exc).__name__})") from None
     except ValueError:  # the client library refused the request itself (e.g. a key with a newline)
         raise UpstreamFailure("request", "the request could not be sent (check the provider's key and URL)") from None
+
+
+def _root_cause(exc: BaseException) -> BaseException | None:
+    """The socket or TLS error under an httpx/aiohttp exception chain, if any."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 8:
+        for inner in (getattr(current, "certificate_error", None), getattr(current, "os_error", None)):
+            if isinstance(inner, OSError):
+                return inner
+        if isinstance(current, OSError) and not isinstance(current, TimeoutError):
+            return current
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
 
 
 class UpstreamClient:
@@ -130,6 +149,7 @@ class UpstreamClient:
         self._transport = transport
         self._client = httpx.AsyncClient(transport=transport, timeout=self._timeout, trust_env=False)
         self._urls: dict[str, httpx.URL] = {}
+        self._egress_clients: dict[tuple[Any, ...], httpx.AsyncClient] = {}
         self._timeouts: dict[float | None, dict[str, float | None]] = {}
 
     async def open(
@@ -139,9 +159,12 @@ class UpstreamClient:
         payload: bytes,
         headers: dict[str, str],
         read_timeout_seconds: float | None = None,
+        egress: Egress | None = None,
     ) -> httpx.Response | H1Response | AiohttpUpstreamResponse:
         """POST ``payload`` (JSON bytes) to ``url`` and return once the status and headers
         arrived; the body is left to stream (``aiter_raw``; the caller must ``aclose``).
+        ``egress``: the provider's proxy and TLS settings (latgate's own HTTP/1.1 pool
+        only; ``None``: direct with the default TLS context).
 
         Returns:
             an :class:`~latgate.proxy.h1.H1Response` by default, an
@@ -152,13 +175,19 @@ class UpstreamClient:
         Raises:
             UpstreamFailure: no response could be had.
         """
-        response = await self._send(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds)
+        response = await self._send(url, payload, headers, read_timeout_seconds, egress)
         if response.status_code in SAME_ORIGIN_REDIRECTS or "content-encoding" in response.headers:
-            return await self._unusual(response, url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds)
+            return await self._unusual(response, url, payload, headers, read_timeout_seconds, egress)
         return response
 
     async def _unusual(
-        self, response: Any, *, url: str, payload: bytes, headers: dict[str, str], read_timeout_seconds: float | None
+        self,
+        response: Any,
+        url: str,
+        payload: bytes,
+        headers: dict[str, str],
+        read_timeout_seconds: float | None,
+        egress: Egress | None,
     ) -> Any:
         """A same-origin 307/308 followed once (method and body kept, RFC 9110 section
         15.4.8/15.4.9); a compressed body decoded (:mod:`latgate.proxy.decoding`)."""
@@ -166,9 +195,7 @@ class UpstreamClient:
             location = same_origin_location(url, response.headers.get("location"))
             if location is not None:
                 await response.aclose()
-                response = await self._send(
-                    url=location, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds
-                )
+                response = await self._send(location, payload, headers, read_timeout_seconds, egress)
         encoding = response.headers.get("content-encoding")
         if encoding is None:
             return response
@@ -179,7 +206,7 @@ class UpstreamClient:
         return DecodedResponse(response, encoding)
 
     async def _send(
-        self, *, url: str, payload: bytes, headers: dict[str, str], read_timeout_seconds: float | None
+        self, url: str, payload: bytes, headers: dict[str, str], read_timeout_seconds: float | None, egress: Egress | None
     ) -> Any:
         if self._direct and not self._use_aiohttp:
             pool = self._h1
@@ -190,6 +217,7 @@ class UpstreamClient:
             return await pool.post(
                 url=url, payload=payload, headers=headers,
                 read_timeout_seconds=self._read_timeout if read_timeout_seconds is None else read_timeout_seconds,
+                egress=egress,
             )  # fmt: skip
         if self._direct:
             return await self._open_direct(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds)
@@ -232,14 +260,35 @@ class UpstreamClient:
             ).__aenter__()  # fmt: skip
         return AiohttpUpstreamResponse(response)
 
-    async def get(self, *, url: str, headers: dict[str, str], timeout_seconds: float) -> httpx.Response:
-        """A small GET (health probes, engine metrics), body read.
+    async def get(
+        self, *, url: str, headers: dict[str, str], timeout_seconds: float, egress: Egress | None = None
+    ) -> httpx.Response:
+        """A small GET (health probes, engine metrics), body read; through the proxy and
+        with the TLS settings of ``egress`` (the provider's) as proxied requests are.
 
         Raises:
             UpstreamFailure: no response could be had.
         """
+        client = self._client if egress is None else self._egress_client(egress, url)
         with upstream_errors():
-            return await self._client.get(url, headers=headers, timeout=timeout_seconds)
+            return await client.get(url, headers=headers, timeout=timeout_seconds)
+
+    def _egress_client(self, egress: Egress, url: str) -> httpx.AsyncClient:
+        """An httpx client for a provider's proxy and TLS context (one per distinct pair)."""
+        parts = urlsplit(url)
+        proxy = egress.proxy_for(parts.scheme, parts.hostname or "", _port(parts))
+        key = (proxy, egress.tls_key)
+        client = self._egress_clients.get(key)
+        if client is None:
+            via = None
+            if proxy is not None:
+                auth = {"proxy-authorization": proxy.authorization} if proxy.authorization else None
+                via = httpx.Proxy(f"http://{proxy.host}:{proxy.port}", headers=auth)
+            verify: ssl.SSLContext | bool = egress.ssl_context or self._ssl_context or True
+            client = self._egress_clients[key] = httpx.AsyncClient(
+                proxy=via, verify=verify, timeout=self._timeout, trust_env=False
+            )
+        return client
 
     def _timeout_with_read(self, read_seconds: float) -> httpx.Timeout:
         return httpx.Timeout(
@@ -254,6 +303,8 @@ class UpstreamClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        for client in self._egress_clients.values():
+            await client.aclose()
         if self._h1 is not None:
             self._h1.close()
         if self._session is not None:

@@ -1,0 +1,209 @@
+"""How latgate reaches one provider's endpoints: through which HTTP proxy, and with
+which TLS settings (:class:`Egress`, one per provider, built at start and reload).
+
+Proxies, as the openai SDK (httpx) and curl read them: ``https_proxy`` /
+``HTTPS_PROXY`` for https upstreams, ``http_proxy`` / ``HTTP_PROXY`` for http ones,
+``all_proxy`` / ``ALL_PROXY`` for either (lower case first), and ``no_proxy`` /
+``NO_PROXY``: comma-separated host names (a name matches itself and its subdomains; a
+leading ``.`` or ``*.`` is ignored), IP addresses or CIDR ranges, each optionally with
+``:port``, or ``*`` for every host. A provider's ``proxy = "http://..."`` replaces the
+environment's (``NO_PROXY`` does not apply to it); ``proxy = false`` goes direct. Only
+``http://`` proxies are spoken: https upstreams go through an HTTP ``CONNECT`` tunnel
+(RFC 9110 section 9.3.6), http ones as absolute-form requests (RFC 9112 section
+3.2.2); ``user:password@`` in the proxy URL is sent as ``Proxy-Authorization: Basic``.
+
+TLS: ``ca_file`` (a PEM bundle trusted *instead of* the default roots, as curl's
+``--cacert`` and httpx's ``verify=PATH``), else ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``
+from the environment, else the default roots (certifi); ``client_cert`` (+
+``client_key`` when the key is in its own file) for mutual TLS; ``verify = false``
+turns checking off (a start-up warning names the provider).
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+__all__ = ["Egress", "Proxy", "bypasses_proxy", "egress_for", "mask_proxy", "tls_context"]
+
+
+@dataclass(frozen=True, slots=True)
+class Proxy:
+    """An ``http://`` proxy: where to connect, and its Basic credentials (the header
+    value, or ``None``)."""
+
+    host: str
+    port: int
+    authorization: str | None
+    shown: str  # the URL with the password masked, for ``latgate check``
+
+    @classmethod
+    def parse(cls, url: str) -> Proxy:
+        """Raises:
+        ValueError: not an ``http://HOST[:PORT]`` URL (the message names no password)."""
+        parts = urlsplit(url.strip() if "://" in url else "http://" + url.strip())
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"proxy {mask_proxy(url)!r} is not an http://HOST:PORT URL (only http proxies are spoken)")
+        auth = None
+        if parts.username is not None:
+            userinfo = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            auth = "Basic " + base64.b64encode(userinfo.encode()).decode("ascii")
+        return cls(host=parts.hostname, port=parts.port or 80, authorization=auth, shown=mask_proxy(url))
+
+
+def mask_proxy(url: str) -> str:
+    """``url`` with any password replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    userinfo, at, hostpart = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}{sep}{user}:***@{hostpart}"
+
+
+def bypasses_proxy(host: str, port: int, no_proxy: str) -> bool:
+    """True when ``NO_PROXY``'s value ``no_proxy`` sends ``host:port`` direct (see the
+    module docstring for the forms; a pure function)."""
+    host = host.strip("[]").lower().rstrip(".")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    for raw in no_proxy.split(","):
+        entry = raw.strip().lower()
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        entry_port: int | None = None
+        if entry.startswith("[") and "]" in entry:  # [::1]:8080
+            inner, _, tail = entry[1:].partition("]")
+            entry, entry_port = inner, int(tail[1:]) if tail.startswith(":") and tail[1:].isdigit() else None
+        elif entry.count(":") == 1:
+            name, _, number = entry.partition(":")
+            if number.isdigit():
+                entry, entry_port = name, int(number)
+        if entry_port is not None and entry_port != port:
+            continue
+        if address is not None:
+            try:
+                if address in ipaddress.ip_network(entry, strict=False):
+                    return True
+            except ValueError:
+                pass
+            continue
+        entry = entry.removeprefix("*").removeprefix(".").rstrip(".")
+        if entry and (host == entry or host.endswith("." + entry)):
+            return True
+    return False
+
+
+def _env(env: Mapping[str, str], name: str) -> str:
+    return env.get(name.lower()) or env.get(name.upper()) or ""
+
+
+@dataclass(eq=False)
+class Egress:
+    """One provider's way out: the proxy for each scheme (``None``: direct) and the TLS
+    context (``None``: the client's default). ``targets`` caches parsed upstream URLs
+    (the HTTP/1.1 pool's business)."""
+
+    proxies: dict[str, Proxy | None]
+    no_proxy: str
+    ssl_context: ssl.SSLContext | None
+    tls_key: tuple[Any, ...] | None
+    targets: dict[str, Any] = field(default_factory=dict)
+
+    def proxy_for(self, scheme: str, host: str, port: int) -> Proxy | None:
+        """The proxy a request to ``scheme://host:port`` goes through, if any."""
+        proxy = self.proxies.get(scheme)
+        if proxy is None or (self.no_proxy and bypasses_proxy(host, port, self.no_proxy)):
+            return None
+        return proxy
+
+    def shown_proxy(self, url: str) -> str:
+        """What ``latgate check`` prints: the proxy URL (password masked) or ``direct``."""
+        parts = urlsplit(url)
+        proxy = self.proxy_for(parts.scheme, parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+        return proxy.shown if proxy is not None else "direct"
+
+
+#: SSL contexts by their settings and files' modification times: a reload with the same
+#: files keeps the context (and so the warm connections keyed by it).
+_CONTEXTS: dict[tuple[Any, ...], ssl.SSLContext] = {}
+
+
+def tls_context(
+    *, ca_file: str | None, client_cert: str | None, client_key: str | None, verify: bool, env: Mapping[str, str]
+) -> tuple[ssl.SSLContext | None, tuple[Any, ...] | None]:
+    """The TLS context for these settings and its cache key; ``(None, None)`` when the
+    client's default one serves (no setting, no ``SSL_CERT_FILE``/``SSL_CERT_DIR``).
+
+    Raises:
+        OSError, ssl.SSLError: a file that cannot be read or is not PEM.
+    """
+    cafile = ca_file or env.get("SSL_CERT_FILE") or None
+    capath = None if ca_file else env.get("SSL_CERT_DIR") or None
+    if cafile is None and capath is None and client_cert is None and verify:
+        return None, None
+    files = [f for f in (cafile, client_cert, client_key) if f]
+    key = (cafile, capath, client_cert, client_key, verify, *(os.stat(f).st_mtime_ns for f in files))
+    context = _CONTEXTS.get(key)
+    if context is None:
+        if not verify:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        elif cafile is None and capath is None:
+            import certifi
+
+            context = ssl.create_default_context(cafile=certifi.where())
+        else:
+            context = ssl.create_default_context(cafile=cafile, capath=capath)
+        if client_cert:
+            context.load_cert_chain(client_cert, client_key)
+        _CONTEXTS[key] = context
+    return context, key
+
+
+def egress_for(provider: Any, env: Mapping[str, str]) -> Egress | None:
+    """The :class:`Egress` for a :class:`~latgate.config.schema.ProviderConfig`, or
+    ``None`` when it goes direct with the default TLS context (the fast path).
+
+    Raises:
+        ValueError: a proxy URL that is not ``http://``; OSError/ssl.SSLError: as
+            :func:`tls_context`.
+    """
+    setting = provider.proxy
+    if setting is False:
+        proxies: dict[str, Proxy | None] = {}
+        no_proxy = ""
+    elif isinstance(setting, str):
+        one = Proxy.parse(setting)
+        proxies, no_proxy = {"http": one, "https": one}, ""
+    else:
+        every = _env(env, "all_proxy")
+        proxies = {
+            scheme: Proxy.parse(url) if url else None
+            for scheme in ("http", "https")
+            if (url := _env(env, f"{scheme}_proxy") or every)
+        }
+        no_proxy = _env(env, "no_proxy")
+    context, key = tls_context(
+        ca_file=provider.ca_file,
+        client_cert=provider.client_cert,
+        client_key=provider.client_key,
+        verify=provider.verify,
+        env=env,
+    )
+    if not proxies and context is None:
+        return None
+    return Egress(proxies=proxies, no_proxy=no_proxy, ssl_context=context, tls_key=key)
