@@ -30,6 +30,8 @@ class GatewayError(Exception):
     status: int = 500
     type: str = "api_error"
     code: str | None = None
+    #: why an upstream could not be had (``connection refused``...), for the access log
+    cause: str | None = None
 
     def __init__(
         self,

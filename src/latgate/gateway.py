@@ -223,6 +223,8 @@ class Gateway:
         (``X-Latgate-Provider``, ``X-Latgate-Route-Reason``), for any envelope."""
         exchange.status = error.status
         exchange.error_kind = error.code or error.type
+        if error.cause is not None:
+            exchange.extra["cause"] = error.cause
         exchange.finish(self.metrics)
         if not exchange.provider:
             return {}

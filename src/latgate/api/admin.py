@@ -12,6 +12,8 @@ from latgate import __version__
 from latgate.api.body import error_response, read_json_object
 from latgate.errors import GatewayError
 from latgate.gateway import Gateway
+from latgate.providers import ProviderRuntime
+from latgate.providers.monitor import Monitor
 from latgate.routing.dryrun import decision_json
 
 _ROOT = orjson.dumps({"service": "latgate", "version": __version__, "status": "ok"})
@@ -33,12 +35,26 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     """200 when at least one provider endpoint can take traffic (circuit closed, or
-    half-open with its trial to come), else 503; the body counts them per provider."""
-    pool = _gateway(request).pool
+    half-open with its trial to come) and some endpoint of the default route has
+    answered a request or a probe since start, else 503; the body counts available
+    endpoints per provider. Until the default route has answered, each call probes its
+    endpoints (as the monitor would) before answering, so a gateway that reaches
+    nothing is never reported ready."""
+    gateway = _gateway(request)
+    pool = gateway.pool
+    default = pool.providers.get(gateway.config.routing.default_route)
+    if default is not None and not _answered(default):
+        await Monitor(pool=pool, client=gateway.client).probe_provider(default)
+    answered = default is None or _answered(default)
     available = {name: sum(pool.available(ep) for ep in p.endpoints) for name, p in pool.providers.items()}
-    ready = any(available.values())
-    body = orjson.dumps({"status": "ready" if ready else "unavailable", "available_endpoints": available})
+    ready = answered and any(available.values())
+    status = "ready" if ready else "unavailable" if answered else "default route not reached yet"
+    body = orjson.dumps({"status": status, "available_endpoints": available})
     return Response(body, status_code=200 if ready else 503, media_type="application/json")
+
+
+def _answered(runtime: ProviderRuntime) -> bool:
+    return any(ep.answered_at is not None or ep.probe_ok for ep in runtime.endpoints)
 
 
 async def metrics(request: Request) -> Response:

@@ -102,6 +102,11 @@ class Monitor:
             )
         )
 
+    async def probe_provider(self, runtime: ProviderRuntime) -> None:
+        """Probe every endpoint of one provider now, concurrently (``/readyz`` before the
+        default route has answered anything)."""
+        await asyncio.gather(*(self._probe(runtime, ep) for ep in runtime.endpoints))
+
     async def read_load_once(self) -> None:
         """Read every engine's load gauges once, concurrently (connectors that have them)."""
         await asyncio.gather(

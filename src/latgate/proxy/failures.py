@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import orjson
@@ -24,6 +25,7 @@ from latgate.providers import EndpointState, ProviderPool, ProviderRuntime
 from latgate.proxy.redact import redact, redact_text
 from latgate.proxy.upstream import UpstreamFailure, upstream_errors
 
+log = logging.getLogger("latgate.upstream")
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 PROVIDER_AUTH_STATUSES = frozenset({401, 403})
 MAX_ERROR_BODY_BYTES = 64 * 1024
@@ -61,10 +63,12 @@ class Failures:
         if health:
             self.pool.record_outcome(provider, endpoint, ok=False)
         self.metrics.record_upstream_error(provider=provider.name, kind=failure.kind)
+        log.debug("provider %r endpoint %s failed (%s): %s", provider.name, endpoint.config.id, failure.kind, failure)
         if failure.kind == "timeout":
             error: GatewayError = UpstreamTimeout(f"provider {provider.name!r} timed out: {failure}")
         else:
             error = UpstreamUnavailable(f"provider {provider.name!r} is unavailable: {failure}")
+        error.cause = str(failure)  # the access log's "cause" (no URL, no key)
         return AttemptFailed(error, retryable=True)
 
     async def status_failure(
