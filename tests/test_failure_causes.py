@@ -63,6 +63,23 @@ def test_a_refused_connection_is_named_to_the_client_the_access_log_and_debug(de
         assert str(port) not in text and SECRET not in text
 
 
+def test_a_name_that_does_not_resolve_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = socket.getaddrinfo
+
+    def resolve(host, *args, **kwargs):  # no DNS traffic: this name is made not to exist
+        if host == "upstream.invalid":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    with gateway(config("http://upstream.invalid:8000/v1"), env={"UP_KEY": SECRET}) as gw:
+        response = httpx.post(gw.v1 + "/chat/completions", json=CHAT, timeout=15)
+    assert response.status_code == 502
+    message = response.json()["error"]["message"]
+    assert message == "provider 'up' is unavailable: could not connect to upstream: DNS name not found"
+    assert "upstream.invalid" not in message
+
+
 async def reset_after_request(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     await up.request(reader)
     reset(writer)

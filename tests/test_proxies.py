@@ -92,6 +92,13 @@ def test_check_shows_the_proxy_masked_and_probes_through_it() -> None:
     assert proxy.seen[0][0] == f"GET http://127.0.0.1:{up.port}/v1/models HTTP/1.1"
 
 
+def test_the_gateways_own_health_probes_go_through_the_proxy() -> None:
+    with RawUpstream(keep_serving(json_reply(b'{"object":"list","data":[]}'))) as up, ConnectProxy() as proxy:
+        with gateway(config(up.base_url), env={"UP_KEY": SECRET, "HTTP_PROXY": proxy.url}) as gw:
+            assert httpx.get(gw.url + "/readyz", timeout=15).status_code == 200  # probes the default route
+    assert proxy.seen == [(f"GET http://127.0.0.1:{up.port}/v1/models HTTP/1.1", None)]
+
+
 def test_a_proxy_that_is_not_http_is_a_config_error() -> None:
     with pytest.raises(Exception, match="only http proxies"):
         load_config_text(config("https://127.0.0.1:9/v1", extra='proxy = "socks5://u:pw@h:1080"\n'), source="t", env={})
