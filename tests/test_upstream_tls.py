@@ -96,3 +96,11 @@ def test_verify_false_connects_and_is_warned_about_by_name(tmp_path) -> None:
 def test_unusable_tls_settings_are_config_errors(extra: str, key: str) -> None:
     with pytest.raises(Exception, match=key):
         load_config_text(config("https://127.0.0.1:9/v1", extra=extra), source="t.toml", env={})
+
+
+def test_tls_files_are_found_relative_to_the_config_file(tmp_path) -> None:
+    authority = private_ca(tmp_path)
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(config("https://127.0.0.1:9/v1", extra='ca_file = "private-ca.pem"\n'))
+    loaded = load_config_text(config_file.read_text(), source=str(config_file), env={})
+    assert loaded.providers["up"].ca_file == str(authority.ca_file)

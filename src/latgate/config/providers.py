@@ -88,6 +88,9 @@ def build_provider(section: ProviderSection, *, source: str) -> ProviderConfig:
         k: v for k, v in table.items() if k not in ENGINE_HINT_KEYS and k not in ("api_base", "base_url")
     }
     fields.update(name=section.name, endpoints=endpoints, connector=connector, hints=hints)
+    for name in ("ca_file", "client_cert", "client_key"):  # relative to the config file, as tokenizer
+        if isinstance(fields.get(name), str):
+            fields[name] = str(tokenizer_path(source, fields[name]))
     if section.role is not None:
         fields["role"] = section.role
     provider = validate_model(ProviderConfig, fields, source=source, prefix=section.key)
@@ -129,8 +132,9 @@ def _check_egress(provider: ProviderConfig, *, source: str, prefix: str) -> None
 
 
 def tokenizer_path(source: str, tokenizer: str) -> Path:
-    """Where a provider's ``tokenizer`` file is: relative paths are taken from the
-    folder of the config file ``source`` (when it is a file), ``~`` is expanded."""
+    """Where a file a provider names (``tokenizer``, ``ca_file``, ``client_cert``,
+    ``client_key``) is: relative paths are taken from the folder of the config file
+    ``source`` (when it is a file), ``~`` is expanded."""
     candidate = Path(tokenizer).expanduser()
     config_file = Path(source)
     if candidate.is_absolute() or not config_file.is_file():

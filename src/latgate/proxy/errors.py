@@ -10,7 +10,8 @@ import ssl
 class UpstreamFailure(Exception):
     """Talking to an upstream failed without an HTTP status to show for it.
 
-    Its message never names the upstream URL, host or any header value.
+    Its message names the cause (:func:`failure_cause`), never the upstream URL, host
+    or any header value.
 
     Attributes:
         kind: ``connect`` (refused, reset, DNS, TLS before any response), ``timeout``

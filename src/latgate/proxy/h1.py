@@ -14,10 +14,16 @@ close-delimited bodies, persistence), RFC 9110 section 9.2.2 (a request on a reu
 connection that failed before any response byte is retried once on a new connection, as
 browsers and urllib3 do: the server closed an idle connection as we wrote).
 
+Each provider's proxy (direct, absolute-form through an HTTP proxy, or a ``CONNECT``
+tunnel) and TLS context come with its :class:`~latgate.proxy.egress.Egress`
+(:mod:`latgate.proxy.tunnel`); connections are pooled per origin, proxy and TLS context.
+
 Timeouts: connect (TCP and TLS handshake, and the wait for a free pool slot) and read
 (the longest silence while latgate waits for upstream bytes; time the client spends
 not reading does not count). Every failure is an :class:`UpstreamFailure` whose message
-names neither the URL nor any header.
+names its cause (:func:`~latgate.proxy.errors.failure_cause`: DNS, refused, reset, TLS
+reason; timeout: connect, no first byte, between reads) and neither the URL nor any
+header.
 """
 
 from __future__ import annotations
