@@ -25,6 +25,8 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from latgate.decode_rate import decode_tokens_per_second
+
 TTFT_BUCKETS_SECONDS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.5, 0.75,
     1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
@@ -82,9 +84,9 @@ class Metrics:
         self.requests = Counter("latgate_requests", "Requests answered, by final provider, model and HTTP status code", ("provider", "model", "code"), registry=r)
         self.route_decisions = Counter("latgate_route_decisions", "Routing decisions by chosen provider and reason", ("provider", "reason"), registry=r)
         self.ttft = Histogram("latgate_time_to_first_token_seconds", "Gateway receipt of the request to the first generated-content chunk written to the client", pm, buckets=TTFT_BUCKETS_SECONDS, registry=r)
-        self.itl = Histogram("latgate_inter_token_latency_seconds", "Time between generated-content chunks written to the client", pm, buckets=ITL_BUCKETS_SECONDS, registry=r)
+        self.itl = Histogram("latgate_inter_token_latency_seconds", "Time between output tokens written to the client: each gap between content chunks divided among the tokens they carried (from usage)", pm, buckets=ITL_BUCKETS_SECONDS, registry=r)
         self.e2e = Histogram("latgate_e2e_request_latency_seconds", "Gateway receipt of the request to the last byte written", pm, buckets=E2E_BUCKETS_SECONDS, registry=r)
-        self.tokens_per_second = Histogram("latgate_output_tokens_per_second", "Completion tokens / (last token time - first token time), as a client measures it", pm, buckets=TOKENS_PER_SECOND_BUCKETS, registry=r)
+        self.tokens_per_second = Histogram("latgate_output_tokens_per_second", "Completion tokens / (last token time - first token time), as a client measures it, the span floored at 0.5 ms per token (bursts)", pm, buckets=TOKENS_PER_SECOND_BUCKETS, registry=r)
         self.prompt_tokens = Counter("latgate_prompt_tokens", "Prompt tokens (upstream usage when reported, else latgate's estimate)", pm, registry=r)
         self.completion_tokens = Counter("latgate_completion_tokens", "Completion tokens (upstream usage when reported, else counted chunks)", pm, registry=r)
         self.in_flight = Gauge("latgate_in_flight_requests", "Requests being served, by provider", ("provider",), multiprocess_mode="livesum", registry=r)
@@ -151,8 +153,9 @@ class Metrics:
             self._child(self.prompt_tokens, provider, label).inc(prompt_tokens)
         if completion_tokens:
             self._child(self.completion_tokens, provider, label).inc(completion_tokens)
-        if decode_seconds and decode_seconds > 0 and completion_tokens > 1:
-            self._child(self.tokens_per_second, provider, label).observe(completion_tokens / decode_seconds)
+        rate = decode_tokens_per_second(completion_tokens, decode_seconds)
+        if rate is not None:
+            self._child(self.tokens_per_second, provider, label).observe(rate)
 
     def in_flight_gauge(self, provider: str):
         return self._child(self.in_flight, provider)
@@ -260,6 +263,18 @@ class HistogramBatch:
         self._counts[bisect_left(self._bounds, seconds)] += 1
         self._sum_seconds += seconds
         self._pending += 1
+        if self._pending >= BATCH_SAMPLES:
+            self.flush()
+
+    def observe_many(self, seconds: float, count: int) -> None:
+        """``count`` samples of the same value (seconds, >= 0)."""
+        if self._buckets is None:
+            for _ in range(count):
+                self._child.observe(seconds)
+            return
+        self._counts[bisect_left(self._bounds, seconds)] += count
+        self._sum_seconds += seconds * count
+        self._pending += count
         if self._pending >= BATCH_SAMPLES:
             self.flush()
 

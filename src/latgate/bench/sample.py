@@ -12,7 +12,9 @@ times; ``runner.py`` feeds it from a live HTTP response. The rules:
 - completion tokens: ``usage.completion_tokens`` when the server reports it
   (``stream_options.include_usage``), else the number of output chunks.
 - tokens/s (decode rate): completion tokens / (last output chunk time - first output
-  chunk time), as a client measures it; undefined for fewer than two output chunks.
+  chunk time), as a client measures it, the span floored per token so a burst is not
+  an unbounded rate (:mod:`latgate.decode_rate`); undefined for fewer than two tokens
+  or when all output arrived at once.
   ``e2e_tokens_per_second`` is completion tokens / e2e, which includes the TTFT.
 - ITL: the gaps between consecutive output chunks, in ms.
 
@@ -28,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from latgate.decode_rate import decode_tokens_per_second
 from latgate.routing.tokens import estimate_text_tokens
 
 _OUTPUT_DELTA_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")
@@ -197,10 +200,8 @@ class SampleRecorder:
         elif self._first_output_at is not None:
             ttft_ms = (self._first_output_at - self._started_at) * 1000.0
         decode_rate = None
-        if self._first_output_at is not None and self._last_output_at is not None and tokens:
-            decode_seconds = self._last_output_at - self._first_output_at
-            if decode_seconds > 0:
-                decode_rate = tokens / decode_seconds
+        if self._first_output_at is not None and self._last_output_at is not None:
+            decode_rate = decode_tokens_per_second(tokens, self._last_output_at - self._first_output_at)
         ok = self._error_kind is None
         return RequestSample(
             index=self._index,

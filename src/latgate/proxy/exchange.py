@@ -31,7 +31,8 @@ class Exchange:
 
     ``provider`` / ``endpoint`` / ``upstream_model`` are those of the attempt that
     answered (or the last one tried). ``prompt_tokens`` starts as latgate's estimate and
-    is replaced by the upstream's ``usage`` when it reports one.
+    is replaced by the upstream's ``usage`` when it reports one (access log, metrics);
+    ``routed_prompt_tokens`` keeps the estimate routing used (``X-Latgate-Prompt-Tokens``).
     """
 
     request_id: str
@@ -44,6 +45,7 @@ class Exchange:
     endpoint: str = ""
     reason: str = ""
     prompt_tokens: int = 0
+    routed_prompt_tokens: int = 0
     completion_tokens: int = 0
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -51,6 +53,7 @@ class Exchange:
     error_kind: str | None = None
     attempts: int = 0
     finished: bool = False
+    usage_estimated: bool = False  # no upstream usage: token counts are latgate's estimate
     extra: dict[str, Any] = field(default_factory=dict)
     trace: RequestTrace | None = None  # the request's span, with tracing on (latgate.tracing)
     recent: deque[tuple] | None = None  # the /ui ring this exchange's summary joins when finished (latgate.ui)
@@ -117,6 +120,7 @@ class Exchange:
                 "attempts": self.attempts,
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
+                "usage_estimated": self.usage_estimated,
                 "ttft_ms": ttft,
                 "e2e_ms": round(e2e * 1000, 3),
             }

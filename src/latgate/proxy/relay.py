@@ -15,6 +15,9 @@ close before every choice had its ``finish_reason``: see
 :func:`~latgate.proxy.sse.stream_unfinished`) ends the stream with one SSE error event
 ``data: {"error": {...}}`` and no ``[DONE]``, so clients see a failure rather than a
 silently truncated answer (the OpenAI Python SDK raises ``APIError`` on such an event).
+A stream the engine itself ended with ``finish_reason: "abort"`` is relayed as the
+engine wrote it, and recorded as the upstream's failure (status 502, error
+``aborted``; passive health), not as a success.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import AsyncIterator, Callable
 
 import orjson
 
-from latgate.metrics import HistogramBatch, Metrics
+from latgate.metrics import Metrics
 from latgate.proxy.exchange import CLIENT_CLOSED, Exchange
 from latgate.proxy.redact import redact_text
 from latgate.proxy.sse import StreamTap, stream_unfinished
@@ -90,7 +93,7 @@ class StreamRelay:
         self.on_upstream_failure = on_upstream_failure
         self.transform = transform
         self.secrets = secrets
-        self._itl: HistogramBatch | None = None
+        self._gaps: list[float] = []  # seconds between consecutive reads that carried content
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ex = self.exchange
@@ -124,11 +127,14 @@ class StreamRelay:
         finally:
             state["closing"] = True
             watcher.cancel()
-            if self._itl is not None:
-                self._itl.flush()
             with contextlib.suppress(Exception):
                 await self.on_close()
+            self._observe_itl()
+            if self.tap.aborted and ex.status == 200:
+                self._fail("aborted", "the engine aborted the request")
             ex.apply_usage(self.tap.usage)
+            if self.tap.usage is None:
+                ex.usage_estimated = True
             if ex.completion_tokens == 0:
                 ex.completion_tokens = self.tap.content_chunks
             ex.finish(self.metrics)
@@ -138,8 +144,7 @@ class StreamRelay:
             send = _transforming(send, self.transform)
         ex = self.exchange
         tap = self.tap
-        itl = self._itl = self.metrics.itl_batch(provider=ex.provider, model=ex.public_model)
-        observe_itl = itl.observe
+        observe_gap = self._gaps.append
         feed = tap.feed
         clock = time.perf_counter
         if self.head:
@@ -159,7 +164,7 @@ class StreamRelay:
                             if last is None:
                                 self._first_token(now)
                             else:
-                                observe_itl(now - last)
+                                observe_gap(now - last)
                                 ex.last_token_at = now
                     if tap.error is not None or tap.done:
                         break  # an in-band error, or the end: stop reading even if the upstream idles on
@@ -185,6 +190,26 @@ class StreamRelay:
             await send({"type": "latgate.finish", "error": failure})
         elif failure is not None:
             await send({"type": "http.response.body", "body": error_event(failure), "more_body": True})
+
+    def _observe_itl(self) -> None:
+        """Inter-token latency per token, as vLLM and the OpenTelemetry GenAI "time per
+        output token" define it: a read can carry several tokens (an engine under load
+        batches them into one chunk), so each gap is divided among the tokens the
+        stream's reads carried on average (usage's completion tokens over the reads
+        with content; one per read when the upstream reported no usage)."""
+        gaps = self._gaps
+        if not gaps:
+            return
+        usage = self.tap.usage
+        completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        per_read = 1
+        if isinstance(completion, int) and completion > len(gaps) + 1:
+            per_read = round(completion / (len(gaps) + 1))
+        ex = self.exchange
+        itl = self.metrics.itl_batch(provider=ex.provider, model=ex.public_model)
+        for gap in gaps:
+            itl.observe_many(gap / per_read, per_read)
+        itl.flush()
 
     def _fail(self, kind: str, detail: str) -> str:
         """Record a mid-stream upstream failure; returns the message for the client."""

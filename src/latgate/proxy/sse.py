@@ -14,6 +14,15 @@ of a stream into reads (an event across reads, a multi-byte UTF-8 character acro
 reads, CRLF across reads) forwards the same bytes, in order, unchanged, except for two
 opt-in edits: dropping the usage-only chunk latgate asked for on the client's behalf,
 and rewriting the upstream model name back to the alias the client asked for.
+
+Dropping the usage chunk is invisible to the client: an engine that moves fields to
+that chunk when usage is asked for (vLLM puts ``system_fingerprint`` on each terminal
+chunk, the one with a ``finish_reason``, without usage, and only on the usage chunk
+with it: ``vllm/entrypoints/openai/chat_completion/serving.py``, and ``completion/``
+alike) has them put back: from the first terminal chunk without a
+``system_fingerprint`` on, events are held until the usage chunk (or ``[DONE]``, or the
+end), and the usage chunk's ``system_fingerprint`` is appended to each such terminal
+chunk, where the engine would have written it.
 Lone-CR line endings are forwarded untouched but not parsed (no known engine sends
 them).
 
@@ -63,6 +72,8 @@ class StreamTap:
             stream's terminal event type, ``response.completed`` or
             ``response.incomplete``), or ``None``.
         responses: the stream is a Responses API event stream (no ``[DONE]`` there).
+        aborted: a choice ended with ``finish_reason: "abort"`` (vLLM's, when the
+            engine gave up on the request, e.g. on shutdown): the answer is incomplete.
         error: the first ``error`` object an event carried; such events are not
             forwarded (the relay sends its own redacted error event instead).
         events: complete events seen.
@@ -70,12 +81,16 @@ class StreamTap:
 
     __slots__ = (
         "_drop_usage",
+        "_fingerprint",
+        "_held",
         "_learn",
         "_open",
         "_pending",
         "_rewrite",
         "_sep",
         "_template",
+        "_unstamped",
+        "aborted",
         "content_chunks",
         "done",
         "error",
@@ -95,7 +110,13 @@ class StreamTap:
             self._rewrite = ((b'"model":' + served, b'"model":' + public), (b'"model": ' + served, b'"model": ' + public))
         self._template: _Template | None = None
         self._learn = _TEMPLATE_BUDGET
+        # Held events (event bytes, needs the fingerprint) while waiting for a dropped
+        # usage chunk; None when not holding.
+        self._held: list[tuple[bytes, bool]] | None = None
+        self._unstamped = False  # the event just parsed is a terminal chunk without system_fingerprint
+        self._fingerprint: bytes | None = None
         self.content_chunks = 0
+        self.aborted = False
         self.usage: dict[str, Any] | None = None
         self.done = False
         self.error: dict[str, Any] | None = None
@@ -126,10 +147,17 @@ class StreamTap:
             payload = data[6:-2]
             if payload == b"[DONE]":
                 self.done = True
+                if self._held is not None:
+                    return self._rewritten(self._release(_LF_SEP) + data), 0
                 return data, 0
             units = self._chunk(payload)
             if units < 0:
+                if self._held is not None:
+                    return self._rewritten(self._release(_LF_SEP)), 0
                 return b"", 0
+            if self._held is not None or self._unstamped:
+                self._hold(data[:-2])
+                return b"", units
             if self._rewrite is not None:
                 for old, new in self._rewrite:
                     data = data.replace(old, new)
@@ -169,15 +197,18 @@ class StreamTap:
 
     def flush(self) -> tuple[bytes, int]:
         """At end of stream: the trailing bytes (an event missing its blank line), parsed
-        leniently and forwarded as they are."""
+        leniently and forwarded as they are, after any events still held."""
         rest, self._pending = bytes(self._pending), b""
-        if not rest:
-            return b"", 0
-        return self._take(rest, self._sep or _LF_SEP)
+        sep = self._sep or _LF_SEP
+        out, units = self._take(rest, sep) if rest else (b"", 0)
+        if self._held is not None:
+            out += self._rewritten(self._release(sep))
+        return out, units
 
     def _take(self, complete: bytes, sep: bytes) -> tuple[bytes, int]:
         units = 0
-        dropped: list[bytes] | None = None
+        edited = False
+        kept: list[bytes] = []
         events = complete.split(sep)
         for event in events:
             if not event:
@@ -187,17 +218,46 @@ class StreamTap:
                 result = self._chunk(event[6:])  # the common one-line event, inline
             else:
                 result = self._inspect(event, sep)
+            if self._held is not None and (result < 0 or self.done):
+                kept.append(self._release(sep).removesuffix(sep))  # the usage chunk, or [DONE]: the held go first
+                edited = True
             if result < 0:
-                dropped = [event] if dropped is None else [*dropped, event]
+                edited = True
                 continue
             units += result
-        if dropped is not None:
-            kept = [event for event in events if event and event not in dropped]
+            if self._held is not None or self._unstamped:
+                self._hold(event)
+                edited = True
+                continue
+            kept.append(event)
+        if edited:
             complete = sep.join(kept) + sep if kept else b""
-        if self._rewrite is not None and complete:
+        return self._rewritten(complete), units
+
+    def _rewritten(self, data: bytes) -> bytes:
+        if self._rewrite is not None and data:
             for old, new in self._rewrite:
-                complete = complete.replace(old, new)
-        return complete, units
+                data = data.replace(old, new)
+        return data
+
+    def _hold(self, event: bytes) -> None:
+        """Keep ``event`` (without its separator) back until the usage chunk comes."""
+        if self._held is None:
+            self._held = []
+        self._held.append((event, self._unstamped))
+        self._unstamped = False
+
+    def _release(self, sep: bytes) -> bytes:
+        """The held events, each terminal chunk given the usage chunk's
+        ``system_fingerprint`` (when it carried one), with their separators."""
+        held, self._held = self._held or [], None
+        stamp = None if self._fingerprint is None else b',"system_fingerprint":' + self._fingerprint + b"}"
+        out = []
+        for event, unstamped in held:
+            if unstamped and stamp is not None and event.endswith(b"}"):
+                event = event[:-1] + stamp
+            out.append(event + sep)
+        return b"".join(out)
 
     def _inspect(self, event: bytes, sep: bytes) -> int:
         """Content units in one event; -1 when the event is to be dropped."""
@@ -235,7 +295,12 @@ class StreamTap:
         if not choices:
             if choices is None and "type" in chunk:
                 return self._responses_event(chunk)
-            return -1 if (usage and self._drop_usage and choices is not None) else 0
+            if usage and self._drop_usage and choices is not None:
+                fingerprint = chunk.get("system_fingerprint")
+                if isinstance(fingerprint, str):
+                    self._fingerprint = orjson.dumps(fingerprint)
+                return -1
+            return 0
         units = 0
         for choice in choices:
             if not isinstance(choice, dict):
@@ -244,6 +309,10 @@ class StreamTap:
             if finish:
                 self.finish_reason = str(finish)
                 self._open.discard(choice.get("index", 0))
+                if finish == "abort":
+                    self.aborted = True
+                if self._drop_usage and "system_fingerprint" not in chunk:
+                    self._unstamped = True
             else:
                 self._open.add(choice.get("index", 0))
             delta = choice.get("delta")

@@ -21,8 +21,8 @@ def upstream_payload(
 ) -> bytes:
     """The upstream body: the client's, with the upstream model, the provider's
     ``extra_body`` fields the client did not set, and usage asked for on streams
-    (not on ``/responses``, whose streams always end with their usage). A provider
-    known to reject ``stream_options`` is sent none (latgate counts usage itself).
+    whose client did not say (see :func:`ask_usage`). A provider known to reject
+    ``stream_options`` is sent none (latgate counts usage itself).
 
     Raises:
         InvalidRequest: the body was parsed but cannot be re-encoded (400).
@@ -33,7 +33,7 @@ def upstream_payload(
         out.setdefault(key, value)
     if provider.rejects_stream_options:
         out.pop("stream_options", None)
-    elif stream and path != "/responses" and tap_drop(body):
+    elif stream and ask_usage(body, path):
         options = dict(out.get("stream_options") or {})
         options["include_usage"] = True
         out["stream_options"] = options
@@ -70,7 +70,7 @@ def client_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, b
         ("x-request-id", exchange.request_id),
         ("x-latgate-provider", exchange.provider),
         ("x-latgate-route-reason", exchange.reason),
-        ("x-latgate-prompt-tokens", str(exchange.prompt_tokens)),
+        ("x-latgate-prompt-tokens", str(exchange.routed_prompt_tokens)),
     ]
     if exchange.upstream_model != exchange.public_model:
         pairs.append(("x-latgate-upstream-model", exchange.upstream_model))
@@ -84,15 +84,23 @@ def client_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, b
 
 
 _MEDIA_TYPE = re.compile(r"[a-z0-9!#$&^_.+-]{1,64}/[a-z0-9!#$&^_.+-]{1,64}")
+_CHARSET = re.compile(r'charset="?([a-z0-9._:-]{1,40})"?')
 
 
 @functools.lru_cache(maxsize=64)  # upstreams repeat the same few values
 def media_type(content_type: str) -> str:
-    """The upstream's media type without parameters (an upstream's parameters can echo
-    anything, a key included; JSON and SSE are UTF-8 by definition: RFC 8259, the HTML
-    standard's event streams); ``application/octet-stream`` when it is not one."""
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media if _MEDIA_TYPE.fullmatch(media) else "application/octet-stream"
+    """The upstream's media type with only its safe parameter, ``charset`` (a short
+    token, RFC 9110 8.3.1), kept: any other parameter could echo anything, a key
+    included; ``application/octet-stream`` when it is not a media type."""
+    media, _, params = content_type.partition(";")
+    media = media.strip().lower()
+    if not _MEDIA_TYPE.fullmatch(media):
+        return "application/octet-stream"
+    for param in params.split(";"):
+        charset = _CHARSET.fullmatch(param.strip().lower())
+        if charset:
+            return f"{media}; charset={charset.group(1)}"
+    return media
 
 
 def tap_drop(body: dict[str, Any]) -> bool:
@@ -100,6 +108,18 @@ def tap_drop(body: dict[str, Any]) -> bool:
     keeps the usage-only chunk from the client)."""
     options = body.get("stream_options")
     return not (isinstance(options, dict) and options.get("include_usage"))
+
+
+def ask_usage(body: dict[str, Any], path: str) -> bool:
+    """True when latgate adds ``stream_options.include_usage: true`` to a stream: the
+    client did not ask for usage and did not refuse it either (an explicit
+    ``include_usage: false`` is sent as the client wrote it, and the stream's tokens are
+    then counted from its chunks, marked estimated). Not on ``/responses``, whose streams
+    always end with their usage."""
+    if path == "/responses" or not tap_drop(body):
+        return False
+    options = body.get("stream_options")
+    return not (isinstance(options, dict) and "include_usage" in options)
 
 
 def model_rewrite(body: dict[str, Any], target: Target) -> tuple[str, str] | None:
