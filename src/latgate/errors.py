@@ -4,7 +4,8 @@
 
     GatewayError                 (status, OpenAI ``type``, ``code``, ``param``)
     ├── InvalidRequest           400 invalid_request_error
-    │   └── BodyTooLarge         413
+    │   ├── BodyTooLarge         413
+    │   └── ContextLengthExceeded  400, code context_length_exceeded
     ├── AuthenticationFailed     401 authentication_error
     ├── PermissionDenied         403 permission_error
     ├── NotFound                 404 invalid_request_error, code model_not_found / not_found
@@ -12,7 +13,8 @@
     ├── ClientClosedRequest      499: the client went away before the answer began
     └── UpstreamError            the upstream's status (502 when it sent none), api_error
         ├── UpstreamUnavailable  502/503: connection refused, reset, DNS
-        └── UpstreamTimeout      504: connect / first-token / read timeout
+        ├── UpstreamTimeout      504: connect / first-token / read timeout
+        └── UpstreamClientError  400/404/413/422: the upstream's own error object, as written
 
 The envelope is ``{"error": {"message", "type", "param", "code"}}`` as in the OpenAI API
 reference ("Error codes"; schema ``ErrorResponse`` in the OpenAPI spec). Messages never
@@ -77,6 +79,14 @@ class BodyTooLarge(InvalidRequest):
     code = "request_too_large"
 
 
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt fits no candidate's context window (``[models.X] max_context_tokens``,
+    or the windows the engines report): answered before any upstream call. OpenAI's
+    own code for a prompt over the window."""
+
+    code = "context_length_exceeded"
+
+
 class AuthenticationFailed(GatewayError):
     status = 401
     type = "authentication_error"
@@ -122,6 +132,24 @@ class UpstreamUnavailable(UpstreamError):
 class UpstreamTimeout(UpstreamError):
     status = 504
     code = "upstream_timeout"
+
+
+class UpstreamClientError(UpstreamError):
+    """The upstream's answer to a request it found faulty (400, 404, 413, 422), relayed
+    with the upstream's status and its error object as the upstream wrote it
+    (``message``, ``type``, ``param``, ``code``, any other field; already redacted),
+    so a client sees the engine's own words (vLLM's context-length 400, its 404 listing
+    the models it serves). Which provider answered goes in ``X-Latgate-Provider``."""
+
+    code = "upstream_client_error"  # the access log's error kind, not in the envelope
+
+    def __init__(self, error: dict[str, object], *, status: int) -> None:
+        message = error.get("message")
+        super().__init__(message if isinstance(message, str) else f"HTTP {status}", status=status)
+        self.error = error
+
+    def envelope(self) -> dict[str, dict[str, object]]:
+        return {"error": self.error}
 
 
 def error_body(

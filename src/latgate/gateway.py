@@ -25,6 +25,7 @@ from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest
 from latgate.metrics import Metrics
 from latgate.providers import ProviderPool
+from latgate.providers.catalog import public_model_object
 from latgate.proxy.exchange import CLIENT_CLOSED, Exchange
 from latgate.proxy.forward import Forwarder
 from latgate.proxy.transform import ResponseTransform
@@ -156,7 +157,7 @@ class Gateway:
         if decision is None:
             decision = self.decide(body, headers, key_policy=None if caller is None else caller.policy)
         exchange.public_model = decision.public_model
-        exchange.prompt_tokens = decision.prompt_tokens
+        exchange.prompt_tokens = exchange.routed_prompt_tokens = decision.prompt_tokens
         if caller is not None:
             guard.check_model(caller, decision.public_model)
         self.metrics.record_route(provider=decision.provider, reason=decision.reason)
@@ -231,20 +232,32 @@ class Gateway:
         return {"x-latgate-provider": exchange.provider, "x-latgate-route-reason": exchange.reason}
 
     def models(self) -> Response:
-        """``GET /v1/models``: the union of providers' models and aliases (OpenAI list shape)."""
-        return Response(self.models_body, media_type="application/json")
+        """``GET /v1/models``: the union of providers' models and aliases (OpenAI list
+        shape), each the engine's own model object where an engine reported one
+        (``max_model_len``, ``created``... kept: :mod:`latgate.providers.catalog`)."""
+        catalogs = self._catalogs()
+        if not catalogs:
+            return Response(self.models_body, media_type="application/json")
+        data = [self._model_object(name, catalogs) for name in self.config.public_models()]
+        return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
 
     def model(self, model_id: str) -> Response:
         """``GET /v1/models/{id}``: one model object, or a 404 envelope."""
         if model_id in self.config.public_models():
-            return Response(
-                orjson.dumps({"id": model_id, "object": "model", "created": 0, "owned_by": "latgate"}),
-                media_type="application/json",
-            )
+            return Response(orjson.dumps(self._model_object(model_id, self._catalogs())), media_type="application/json")
         from latgate.errors import NotFound
 
         error = NotFound(f"model {model_id!r} does not exist", param="model", code="model_not_found")
         return error_response(error, request_id=request_id(None))
+
+
+    def _catalogs(self) -> list[dict[str, dict[str, Any]]]:
+        """The model lists the engines reported, in provider and endpoint order."""
+        return [ep.catalog for runtime in self.pool.providers.values() for ep in runtime.endpoints if ep.catalog]
+
+    def _model_object(self, public: str, catalogs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+        served = [public, *self.config.aliases.get(public, {}).values()]
+        return public_model_object(public, served, catalogs)
 
 
 def request_id(given: str | None) -> str:

@@ -18,6 +18,8 @@ class Connector:
             to the endpoint's *root* (``None`` when it exports none).
         running_metric / waiting_metric: the gauge names there for running and queued
             requests (vLLM: ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``).
+        models_catalog: the engine's ``/models`` list is read for its context windows
+            and model objects (:mod:`latgate.providers.catalog`).
     """
 
     name: ClassVar[str] = "openai"
@@ -25,6 +27,7 @@ class Connector:
     load_metrics_path: ClassVar[str | None] = None
     running_metric: ClassVar[str | None] = None
     waiting_metric: ClassVar[str | None] = None
+    models_catalog: ClassVar[bool] = False
 
     def url(self, endpoint: EndpointConfig, path: str) -> str:
         """Full upstream URL for an OpenAI path such as ``/chat/completions``."""
@@ -38,6 +41,7 @@ class VllmConnector(Connector):
     load_metrics_path = "/metrics"
     running_metric = "vllm:num_requests_running"
     waiting_metric = "vllm:num_requests_waiting"
+    models_catalog = True
 
 
 class SglangConnector(Connector):
@@ -47,6 +51,7 @@ class SglangConnector(Connector):
     load_metrics_path = "/metrics"
     running_metric = "sglang:num_running_reqs"
     waiting_metric = "sglang:num_queue_reqs"
+    models_catalog = True
 
 
 class TileRtConnector(Connector):

@@ -15,6 +15,10 @@
   latgate's own; an endpoint whose circuit opened for errors and whose engine answers
   here again gets its trial request at once. An endpoint that answers 404 there is not asked again. A failed read
   changes nothing (the numbers go stale and are ignored after a few seconds).
+- Model lists: where the connector sets ``models_catalog`` (vLLM, SGLang), ``GET
+  {base_url}/models`` at start-up and every ``CATALOG_INTERVAL_SECONDS``, kept as the
+  endpoint's ``catalog`` (context windows, the engine's model objects:
+  :mod:`latgate.providers.catalog`). A failed read keeps the last list.
 
 :func:`run_monitor` runs both loops until cancelled (the app's lifespan starts and
 cancels it); each round reads the current pool, so a config reload is followed.
@@ -29,6 +33,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 
+from latgate.providers.catalog import CATALOG_INTERVAL_SECONDS, parse_catalog
 from latgate.providers.pool import ProviderPool, ProviderRuntime
 from latgate.providers.state import EndpointState
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
@@ -117,6 +122,25 @@ class Monitor:
             )
         )
 
+    async def read_catalogs_once(self) -> None:
+        """Read every engine's model list once, concurrently (connectors that have one)."""
+        await asyncio.gather(
+            *(self._read_catalog(runtime, ep) for runtime, ep in self._endpoints() if runtime.connector.models_catalog)
+        )
+
+    async def _read_catalog(self, runtime: ProviderRuntime, endpoint: EndpointState) -> None:
+        url = runtime.connector.url(endpoint.config, "/models")
+        timeout = self.pool.config.health.probe_timeout_sec or 2.0
+        try:
+            async with asyncio.timeout(timeout):
+                response = await self.client.get(url=url, headers=runtime.auth_headers, timeout_seconds=timeout)
+        except (UpstreamFailure, TimeoutError):
+            return
+        if response.status_code == 200:
+            catalog = parse_catalog(response.content)
+            if catalog is not None:
+                endpoint.catalog = catalog
+
     async def _probe(self, runtime: ProviderRuntime, endpoint: EndpointState) -> None:
         url = runtime.connector.url(endpoint.config, runtime.connector.health_path)
         timeout = self.pool.config.health.probe_timeout_sec
@@ -197,4 +221,5 @@ async def run_monitor(
     await asyncio.gather(
         loop(lambda m: m.pool.config.health.probe_interval_sec, Monitor.probe_once, wait_first=True),
         loop(lambda m: m.pool.config.health.load_interval_sec, Monitor.read_load_once, wait_first=False),
+        loop(lambda m: CATALOG_INTERVAL_SECONDS, Monitor.read_catalogs_once, wait_first=False),
     )

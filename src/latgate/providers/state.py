@@ -22,6 +22,7 @@ capacity the queue is 0 and the fitted line absorbs whatever queueing there is.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from latgate.config.schema import EndpointConfig, ProviderConfig
 from latgate.providers.health import CLOSED, CircuitBreaker
@@ -93,6 +94,8 @@ class EndpointState:
         busy_until: clock seconds until which a busy answer (429) marks it at capacity.
         ejection_evidence: the estimate its last latency verdict was based on (shown in
             ``/admin/providers``, the debug view and the ejection's log line).
+        catalog: the engine's ``/v1/models`` objects by model id, once read
+            (:mod:`latgate.providers.catalog`); None before.
     """
 
     config: EndpointConfig
@@ -124,6 +127,7 @@ class EndpointState:
     refresh: bool = False
     busy_until: float = 0.0
     ejection_evidence: str | None = None
+    catalog: dict[str, dict[str, Any]] | None = None
 
     @classmethod
     def for_provider(

@@ -19,7 +19,14 @@ from typing import Any
 
 import orjson
 
-from latgate.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from latgate.errors import (
+    GatewayError,
+    InvalidRequest,
+    UpstreamClientError,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from latgate.metrics import Metrics
 from latgate.providers import EndpointState, ProviderPool, ProviderRuntime
 from latgate.proxy.redact import redact, redact_text
@@ -28,6 +35,8 @@ from latgate.proxy.upstream import UpstreamFailure, upstream_errors
 log = logging.getLogger("latgate.upstream")
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 PROVIDER_AUTH_STATUSES = frozenset({401, 403})
+#: client errors whose upstream error object is relayed as the upstream wrote it
+PASSTHROUGH_STATUSES = frozenset({400, 404, 413, 422})
 MAX_ERROR_BODY_BYTES = 64 * 1024
 #: an error status's body is read for at most this long (or until the first-token deadline)
 ERROR_BODY_TIMEOUT_SECONDS = 5.0
@@ -135,6 +144,14 @@ class Failures:
         return AttemptFailed(UpstreamError(f"provider {provider.name!r} {what}"), retryable=True)
 
 
+def aborted_answer(answer: dict[str, Any]) -> bool:
+    """A non-streamed answer some choice of which ended in ``finish_reason: "abort"``:
+    vLLM answers an in-flight request so (a 200 with a truncated body) when it shuts
+    down; nothing reached the client, so it is the provider's failure, retried."""
+    choices = answer.get("choices")
+    return isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason") == "abort" for c in choices)
+
+
 def parse_retry_after(value: str | None) -> float | None:
     if not value:
         return None
@@ -162,6 +179,8 @@ def upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> Gatew
         parsed = None
     if isinstance(parsed, dict):
         err = parsed.get("error", parsed)
+        if status in PASSTHROUGH_STATUSES and isinstance(err, dict) and isinstance(err.get("message"), str):
+            return UpstreamClientError(err, status=status)
         if isinstance(err, dict):
             message = err.get("message") or err.get("detail")
             err_type = str(err.get("type") or err_type)

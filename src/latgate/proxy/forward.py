@@ -31,9 +31,10 @@ from typing import Any
 import orjson
 
 from latgate.config.schema import Config
-from latgate.errors import GatewayError, UpstreamUnavailable
+from latgate.errors import ContextLengthExceeded, GatewayError, UpstreamUnavailable
 from latgate.metrics import Metrics
 from latgate.providers import EndpointState, ProviderPool, ProviderRuntime, Ticket
+from latgate.providers.catalog import context_tokens, fits, window_refusal
 from latgate.providers.selection import RoutePlan, Selector
 from latgate.proxy.answer import Answer
 from latgate.proxy.exchange import Exchange
@@ -43,6 +44,7 @@ from latgate.proxy.failures import (
     RETRYABLE_STATUSES,
     AttemptFailed,
     Failures,
+    aborted_answer,
     provider_secrets,
 )
 from latgate.proxy.hedge import LostRace, Race, run_hedged
@@ -50,7 +52,13 @@ from latgate.proxy.relay import StreamRelay
 from latgate.proxy.sse import StreamTap
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure, upstream_errors, upstream_headers
-from latgate.proxy.wire import client_headers, model_rewrite, rejects_stream_options, tap_drop, upstream_payload
+from latgate.proxy.wire import (
+    client_headers,
+    model_rewrite,
+    rejects_stream_options,
+    tap_drop,
+    upstream_payload,
+)
 from latgate.routing.decision import RouteDecision, Target
 
 BACKOFF_BASE_SECONDS = 0.05
@@ -130,12 +138,21 @@ class Forwarder:
             self._metrics.record_overflow(from_provider=plan.overflow_from, to_provider=plan.targets[0].provider)
         if decision.explain:
             exchange.extra["route_candidates"] = plan.explain_header()
+        model = self._config.models.get(exchange.public_model)
+        limit = model.max_context_tokens if model is not None else None
+        if limit is not None and plan.prompt_tokens > limit:
+            raise ContextLengthExceeded(window_refusal(exchange.public_model, plan.prompt_tokens, limit, []), param="messages")
         max_retries = self._config.defaults.max_retries
         last: GatewayError = UpstreamUnavailable("no provider could take the request")
         previous: str | None = None
         tried: list[EndpointState] = []
+        refused: list[tuple[str, int]] = []  # providers none of whose endpoints' windows fit the prompt
         for position, target in enumerate(plan.targets):
             provider = self._pool[target.provider]
+            small = [ep for ep in provider.endpoints if not fits(ep.catalog, target.model, plan.prompt_tokens)]
+            if len(small) == len(provider.endpoints):
+                refused.append((provider.name, min(context_tokens(ep.catalog, target.model) or 0 for ep in small)))
+                continue
             if previous is not None:
                 self._metrics.record_fallback(from_provider=previous, to_provider=target.provider)
             previous = target.provider
@@ -144,7 +161,11 @@ class Forwarder:
             for attempt in range(max_retries + 1):
                 if attempt:
                     self._metrics.record_retry(provider=provider.name)
-                endpoint = self.selector.next_endpoint(provider, plan, exclude=tried) if tried else plan.endpoint
+                endpoint = plan.endpoint
+                if tried or endpoint in small:
+                    endpoint = self.selector.next_endpoint(provider, plan, exclude=tried + small)
+                    if endpoint in small:
+                        break  # the endpoints whose window fits are all tried or unavailable
                 tried.append(endpoint)
                 last_attempt = attempt == max_retries and position == len(plan.targets) - 1
                 try:
@@ -165,6 +186,8 @@ class Forwarder:
                     await self._sleep(delay)
             if isinstance(last, GatewayError) and last.status < 500 and last.status not in RETRYABLE_STATUSES | PROVIDER_AUTH_STATUSES:
                 break  # the client's own mistake: another provider would say the same
+        if refused and not tried:
+            raise ContextLengthExceeded(window_refusal(exchange.public_model, plan.prompt_tokens, None, refused), param="messages")
         raise last
 
     async def _hedged(
@@ -334,6 +357,8 @@ class Forwarder:
             raise self._failures.failed(provider, endpoint, failure) from None
         if tap.error is not None:
             raise self._failures.error_event(provider, endpoint, tap.error)
+        if tap.aborted and not units:
+            raise self._failures.bad_response(provider, endpoint, "aborted the stream before any content")
         if ended and not units and not tap.done and not tap.finished:
             failure = UpstreamFailure("read", "the stream ended before any content")
             raise self._failures.failed(provider, endpoint, failure)
@@ -392,7 +417,10 @@ class Forwarder:
         if isinstance(parsed, dict):
             if parsed.get("error") is not None and "choices" not in parsed and "data" not in parsed:
                 raise self._failures.error_event(provider, endpoint, parsed["error"] if isinstance(parsed["error"], dict) else {})
+            if aborted_answer(parsed):  # nothing reached the client yet: retried like any failure before the first byte
+                raise self._failures.bad_response(provider, endpoint, "ended its answer with finish_reason 'abort'")
             exchange.apply_usage(parsed.get("usage"))
+            exchange.usage_estimated = not isinstance(parsed.get("usage"), dict)
             if exchange.upstream_model != exchange.public_model and parsed.get("model") == exchange.upstream_model:
                 parsed["model"] = exchange.public_model
                 data = orjson.dumps(parsed)
@@ -408,3 +436,4 @@ class Forwarder:
         if exchange.first_token_at is not None and exchange.last_token_at is not None:
             seconds = exchange.last_token_at - exchange.first_token_at
             self._pool.record_decode(endpoint, tokens=tap.content_chunks, seconds=seconds)
+
