@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CONFIG ?= config.toml
 
-.PHONY: run test check lint bench clean test-prometheus test-browser test-docker
+.PHONY: run test test-engines check lint bench clean test-prometheus test-browser test-docker
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,12 @@ run: $(VENV)/.installed  ## start the demo: simulated pools + the gateway on 127
 
 test: $(VENV)/.installed  ## install and run the test suite
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The engine tier: two real vLLM (CPU) replicas behind latgate (tests/engines/). The vLLM
+# venv and the model are built once per machine under ENGINES_CACHE (keyed by versions).
+ENGINES_CACHE ?= $(HOME)/.cache/latgate-engines
+test-engines: $(VENV)/.installed  ## real vLLM behind latgate (first run installs ~3.5 GB)
+	env $$(bash tests/engines/setup.sh $(ENGINES_CACHE)) $(BIN)/python -m pytest -q -p no:cacheprovider tests/engines
 
 check: $(VENV)/.installed
 	$(BIN)/latgate check --config $(CONFIG)

@@ -1,0 +1,89 @@
+"""The engine tier: two real vLLM replicas, and latgate in front of them.
+
+Collected only under ``make test-engines``, which builds the vLLM venv and the model
+once (``setup.sh``) and names them in ``LATGATE_VLLM_PYTHON`` / ``LATGATE_VLLM_MODEL``;
+plain ``make test`` collects nothing here.
+
+The replicas are started once per session. A test that kills or stops one asks for
+:func:`replicas` again through :func:`both_ready`, which restarts what is down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import pytest
+from stack import Stack, gateway
+from vllm_server import SERVED_MODEL, VllmReplica
+
+VLLM_PYTHON = os.environ.get("LATGATE_VLLM_PYTHON", "")
+VLLM_MODEL = os.environ.get("LATGATE_VLLM_MODEL", "")
+
+if not (VLLM_PYTHON and VLLM_MODEL):
+    collect_ignore_glob = ["test_*.py"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "stops_replica: kills or stops a replica (run last: fewer restarts)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that take a replica down run after the others, so the replicas are
+    restarted as few times as possible."""
+    items.sort(key=lambda item: item.get_closest_marker("stops_replica") is not None)
+
+
+@pytest.fixture(scope="session")
+def replicas() -> Iterator[list[VllmReplica]]:
+    """Two vLLM servers, one CPU core each, started together."""
+    started = [VllmReplica(python=VLLM_PYTHON, model=VLLM_MODEL, core=core) for core in (0, 1)]
+    try:
+        for replica in started:
+            replica.start()
+        for replica in started:
+            replica.wait_ready()
+        yield started
+    finally:
+        for replica in started:
+            with contextlib.suppress(Exception):
+                replica.stop()
+
+
+@pytest.fixture
+def both_ready(replicas: list[VllmReplica]) -> list[VllmReplica]:
+    """The two replicas, each restarted first if a previous test took it down."""
+    down = [replica for replica in replicas if not replica.alive()]
+    for replica in down:
+        replica.stop()
+        replica.start()
+    for replica in down:
+        replica.wait_ready()
+    return replicas
+
+
+def engine_config(urls: list[str], *, max_retries: int = 1, timeout_sec: int = 120) -> str:
+    """latgate in front of ``urls`` as one vLLM provider serving the model ``tiny``."""
+    endpoints = ", ".join(f'"{url}"' for url in urls)
+    return f"""
+[defaults]
+timeout_sec = {timeout_sec}
+connect_timeout_sec = 2
+max_retries = {max_retries}
+
+[providers.vllm]
+connector = "vllm"
+endpoints = [{endpoints}]
+models = ["{SERVED_MODEL}"]
+
+[health]
+probe_interval_sec = 0
+"""
+
+
+@pytest.fixture
+def stack(both_ready: list[VllmReplica]) -> Iterator[Stack]:
+    """latgate (in process, on a free port) in front of both replicas."""
+    with gateway(engine_config([replica.url for replica in both_ready])) as running:
+        yield running

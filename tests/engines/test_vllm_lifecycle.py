@@ -1,0 +1,171 @@
+"""Real vLLM replicas coming and going under latgate: a client leaving, a replica
+killed or stopped mid-stream and mid-request, and the two sharing traffic. Every
+wait is a poll of an observable state with a deadline; nothing asserts a duration."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+import orjson
+import pytest
+from conftest import engine_config
+from stack import Stack, gateway, leave_after_first_content
+from vllm_server import SERVED_MODEL, VllmReplica
+
+pytestmark = pytest.mark.timeout(420)
+
+#: long enough that a stream is still going when the test acts on it (~10 s of decode)
+LONG = {
+    "model": SERVED_MODEL,
+    "messages": [{"role": "user", "content": "def main():"}],
+    "max_tokens": 900,
+    "ignore_eos": True,
+    "temperature": 0,
+}
+
+
+def vllm_counter(replica: VllmReplica, name: str, **labels: str) -> float:
+    """The sum of one counter's samples on ``replica`` whose labels include ``labels``."""
+    text = httpx.get(replica.url.removesuffix("/v1") + "/metrics", timeout=10).text
+    want = [f'{key}="{value}"' for key, value in labels.items()]
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(w in line for w in want):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def latgate_requests(stack: Stack, code: str) -> float:
+    text = httpx.get(stack.url + "/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("latgate_requests_total{") and f'code="{code}"' in line
+    )
+
+
+def wait_until(condition: Callable[[], bool], *, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.1)  # polling an observable state, bounded by the deadline
+
+
+def busy_replica(replicas: list[VllmReplica]) -> VllmReplica:
+    """The replica running a request (polled from vLLM's own gauge)."""
+    found: list[VllmReplica] = []
+
+    def one_running() -> bool:
+        found[:] = [r for r in replicas if r.alive() and r.running_requests() > 0]
+        return len(found) == 1
+
+    wait_until(one_running, what="one replica running the request")
+    return found[0]
+
+
+def test_client_disconnect_reaches_vllm_as_an_abort(stack: Stack, both_ready: list[VllmReplica]) -> None:
+    """The client leaves after the first token of a 900-token stream: vLLM stops
+    generating it (its running gauge falls to 0 with the request not finished by
+    length and far fewer than 900 tokens generated), and latgate records a 499."""
+    finished = sum(vllm_counter(r, "vllm:request_success_total", finished_reason="length") for r in both_ready)
+    generated = sum(vllm_counter(r, "vllm:generation_tokens_total") for r in both_ready)
+    leave_after_first_content(stack.v1 + "/chat/completions", {**LONG, "stream": True})
+    wait_until(lambda: all(r.running_requests() == 0 for r in both_ready), what="vLLM no longer runs the request")
+    assert sum(vllm_counter(r, "vllm:request_success_total", finished_reason="length") for r in both_ready) == finished
+    assert sum(vllm_counter(r, "vllm:generation_tokens_total") for r in both_ready) - generated < LONG["max_tokens"]
+    wait_until(lambda: latgate_requests(stack, "499") == 1, what="latgate records the client gone (499)")
+
+
+class StreamReader:
+    """Reads a stream through latgate on a thread; ``first_content`` is set once a chunk
+    with generated text arrived."""
+
+    def __init__(self, url: str, body: dict) -> None:
+        self.lines: list[str] = []
+        self.first_content = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(url, body), daemon=True)
+        self._thread.start()
+
+    def _run(self, url: str, body: dict) -> None:
+        try:
+            with httpx.Client(timeout=120) as client, client.stream("POST", url, json={**body, "stream": True}) as response:
+                for line in response.iter_lines():
+                    self.lines.append(line)
+                    if '"content":"' in line and '"content":""' not in line:
+                        self.first_content.set()
+        except httpx.HTTPError as exc:
+            self.error = exc
+        finally:
+            self.first_content.set()
+
+    def join(self) -> list[dict | str]:
+        self._thread.join(timeout=120)
+        assert not self._thread.is_alive()
+        return [orjson.loads(line[6:]) if line[6:].startswith("{") else line[6:] for line in self.lines if line.startswith("data:")]
+
+
+@pytest.mark.stops_replica
+def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_and_the_next_request_goes_to_the_other(
+    stack: Stack, both_ready: list[VllmReplica]
+) -> None:
+    reader = StreamReader(stack.v1 + "/chat/completions", LONG)
+    assert reader.first_content.wait(120)
+    victim = busy_replica(both_ready)
+    victim.kill()
+    events = reader.join()
+    assert reader.error is None
+    assert "[DONE]" not in events
+    assert isinstance(events[-1], dict) and "error" in events[-1]
+    wait_until(lambda: latgate_requests(stack, "502") == 1, what="latgate records the stream failed")
+    survivor = next(r for r in both_ready if r is not victim)
+    for _ in range(2):  # wherever routing tries first, the answer comes from the live replica
+        answer = httpx.post(stack.v1 + "/chat/completions", json={**LONG, "max_tokens": 4}, timeout=120)
+        assert answer.status_code == 200, answer.text
+    assert survivor.alive()
+
+
+@pytest.mark.stops_replica
+def test_a_replica_stopped_with_sigterm_mid_stream_and_mid_request(both_ready: list[VllmReplica]) -> None:
+    """vLLM 0.32's shutdown on SIGTERM races its engine core: an in-flight stream ends
+    with ``finish_reason: "abort"`` and ``[DONE]``, or an error event, or stalls; an
+    in-flight non-streamed request gets a 200 whose choice ended in ``abort``, a 500,
+    or nothing. Whichever it does, latgate never counts the stream a success, and the
+    non-streamed request, which reached no client, is answered by the other replica."""
+    urls = [replica.url for replica in both_ready]
+    with gateway(engine_config(urls, timeout_sec=15)) as both, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(httpx.post, both.v1 + "/chat/completions", json={**LONG, "max_tokens": 300}, timeout=300)
+        victim = busy_replica(both_ready)
+        with gateway(engine_config([victim.url], max_retries=0, timeout_sec=15)) as one:
+            reader = StreamReader(one.v1 + "/chat/completions", LONG)
+            assert reader.first_content.wait(120)
+            victim.signal(signal.SIGTERM)
+            events = reader.join()
+            answer = pending.result(timeout=300)
+            wait_until(lambda: latgate_requests(one, "502") == 1, what="the stopped stream counted failed")
+            assert latgate_requests(one, "200") == 0
+    assert reader.error is None
+    finishes = [c["choices"][0].get("finish_reason") for c in events if isinstance(c, dict) and c.get("choices")]
+    ended_in_error = isinstance(events[-1], dict) and "error" in events[-1]
+    assert finishes[-1] == "abort" or ended_in_error, events[-3:]
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["finish_reason"] == "length"
+    assert answer.json()["usage"]["completion_tokens"] == 300
+    victim.kill()
+
+
+def test_two_replicas_share_the_traffic(stack: Stack, both_ready: list[VllmReplica]) -> None:
+    before = [vllm_counter(r, "vllm:request_success_total") for r in both_ready]
+    body = {**LONG, "max_tokens": 24}
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda _: httpx.post(stack.v1 + "/chat/completions", json=body, timeout=300), range(6)))
+    assert all(a.status_code == 200 for a in answers)
+    served = [vllm_counter(r, "vllm:request_success_total") - b for r, b in zip(both_ready, before, strict=True)]
+    assert sum(served) == 6
+    assert all(count >= 1 for count in served), served
