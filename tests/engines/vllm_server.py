@@ -26,10 +26,20 @@ CONTEXT_TOKENS = 1024
 READY_TIMEOUT_SECONDS = 420.0
 
 
+_HANDED_OUT: set[int] = set()
+#: starts tried when the port chosen was taken before the server bound it
+PORT_ATTEMPTS = 3
+
+
 def free_port() -> int:
-    """A loopback port that was free a moment ago (the server binds it itself)."""
-    with contextlib.closing(listening_socket()) as sock:
-        return sock.getsockname()[1]
+    """A loopback port that was free a moment ago (the server binds it itself), never
+    one handed out before in this session."""
+    while True:
+        with contextlib.closing(listening_socket()) as sock:
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 class VllmReplica:
@@ -83,8 +93,14 @@ class VllmReplica:
         """Poll ``GET /v1/models`` until it answers 200; fails with the log's tail on
         exit or timeout."""
         deadline = time.monotonic() + timeout
+        attempts = 1
         while time.monotonic() < deadline:
             if not self.alive():
+                if "Address already in use" in self.tail() and attempts < PORT_ATTEMPTS:
+                    attempts += 1  # another process took the port first: start on another
+                    self.log.write_bytes(b"")
+                    self.start()
+                    continue
                 raise AssertionError(f"vLLM on core {self.core} exited:\n{self.tail()}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.url + "/models", timeout=2).status_code == 200:
