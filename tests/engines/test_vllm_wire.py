@@ -77,9 +77,13 @@ def test_stream_data_lines_match_vllm_direct(name: str, stack: Stack, both_ready
 _TEXT = re.compile(rb'"(content|text)":"((?:[^"\\]|\\.)*)"')
 
 
+_RUNNING_COUNT = re.compile(rb'"(completion_tokens|total_tokens)":\d+')
+
+
 def by_choice(lines: list[bytes]) -> dict[bytes, tuple[list[bytes], str]]:
     """Per choice index (``b"-"``: lines of no single choice): its lines with the text
-    blanked and consecutive equal ones collapsed, and its whole text."""
+    (and continuous usage's running counts) blanked and consecutive equal ones
+    collapsed, and its whole text. The final usage chunk keeps its numbers."""
     out: dict[bytes, tuple[list[bytes], str]] = {}
     for line in lines:
         found = re.search(rb'"choices":\[\{"index":(\d+)', line)
@@ -87,6 +91,8 @@ def by_choice(lines: list[bytes]) -> dict[bytes, tuple[list[bytes], str]]:
         for match in _TEXT.finditer(line):
             text += orjson.loads(b'"' + match.group(2) + b'"')
         shape = _TEXT.sub(rb'"\1":_', line)
+        if found:  # continuous usage stats: running counts move with the chunking
+            shape = _RUNNING_COUNT.sub(rb'"\1":_', shape)
         if not shapes or shapes[-1] != shape:
             shapes.append(shape)
         out[found.group(1) if found else b"-"] = (shapes, text)
