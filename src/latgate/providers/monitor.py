@@ -133,7 +133,9 @@ class Monitor:
         timeout = self.pool.config.health.probe_timeout_sec or 2.0
         try:
             async with asyncio.timeout(timeout):
-                response = await self.client.get(url=url, headers=runtime.auth_headers, timeout_seconds=timeout)
+                response = await self.client.get(
+                    url=url, headers=runtime.auth_headers, timeout_seconds=timeout, egress=runtime.egress
+                )
         except (UpstreamFailure, TimeoutError):
             return
         if response.status_code == 200:
