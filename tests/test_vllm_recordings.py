@@ -156,3 +156,14 @@ def test_a_non_streamed_answer_the_engine_aborted_is_retried() -> None:
         assert len(upstream.requests) == 2
     assert answer.status_code == 200
     assert answer.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_terminal_chunk_held_for_the_usage_chunk_is_released_when_the_upstream_breaks_off() -> None:
+    body = recorded_body("chat_stream_usage.raw")
+    cut = body[: body.index(b'data: {"id":"chatcmpl-a1cb0f9a1d8d02ff","object":"chat.completion.chunk","created":1796112720,"model":"tiny","choices":[],')]
+    tap = StreamTap(drop_usage_chunk=True)
+    out, _ = tap.feed(cut)
+    assert b'"finish_reason":"length"' not in out
+    released = tap.release_held()
+    assert out + released == cut
+    assert tap.release_held() == b""

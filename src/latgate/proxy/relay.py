@@ -186,6 +186,9 @@ class StreamRelay:
             # A partial trailing event is dropped (the SSE spec discards an event cut
             # before its blank line), so the error event below stays a well-formed event.
             failure = self._fail("stream_" + err.kind, str(err))
+            held = tap.release_held()
+            if held:
+                await send({"type": "http.response.body", "body": held, "more_body": True})
         if self.transform is not None:
             await send({"type": "latgate.finish", "error": failure})
         elif failure is not None:

@@ -240,6 +240,14 @@ class StreamTap:
                 data = data.replace(old, new)
         return data
 
+    def release_held(self) -> bytes:
+        """The events held back for a usage chunk that will not come (the upstream
+        broke off), as they arrived; ``b""`` when none."""
+        if self._held is None:
+            return b""
+        self._fingerprint = None
+        return self._rewritten(self._release(self._sep or _LF_SEP))
+
     def _hold(self, event: bytes) -> None:
         """Keep ``event`` (without its separator) back until the usage chunk comes."""
         if self._held is None:
