@@ -38,7 +38,7 @@ AGENT_SIM = {
 #: out of the way so each agent's model decides its provider:
 #: ``glm-5.1-highspeed`` -> tile-rt (latency-sensitive), ``qwen2.5-72b-instruct`` ->
 #: taotoken (the only provider serving it), anything else (``glm-5.1``, Claude and GPT
-#: names) -> the default route, vllm.
+#: names, through the catch-all alias) -> the default route, vllm.
 CONFIG = """
 [defaults]
 timeout_sec = 60
@@ -72,6 +72,8 @@ long_context_provider = "vllm"
 
 [aliases]
 "glm-5.1-highspeed" = "glm-5.1"
+# Claude Code asks for its own claude-* names: the catch-all serves them as glm-5.1.
+"*" = "glm-5.1"
 
 [models."glm-5.1-highspeed"]
 latency_sensitive = true
