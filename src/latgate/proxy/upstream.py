@@ -175,7 +175,15 @@ class UpstreamClient:
         Raises:
             UpstreamFailure: no response could be had.
         """
-        response = await self._send(url, payload, headers, read_timeout_seconds, egress)
+        pool = self._h1
+        if pool is not None:  # the hot path, inlined: latgate's own pool, already open
+            response: Any = await pool.post(
+                url=url, payload=payload, headers=headers,
+                read_timeout_seconds=self._read_timeout if read_timeout_seconds is None else read_timeout_seconds,
+                egress=egress,
+            )  # fmt: skip
+        else:
+            response = await self._send(url, payload, headers, read_timeout_seconds, egress)
         if response.status_code in SAME_ORIGIN_REDIRECTS or "content-encoding" in response.headers:
             return await self._unusual(response, url, payload, headers, read_timeout_seconds, egress)
         return response
