@@ -31,7 +31,7 @@ few byte comparisons. A read holding exactly one one-line event skips the bounda
 search and split; and a chat chunk that differs from the stream's last parsed content
 chunk only in the text of its one content string (engines repeat id, model and
 framing on every token) is counted from the bytes, without a JSON parse (see
-:class:`_Template`). Anything else is parsed with orjson.
+:class:`~latgate.proxy.chunk_template.ChunkTemplate`). Anything else is parsed with orjson.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ from typing import Any
 
 import orjson
 
+from latgate.proxy.chunk_template import ChunkTemplate
+
 _LF_SEP = b"\n\n"
 _CRLF_SEP = b"\r\n\r\n"
 _DATA = b"data: "
-#: delta fields whose non-empty string value makes a choice generated content
-_TEXT_FIELDS = ("content", "reasoning_content", "reasoning")
 #: how many times one stream may (re)learn its chunk template: an upstream whose chunks
 #: vary outside the text (e.g. a random padding field) stops paying for the attempts
 _TEMPLATE_BUDGET = 4
@@ -108,7 +108,7 @@ class StreamTap:
         if model_rewrite is not None:
             served, public = (orjson.dumps(name) for name in model_rewrite)
             self._rewrite = ((b'"model":' + served, b'"model":' + public), (b'"model": ' + served, b'"model": ' + public))
-        self._template: _Template | None = None
+        self._template: ChunkTemplate | None = None
         self._learn = _TEMPLATE_BUDGET
         # Held events (event bytes, needs the fingerprint) while waiting for a dropped
         # usage chunk; None when not holding.
@@ -337,7 +337,7 @@ class StreamTap:
         self.content_chunks += units
         if units == 1 and self._learn and not usage and len(choices) == 1 and isinstance(delta, dict):
             self._learn -= 1
-            self._template = _Template.of(payload, delta) or self._template
+            self._template = ChunkTemplate.of(payload, delta) or self._template
         return units
 
     def _responses_event(self, chunk: dict[str, Any]) -> int:
@@ -376,65 +376,6 @@ class StreamTap:
         """``data: [DONE]`` in the stream's own line endings, for an upstream that
         finished every choice and closed without it."""
         return b"data: [DONE]" + (self._sep or _LF_SEP)
-
-
-class _Template:
-    """The bytes around the text of a parsed single-choice content chunk: a later
-    payload made of the same ``head``, a different non-empty JSON string body and the
-    same ``tail`` parses to the same structure with other text, so it is one content
-    unit, with no usage and no error, like the chunk the template came from.
-
-    The body test is conservative: no ``"`` at all (an escaped quote sends the chunk
-    to the parser) and no trailing backslash (which could escape the closing quote).
-    Its escapes and UTF-8 are not checked: a chunk of this shape whose text is not
-    valid JSON counts as content (forwarded as it is either way), where a parse would
-    count nothing. Chunks that also change elsewhere (a per-chunk ``created``, a random
-    padding field, a Responses event's ``sequence_number``) are parsed as before.
-    """
-
-    __slots__ = ("_head_len", "_tail_len", "head", "tail")
-
-    def __init__(self, head: bytes, tail: bytes) -> None:
-        self.head, self.tail = head, tail
-        self._head_len, self._tail_len = len(head), len(tail)
-
-    def matches(self, payload: bytes) -> bool:
-        if not (payload.startswith(self.head) and payload.endswith(self.tail)):
-            return False
-        text = payload[self._head_len : len(payload) - self._tail_len]
-        return bool(text) and 34 not in text and text[-1] != 92  # 34: a quote, 92: a backslash
-
-    @classmethod
-    def of(cls, payload: bytes, delta: dict[str, Any]) -> _Template | None:
-        """The template of ``payload``, a parsed chunk whose one choice counts as content
-        through exactly one non-empty string in ``delta`` (else ``None``). The field's
-        key must occur once in the payload, so the bytes found are the delta's."""
-        truthy = [key for key in (*_TEXT_FIELDS, "tool_calls") if delta.get(key)]
-        if len(truthy) != 1 or truthy[0] == "tool_calls" or not isinstance(delta[truthy[0]], str):
-            return None
-        key = b'"' + truthy[0].encode() + b'"'
-        at = payload.find(key)
-        if at < 0 or payload.find(key, at + 1) >= 0:
-            return None
-        start = at + len(key)
-        for opener in (b':"', b': "'):
-            if payload.startswith(opener, start):
-                start += len(opener)
-                break
-        else:
-            return None
-        end = start
-        while True:  # the closing quote: the first one not escaped by an odd run of backslashes
-            end = payload.find(b'"', end)
-            if end < 0:
-                return None
-            slashes = 0
-            while payload[end - 1 - slashes] == 92:
-                slashes += 1
-            if slashes % 2 == 0:
-                break
-            end += 1
-        return cls(payload[:start], payload[end:])
 
 
 def stream_unfinished(tap: StreamTap) -> tuple[str, str] | None:
