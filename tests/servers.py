@@ -41,3 +41,23 @@ def serve_app(app, *, host: str = "127.0.0.1") -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+@contextlib.contextmanager
+def serve_like_latgate_serve(app) -> Iterator[int]:
+    """Serve ``app`` with the uvicorn settings ``latgate serve`` uses (httptools, the
+    client limits of the app's ``[server]``); yields the port."""
+    from latgate.lifecycle import uvicorn_config
+
+    sock = listening_socket()
+    server = uvicorn.Server(
+        uvicorn_config(app, log_level="warning", log_format="text", drain_timeout_seconds=1)
+    )
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()

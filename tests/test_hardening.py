@@ -18,35 +18,17 @@ import trustme
 import uvicorn
 from completions import CHAT_BODY, chat_completion
 from replay import ReplayScript, load_stream, replay_server, split_points
-from servers import listening_socket
+from servers import listening_socket, serve_like_latgate_serve
 from stack import FAST, gateway
 
 from latgate.app import create_app
 from latgate.config import load_config_text
 from latgate.httplimits import MAX_FIELD_BYTES, MAX_FIELDS, MAX_HEAD_BYTES
-from latgate.lifecycle import uvicorn_config
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
 from latgate.sim import SimOptions, create_sim_app
 
 COMPLETION = chat_completion()
 SECRET = "sk-upstream-9f8e7d6c5b4a"
-
-
-@contextlib.contextmanager
-def serve_like_latgate_serve(app) -> Iterator[int]:
-    """Serve ``app`` with the uvicorn settings ``latgate serve`` uses; yields the port."""
-    sock = listening_socket()
-    server = uvicorn.Server(
-        uvicorn_config(app, log_level="warning", log_format="text", drain_timeout_seconds=1)
-    )
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 def raw_exchange(port: int, head: bytes, *, body: bytes = b"", pieces: int = 1) -> bytes:

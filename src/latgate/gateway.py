@@ -23,6 +23,7 @@ from latgate.api.body import error_response, read_json_object, require, until_cl
 from latgate.auth import AuthGuard, Caller, forward_within_limits
 from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest
+from latgate.httplimits import TIMEOUT_SCOPE_KEY
 from latgate.metrics import Metrics
 from latgate.providers import ProviderPool
 from latgate.providers.catalog import public_model_object
@@ -43,6 +44,7 @@ REQUIRED_FIELDS: dict[str, tuple[str, type | tuple[type, ...], str]] = {
     "/embeddings": ("input", (str, list), "a string or an array"),
 }
 MAX_REQUEST_ID_LENGTH = 128
+REQUEST_TIMEOUT = 408
 
 
 class Gateway:
@@ -111,10 +113,12 @@ class Gateway:
             )
         except GatewayError as error:
             return self.fail(exchange, error)
-        except ClientDisconnect:  # gone while sending its body: nothing went upstream
-            exchange.status, exchange.error_kind = CLIENT_CLOSED, "client_closed"
+        except ClientDisconnect:  # gone (or timed out) while sending its body: nothing went upstream
+            timed_out = request.scope.get(TIMEOUT_SCOPE_KEY)
+            exchange.status = REQUEST_TIMEOUT if timed_out else CLIENT_CLOSED
+            exchange.error_kind = timed_out or "client_closed"
             exchange.finish(self.metrics)
-            return Response(status_code=CLIENT_CLOSED)
+            return Response(status_code=exchange.status)
 
     async def proxy(
         self,
@@ -144,7 +148,9 @@ class Gateway:
                 ``[auth]`` also 401, 403 and 429 (see :mod:`latgate.auth`). The caller
                 renders it in its API's envelope and calls :meth:`fail`.
         """
-        stream = body.get("stream", False)
+        stream = body.get("stream")
+        if stream is None:  # the openai SDK sends null for stream=None: not streamed
+            stream = body["stream"] = False
         if not isinstance(stream, bool):
             raise InvalidRequest("'stream' must be a boolean", param="stream", code="invalid_type")
         options = body.get("stream_options")
@@ -230,6 +236,14 @@ class Gateway:
         if not exchange.provider:
             return {}
         return {"x-latgate-provider": exchange.provider, "x-latgate-route-reason": exchange.reason}
+
+    def record_refusal(self, *, status: int, kind: str, path: str) -> None:
+        """Record a connection the server refused before any request reached the app
+        (:mod:`latgate.httplimits`: a head timeout, the connection cap, a malformed or
+        oversized head): a metric (provider ``none``) and an access line."""
+        exchange = Exchange(request_id=request_id(None), received_at=time.perf_counter(), path=path, stream=False)
+        exchange.status, exchange.error_kind = status, kind
+        exchange.finish(self.metrics)
 
     def models(self) -> Response:
         """``GET /v1/models``: the union of providers' models and aliases (OpenAI list

@@ -1,74 +1,175 @@
-"""Bounded request heads: uvicorn's httptools protocol with limits on the request line
-and header fields.
+"""Client connections held to limits: bounded request heads, client-side timeouts and a
+connection cap, on uvicorn's httptools protocol (the fast one latgate serves with).
 
-uvicorn's httptools protocol (the fast one latgate serves with) buffers a request head
-of any size: a client could send megabytes of headers, or one endless header, and the
-server would keep them all. Here the head is bounded before any of it reaches the app:
+uvicorn's httptools protocol buffers a request head of any size and waits for a client
+for as long as it likes. Here, before anything reaches the app:
 
-- ``MAX_HEAD_BYTES``: request line plus all header fields;
-- ``MAX_FIELD_BYTES``: one header field (name and value);
-- ``MAX_FIELDS``: the number of header fields.
+- **Head size**: ``MAX_HEAD_BYTES`` (request line plus header fields),
+  ``MAX_FIELD_BYTES`` (one field), ``MAX_FIELDS``; over a limit the client gets
+  ``431 Request Header Fields Too Large`` (RFC 6585 section 5). Two checks: exact sizes
+  from the parser's callbacks, and the raw bytes of a head that never ends.
+- **Head time** (``[server] header_timeout_sec``): a connection must deliver a complete
+  request head this long after it opened (or after the first byte of a later request on
+  a kept-alive connection); else ``408 Request Timeout`` and the connection is closed.
+  This closes idle connections that never send anything and slowloris heads.
+- **Body gaps** (``body_timeout_sec``): the longest silence while a request body is
+  being received (not counted while latgate itself has paused reading). Past it: 408
+  if no response began, the connection is closed, and the app sees the client gone.
+- **Unread responses** (``send_timeout_sec``): the longest a client may leave written
+  bytes unread once the write buffer is full (the transport paused writing). Past it
+  the connection is aborted; the stream relay sees the client gone and closes the
+  upstream.
+- **Connection cap** (``max_connections``): a connection beyond it gets ``503`` with
+  ``connection: close`` once its head arrived, and a (rate-limited) warning line,
+  never a silent close.
+- A malformed request head gets ``400`` in the OpenAI envelope.
 
-Over a limit, the client gets ``431 Request Header Fields Too Large`` (RFC 6585 section
-5) with an OpenAI error envelope, and the connection is closed. Two checks: exact
-sizes from the parser's callbacks (a head sent in one piece), and the raw bytes
-received while the head is still incomplete (a head that never ends, which the parser
-buffers without calling back). Pass the class as ``uvicorn.Config(http=...)``; under
-h11 (the pure-Python protocol, e.g. in tests) ``h11_max_incomplete_event_size`` gives a
-head limit instead (400).
+These are the nginx ``client_header_timeout`` / ``client_body_timeout`` /
+``send_timeout`` (408) of the reference servers. Every refusal written here is an
+OpenAI error envelope with ``connection: close``; timeouts met during a request put
+their kind in the ASGI scope under :data:`TIMEOUT_SCOPE_KEY`, so the app records the
+request (access line and metric) with it. Refusals before any request reached the app
+are recorded through :attr:`ClientLimits.on_refused`.
 
-Cost per request: three counter updates in callbacks uvicorn already makes.
+Pass :func:`client_protocol`'s class as ``uvicorn.Config(http=...)``; under h11 (the
+pure-Python protocol, e.g. in tests) ``h11_max_incomplete_event_size`` gives a head
+limit instead (400) and none of the timeouts apply.
+
+Cost per request: a few counter updates in callbacks uvicorn already makes; one timer
+per connection (the head), one per request only when its body arrives in several reads.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_FIELD_BYTES = 16 * 1024
 MAX_FIELDS = 100
+#: Where a client timeout met during a request is noted: ``header_timeout``,
+#: ``body_timeout`` or ``send_timeout``.
+TIMEOUT_SCOPE_KEY = "latgate.client_timeout"
+#: At most one "connection limit reached" warning per this many seconds.
+CAP_LOG_INTERVAL_SECONDS = 1.0
+
+log = logging.getLogger("latgate")
 
 
-class _HeadTooLarge(Exception):
-    pass
+def _ignore(status: int, kind: str, path: str) -> None:
+    return None
 
 
-def _refusal(reason: str) -> bytes:
-    body = orjson.dumps(
-        {
-            "error": {
-                "message": f"request head too large: {reason}",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "request_header_fields_too_large",
-            }
-        }
-    )
+@dataclass(frozen=True)
+class ClientLimits:
+    """What :func:`client_protocol` enforces (seconds; ``None``: no limit).
+
+    Attributes:
+        header_timeout_sec: time to receive a complete request head.
+        body_timeout_sec: longest gap while receiving a request body.
+        send_timeout_sec: longest time response bytes may stay unread.
+        max_connections: client connections served at once; more are refused (503).
+        on_refused: ``(status, kind, path)`` for a refusal the app never saw
+            (``header_timeout`` 408, ``connection_limit`` 503, ``malformed_head`` 400,
+            ``head_too_large`` 431); records the access line and metric.
+    """
+
+    header_timeout_sec: float | None = None
+    body_timeout_sec: float | None = None
+    send_timeout_sec: float | None = None
+    max_connections: int | None = None
+    on_refused: Callable[[int, str, str], None] = _ignore
+
+
+def envelope(status: int, reason: str, message: str, *, code: str, kind: str = "invalid_request_error") -> bytes:
+    """A whole HTTP/1.1 response: ``status reason``, an OpenAI error envelope as JSON
+    body, ``connection: close``."""
+    body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
     head = (
-        b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-        b"content-type: application/json\r\n"
-        b"content-length: " + str(len(body)).encode() + b"\r\n"
-        b"connection: close\r\n\r\n"
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        % (status, reason.encode(), len(body))
     )
     return head + body
 
 
+class _Refused(Exception):
+    """Raised inside a parser callback to stop parsing; the refusal is on the protocol."""
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with bounded request heads (module docstring)."""
+    """uvicorn's httptools protocol with the limits of :attr:`limits` (module docstring)."""
+
+    limits = ClientLimits()
+    _cap_refused = 0
+    _cap_logged_at = 0.0
 
     _in_head = True
     _raw_head_bytes = 0
     _parsed_head_bytes = 0
     _fields = 0
-    _too_large: str | None = None
+    _refusal: tuple[int, str, bytes] | None = None  # (status, kind, response bytes)
+    _over_cap = False
+    _head_timer = None
+    _body_timer = None
+    _send_timer = None
+    _last_body_at = 0.0
+
+    # --- connection ------------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        limits = self.limits
+        if limits.max_connections is not None and len(self.connections) > limits.max_connections:
+            self._over_cap = True
+        if limits.header_timeout_sec is not None:
+            self._head_timer = self.loop.call_later(limits.header_timeout_sec, self._head_timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
         if self._in_head:
             self._raw_head_bytes += len(data)
-        super().data_received(data)
-        if self._in_head and self._raw_head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
-            self._refuse(f"more than {MAX_HEAD_BYTES} bytes")
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError:
+            if self._refusal is None:
+                self._refusal = (
+                    400,
+                    "malformed_head",
+                    envelope(400, "Bad Request", "malformed HTTP request", code="malformed_request"),
+                )
+            self._refuse()
+            return
+        if self.transport.is_closing():
+            return
+        if self._in_head:
+            if self._raw_head_bytes > MAX_HEAD_BYTES:
+                self._too_large(f"more than {MAX_HEAD_BYTES} bytes")
+                self._refuse()
+            elif self._raw_head_bytes and self._head_timer is None and self.limits.header_timeout_sec is not None:
+                # the first bytes of a later request on a kept-alive connection
+                self._head_timer = self.loop.call_later(self.limits.header_timeout_sec, self._head_timed_out)
+        elif self.cycle is not None and self.cycle.more_body:
+            self._last_body_at = self.loop.time()
+            if self._body_timer is None and self.limits.body_timeout_sec is not None:
+                self._body_timer = self.loop.call_later(self.limits.body_timeout_sec, self._body_timed_out)
+
+    # --- parser callbacks ---------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         self._in_head = True
@@ -79,8 +180,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_url(self, url: bytes) -> None:
         self._parsed_head_bytes += len(url)
         if self._parsed_head_bytes > MAX_HEAD_BYTES:
-            self._too_large = f"more than {MAX_HEAD_BYTES} bytes"
-            raise _HeadTooLarge
+            self._too_large(f"more than {MAX_HEAD_BYTES} bytes")
+            raise _Refused
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -88,32 +189,154 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._parsed_head_bytes += size + 4
         self._fields += 1
         if size > MAX_FIELD_BYTES:
-            self._too_large = f"a header field of more than {MAX_FIELD_BYTES} bytes"
+            self._too_large(f"a header field of more than {MAX_FIELD_BYTES} bytes")
         elif self._fields > MAX_FIELDS:
-            self._too_large = f"more than {MAX_FIELDS} header fields"
+            self._too_large(f"more than {MAX_FIELDS} header fields")
         elif self._parsed_head_bytes > MAX_HEAD_BYTES:
-            self._too_large = f"more than {MAX_HEAD_BYTES} bytes"
-        if self._too_large is not None:
-            raise _HeadTooLarge
+            self._too_large(f"more than {MAX_HEAD_BYTES} bytes")
+        if self._refusal is not None:
+            raise _Refused
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        if self._over_cap:
+            self._refuse_over_cap()
+            raise _Refused
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._in_head = True
         self._raw_head_bytes = 0
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
         super().on_message_complete()
 
-    def send_400_response(self, msg: str) -> None:
-        # uvicorn answers any parser error with 400; a callback refusing the head
-        # surfaces as one, and becomes the 431 it is.
-        if self._too_large is None:
-            super().send_400_response(msg)
-        else:
-            self._refuse(self._too_large)
+    # --- writing ------------------------------------------------------------------------
 
-    def _refuse(self, reason: str) -> None:
-        self.transport.write(_refusal(reason))
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.limits.send_timeout_sec is not None and self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.limits.send_timeout_sec, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        super().resume_writing()
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's plain-text 400 for a parser error: the OpenAI envelope instead
+        if self._refusal is None:
+            self._refusal = (400, "malformed_head", envelope(400, "Bad Request", "malformed HTTP request", code="malformed_request"))
+        self._refuse()
+
+    # --- timeouts -----------------------------------------------------------------------
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or not self._in_head:
+            return
+        seconds = self.limits.header_timeout_sec
+        self._refusal = (
+            408,
+            "header_timeout",
+            envelope(408, "Request Timeout", f"no complete request head within {seconds:g} s", code="request_timeout"),
+        )
+        self._refuse()
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        cycle = self.cycle
+        if self.transport.is_closing() or cycle is None or not cycle.more_body:
+            return
+        seconds = self.limits.body_timeout_sec
+        assert seconds is not None
+        due = self._last_body_at + seconds
+        if self.flow.read_paused:  # latgate is not reading: not the client's gap
+            self._last_body_at = self.loop.time()
+            self._body_timer = self.loop.call_later(seconds, self._body_timed_out)
+            return
+        if self.loop.time() < due:  # bytes came since the timer was set
+            self._body_timer = self.loop.call_at(due, self._body_timed_out)
+            return
+        cycle.scope[TIMEOUT_SCOPE_KEY] = "body_timeout"  # type: ignore[literal-required]
+        if not cycle.response_started:
+            self.transport.write(
+                envelope(408, "Request Timeout", f"request body stalled for {seconds:g} s", code="request_timeout")
+            )
+        cycle.disconnected = True
+        cycle.message_event.set()
         self.transport.close()
+
+    def _send_timed_out(self) -> None:
+        self._send_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None:
+            self.cycle.scope[TIMEOUT_SCOPE_KEY] = "send_timeout"  # type: ignore[literal-required]
+        self.transport.abort()  # close() would wait to flush bytes the client never reads
+
+    # --- refusals -----------------------------------------------------------------------
+
+    def _too_large(self, reason: str) -> None:
+        self._refusal = (
+            431,
+            "head_too_large",
+            envelope(
+                431,
+                "Request Header Fields Too Large",
+                f"request head too large: {reason}",
+                code="request_header_fields_too_large",
+            ),
+        )
+
+    def _refuse_over_cap(self) -> None:
+        cls = type(self)
+        cls._cap_refused += 1
+        now = time.monotonic()
+        if now - cls._cap_logged_at >= CAP_LOG_INTERVAL_SECONDS:
+            log.warning(
+                "connection limit reached ([server] max_connections = %d): answered %d connection(s) with 503",
+                self.limits.max_connections,
+                cls._cap_refused,
+            )
+            cls._cap_logged_at = now
+            cls._cap_refused = 0
+        self._refusal = (
+            503,
+            "connection_limit",
+            envelope(
+                503,
+                "Service Unavailable",
+                "latgate is at its connection limit; retry shortly",
+                code="overloaded",
+                kind="api_error",
+            ),
+        )
+
+    def _refuse(self) -> None:
+        if self.transport.is_closing() or self._refusal is None:
+            return
+        status, kind, response = self._refusal
+        path = self.scope.get("path", "") if self.scope is not None else ""
+        self._cancel_timers()
+        self.limits.on_refused(status, kind, path or "-")  # recorded before the client can see the answer
+        self.transport.write(response)
+        self.transport.close()
+
+    def _cancel_timers(self) -> None:
+        for name in ("_head_timer", "_body_timer", "_send_timer"):
+            timer = getattr(self, name)
+            if timer is not None:
+                timer.cancel()
+                setattr(self, name, None)
+
+
+def client_protocol(limits: ClientLimits) -> type[BoundedHttpToolsProtocol]:
+    """The protocol class enforcing ``limits``, for ``uvicorn.Config(http=...)``."""
+    return type("LatgateHttpProtocol", (BoundedHttpToolsProtocol,), {"limits": limits, "_cap_refused": 0})

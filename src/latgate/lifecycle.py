@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import signal
 import socket
 import threading
@@ -26,10 +27,35 @@ from collections.abc import Callable, Iterator
 
 import uvicorn
 
-from latgate.httplimits import MAX_HEAD_BYTES, BoundedHttpToolsProtocol
+from latgate.httplimits import MAX_HEAD_BYTES, ClientLimits, client_protocol
+from latgate.listen import default_max_connections
 from latgate.reload import Reloader
 
 log = logging.getLogger("latgate")
+
+
+def client_limits(app: object) -> ClientLimits:
+    """The client connection limits of ``app``'s ``[server]`` section (timeouts of 0
+    are off; no ``max_connections``: :func:`~latgate.listen.default_max_connections` of
+    the current soft descriptor limit). Refusals are recorded by the app's current
+    gateway. An app that is not latgate's gets no limits."""
+    state = getattr(app, "state", None)
+    gateway = getattr(state, "gateway", None)
+    if gateway is None:
+        return ClientLimits()
+    server = gateway.config.server
+    cap = server.max_connections or default_max_connections(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+    def on_refused(status: int, kind: str, path: str) -> None:
+        state.gateway.record_refusal(status=status, kind=kind, path=path)
+
+    return ClientLimits(
+        header_timeout_sec=server.header_timeout_sec or None,
+        body_timeout_sec=server.body_timeout_sec or None,
+        send_timeout_sec=server.send_timeout_sec or None,
+        max_connections=cap,
+        on_refused=on_refused,
+    )
 
 
 def uvicorn_config(
@@ -39,7 +65,8 @@ def uvicorn_config(
     log_format: str,
     drain_timeout_seconds: float,
 ) -> uvicorn.Config:
-    """The uvicorn settings latgate serves with (uvloop and httptools when installed).
+    """The uvicorn settings latgate serves with (uvloop and httptools when installed),
+    with ``app``'s client limits (:func:`client_limits`).
 
     ``log_format`` ``json`` routes uvicorn's own records through latgate's JSON
     formatter (:mod:`latgate.logs`) instead of uvicorn's text handlers.
@@ -50,7 +77,7 @@ def uvicorn_config(
         log_level="warning" if log_level == "info" else log_level,
         access_log=False,
         loop="auto",
-        http=BoundedHttpToolsProtocol,  # httptools, with bounded request heads (431)
+        http=client_protocol(client_limits(app)),  # httptools, with heads, timeouts and a cap bounded
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         lifespan="on",
         timeout_keep_alive=75,

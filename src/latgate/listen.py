@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import socket
 
 
@@ -31,3 +32,30 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror}{hint}") from None
     sock.set_inheritable(True)
     return sock
+
+
+#: Descriptors kept back from client connections for everything else the process opens
+#: (log files, health probes, the Redis client, the interpreter's own).
+RESERVED_DESCRIPTORS = 256
+
+
+def raise_descriptor_limit() -> tuple[int, int, int]:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit (getrlimit(2): the soft limit
+    is what ``accept`` and ``connect`` meet; an unprivileged process may raise it up to
+    the hard one). Returns ``(soft before, soft now, hard)``; an unlimited hard limit
+    is capped at 1,048,576 (the kernel's default ``nr_open``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            return soft, soft, hard
+        return soft, target, hard
+    return soft, soft, hard
+
+
+def default_max_connections(soft_limit: int) -> int:
+    """The client connection cap for a descriptor limit: each proxied request holds two
+    descriptors (the client's and the upstream's), after :data:`RESERVED_DESCRIPTORS`."""
+    return max(16, (soft_limit - RESERVED_DESCRIPTORS) // 2)

@@ -138,8 +138,10 @@ def run(
 ) -> int:
     """Serve until SIGTERM/SIGINT (then drain). Exit code 0 on a clean stop, 1 when the
     port is taken (or, with workers, when they crash-loop)."""
-    from latgate.listen import ListenError, bind_socket
+    from latgate.listen import ListenError, bind_socket, raise_descriptor_limit
 
+    before, soft, hard = raise_descriptor_limit()
+    log.info("file descriptors: soft limit %d (was %d), hard limit %d", soft, before, hard)
     try:
         sock = bind_socket(host, port)
     except ListenError as exc:

@@ -56,6 +56,7 @@ PROVIDER_KEYS = (
     "tokenizer",
     "latency_sensitive",
     "timeout_sec",
+    "max_connections",
     "hints",
     "api_base_exact",
     "proxy",

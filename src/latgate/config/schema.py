@@ -67,21 +67,40 @@ def versioned_base(api_base: str, *, exact: bool = False) -> str:
 
 
 class ServerConfig(Frozen):
-    """``[server]``: where the gateway listens."""
+    """``[server]``: where the gateway listens, and what a client connection may take.
+
+    Client timeouts (seconds, 0 turns one off; see :mod:`latgate.httplimits`):
+    ``header_timeout_sec`` to deliver a request head, ``body_timeout_sec`` the longest
+    gap inside a request body, ``send_timeout_sec`` the longest a client may leave
+    response bytes unread. ``max_connections``: client connections served at once
+    (``None``: derived from the descriptor limit at start, see
+    :func:`latgate.listen.default_max_connections`).
+    """
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     api_compat: Literal["openai"] = "openai"
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    header_timeout_sec: float = Field(default=30.0, ge=0)
+    body_timeout_sec: float = Field(default=60.0, ge=0)
+    send_timeout_sec: float = Field(default=60.0, ge=0)
+    max_connections: int | None = Field(default=None, gt=0)
 
 
 class DefaultsConfig(Frozen):
-    """``[defaults]`` (seed2: ``[default]``): timeouts in seconds and retry count."""
+    """``[defaults]`` (seed2: ``[default]``): timeouts in seconds, retry count, and the
+    upstream limits: ``max_connections`` per provider (its pool; a request finding it
+    full waits up to ``connect_timeout_sec``, then gets 503 ``overloaded``),
+    ``max_event_bytes`` (the largest SSE event latgate assembles) and
+    ``max_response_bytes`` (the largest non-streamed upstream body it reads)."""
 
     timeout_sec: float = Field(default=600.0, gt=0)
     connect_timeout_sec: float = Field(default=5.0, gt=0)
     first_token_timeout_sec: float | None = Field(default=None, gt=0)
     max_retries: int = Field(default=1, ge=0, le=10)
+    max_connections: int = Field(default=2048, gt=0)
+    max_event_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    max_response_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
 
 
 class EndpointConfig(Frozen):
@@ -137,6 +156,7 @@ class ProviderConfig(Frozen):
     tokenizer: str | None = None
     latency_sensitive: bool = False
     timeout_sec: float | None = Field(default=None, gt=0)
+    max_connections: int | None = Field(default=None, gt=0)
     hints: dict[str, object] = Field(default_factory=dict)
     api_base_exact: bool = Field(default=False, strict=True)
     proxy: str | Literal[False] | None = None

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable
 
 import orjson
 
+from latgate.httplimits import TIMEOUT_SCOPE_KEY
 from latgate.metrics import Metrics
 from latgate.proxy.exchange import CLIENT_CLOSED, Exchange
 from latgate.proxy.redact import redact_text
@@ -122,6 +123,7 @@ class StreamRelay:
                 raise
             task.uncancel()
             ex.status = CLIENT_CLOSED
+            ex.error_kind = scope.get(TIMEOUT_SCOPE_KEY) or ex.error_kind  # send_timeout: it never read
         except OSError:  # the server could not write: the client is gone
             ex.status = CLIENT_CLOSED
         finally:
