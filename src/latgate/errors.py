@@ -11,6 +11,7 @@
     ├── NotFound                 404 invalid_request_error, code model_not_found / not_found
     ├── RateLimited              429 rate_limit_error
     ├── ClientClosedRequest      499: the client went away before the answer began
+    ├── Overloaded               503 api_error, code overloaded: latgate's own limit
     └── UpstreamError            the upstream's status (502 when it sent none), api_error
         ├── UpstreamUnavailable  502/503: connection refused, reset, DNS
         ├── UpstreamTimeout      504: connect / first-token / read timeout
@@ -116,6 +117,16 @@ class ClientClosedRequest(GatewayError):
     status = 499
     type = "invalid_request_error"
     code = "client_closed_request"
+
+
+class Overloaded(GatewayError):
+    """latgate's own limit was reached (an upstream pool full, no descriptor): the
+    client may retry shortly; never the upstream's failure (Envoy's local overflow
+    503 with ``x-envoy-overloaded``)."""
+
+    status = 503
+    type = "api_error"
+    code = "overloaded"
 
 
 class UpstreamError(GatewayError):

@@ -93,6 +93,7 @@ class Metrics:
         self.upstream_errors = Counter("latgate_upstream_errors", "Upstream failures by provider and kind", ("provider", "kind"), registry=r)
         self.retries = Counter("latgate_retries", "Retries of a request on the same provider", ("provider",), registry=r)
         self.fallbacks = Counter("latgate_fallbacks", "Requests moved to the next provider before the first byte", ("from", "to"), registry=r)
+        self.pool_in_use = Gauge("latgate_upstream_pool_in_use", "Upstream connections in use (busy, not idle) in latgate's pool, by provider; at the provider's max_connections new requests wait, then get 503", ("provider",), multiprocess_mode="livesum", registry=r)
         self.provider_healthy = Gauge("latgate_provider_healthy", "1 when the endpoint can take traffic", ("provider", "endpoint"), multiprocess_mode="livemin", registry=r)
         self.ejections = Counter("latgate_ejections", "Endpoints ejected (circuit opened), by reason: errors, probes, latency, shared", ("provider", "endpoint", "reason"), registry=r)
         self.overflows = Counter("latgate_overflows", "Requests sent past their preferred provider, predicted to miss their time-to-first-token budget", ("from", "to"), registry=r)
@@ -159,6 +160,11 @@ class Metrics:
 
     def in_flight_gauge(self, provider: str):
         return self._child(self.in_flight, provider)
+
+    def set_pool_in_use(self, in_use: dict[str, int]) -> None:
+        """Busy upstream connections per configured provider (others are not labels)."""
+        for provider in self._providers:
+            self._child(self.pool_in_use, provider).set(in_use.get(provider, 0))
 
     def record_upstream_error(self, *, provider: str, kind: str) -> None:
         """``kind``: connect, timeout, status_4xx, status_429, status_5xx, stream_error, ..."""

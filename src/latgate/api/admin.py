@@ -58,7 +58,9 @@ def _answered(runtime: ProviderRuntime) -> bool:
 
 
 async def metrics(request: Request) -> Response:
-    data, content_type = _gateway(request).metrics.render()
+    gateway = _gateway(request)
+    gateway.metrics.set_pool_in_use(gateway.client.pool_in_use())  # sampled at scrape time
+    data, content_type = gateway.metrics.render()
     return Response(data, headers={"content-type": content_type})
 
 

@@ -153,7 +153,11 @@ class Monitor:
                     url=url, headers=runtime.auth_headers, timeout_seconds=timeout, egress=runtime.egress
                 )
             ok = response.status_code < 500
-        except (UpstreamFailure, TimeoutError):
+        except UpstreamFailure as failure:
+            if failure.kind == "local":  # latgate had no descriptor: says nothing of the endpoint
+                return
+            ok = False
+        except TimeoutError:
             ok = False
         self.pool.record_probe(runtime, endpoint, ok=ok, ms=(time.perf_counter() - started) * 1000.0)
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import ssl
+
+#: connect(2) errors that are latgate's own shortage, not the upstream's failure:
+#: no descriptor (per process, system-wide), no buffer space, no local port.
+LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EADDRNOTAVAIL})
+LOCAL_SHORTAGE = "latgate has no free file descriptor or buffer for a new connection"
 
 
 class UpstreamFailure(Exception):
@@ -17,7 +23,10 @@ class UpstreamFailure(Exception):
         kind: ``connect`` (refused, reset, DNS, TLS before any response), ``timeout``
             (connect, read or first-token deadline), ``read`` (the connection broke or
             the response was malformed after it started), ``request`` (latgate could
-            not send it: e.g. a key holding a newline). The
+            not send it: e.g. a key holding a newline); latgate's own limits:
+            ``overloaded`` (the provider's connection pool stayed full), ``local`` (no
+            descriptor or buffer for a connection), ``too_large`` (an event or body past
+            ``max_event_bytes`` / ``max_response_bytes``). The
             ``latgate_upstream_errors_total`` label.
     """
 

@@ -22,6 +22,7 @@ import orjson
 from latgate.errors import (
     GatewayError,
     InvalidRequest,
+    Overloaded,
     UpstreamClientError,
     UpstreamError,
     UpstreamTimeout,
@@ -40,6 +41,8 @@ PASSTHROUGH_STATUSES = frozenset({400, 404, 413, 422})
 MAX_ERROR_BODY_BYTES = 64 * 1024
 #: an error status's body is read for at most this long (or until the first-token deadline)
 ERROR_BODY_TIMEOUT_SECONDS = 5.0
+#: :class:`UpstreamFailure` kinds that are latgate's own limits, not the upstream's failure
+OWN_LIMITS = frozenset({"overloaded", "local", "too_large"})
 NO_FIRST_TOKEN = UpstreamFailure("timeout", "no first token before the first-token deadline")
 
 
@@ -68,7 +71,15 @@ class Failures:
         self, provider: ProviderRuntime, endpoint: EndpointState, failure: UpstreamFailure, *, health: bool = True
     ) -> AttemptFailed:
         """``health=False``: a missed budget deadline, which the endpoint's TTFT fit has
-        learnt from already; it does not count towards opening its circuit."""
+        learnt from already; it does not count towards opening its circuit. A failure of
+        latgate's own limits (:data:`OWN_LIMITS`) never counts against the provider and
+        is not retried on it: 503 ``overloaded`` (a full pool, no descriptor) or 502
+        (an event or body past its size limit)."""
+        if failure.kind in OWN_LIMITS:
+            self.metrics.record_upstream_error(provider=provider.name, kind=failure.kind)
+            if failure.kind == "too_large":
+                return AttemptFailed(UpstreamError(f"provider {provider.name!r}: {failure}", code="response_too_large"), retryable=False)
+            return AttemptFailed(Overloaded(f"latgate is overloaded for provider {provider.name!r}: {failure}"), retryable=False)
         if health:
             self.pool.record_outcome(provider, endpoint, ok=False)
         self.metrics.record_upstream_error(provider=provider.name, kind=failure.kind)

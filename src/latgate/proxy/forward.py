@@ -278,8 +278,9 @@ class Forwarder:
             try:
                 async with asyncio.timeout_at(deadline):
                     response = await self._client.open(
-                        url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout, egress=provider.egress
-                    )
+                        url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout, egress=provider.egress,
+                        group=provider.name, max_connections=provider.config.max_connections or self._config.defaults.max_connections,
+                    )  # fmt: skip
             except TimeoutError:
                 ticket.censored = True
                 raise self._failures.failed(provider, endpoint, NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None

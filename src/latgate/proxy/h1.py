@@ -35,7 +35,7 @@ import ssl
 from urllib.parse import quote, unquote, urlsplit
 
 from latgate.proxy.egress import Egress
-from latgate.proxy.errors import UpstreamFailure, connect_failure
+from latgate.proxy.errors import LOCAL_ERRNOS, LOCAL_SHORTAGE, UpstreamFailure, connect_failure
 from latgate.proxy.h1conn import H1Connection, H1Response, Headers
 from latgate.proxy.tunnel import open_tunnel
 
@@ -98,12 +98,13 @@ class _Target:
 
 
 class H1Pool:
-    """Keep-alive HTTP/1.1 connections to every upstream, at most ``max_connections``.
+    """Keep-alive HTTP/1.1 connections to every upstream, at most ``max_connections``
+    per group (a provider: its endpoints share the group's connections).
 
     Args:
         connect_timeout_seconds: TCP connect plus TLS handshake, and the wait for a slot.
         ssl_context: for ``https`` upstreams (verification as the config says).
-        max_connections: open connections across all upstreams.
+        max_connections: open connections per group unless :meth:`post` says otherwise.
     """
 
     def __init__(
@@ -113,12 +114,23 @@ class H1Pool:
         self._connect_timeout = connect_timeout_seconds
         self._ssl = ssl_context
         self._max = max_connections
-        self._open = 0
-        self._idle: dict[tuple[object, ...], list[H1Connection]] = {}
-        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._open: dict[str, int] = {}
+        self._idle: dict[tuple[object, ...], list[H1Connection]] = {}  # by (group, target key)
+        self._slot_waiters: dict[str, collections.deque[asyncio.Future[None]]] = {}
         self._targets: dict[str, _Target] = {}
         self._all: set[H1Connection] = set()
         self.retired = False
+
+    def open_connections(self) -> int:
+        """Open connections (busy and idle) over every group."""
+        return sum(self._open.values())
+
+    def in_use(self) -> dict[str, int]:
+        """Busy connections (open and not idle) by group."""
+        busy = dict(self._open)
+        for (group, _), idle in self._idle.items():
+            busy[group] = busy.get(group, 0) - sum(1 for conn in idle if not conn.closed)  # type: ignore[has-type]
+        return busy
 
     async def post(
         self,
@@ -128,21 +140,28 @@ class H1Pool:
         headers: dict[str, str],
         read_timeout_seconds: float | None,
         egress: Egress | None = None,
+        group: str = "",
+        max_connections: int | None = None,
     ) -> H1Response:
-        """POST ``payload`` to ``url``; return once the status line and headers arrived.
-        ``egress``: the provider's proxy and TLS settings (``None``: direct, default TLS).
+        """POST ``payload`` to ``url`` on one of ``group``'s connections (at most
+        ``max_connections``, else the pool's); return once the status line and headers
+        arrived. ``egress``: the provider's proxy and TLS settings (``None``: direct,
+        default TLS).
 
         Raises:
             UpstreamFailure: ``connect``, ``timeout``, ``read`` or ``request`` (a header
-                with CR/LF or the URL not http(s)).
+                with CR/LF or the URL not http(s)); ``overloaded``: the group's
+                connections stayed busy for the connect timeout; ``local``: latgate
+                had no descriptor for a new connection (neither is the upstream's fault).
         """
         targets = self._targets if egress is None else egress.targets
         target = targets.get(url)
         if target is None:
             target = targets[url] = _Target(url, egress)
         request = _request_bytes(target, payload, headers)
+        limit = self._max if max_connections is None else max_connections
         for attempt in (1, 2):
-            conn = await self._acquire(target)
+            conn = await self._acquire(target, group, limit)
             try:
                 conn.send(request, read_timeout_seconds)
                 while not conn.headers_done:
@@ -165,26 +184,30 @@ class H1Pool:
             return H1Response(conn)
         raise AssertionError("unreachable")
 
-    async def _acquire(self, target: _Target) -> H1Connection:
-        """An idle connection to ``target``'s origin, else a new one; at the limit, an
-        idle connection to another origin is closed, or the wait is for one to be
-        released (bounded by the connect timeout)."""
-        conn = self._idle_connection(target.key)
+    async def _acquire(self, target: _Target, group: str, limit: int) -> H1Connection:
+        """An idle connection to ``target``'s origin, else a new one; at ``group``'s
+        limit, an idle connection of the group to another origin is closed, or the wait
+        is for one to be released (bounded by the connect timeout)."""
+        key = (group, target.key)
+        conn = self._idle_connection(key)
         if conn is not None:
             return conn
-        if self._open >= self._max:
+        if self._open.get(group, 0) >= limit:
+            waiters = self._slot_waiters.setdefault(group, collections.deque())
             try:
                 async with asyncio.timeout(self._connect_timeout):
-                    while self._open >= self._max and not self._evict_idle():
+                    while self._open.get(group, 0) >= limit and not self._evict_idle(group):
                         waiter = self.loop.create_future()
-                        self._slot_waiters.append(waiter)
+                        waiters.append(waiter)
                         await waiter
-                        conn = self._idle_connection(target.key)
+                        conn = self._idle_connection(key)
                         if conn is not None:
                             return conn
             except TimeoutError:
-                raise UpstreamFailure("timeout", "upstream timed out: waiting for a free connection") from None
-        return await self._connect(target)
+                raise UpstreamFailure(
+                    "overloaded", f"latgate's connection pool for it is full ({limit} connections busy)"
+                ) from None
+        return await self._connect(target, key)
 
     def _idle_connection(self, key: tuple[object, ...]) -> H1Connection | None:
         idle = self._idle.get(key)
@@ -201,10 +224,12 @@ class H1Pool:
             return conn
         return None
 
-    def _evict_idle(self) -> bool:
-        """Close the longest-idle connection, if any (frees a slot)."""
+    def _evict_idle(self, group: str) -> bool:
+        """Close the group's longest-idle connection, if any (frees a slot)."""
         oldest: H1Connection | None = None
-        for idle in self._idle.values():
+        for (owner, _), idle in self._idle.items():  # type: ignore[misc]
+            if owner != group:
+                continue
             idle[:] = [conn for conn in idle if not conn.closed]
             if idle and (oldest is None or idle[0].idle_since < oldest.idle_since):
                 oldest = idle[0]
@@ -214,9 +239,11 @@ class H1Pool:
         oldest.close()
         return True
 
-    async def _connect(self, target: _Target) -> H1Connection:
-        self._open += 1
-        conn = H1Connection(self, target.key)
+    async def _connect(self, target: _Target, key: tuple[object, ...]) -> H1Connection:
+        group = key[0]
+        assert isinstance(group, str)
+        self._open[group] = self._open.get(group, 0) + 1
+        conn = H1Connection(self, key)
         self._all.add(conn)
         context = (target.ssl or self._ssl or ssl.create_default_context()) if target.tls else None
         try:
@@ -236,6 +263,8 @@ class H1Pool:
         except BaseException as exc:
             conn.closed = True
             self.forget(conn)
+            if isinstance(exc, OSError) and exc.errno in LOCAL_ERRNOS:
+                raise UpstreamFailure("local", LOCAL_SHORTAGE) from None
             if isinstance(exc, OSError | TimeoutError | UpstreamFailure):  # refused, reset, DNS, TLS (ssl.SSLError)
                 raise connect_failure(exc) from None
             raise
@@ -245,18 +274,20 @@ class H1Pool:
         """Back to the idle list (called by a finished response)."""
         conn.idle_since = self.loop.time()
         self._idle.setdefault(conn.key, []).append(conn)
-        self._wake_one()
+        self._wake_one(conn.key[0])  # type: ignore[arg-type]
 
     def forget(self, conn: H1Connection) -> None:
         """A connection closed: free its slot (idempotent)."""
         if conn in self._all:
             self._all.discard(conn)
-            self._open -= 1
-            self._wake_one()
+            group = conn.key[0]
+            self._open[group] -= 1  # type: ignore[index]
+            self._wake_one(group)  # type: ignore[arg-type]
 
-    def _wake_one(self) -> None:
-        while self._slot_waiters:
-            waiter = self._slot_waiters.popleft()
+    def _wake_one(self, group: str) -> None:
+        waiters = self._slot_waiters.get(group)
+        while waiters:
+            waiter = waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 return

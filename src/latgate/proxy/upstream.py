@@ -34,10 +34,10 @@ import httpx
 from latgate import __version__
 from latgate.proxy.decoding import DecodedResponse, decoder_problem
 from latgate.proxy.egress import Egress
-from latgate.proxy.errors import UpstreamFailure, failure_cause
+from latgate.proxy.errors import LOCAL_ERRNOS, LOCAL_SHORTAGE, UpstreamFailure, failure_cause
 from latgate.proxy.h1 import H1Pool, H1Response
 
-__all__ = ["UpstreamClient", "UpstreamFailure", "upstream_errors", "upstream_headers"]
+__all__ = ["UpstreamClient", "UpstreamFailure", "read_at_most", "upstream_errors", "upstream_headers"]
 
 USER_AGENT = f"latgate/{__version__}"
 #: Redirects that keep the method and body (RFC 9110 sections 15.4.8 and 15.4.9): one is
@@ -67,7 +67,9 @@ def _port(parts: Any) -> int:
 
 @contextlib.contextmanager
 def upstream_errors() -> Iterator[None]:
-    """Translate transport exceptions into :class:`UpstreamFailure` (the only place)."""
+    """Translate transport exceptions into :class:`UpstreamFailure` (the only place).
+    latgate's own shortage of descriptors or buffers is kind ``local``, never the
+    upstream's failure."""
     try:
         yield
     except (httpx.ConnectError, httpx.ConnectTimeout, aiohttp.ClientConnectionError) as exc:
@@ -80,12 +82,17 @@ def upstream_errors() -> Iterator[None]:
         if isinstance(cause, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
             raise UpstreamFailure("timeout", "upstream timed out") from None
         root = _root_cause(exc)
+        if isinstance(root, OSError) and root.errno in LOCAL_ERRNOS:
+            raise UpstreamFailure("local", LOCAL_SHORTAGE) from None
         detail = f": {failure_cause(root)}" if root is not None else ""
         raise UpstreamFailure("connect", f"could not connect to upstream{detail}") from None
     except (TimeoutError, httpx.TimeoutException, aiohttp.ServerTimeoutError) as exc:
         which = ": connect" if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout) else ""
         raise UpstreamFailure("timeout", f"upstream timed out{which}") from None
     except (httpx.HTTPError, aiohttp.ClientError, OSError) as exc:
+        root = _root_cause(exc)
+        if isinstance(root, OSError) and root.errno in LOCAL_ERRNOS:
+            raise UpstreamFailure("local", LOCAL_SHORTAGE) from None
         raise UpstreamFailure("read", f"upstream connection failed ({type(exc).__name__})") from None
     except ValueError:  # the client library refused the request itself (e.g. a key with a newline)
         raise UpstreamFailure("request", "the request could not be sent (check the provider's key and URL)") from None
@@ -106,6 +113,29 @@ def _root_cause(exc: BaseException) -> BaseException | None:
     return None
 
 
+async def read_at_most(response: object, limit: int) -> bytes:
+    """The whole body of ``response`` (an upstream response: ``headers``,
+    ``aiter_raw()``), at most ``limit`` bytes.
+
+    Raises:
+        UpstreamFailure: ``too_large`` as soon as the declared (``content-length``) or
+            received size passes ``limit`` (what was read is dropped); others as the
+            body's reads raise them.
+    """
+    declared = response.headers.get("content-length")  # type: ignore[attr-defined]
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise UpstreamFailure("too_large", f"its answer of {int(declared)} bytes exceeds max_response_bytes ({limit})")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_raw():  # type: ignore[attr-defined]
+        size += len(chunk)
+        if size > limit:
+            chunks.clear()
+            raise UpstreamFailure("too_large", f"its answer exceeds max_response_bytes ({limit} bytes)")
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 class UpstreamClient:
     """One pooled HTTP client per process for every provider.
 
@@ -113,7 +143,8 @@ class UpstreamClient:
         connect_timeout_seconds: TCP/TLS connect (and pool wait) limit.
         read_timeout_seconds: the longest silence allowed between two reads.
         transport: replaces the aiohttp transport (tests).
-        max_connections: pool size across all upstreams.
+        max_connections: connections per provider on latgate's pool when a request gives
+            no limit of its own (across all upstreams on the aiohttp and httpx paths).
         verify: TLS verification for https upstreams (on by default).
     """
 
@@ -160,11 +191,15 @@ class UpstreamClient:
         headers: dict[str, str],
         read_timeout_seconds: float | None = None,
         egress: Egress | None = None,
+        group: str = "",
+        max_connections: int | None = None,
     ) -> httpx.Response | H1Response | AiohttpUpstreamResponse:
         """POST ``payload`` (JSON bytes) to ``url`` and return once the status and headers
         arrived; the body is left to stream (``aiter_raw``; the caller must ``aclose``).
         ``egress``: the provider's proxy and TLS settings (latgate's own HTTP/1.1 pool
-        only; ``None``: direct with the default TLS context).
+        only; ``None``: direct with the default TLS context). On latgate's own pool the
+        connection is one of ``group``'s (a provider's), at most ``max_connections`` of
+        them (see :class:`~latgate.proxy.h1.H1Pool`).
 
         Returns:
             an :class:`~latgate.proxy.h1.H1Response` by default, an
@@ -225,7 +260,7 @@ class UpstreamClient:
             return await pool.post(
                 url=url, payload=payload, headers=headers,
                 read_timeout_seconds=self._read_timeout if read_timeout_seconds is None else read_timeout_seconds,
-                egress=egress,
+                egress=egress, group=group, max_connections=max_connections,
             )  # fmt: skip
         if self._direct:
             return await self._open_direct(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds)
@@ -302,6 +337,10 @@ class UpstreamClient:
         return httpx.Timeout(
             connect=self._timeout.connect, read=read_seconds, write=read_seconds, pool=self._timeout.pool
         )
+
+    def pool_in_use(self) -> dict[str, int]:
+        """Busy upstream connections by group (provider), on latgate's own pool."""
+        return {} if self._h1 is None else self._h1.in_use()
 
     def retire(self) -> None:
         """A reload replaced this client: idle upstream connections close now, busy ones
