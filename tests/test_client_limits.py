@@ -161,3 +161,26 @@ def test_stream_null_is_an_answer_not_a_stream() -> None:
         assert answer.status_code == 200
         assert answer.json()["choices"][0]["message"]["content"] == "ok"
         assert b'"stream":false' in up.requests[0]
+
+
+def test_a_key_over_its_request_rate_is_refused_before_its_body_is_read() -> None:
+    auth = '[auth]\n[[auth.keys]]\nname = "small"\nkey = "sk-small"\nrpm = 1\n'
+    with RawUpstream(keep_serving(json_reply())) as up:
+        text = LIMITS.format(head=5, body=30, send=5, cap=100) + upstream_config(up.base_url) + auth
+        config = load_config_text(text, source="t.toml", env={"UP_KEY": SECRET})
+        with serve_like_latgate_serve(create_app(config, env={"UP_KEY": SECRET})) as port:
+            first = httpx.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"authorization": "Bearer sk-small"},
+            )
+            assert first.status_code == 200
+            head = (
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-small\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 30000000\r\n\r\n"
+            )
+            with socket.create_connection(("127.0.0.1", port)) as conn:
+                conn.sendall(head + b'{"model": "m", "messages": [')  # 30 MB announced, a few bytes sent
+                conn.settimeout(10)
+                answer = conn.recv(65536)  # answered at once, not after the body (or its timeout)
+            assert answer.startswith(b"HTTP/1.1 429 ")

@@ -143,7 +143,7 @@ def test_both_content_length_and_chunked_is_refused() -> None:
             pool = new_pool()
             with pytest.raises(UpstreamFailure) as failure:
                 await fetch(pool, url)
-            assert sum(pool._open.values()) == 0
+            assert pool.open_connections() == 0
             pool.close()
         assert failure.value.kind == "read"
 
@@ -164,7 +164,7 @@ def test_a_reset_connection_is_a_read_failure_and_frees_its_slot(when: str) -> N
             pool = new_pool()
             with pytest.raises(UpstreamFailure) as failure:
                 await fetch(pool, url)
-            assert sum(pool._open.values()) == 0
+            assert pool.open_connections() == 0
             pool.close()
         assert failure.value.kind == "read" and "127.0.0.1" not in str(failure.value)
 
@@ -181,7 +181,7 @@ def test_an_upstream_that_never_reads_a_10mb_payload_times_out_and_frees_its_slo
             pool = new_pool()
             with pytest.raises(UpstreamFailure) as failure:
                 await fetch(pool, url, payload=b"x" * 10_000_000, read_timeout=0.3)
-            assert sum(pool._open.values()) == 0
+            assert pool.open_connections() == 0
             pool.close()
         assert failure.value.kind == "timeout"
 
@@ -332,7 +332,7 @@ def test_the_connection_limit_holds_when_an_idle_connection_was_closed_by_the_up
             pool = new_pool(max_connections=2)
             await fetch(pool, other_url)
             deadline = time.monotonic() + 5
-            while pool._open and time.monotonic() < deadline:  # until the upstream's close arrived
+            while pool.open_connections() and time.monotonic() < deadline:  # until the upstream's close arrived
                 await asyncio.sleep(0.001)
             tasks = [asyncio.create_task(fetch(pool, url)) for _ in range(3)]
             while state["connections"] < 2 and time.monotonic() < deadline:

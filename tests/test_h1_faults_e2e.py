@@ -229,14 +229,14 @@ def test_200_streams_with_half_the_clients_leaving_leak_no_connection_and_no_in_
             time.sleep(0.01)
         assert in_flight(v1) == 0
         pool = h1_pool(app)
-        assert up.total == streams and up.open == streams // 2 == pool._open  # the finished ones, kept alive
+        assert up.total == streams and up.open == streams // 2 == pool.open_connections()  # the finished ones, kept alive
         # idle past the keep-alive limit: the next request closes them all and opens one
         monkeypatch.setattr(h1, "KEEPALIVE_SECONDS", 0.05)
         time.sleep(0.1)
         with httpx.stream("POST", v1 + "/chat/completions", json=STREAM, timeout=15) as response:
             assert response.read().endswith(DONE)
         up.wait_until(lambda: up.open == 1)
-        assert pool._open == 1 and up.total == streams + 1
+        assert pool.open_connections() == 1 and up.total == streams + 1
     logs()
 
 
@@ -290,7 +290,7 @@ def test_a_hung_upstream_past_the_first_token_deadline_gets_its_connection_close
         response = httpx.post(v1 + "/chat/completions", json=STREAM, timeout=15)
         assert response.status_code == 504 and time.monotonic() - started < 10
         up.wait_until(lambda: up.open == 0)
-        assert h1_pool(app)._open == 0 and up.total == 1
+        assert h1_pool(app).open_connections() == 0 and up.total == 1
         assert "127.0.0.1" not in response.text and SECRET not in response.text
     logs()
 

@@ -75,3 +75,68 @@ def test_a_full_pool_is_503_overloaded_without_retry_or_health_mark() -> None:
                 up.release()
                 for stream in streams:
                     stream.__exit__(None, None, None)
+
+
+def endless_event(first_token: bool):
+    """A stream whose next event never ends: 64 KiB pieces of one ``data:`` line
+    (after a first token when ``first_token``), until the connection breaks."""
+
+    async def handler(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await up.request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        if first_token:
+            writer.write(chunk(content("one")))
+        writer.write(chunk(b'data: {"choices": [{"delta": {"content": "'))
+        piece = chunk(b"x" * 65536)
+        while True:
+            writer.write(piece)
+            await writer.drain()
+
+    return handler
+
+
+def test_an_event_past_max_event_bytes_before_the_first_token_is_502_without_health_mark() -> None:
+    with RawUpstream(endless_event(False)) as up, latgate(up, defaults="max_event_bytes = 1048576") as url:
+        answer = httpx.post(url + "/v1/chat/completions", json=STREAM, timeout=30)
+        assert answer.status_code == 502
+        assert answer.json()["error"]["code"] == "response_too_large"
+        assert "max_event_bytes" in answer.json()["error"]["message"]
+        up.wait_until(lambda: up.open == 0)  # the upstream was closed, not read on
+        assert len(up.requests) == 1  # not retried
+        state = endpoint_state(url)
+        assert (state["healthy"], state["failures"]) == (True, 0), state
+
+
+def test_an_event_past_max_event_bytes_mid_stream_ends_the_stream_with_an_error_event() -> None:
+    with RawUpstream(endless_event(True)) as up, latgate(up, defaults="max_event_bytes = 1048576") as url:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=STREAM, timeout=30) as response:
+            assert response.status_code == 200
+            lines = [line for line in response.iter_lines() if line]
+        assert '"one"' in lines[0]
+        error = lines[-1]
+        assert error.startswith("data: {\"error\"") and "max_event_bytes" in error
+        assert sum(len(line) for line in lines) < 4096  # the oversized event was never forwarded
+        up.wait_until(lambda: up.open == 0)
+        assert endpoint_state(url)["healthy"] is True
+
+
+async def big_answer(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A 3 MiB JSON answer, chunked (no content-length to refuse it by)."""
+    await up.request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
+    writer.write(chunk(b'{"choices": [{"message": {"content": "'))
+    for _ in range(48):
+        writer.write(chunk(b"y" * 65536))
+        await writer.drain()
+    writer.write(chunk(b'"}}]}') + b"0\r\n\r\n")
+    await writer.drain()
+
+
+def test_a_body_past_max_response_bytes_is_502_without_health_mark() -> None:
+    with RawUpstream(big_answer) as up, latgate(up, defaults="max_response_bytes = 1048576") as url:
+        answer = httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert answer.status_code == 502
+        assert "max_response_bytes" in answer.json()["error"]["message"]
+        assert len(up.requests) == 1
+        state = endpoint_state(url)
+        assert (state["healthy"], state["failures"]) == (True, 0), state

@@ -104,12 +104,19 @@ class Gateway:
         ``/embeddings``). Never raises: errors become envelopes."""
         exchange = self.new_exchange(request, path=path)
         try:
+            # cheap checks first: the key and its request rate before the body is read,
+            # its model allow-list before the body is counted
             caller = None if self.guard is None else self.guard.authenticate(request.headers)
+            if caller is not None and caller.rpm is not None:
+                await self.guard.admit_request(caller)  # type: ignore[union-attr]
             body = await read_json_object(request, max_bytes=self.config.server.max_body_bytes)
             field, kind, what = REQUIRED_FIELDS[path]
             require(body, field, kind, what=what)
+            if caller is not None and isinstance(body.get("model"), str):
+                self.guard.check_model(caller, body["model"])  # type: ignore[union-attr]
             return await until_client_leaves(
-                request, self.proxy(exchange, body=body, headers=request.headers, path=path, caller=caller)
+                request,
+                self.proxy(exchange, body=body, headers=request.headers, path=path, caller=caller, requests_charged=True),
             )
         except GatewayError as error:
             return self.fail(exchange, error)
@@ -130,6 +137,7 @@ class Gateway:
         transform: ResponseTransform | None = None,
         caller: Caller | None = None,
         decision: RouteDecision | None = None,
+        requests_charged: bool = False,
     ) -> Any:
         """Route and forward an OpenAI-shaped ``body``; the entry point for translated
         APIs too (they pass a ``transform`` for the answer). ``decision``: one the
@@ -138,7 +146,8 @@ class Gateway:
 
         With ``[auth]``, the key in ``headers`` is checked here unless the handler
         already did (``caller``, from :meth:`authenticate`); the key's policy is the
-        default route policy, its allow-list and RPM/TPM limits apply.
+        default route policy, its allow-list and RPM/TPM limits apply (the RPM unit
+        only when the handler has not charged it, ``requests_charged``).
 
         Returns:
             an ASGI response.
@@ -170,7 +179,9 @@ class Gateway:
         if "model" not in body:
             body["model"] = decision.public_model
         if caller is not None and caller.limited:
-            reservation = await guard.admit(caller, body=body, prompt_tokens=decision.prompt_tokens)
+            reservation = await guard.admit(
+                caller, body=body, prompt_tokens=decision.prompt_tokens, requests_charged=requests_charged
+            )
             if reservation is not None:
                 return await forward_within_limits(
                     reservation,

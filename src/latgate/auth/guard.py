@@ -88,11 +88,17 @@ class AuthGuard:
                 code="model_not_allowed",
             )
 
+    async def admit_request(self, caller: Caller) -> None:
+        """Charge the caller's RPM before its body is read (see :meth:`RateLimiter.admit_request`)."""
+        await self.limiter.admit_request(caller)
+
     async def admit(
-        self, caller: Caller, *, body: Mapping[str, Any], prompt_tokens: int
+        self, caller: Caller, *, body: Mapping[str, Any], prompt_tokens: int, requests_charged: bool = False
     ) -> Reservation | None:
         """Charge the caller's RPM/TPM (see :meth:`RateLimiter.admit`)."""
-        return await self.limiter.admit(caller, body=body, prompt_tokens=prompt_tokens)
+        return await self.limiter.admit(
+            caller, body=body, prompt_tokens=prompt_tokens, requests_charged=requests_charged
+        )
 
 
 async def forward_within_limits(

@@ -57,8 +57,19 @@ class RateLimiter:
         self._store = store
         self._fail_open = fail_open
 
+    async def admit_request(self, caller: Caller) -> None:
+        """Charge one request of ``caller``'s RPM only, before its body is read and
+        counted (a key over its request rate is refused at the cost of a lookup); then
+        :meth:`admit` with ``requests_charged=True`` charges its tokens.
+
+        Raises:
+            RateLimited, GatewayError: as :meth:`admit`.
+        """
+        if caller.rpm is not None:
+            await self._acquire(caller, [Quota(key=f"rl:{{{caller.name}}}:rpm", limit=caller.rpm, cost=1)])
+
     async def admit(
-        self, caller: Caller, *, body: Mapping[str, Any], prompt_tokens: int
+        self, caller: Caller, *, body: Mapping[str, Any], prompt_tokens: int, requests_charged: bool = False
     ) -> Reservation | None:
         """Charge one request of ``caller`` (see the module docstring).
 
@@ -66,6 +77,7 @@ class RateLimiter:
             caller: an authenticated key with at least one limit.
             body: the OpenAI-shaped request body (its max-token fields are read).
             prompt_tokens: latgate's prompt-token estimate for it.
+            requests_charged: :meth:`admit_request` took its RPM unit already.
 
         Returns:
             the reservation to settle after the call; ``None`` when nothing needs
@@ -77,7 +89,7 @@ class RateLimiter:
                 unreachable and ``fail_open`` is false.
         """
         quotas: list[Quota] = []
-        if caller.rpm is not None:
+        if caller.rpm is not None and not requests_charged:
             quotas.append(Quota(key=f"rl:{{{caller.name}}}:rpm", limit=caller.rpm, cost=1))
         tpm_quota: Quota | None = None
         estimate = 0
@@ -85,11 +97,22 @@ class RateLimiter:
             estimate = estimate_tokens(body, prompt_tokens=prompt_tokens, cap=caller.tpm)
             tpm_quota = Quota(key=f"rl:{{{caller.name}}}:tpm", limit=caller.tpm, cost=estimate)
             quotas.append(tpm_quota)
+        if not quotas or not await self._acquire(caller, quotas) or tpm_quota is None:
+            return None
+        return Reservation(store=self._store, quota=tpm_quota, estimate=estimate)
+
+    async def _acquire(self, caller: Caller, quotas: list[Quota]) -> bool:
+        """Take ``quotas`` atomically; False when admitted without limits (failing open).
+
+        Raises:
+            RateLimited: a quota has no room (429 with ``Retry-After``).
+            GatewayError: 503 when the state is unreachable and not failing open.
+        """
         try:
             verdict = await self._store.acquire(quotas)
         except StateUnavailable:
             if self._fail_open:
-                return None
+                return False
             raise GatewayError(
                 "rate limits cannot be checked right now (shared state unavailable); retry shortly",
                 status=503,
@@ -98,9 +121,7 @@ class RateLimiter:
             ) from None
         if not verdict.allowed:
             raise _refusal(caller, verdict.retry_after_seconds)
-        if tpm_quota is None:
-            return None
-        return Reservation(store=self._store, quota=tpm_quota, estimate=estimate)
+        return True
 
 
 def estimate_tokens(body: Mapping[str, Any], *, prompt_tokens: int, cap: int) -> int:

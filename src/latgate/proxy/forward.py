@@ -51,7 +51,13 @@ from latgate.proxy.hedge import LostRace, Race, run_hedged
 from latgate.proxy.relay import StreamRelay
 from latgate.proxy.sse import StreamTap
 from latgate.proxy.transform import ResponseTransform
-from latgate.proxy.upstream import UpstreamClient, UpstreamFailure, upstream_errors, upstream_headers
+from latgate.proxy.upstream import (
+    UpstreamClient,
+    UpstreamFailure,
+    read_at_most,
+    upstream_errors,
+    upstream_headers,
+)
 from latgate.proxy.wire import (
     client_headers,
     model_rewrite,
@@ -251,7 +257,8 @@ class Forwarder:
         exchange.provider, exchange.endpoint = provider.name, endpoint.config.id
         exchange.upstream_model, exchange.reason = target.model, target.reason
         exchange.attempts += 1
-        tap = StreamTap(drop_usage_chunk=tap_drop(body), model_rewrite=model_rewrite(body, target)) if exchange.stream else None
+        limit = self._config.defaults.max_event_bytes
+        tap = StreamTap(drop_usage_chunk=tap_drop(body), model_rewrite=model_rewrite(body, target), max_event_bytes=limit) if exchange.stream else None
         stack = contextlib.AsyncExitStack()
         if plan.reserved and endpoint is plan.endpoint:  # counted in flight from here on
             plan.reserved = False
@@ -335,6 +342,7 @@ class Forwarder:
             raise await self._failures.wrong_content_type(provider, endpoint, content_type, deadline)
         body = response.aiter_raw()
         head: list[bytes] = []
+        held = 0
         units = 0
         ended = False
         try:
@@ -349,6 +357,9 @@ class Forwarder:
                         out, units = tap.feed(data)
                         if out:
                             head.append(out)
+                            held += len(out)
+                            if held > self._config.defaults.max_event_bytes:  # events without content: not kept unbounded
+                                raise UpstreamFailure("too_large", "the events before the first token exceeded max_event_bytes")
                         if tap.error is not None or units or tap.done:
                             break
         except TimeoutError:
@@ -407,7 +418,7 @@ class Forwarder:
             raise await self._failures.wrong_content_type(provider, endpoint, content_type, None)
         try:
             with upstream_errors():
-                data = await response.aread()
+                data = await read_at_most(response, self._config.defaults.max_response_bytes)
         except UpstreamFailure as failure:
             raise self._failures.failed(provider, endpoint, failure) from None
         self._pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)

@@ -221,7 +221,8 @@ class StreamRelay:
         ex = self.exchange
         ex.error_kind = kind
         ex.status = 502
-        self.on_upstream_failure(kind)
+        if kind != "stream_too_large":  # latgate's own limit: not the upstream's failure
+            self.on_upstream_failure(kind)
         self.metrics.record_upstream_error(provider=ex.provider, kind=kind)
         return f"provider {ex.provider!r} failed mid-stream ({detail}); the response is incomplete"
 

@@ -42,6 +42,7 @@ from typing import Any
 import orjson
 
 from latgate.proxy.chunk_template import ChunkTemplate
+from latgate.proxy.errors import UpstreamFailure
 
 _LF_SEP = b"\n\n"
 _CRLF_SEP = b"\r\n\r\n"
@@ -59,6 +60,9 @@ class StreamTap:
             ``usage`` (latgate added ``stream_options.include_usage`` itself).
         model_rewrite: ``(served, public)`` model names: ``"model":"served"`` becomes
             ``"model":"public"`` in forwarded bytes.
+        max_event_bytes: the largest partial event kept while waiting for its end
+            (``[defaults] max_event_bytes``); beyond it :meth:`feed` drops it and raises
+            ``UpstreamFailure("too_large")``. ``None``: unbounded.
 
     Attributes (read after feeding):
         content_chunks: generated-content units seen (a choice whose delta carries
@@ -84,6 +88,7 @@ class StreamTap:
         "_fingerprint",
         "_held",
         "_learn",
+        "_max_event",
         "_open",
         "_pending",
         "_rewrite",
@@ -100,8 +105,15 @@ class StreamTap:
         "usage",
     )
 
-    def __init__(self, *, drop_usage_chunk: bool = False, model_rewrite: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        drop_usage_chunk: bool = False,
+        model_rewrite: tuple[str, str] | None = None,
+        max_event_bytes: int | None = None,
+    ) -> None:
         self._pending = b""
+        self._max_event = max_event_bytes
         self._sep: bytes | None = None
         self._drop_usage = drop_usage_chunk
         self._rewrite: tuple[tuple[bytes, bytes], ...] | None = None
@@ -190,10 +202,19 @@ class StreamTap:
             complete = bytes(buf[:end])
             del buf[:end]
             self._pending = buf if buf else b""
+        if self._max_event is not None and len(self._pending) > self._max_event:
+            self._too_large()
         return self._take(complete, sep)
 
     def _keep(self, buf: bytes | bytearray) -> None:
         self._pending = buf if isinstance(buf, bytearray) else bytearray(buf)
+        if self._max_event is not None and len(buf) > self._max_event:
+            self._too_large()
+
+    def _too_large(self) -> None:
+        """Drop the partial event (its memory is released) and fail the stream."""
+        self._pending = b""
+        raise UpstreamFailure("too_large", f"an SSE event exceeded max_event_bytes ({self._max_event} bytes)")
 
     def flush(self) -> tuple[bytes, int]:
         """At end of stream: the trailing bytes (an event missing its blank line), parsed

@@ -158,13 +158,24 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
     return round(_prompt_tokens(body, _text_tokens))
 
 
+#: Beyond this many messages the estimate counts an evenly spaced sample of this many
+#: and scales it: walking every message of a huge body would hold the event loop for
+#: most of a second, and routing needs the size, not the last token.
+MAX_COUNTED_MESSAGES = 4096
+
+
 def _prompt_tokens(body: Mapping[str, Any], count: Callable[[str], float]) -> float:
     total = 0.0
     messages = body.get("messages")
     if isinstance(messages, list):
         total += REPLY_PRIMER_TOKENS
-        for message in messages:
-            total += _message_tokens(message, count)
+        if len(messages) <= MAX_COUNTED_MESSAGES:
+            for message in messages:
+                total += _message_tokens(message, count)
+        else:
+            stride = len(messages) / MAX_COUNTED_MESSAGES
+            sample = sum(_message_tokens(messages[int(i * stride)], count) for i in range(MAX_COUNTED_MESSAGES))
+            total += sample * len(messages) / MAX_COUNTED_MESSAGES
     for key in ("system", "instructions"):
         if key in body:
             total += _content_tokens(body[key], count)
