@@ -32,7 +32,9 @@ max_connections = {cap}
 
 
 @contextlib.contextmanager
-def latgate_on(up: RawUpstream, *, head: float = 0.5, body: float = 0.5, send: float = 0.5, cap: int = 100) -> Iterator[int]:
+def latgate_on(
+    up: RawUpstream, *, head: float = 0.5, body: float = 0.5, send: float = 0.5, cap: int = 100
+) -> Iterator[int]:
     text = LIMITS.format(head=head, body=body, send=send, cap=cap) + upstream_config(up.base_url)
     config = load_config_text(text, source="t.toml", env={"UP_KEY": SECRET})
     with serve_like_latgate_serve(create_app(config, env={"UP_KEY": SECRET})) as port:
@@ -58,7 +60,9 @@ def requests_with(port: int, code: int) -> float:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     prefix = "latgate_requests_total{"
     return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix) and f'code="{code}"' in line
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix) and f'code="{code}"' in line
     )
 
 
@@ -110,7 +114,9 @@ async def endless_stream(up: RawUpstream, reader: asyncio.StreamReader, writer: 
 
 
 def test_a_client_that_never_reads_its_stream_is_cut_and_the_upstream_closed(access_log) -> None:
-    request = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    request = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    ).encode()
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
     with RawUpstream(endless_stream) as up, latgate_on(up) as port:
         conn = socket.socket()
@@ -144,10 +150,13 @@ def test_connections_beyond_the_cap_get_503_in_the_openai_envelope(access_log) -
 
 
 def test_a_malformed_request_head_gets_400_in_the_openai_envelope(access_log) -> None:
-    with RawUpstream(keep_serving(json_reply())) as up, latgate_on(up) as port:
-        with socket.create_connection(("127.0.0.1", port)) as conn:
-            conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost x\r\n\r\n")
-            status_line, body = envelope_of(read_until_closed(conn))
+    with (
+        RawUpstream(keep_serving(json_reply())) as up,
+        latgate_on(up) as port,
+        socket.create_connection(("127.0.0.1", port)) as conn,
+    ):
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost x\r\n\r\n")
+        status_line, body = envelope_of(read_until_closed(conn))
     assert status_line == b"HTTP/1.1 400 Bad Request"
     assert body["error"]["type"] == "invalid_request_error"
 

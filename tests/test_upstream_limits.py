@@ -45,7 +45,11 @@ async def held_stream(up: RawUpstream, reader: asyncio.StreamReader, writer: asy
 
 def metric(url: str, name: str) -> float:
     lines = httpx.get(url + "/metrics").text.splitlines()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{") and 'provider="up"' in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in lines
+        if line.startswith(name + "{") and 'provider="up"' in line
+    )
 
 
 def endpoint_state(url: str) -> dict:
@@ -53,28 +57,31 @@ def endpoint_state(url: str) -> dict:
 
 
 def test_a_full_pool_is_503_overloaded_without_retry_or_health_mark() -> None:
-    with RawUpstream(held_stream) as up, latgate(up, provider="max_connections = 2") as url:
-        with httpx.Client(base_url=url + "/v1", timeout=10) as client:
-            streams = [client.stream("POST", "/chat/completions", json=STREAM) for _ in range(2)]
-            lines = []  # kept: a dropped line iterator closes its response
-            try:
-                for stream in streams:
-                    response = stream.__enter__()
-                    assert response.status_code == 200
-                    lines.append(response.iter_lines())
-                    next(lines[-1])  # the first token: the stream holds its connection
-                assert metric(url, "latgate_upstream_pool_in_use") == 2
-                refused = client.post("/chat/completions", json=STREAM)
-                assert refused.status_code == 503
-                assert refused.json()["error"]["code"] == "overloaded"
-                assert len(up.requests) == 2  # not sent, not retried
-                assert metric(url, "latgate_retries_total") == 0
-                state = endpoint_state(url)
-                assert (state["healthy"], state["failures"], state["consecutive_failures"]) == (True, 0, 0), state
-            finally:
-                up.release()
-                for stream in streams:
-                    stream.__exit__(None, None, None)
+    with (
+        RawUpstream(held_stream) as up,
+        latgate(up, provider="max_connections = 2") as url,
+        httpx.Client(base_url=url + "/v1", timeout=10) as client,
+    ):
+        streams = [client.stream("POST", "/chat/completions", json=STREAM) for _ in range(2)]
+        lines = []  # kept: a dropped line iterator closes its response
+        try:
+            for stream in streams:
+                response = stream.__enter__()
+                assert response.status_code == 200
+                lines.append(response.iter_lines())
+                next(lines[-1])  # the first token: the stream holds its connection
+            assert metric(url, "latgate_upstream_pool_in_use") == 2
+            refused = client.post("/chat/completions", json=STREAM)
+            assert refused.status_code == 503
+            assert refused.json()["error"]["code"] == "overloaded"
+            assert len(up.requests) == 2  # not sent, not retried
+            assert metric(url, "latgate_retries_total") == 0
+            state = endpoint_state(url)
+            assert (state["healthy"], state["failures"], state["consecutive_failures"]) == (True, 0, 0), state
+        finally:
+            up.release()
+            for stream in streams:
+                stream.__exit__(None, None, None)
 
 
 def endless_event(first_token: bool):
@@ -83,7 +90,9 @@ def endless_event(first_token: bool):
 
     async def handler(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await up.request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         if first_token:
             writer.write(chunk(content("one")))
         writer.write(chunk(b'data: {"choices": [{"delta": {"content": "'))
@@ -114,7 +123,7 @@ def test_an_event_past_max_event_bytes_mid_stream_ends_the_stream_with_an_error_
             lines = [line for line in response.iter_lines() if line]
         assert '"one"' in lines[0]
         error = lines[-1]
-        assert error.startswith("data: {\"error\"") and "max_event_bytes" in error
+        assert error.startswith('data: {"error"') and "max_event_bytes" in error
         assert sum(len(line) for line in lines) < 4096  # the oversized event was never forwarded
         up.wait_until(lambda: up.open == 0)
         assert endpoint_state(url)["healthy"] is True
