@@ -91,14 +91,18 @@ def test_drain_timeout_cuts_a_stream_that_does_not_finish_and_exits(tmp_path, up
             response, lines, seen = open_stream(client, url)
             signalled_at = time.monotonic()
             gw.signal(signal.SIGTERM)
+            seen.extend(lines)  # cut mid-stream: an error event, then the response ends
+            response.close()
             assert gw.wait_exit(timeout=10) == 0
             elapsed = time.monotonic() - signalled_at
-            with pytest.raises(httpx.HTTPError):  # cut mid-stream: no [DONE], the connection closes
-                seen.extend(lines)
-            response.close()
         assert "data: [DONE]" not in seen
+        error = json.loads([line for line in seen if line][-1].removeprefix("data: "))["error"]
+        assert error["code"] == "drain_timeout"
         assert 0.5 <= elapsed < 5
-        assert any("drain timeout (0.5s) reached" in line for line in gw.lines)
+        assert any("drain timeout (0.5s) reached: 1 request(s)" in line for line in gw.lines)
+        access = [json.loads(line.split(" latgate.access ", 1)[1]) for line in gw.lines if " latgate.access " in line]
+        assert [(a["status"], a["error"]) for a in access] == [(503, "drain_timeout")]
+        assert not any("Traceback" in line or "Exception in ASGI" in line for line in gw.lines), gw.lines
 
 
 def test_second_ctrl_c_stops_without_waiting_for_the_stream(tmp_path, upstream) -> None:

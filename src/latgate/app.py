@@ -32,10 +32,10 @@ from latgate.api.openapi_doc import openapi_endpoint
 from latgate.auth import AuthGuard
 from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
-from latgate.gateway import Gateway, request_id
+from latgate.gateway import Gateway, drain_cut_error, request_id
 from latgate.metrics import Metrics
 from latgate.providers.monitor import run_monitor
-from latgate.proxy.exchange import CLIENT_CLOSED
+from latgate.proxy.exchange import CLIENT_CLOSED, is_drain_cut
 from latgate.reload import Reloader, UpstreamClients, reload_endpoint
 from latgate.state import StateStores, run_health_sync
 from latgate.tracing import Tracing, tracing_from_env
@@ -79,6 +79,11 @@ class LatgateApp:
                     response = await handler(request)
                 except ClientDisconnect:  # the client left while sending its body
                     response = Response(status_code=CLIENT_CLOSED)
+                except asyncio.CancelledError as exc:  # cut at the drain deadline: an answer, not a traceback
+                    if not is_drain_cut(exc):
+                        raise
+                    asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                    response = error_response(drain_cut_error(), request_id="-")
                 except Exception as exc:  # noqa: BLE001  # a bug: a 500 envelope, never a traceback to the client
                     response = await _unexpected(request, exc)
                 await response(scope, receive, send)

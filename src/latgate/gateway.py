@@ -8,6 +8,7 @@ fallback, stream relay) -> metrics and access log via the request's :class:`Exch
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -27,7 +28,7 @@ from latgate.httplimits import TIMEOUT_SCOPE_KEY
 from latgate.metrics import Metrics
 from latgate.providers import ProviderPool
 from latgate.providers.catalog import public_model_object
-from latgate.proxy.exchange import CLIENT_CLOSED, Exchange
+from latgate.proxy.exchange import CLIENT_CLOSED, DRAIN_CUT_STATUS, Exchange, is_drain_cut
 from latgate.proxy.forward import Forwarder
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
@@ -120,6 +121,11 @@ class Gateway:
             )
         except GatewayError as error:
             return self.fail(exchange, error)
+        except asyncio.CancelledError as exc:
+            if not is_drain_cut(exc):
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            return self.fail(exchange, drain_cut_error())
         except ClientDisconnect:  # gone (or timed out) while sending its body: nothing went upstream
             timed_out = request.scope.get(TIMEOUT_SCOPE_KEY)
             exchange.status = REQUEST_TIMEOUT if timed_out else CLIENT_CLOSED
@@ -283,6 +289,15 @@ class Gateway:
     def _model_object(self, public: str, catalogs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         served = [public, *self.config.aliases.get(public, {}).values()]
         return public_model_object(public, served, catalogs)
+
+
+def drain_cut_error() -> GatewayError:
+    """The answer to a request cut at the drain deadline before its answer began."""
+    return GatewayError(
+        "latgate is shutting down: the drain timeout passed before the answer began; retry",
+        status=DRAIN_CUT_STATUS,
+        code="drain_timeout",
+    )
 
 
 def request_id(given: str | None) -> str:

@@ -29,9 +29,12 @@ import uvicorn
 
 from latgate.httplimits import MAX_HEAD_BYTES, ClientLimits, client_protocol
 from latgate.listen import default_max_connections
+from latgate.proxy.exchange import DRAIN_CUT
 from latgate.reload import Reloader
 
 log = logging.getLogger("latgate")
+#: after the drain timeout, how long requests cut may take to write their error ending
+CUT_GRACE_SECONDS = 1.0
 
 
 def client_limits(app: object) -> ClientLimits:
@@ -81,7 +84,8 @@ def uvicorn_config(
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         lifespan="on",
         timeout_keep_alive=75,
-        timeout_graceful_shutdown=drain_timeout_seconds,
+        # GatewayServer cuts at the drain timeout itself; uvicorn's own cut comes later
+        timeout_graceful_shutdown=drain_timeout_seconds + CUT_GRACE_SECONDS + 1.0,
         server_header=False,
         proxy_headers=False,  # latgate reads no client address; skips a middleware per request
         **extra,
@@ -119,6 +123,7 @@ class GatewayServer(uvicorn.Server):
         self._on_started = on_started
         self._sockets: list[socket.socket] = []
         self._drain_started: float | None = None
+        self._cut = 0
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._sockets = list(sockets or [])
@@ -180,6 +185,21 @@ class GatewayServer(uvicorn.Server):
         for sock in self._sockets:
             sock.close()
 
+    async def _wait_tasks_to_complete(self) -> None:
+        # uvicorn's wait for connections and requests to finish (called by its
+        # shutdown), bounded by the drain timeout; then what is left is cancelled with
+        # DRAIN_CUT, so each request ends with an error of its own (an error event on a
+        # stream, a 503 envelope before the answer), and given CUT_GRACE_SECONDS to write it.
+        try:
+            await asyncio.wait_for(super()._wait_tasks_to_complete(), self._drain_timeout_seconds)
+        except TimeoutError:
+            tasks = list(self.server_state.tasks)
+            for task in tasks:
+                task.cancel(msg=DRAIN_CUT)
+            if tasks:
+                await asyncio.wait(tasks, timeout=CUT_GRACE_SECONDS)
+            self._cut = len(tasks)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await super().shutdown(sockets=sockets)
         if self._drain_started is None:
@@ -187,8 +207,9 @@ class GatewayServer(uvicorn.Server):
         elapsed = time.monotonic() - self._drain_started
         if elapsed >= self._drain_timeout_seconds:
             log.warning(
-                "drain timeout (%gs) reached: requests still in flight were cut; exiting",
+                "drain timeout (%gs) reached: %d request(s) still in flight were cut; exiting",
                 self._drain_timeout_seconds,
+                self._cut,
             )
         else:
             log.info("drained in %.2fs; exiting", elapsed)

@@ -23,6 +23,16 @@ if TYPE_CHECKING:
 
 #: requests_total ``code`` for a client that went away before the response ended (nginx's).
 CLIENT_CLOSED = 499
+#: The cancellation message of a request cut at the drain deadline (``latgate serve``'s
+#: SIGTERM drain, :mod:`latgate.lifecycle`): handlers answer it with an error (error
+#: kind ``drain_timeout``, status :data:`DRAIN_CUT_STATUS`) instead of a traceback.
+DRAIN_CUT = "latgate: drain timeout"
+DRAIN_CUT_STATUS = 503
+
+
+def is_drain_cut(exc: BaseException) -> bool:
+    """True for the cancellation of a request cut at the drain deadline."""
+    return bool(exc.args) and exc.args[0] == DRAIN_CUT
 
 
 @dataclass(slots=True)

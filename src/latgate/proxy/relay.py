@@ -31,7 +31,7 @@ import orjson
 
 from latgate.httplimits import TIMEOUT_SCOPE_KEY
 from latgate.metrics import Metrics
-from latgate.proxy.exchange import CLIENT_CLOSED, Exchange
+from latgate.proxy.exchange import CLIENT_CLOSED, DRAIN_CUT_STATUS, Exchange, is_drain_cut
 from latgate.proxy.redact import redact_text
 from latgate.proxy.sse import StreamTap, stream_unfinished
 from latgate.proxy.transform import ResponseTransform
@@ -118,12 +118,19 @@ class StreamRelay:
             await self._relay(send)
             state["closing"] = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not state["disconnected"]:
+        except asyncio.CancelledError as exc:
+            if state["disconnected"]:
+                task.uncancel()
+                ex.status = CLIENT_CLOSED
+                ex.error_kind = scope.get(TIMEOUT_SCOPE_KEY) or ex.error_kind  # send_timeout: it never read
+            elif is_drain_cut(exc):  # shutting down: end the stream with an error, not silently
+                task.uncancel()
+                ex.status, ex.error_kind = DRAIN_CUT_STATUS, "drain_timeout"
+                state["closing"] = True
+                with contextlib.suppress(Exception):
+                    await self._end_cut(send)
+            else:
                 raise
-            task.uncancel()
-            ex.status = CLIENT_CLOSED
-            ex.error_kind = scope.get(TIMEOUT_SCOPE_KEY) or ex.error_kind  # send_timeout: it never read
         except OSError:  # the server could not write: the client is gone
             ex.status = CLIENT_CLOSED
         finally:
@@ -215,6 +222,17 @@ class StreamRelay:
         for gap in gaps:
             itl.observe_many(gap / per_read, per_read)
         itl.flush()
+
+    async def _end_cut(self, send: Send) -> None:
+        """The end of a stream cut at the drain deadline: an error event (or the
+        transform's error ending), then the end of the response."""
+        message = "latgate is shutting down: the drain timeout cut this stream; the response is incomplete"
+        if self.transform is not None:
+            await _transforming(send, self.transform)({"type": "latgate.finish", "error": message})
+        else:
+            event = error_event(message, code="drain_timeout")
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _fail(self, kind: str, detail: str) -> str:
         """Record a mid-stream upstream failure; returns the message for the client."""
