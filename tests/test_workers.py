@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -173,3 +174,51 @@ def test_workers_must_be_at_least_one(tmp_path) -> None:
     gw = GatewayProcess(["--config", str(config), "--workers", "0"])
     assert gw.wait_exit(timeout=30) == 2
     assert gw.lines == ["latgate: error: --workers must be at least 1"]
+
+
+def gone(pid: int) -> bool:
+    """The process ended (reaped, or a zombie nobody reaps in this container)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def test_connections_spread_evenly_over_the_workers(tmp_path, sims) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(default_route_config(sims, default="a"))
+    gw, url, pids = start_workers(config)
+    try:
+        for _ in range(200):
+            with httpx.Client() as client:  # a new connection each
+                assert client.post(url + "/v1/chat/completions", json=CHAT).status_code == 200
+        served = {pid: 0 for pid in pids.values()}
+        while sum(served.values()) < 200:
+            match = gw.wait_for(r"latgate\.access\[(\d+)\]")
+            served[int(match.group(1))] += 1
+        assert min(served.values()) >= 60, served  # an even split is 100/100; 93/7 was one socket's
+    finally:
+        gw.stop()
+
+
+def test_workers_exit_when_the_supervisor_is_killed_and_a_restart_binds_cleanly(tmp_path, sims) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(default_route_config(sims, default="a"))
+    gw, url, pids = start_workers(config)
+    port = url.rsplit(":", 1)[1]
+    os.kill(gw.proc.pid, signal.SIGKILL)
+    gw.wait_exit(timeout=10)
+    deadline = time.monotonic() + 30
+    while not all(gone(pid) for pid in pids.values()):
+        assert time.monotonic() < deadline, "workers still serve without their supervisor"
+        time.sleep(0.05)  # polling a process table: no event to wait on
+    again = GatewayProcess(["--config", str(config), "--port", port, "--workers", "2"])
+    try:
+        assert again.wait_listening() == url
+        for _ in range(2):
+            again.wait_for(WORKER_SERVING)
+        with httpx.Client() as client:
+            assert client.post(url + "/v1/chat/completions", json=CHAT).status_code == 200
+    finally:
+        again.stop()

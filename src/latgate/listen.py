@@ -10,8 +10,14 @@ class ListenError(OSError):
     """The address could not be bound; the message says which and what to do."""
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound and listening on ``host:port`` (IPv4 or IPv6 literal, or a name).
+def bind_socket(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
+    """A TCP socket bound (and listening, unless ``listen`` is false) on ``host:port``
+    (IPv4 or IPv6 literal, or a name).
+
+    ``reuse_port``: ``SO_REUSEPORT`` (socket(7)): each worker of ``--workers N`` listens
+    on a socket of its own on the same port and the kernel spreads new connections
+    evenly over them (by a hash of the connection), instead of waking whichever worker
+    is first in ``accept`` on one shared socket.
 
     Raises:
         ListenError: the address is taken or not local, with the address in the message.
@@ -23,15 +29,34 @@ def bind_socket(host: str, port: int) -> socket.socket:
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind(address)
-        sock.listen(2048)
+        if listen:
+            sock.listen(2048)
     except OSError as exc:
         sock.close()
         hint = " (is another latgate or simulator running? pick another port)" if exc.errno == 98 else ""
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror}{hint}") from None
     sock.set_inheritable(True)
     return sock
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """Hold ``host:port`` for workers that each listen with ``SO_REUSEPORT``: checked
+    free first by a plain bind (so a port another process uses, even another latgate's
+    workers, is refused as taken), then held by a bound socket with ``SO_REUSEPORT``
+    that never listens (so it gets no connections). ``port`` 0 picks a free port (read
+    it from the returned socket).
+
+    Raises:
+        ListenError: as :func:`bind_socket`.
+    """
+    probe = bind_socket(host, port, listen=False)
+    chosen = probe.getsockname()[1]
+    probe.close()
+    return bind_socket(host, chosen, reuse_port=True, listen=False)
 
 
 #: Descriptors kept back from client connections for everything else the process opens

@@ -138,12 +138,13 @@ def run(
 ) -> int:
     """Serve until SIGTERM/SIGINT (then drain). Exit code 0 on a clean stop, 1 when the
     port is taken (or, with workers, when they crash-loop)."""
-    from latgate.listen import ListenError, bind_socket, raise_descriptor_limit
+    from latgate.listen import ListenError, bind_socket, raise_descriptor_limit, reserve_port
 
     before, soft, hard = raise_descriptor_limit()
     log.info("file descriptors: soft limit %d (was %d), hard limit %d", soft, before, hard)
     try:
-        sock = bind_socket(host, port)
+        # workers listen on sockets of their own (SO_REUSEPORT); the supervisor holds the port
+        sock = reserve_port(host, port) if workers > 1 else bind_socket(host, port)
     except ListenError as exc:
         print(f"latgate: error: {exc}", file=sys.stderr)
         return 1
@@ -155,6 +156,7 @@ def run(
         log.info("listening on http://%s:%d (config %s, %d workers)", host, port, source, workers)
         supervisor = Supervisor(
             sock=sock,
+            host=host,
             config_path=source,
             workers=workers,
             log_level=log_level,

@@ -1,8 +1,13 @@
-"""``latgate serve --workers N``: one supervisor process, N worker processes, one socket.
+"""``latgate serve --workers N``: one supervisor process, N worker processes, one port.
 
-The supervisor binds the listening socket (so a taken port is one line, before anything
-starts), then starts N workers with Python's ``spawn`` method, each serving the same
-socket: the kernel hands each new connection to one of them. Each worker is a complete
+The supervisor reserves the port (:func:`latgate.listen.reserve_port`: a taken port is
+one line, before anything starts), then starts N workers with Python's ``spawn``
+method, each listening on a socket of its own on that port with ``SO_REUSEPORT``: the
+kernel spreads new connections evenly over them (one shared socket let whichever worker
+woke first take most of them). A worker exits when its supervisor dies (the parent-death
+signal, ``prctl(PR_SET_PDEATHSIG)``, delivers SIGTERM: it drains like any stop), so a
+supervisor killed with ``kill -9`` leaves no worker serving unsupervised, and a restart
+binds the port cleanly. Each worker is a complete
 gateway (:func:`latgate.lifecycle.serve`) with its own routing state: endpoint choice by
 fewest requests in flight and passive health are per worker, which stays sensible
 because connections spread evenly over workers, so each sees a fair sample of each
@@ -21,7 +26,7 @@ Signals to the supervisor:
 
 A worker that dies is replaced. One that could not start (status
 :data:`STARTUP_FAILED`: the config file no longer loads, the app failed to start) or
-died within :data:`MIN_UPTIME_SECONDS` of its start is not started again at once (a
+died within :data:`MIN_UPTIME_SECONDS` of its start without serving is not started again at once (a
 crash loop helps nobody): the others keep serving, and the next successful reload
 starts it again. With no worker left the supervisor exits with status 1.
 """
@@ -42,6 +47,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
+from typing import Any
 
 from latgate.config import ConfigError, load_config
 
@@ -59,7 +65,8 @@ class WorkerSpec:
     """What a worker process needs (pickled to it by ``spawn``)."""
 
     index: int
-    sock: socket.socket
+    host: str
+    port: int
     config_path: str
     metrics_dir: str
     log_level: str
@@ -68,7 +75,7 @@ class WorkerSpec:
     supervisor_pid: int
 
 
-def run_worker(spec: WorkerSpec) -> None:
+def run_worker(spec: WorkerSpec, serving: Any = None) -> None:
     """A worker process's body: load the config, serve until SIGTERM. Exits with
     :data:`STARTUP_FAILED` when the config does not load.
 
@@ -76,6 +83,7 @@ def run_worker(spec: WorkerSpec) -> None:
     serves (SIGHUP's default action would end the process).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor turns Ctrl-C into SIGTERM
+    _exit_with_parent(spec.supervisor_pid)
     hangup_while_starting = threading.Event()
     signal.signal(signal.SIGHUP, lambda *_: hangup_while_starting.set())
     from latgate.logs import configure_logging
@@ -88,19 +96,27 @@ def run_worker(spec: WorkerSpec) -> None:
         raise SystemExit(STARTUP_FAILED) from None
     from latgate.app import create_app
     from latgate.lifecycle import serve
+    from latgate.listen import ListenError, bind_socket
 
+    try:
+        sock = bind_socket(spec.host, spec.port, reuse_port=True)
+    except ListenError as exc:
+        log.error("worker %d: %s", spec.index, exc)
+        raise SystemExit(STARTUP_FAILED) from None
     app = create_app(config, metrics_multiprocess_dir=spec.metrics_dir)
     reloader = app.state.reloader
     reloader.notify = lambda: os.kill(spec.supervisor_pid, signal.SIGHUP)
 
     def started() -> None:
         log.info("worker %d (pid %d) serving", spec.index, os.getpid())
+        if serving is not None:
+            serving.set()  # the supervisor's sign that this worker started (not a crash loop)
         if hangup_while_starting.is_set():
             reloader.reload_logged()
 
     serve(
         app,
-        sock=spec.sock,
+        sock=sock,
         reloader=app.state.reloader,
         log_level=spec.log_level,
         log_format=spec.log_format,
@@ -110,11 +126,28 @@ def run_worker(spec: WorkerSpec) -> None:
     )
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _exit_with_parent(supervisor_pid: int) -> None:
+    """Ask the kernel for SIGTERM when the supervisor dies (Linux ``prctl``); exit now
+    if it died already (the worker was re-parented before the request took effect)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != supervisor_pid:
+        raise SystemExit(0)
+
+
 class Supervisor:
     """Starts, replaces, reloads and stops the workers (see the module docstring).
 
     Args:
-        sock: the bound, listening socket all workers serve.
+        sock: the port's reservation (:func:`~latgate.listen.reserve_port`); each
+            worker listens on ``host`` and this socket's port itself.
+        host: the address the workers listen on.
         config_path: the config file each worker loads (validated by the caller).
         workers: how many worker processes.
         log_level / log_format: the workers' logging.
@@ -125,6 +158,7 @@ class Supervisor:
         self,
         *,
         sock: socket.socket,
+        host: str,
         config_path: str,
         workers: int,
         log_level: str,
@@ -132,6 +166,8 @@ class Supervisor:
         drain_timeout_seconds: float,
     ) -> None:
         self._sock = sock
+        self._host = host
+        self._port = sock.getsockname()[1]
         self._config_path = os.path.abspath(config_path)
         self._count = workers
         self._log_level = log_level
@@ -142,6 +178,7 @@ class Supervisor:
         self._context = multiprocessing.get_context("spawn")
         self._procs: dict[int, multiprocessing.process.BaseProcess] = {}
         self._started_at: dict[int, float] = {}
+        self._serving: dict[int, Any] = {}  # multiprocessing Events, set once a worker serves
         self._missing: set[int] = set()  # workers that could not start, until the next reload
         self._stopping = False
         self._deadline: float | None = None
@@ -167,7 +204,8 @@ class Supervisor:
     def _start(self, index: int) -> None:
         spec = WorkerSpec(
             index=index,
-            sock=self._sock,
+            host=self._host,
+            port=self._port,
             config_path=self._config_path,
             metrics_dir=self._metrics_dir,
             log_level=self._log_level,
@@ -175,7 +213,8 @@ class Supervisor:
             drain_timeout_seconds=self._drain_timeout_seconds,
             supervisor_pid=os.getpid(),
         )
-        proc = self._context.Process(target=run_worker, args=(spec,), name=f"latgate-worker-{index}")
+        serving = self._serving[index] = self._context.Event()
+        proc = self._context.Process(target=run_worker, args=(spec, serving), name=f"latgate-worker-{index}")
         proc.start()
         self._procs[index] = proc
         self._started_at[index] = time.monotonic()
@@ -206,7 +245,7 @@ class Supervisor:
 
     def _stop(self, reason: str) -> None:
         self._stopping = True
-        self._sock.close()  # the workers' copies close as they drain; then connections are refused
+        self._sock.close()  # the workers stop listening as they drain; then connections are refused
         self._deadline = time.monotonic() + self._drain_timeout_seconds + SHUTDOWN_GRACE_SECONDS
         log.info(
             "%s: stopping %d workers (drain timeout %gs)",
@@ -235,7 +274,8 @@ class Supervisor:
             if self._stopping:
                 continue
             uptime = time.monotonic() - self._started_at[index]
-            if proc.exitcode == STARTUP_FAILED or uptime < MIN_UPTIME_SECONDS:
+            never_served = not self._serving[index].is_set()
+            if proc.exitcode == STARTUP_FAILED or (never_served and uptime < MIN_UPTIME_SECONDS):
                 self._missing.add(index)
                 log.error(
                     "worker %d could not start (status %s); %d workers serve until a reload (SIGHUP) succeeds",
