@@ -1,0 +1,311 @@
+"""Hostile clients and overload against a healthy upstream, on loopback, bounded in time.
+
+    .venv/bin/python benchmarks/abuse.py [--load-seconds 25] [--soft-nofile 1024]
+        [--baseline-src /tmp/before/src] [--json OUT]
+
+Set-up: two engine simulators (``latgate sim``): ``healthy`` (the probe's and the
+concurrent streams' upstream: 500 ms per token, no batching limit) and ``bulk`` (fast,
+long answers, for the streams nobody reads), and the gateway (``latgate serve``, access
+log off) started with a soft descriptor limit of ``--soft-nofile`` (1,024 is a common
+default; the hard limit stays). With ``--baseline-src`` the gateway runs that source
+tree instead (e.g. ``git worktree add /tmp/before main``), with a config the older code
+accepts (no ``[server]`` client limits); simulators and clients are this tree's.
+
+Load, all at once, for ``--load-seconds``:
+
+- 1,000 idle connections that never send a byte;
+- 50 slowloris clients sending a request head one byte a second;
+- 20 streams whose client never reads (``bulk``: 4,096 tokens each);
+- 1,100 concurrent streams read to the end (``healthy``: 40 tokens, ~20 s each);
+- meanwhile a probe client sends a normal request (non-streamed, one token, a new
+  connection each) every 0.2 s.
+
+Before the load, the same probe runs unloaded. Reported: the probe's p50/p99 and
+errors (unloaded and loaded), the streams' outcomes, how many abusive connections the
+gateway closed and how soon, the gateway's peak RSS and descriptors (``/proc``), and
+from ``/metrics`` after the load: ejections, upstream errors, retries. The gateway's
+client timeouts are shortened to 5 s so the run stays bounded (the defaults are 30/60/60
+s). Loopback only; every process is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from serving import free_port, latgate_serve_command
+from soak import rss_mb, wait_ready
+
+CLIENT_TIMEOUT_SECONDS = 5
+CONFIG = """
+[defaults]
+timeout_sec = 60
+connect_timeout_sec = 5
+max_retries = 1
+
+[providers.healthy]
+api_base = "http://127.0.0.1:{healthy}/v1"
+models = ["m"]
+
+[providers.bulk]
+api_base = "http://127.0.0.1:{bulk}/v1"
+models = ["bulk"]
+
+[routing]
+default_route = "healthy"
+"""
+LIMITS = f"""
+[server]
+header_timeout_sec = {CLIENT_TIMEOUT_SECONDS}
+body_timeout_sec = {CLIENT_TIMEOUT_SECONDS}
+send_timeout_sec = {CLIENT_TIMEOUT_SECONDS}
+"""
+HEALTHY = ["--tpot-ms", "500", "--tpot-growth-ms", "0", "--ttft-overhead-ms", "2", "--max-batch-size", "4096"]
+BULK = ["--tpot-ms", "1", "--tpot-growth-ms", "0", "--max-batch-size", "64", "--max-output-tokens", "4096"]
+
+
+def request_bytes(port: int, body: dict) -> bytes:
+    payload = json.dumps(body).encode()
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % (port, len(payload))
+    ) + payload
+
+
+def chat(model: str, *, max_tokens: int, stream: bool) -> dict:
+    return {"model": model, "max_tokens": max_tokens, "stream": stream, "messages": [{"role": "user", "content": "hello"}]}
+
+
+async def exchange(port: int, data: bytes, *, timeout: float) -> tuple[str, bytes]:
+    """Send ``data`` on a new connection, read to EOF: ``(outcome, bytes)``; outcome is
+    the status code, ``eof`` (closed without an answer), ``reset``, ``refused``, ``timeout``."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                writer.write(data)
+                answer = await reader.read()
+            finally:
+                writer.close()
+    except TimeoutError:
+        return "timeout", b""
+    except ConnectionRefusedError:
+        return "refused", b""
+    except OSError:
+        return "reset", b""
+    if not answer:
+        return "eof", b""
+    return answer[9:12].decode(errors="replace"), answer
+
+
+async def probe(port: int, *, until: float, interval: float, count: int | None = None) -> list[tuple[float, str]]:
+    """Normal requests, one at a time: ``(seconds, outcome)`` each."""
+    results: list[tuple[float, str]] = []
+    data = request_bytes(port, chat("m", max_tokens=1, stream=False))
+    while time.monotonic() < until and (count is None or len(results) < count):
+        started = time.monotonic()
+        outcome, _ = await exchange(port, data, timeout=10)
+        results.append((time.monotonic() - started, outcome))
+        await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+    return results
+
+
+async def hold_idle(port: int, opened: float, closes: list[float | None], index: int, *, trickle: bytes = b"") -> None:
+    """Connect and send nothing (or ``trickle`` one byte a second); note when the server closed."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return
+    try:
+        async def trickling() -> None:
+            for byte in trickle:
+                writer.write(bytes([byte]))
+                await asyncio.sleep(1.0)
+
+        sender = asyncio.create_task(trickling())
+        with contextlib.suppress(OSError):
+            while await reader.read(65536):
+                pass
+        closes[index] = time.monotonic() - opened
+        sender.cancel()
+    finally:
+        writer.close()
+
+
+async def unread_stream(port: int, sockets: list[socket.socket]) -> None:
+    """A stream whose client never reads (a small receive buffer, nothing read)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    with contextlib.suppress(OSError):
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        await asyncio.get_running_loop().sock_sendall(sock, request_bytes(port, chat("bulk", max_tokens=4096, stream=True)))
+    sockets.append(sock)
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """True when the server closed ``sock`` (EOF or reset after whatever it had sent)."""
+    sock.setblocking(True)
+    sock.settimeout(0.2)
+    try:
+        while sock.recv(1 << 20):
+            pass
+        return True
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+async def stream(port: int, outcomes: dict[str, int]) -> None:
+    outcome, answer = await exchange(port, request_bytes(port, chat("m", max_tokens=40, stream=True)), timeout=90)
+    if outcome == "200" and (b"[DONE]" not in answer or b'"error"' in answer):
+        outcome = "200 incomplete"
+    outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def summary(results: list[tuple[float, str]]) -> dict:
+    ok = [seconds * 1000 for seconds, outcome in results if outcome == "200"]
+    errors: dict[str, int] = {}
+    for _, outcome in results:
+        if outcome != "200":
+            errors[outcome] = errors.get(outcome, 0) + 1
+    return {"requests": len(results), "p50_ms": round(percentile(ok, 0.5), 1), "p99_ms": round(percentile(ok, 0.99), 1), "errors": errors}
+
+
+def gateway_sample(pid: int) -> tuple[float, int]:
+    try:
+        return rss_mb(pid), len(os.listdir(f"/proc/{pid}/fd"))
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0, 0
+
+
+def metric_sum(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+async def run_load(port: int, pid: int, args: argparse.Namespace) -> dict:
+    unloaded = await probe(port, until=time.monotonic() + 20, interval=0.05, count=60)
+    opened = time.monotonic()
+    idle_closes: list[float | None] = [None] * 1000
+    slow_closes: list[float | None] = [None] * 50
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n"
+    unread: list[socket.socket] = []
+    stream_outcomes: dict[str, int] = {}
+    tasks = [asyncio.create_task(hold_idle(port, opened, idle_closes, i)) for i in range(1000)]
+    tasks += [asyncio.create_task(hold_idle(port, opened, slow_closes, i, trickle=head)) for i in range(50)]
+    tasks += [asyncio.create_task(unread_stream(port, unread)) for _ in range(20)]
+    streams = [asyncio.create_task(stream(port, stream_outcomes)) for _ in range(1100)]
+    peak_rss, peak_fds = 0.0, 0
+
+    async def sample() -> None:
+        nonlocal peak_rss, peak_fds
+        while True:
+            rss, fds = gateway_sample(pid)
+            peak_rss, peak_fds = max(peak_rss, rss), max(peak_fds, fds)
+            await asyncio.sleep(0.5)
+
+    sampler = asyncio.create_task(sample())
+    loaded = await probe(port, until=opened + args.load_seconds, interval=0.2)
+    await asyncio.wait(streams, timeout=max(5.0, 60 - (time.monotonic() - opened)))
+    unread_closed = sum(closed_by_server(sock) for sock in unread)
+    sampler.cancel()
+    for task in [*tasks, *streams]:
+        task.cancel()
+    await asyncio.gather(*tasks, *streams, sampler, return_exceptions=True)
+    for sock in unread:
+        sock.close()
+    limit = CLIENT_TIMEOUT_SECONDS + 2.0
+    return {
+        "probe_unloaded": summary(unloaded),
+        "probe_loaded": summary(loaded),
+        "streams": stream_outcomes,
+        "idle_closed_within_timeout": sum(1 for c in idle_closes if c is not None and c <= limit),
+        "slowloris_closed_within_timeout": sum(1 for c in slow_closes if c is not None and c <= limit),
+        "unread_streams_closed": unread_closed,
+        "gateway_peak_rss_mb": round(peak_rss, 1),
+        "gateway_peak_fds": peak_fds,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--load-seconds", type=float, default=25.0)
+    parser.add_argument("--soft-nofile", type=int, default=1024, help="the gateway's soft RLIMIT_NOFILE at start")
+    parser.add_argument("--baseline-src", help="run the gateway from this source tree (older code)")
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args()
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the clients need ~2,300 sockets
+    healthy_port, bulk_port, port = free_port(), free_port(), free_port()
+    procs: list[subprocess.Popen] = []
+    load = os.getloadavg()
+    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed at exit)  the gateway's stderr (a pipe could fill and block it)
+    try:
+        for sim_port, options in ((healthy_port, HEALTHY), (bulk_port, BULK)):
+            command = [sys.executable, "-m", "latgate", "sim", "--port", str(sim_port), *options]
+            procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            wait_ready(f"http://127.0.0.1:{sim_port}/health", procs[-1])
+        config = Path(tempfile.mkdtemp(prefix="latgate-abuse-")) / "config.toml"
+        config.write_text(CONFIG.format(healthy=healthy_port, bulk=bulk_port) + ("" if args.baseline_src else LIMITS))
+        env = dict(os.environ)
+        if args.baseline_src:
+            env["PYTHONPATH"] = args.baseline_src
+        # the gateway inherits the soft limit it starts with; this process takes its own back
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(args.soft_nofile, hard), hard))
+        gateway = subprocess.Popen(
+            latgate_serve_command(config, port=port, log_level="warning"),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        procs.append(gateway)
+        wait_ready(f"http://127.0.0.1:{port}/healthz", gateway)
+        figures = asyncio.run(run_load(port, gateway.pid, args))
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        figures["ejections"] = metric_sum(text, "latgate_ejections_total")
+        figures["upstream_errors"] = metric_sum(text, "latgate_upstream_errors_total")
+        figures["retries"] = metric_sum(text, "latgate_retries_total")
+        figures["load_average_at_start"] = [round(x, 2) for x in load]
+        figures["gateway"] = "baseline " + args.baseline_src if args.baseline_src else "this tree"
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+            if proc.poll() is None:
+                proc.kill()
+    log.seek(0)
+    stderr = log.read()
+    figures["gateway_tracebacks"] = stderr.count("Traceback")
+    figures["gateway_log_lines"] = len(stderr.splitlines())
+    log.close()
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
