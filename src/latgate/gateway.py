@@ -164,8 +164,10 @@ class Gateway:
                 renders it in its API's envelope and calls :meth:`fail`.
         """
         stream = body.get("stream")
-        if stream is None:  # the openai SDK sends null for stream=None: not streamed
-            stream = body["stream"] = False
+        if stream is None:  # absent, or null (the openai SDK's stream=None): not streamed
+            stream = False
+            if "stream" in body:
+                body["stream"] = False
         if not isinstance(stream, bool):
             raise InvalidRequest("'stream' must be a boolean", param="stream", code="invalid_type")
         options = body.get("stream_options")

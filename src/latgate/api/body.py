@@ -10,6 +10,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from latgate.api.largebody import LARGE_BODY_BYTES, parse_in_slices
 from latgate.errors import BodyTooLarge, ClientClosedRequest, GatewayError, InvalidRequest
 
 T = TypeVar("T")
@@ -59,8 +60,11 @@ async def read_json_object(request: Request, *, max_bytes: int) -> dict[str, Any
     if not raw:
         raise InvalidRequest("request body is empty; expected a JSON object")
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        if len(raw) > LARGE_BODY_BYTES:  # off the event loop, in slices (latgate.api.largebody)
+            body = await asyncio.to_thread(parse_in_slices, raw)
+        else:
+            body = orjson.loads(raw)
+    except (orjson.JSONDecodeError, ValueError, RecursionError) as exc:
         reason = "not valid UTF-8" if "utf-8" in str(exc).lower() else "not valid JSON"
         raise InvalidRequest(f"request body is {reason}: {str(exc).splitlines()[0]}") from None
     if not isinstance(body, dict):

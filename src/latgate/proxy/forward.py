@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from latgate.api.largebody import is_large
 from latgate.config.schema import Config
 from latgate.errors import ContextLengthExceeded, GatewayError, UpstreamUnavailable
 from latgate.metrics import Metrics
@@ -162,7 +163,10 @@ class Forwarder:
             if previous is not None:
                 self._metrics.record_fallback(from_provider=previous, to_provider=target.provider)
             previous = target.provider
-            payload = upstream_payload(body, target, provider, stream=exchange.stream, path=path)
+            if is_large(body):  # encoded in slices off the event loop (latgate.api.largebody)
+                payload = await asyncio.to_thread(upstream_payload, body, target, provider, stream=exchange.stream, path=path)
+            else:
+                payload = upstream_payload(body, target, provider, stream=exchange.stream, path=path)
             exchange.extra["fallback_model"] = target.fallback_model
             for attempt in range(max_retries + 1):
                 if attempt:

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from latgate.api.largebody import dumps_in_slices, is_large
 from latgate.errors import GatewayError, InvalidRequest
 from latgate.providers.pool import ProviderRuntime
 from latgate.proxy.exchange import Exchange
@@ -38,7 +39,7 @@ def upstream_payload(
         options["include_usage"] = True
         out["stream_options"] = options
     try:
-        return orjson.dumps(out)
+        return dumps_in_slices(out) if is_large(out) else orjson.dumps(out)
     except orjson.JSONEncodeError as exc:  # parsed, but cannot be re-encoded (e.g. nested too deep)
         raise InvalidRequest(f"request body cannot be forwarded: {exc}") from None
 

@@ -1,0 +1,124 @@
+"""Large request bodies parsed and re-encoded in slices, off the event loop.
+
+One 32 MB body of ~800k small messages takes orjson a few hundred milliseconds to parse
+and as long again to re-encode for the upstream, all of it holding the GIL: every other
+stream on the event loop stalls for that long. Bodies over :data:`LARGE_BODY_BYTES` are
+instead parsed (:func:`parse_in_slices`) and encoded (:func:`dumps_in_slices`) in a
+worker thread (``asyncio.to_thread``), one top-level array element or slice of
+elements at a time, so the interpreter hands the GIL back to the event loop every
+switch interval (``sys.getswitchinterval()``, 5 ms) instead of once at the end. The
+big request itself takes longer; the others stop noticing it.
+
+The JSON grammar is RFC 8259's, as orjson reads it: ``NaN``/``Infinity`` are refused
+(the standard library would accept them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import orjson
+
+#: Bodies larger than this are parsed off the event loop.
+LARGE_BODY_BYTES = 1 << 20
+#: Top-level arrays longer than this are encoded in slices of this many elements.
+SLICE_ITEMS = 2048
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)
+
+
+def parse_in_slices(raw: bytes) -> Any:
+    """``raw`` parsed as JSON: a top-level object's array values element by element,
+    anything else whole. Meant for a worker thread.
+
+    Raises:
+        ValueError: not UTF-8 (``UnicodeDecodeError``) or not valid JSON (message
+            with the position).
+    """
+    text = raw.decode("utf-8")
+    at = _SPACE.match(text, 0).end()  # type: ignore[union-attr]
+    if not text.startswith("{", at):
+        value, end = _DECODER.raw_decode(text, at)
+        _at_end(text, end)
+        return value
+    out: dict[str, Any] = {}
+    at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+    if text.startswith("}", at):
+        _at_end(text, at + 1)
+        return out
+    while True:
+        key, at = _DECODER.raw_decode(text, at)
+        if not isinstance(key, str):
+            raise ValueError(f"expected a string key at char {at}")  # noqa: TRY004 (invalid JSON, like the others)
+        at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+        if not text.startswith(":", at):
+            raise ValueError(f"expected ':' at char {at}")
+        at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+        if text.startswith("[", at):
+            out[key], at = _array(text, at + 1)
+        else:
+            out[key], at = _DECODER.raw_decode(text, at)
+        at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+        if text.startswith(",", at):
+            at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+            continue
+        if text.startswith("}", at):
+            _at_end(text, at + 1)
+            return out
+        raise ValueError(f"expected ',' or '}}' at char {at}")
+
+
+def _array(text: str, at: int) -> tuple[list[Any], int]:
+    items: list[Any] = []
+    at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+    if text.startswith("]", at):
+        return items, at + 1
+    while True:
+        item, at = _DECODER.raw_decode(text, at)
+        items.append(item)
+        at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+        if text.startswith(",", at):
+            at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+        elif text.startswith("]", at):
+            return items, at + 1
+        else:
+            raise ValueError(f"expected ',' or ']' at char {at}")
+
+
+def _at_end(text: str, at: int) -> None:
+    if _SPACE.match(text, at).end() != len(text):  # type: ignore[union-attr]
+        raise ValueError(f"extra data at char {at}")
+
+
+def is_large(body: dict[str, Any]) -> bool:
+    """True when a top-level array of ``body`` is long enough to encode in slices."""
+    return any(isinstance(value, list) and len(value) > 2 * SLICE_ITEMS for value in body.values())
+
+
+def dumps_in_slices(body: dict[str, Any]) -> bytes:
+    """``orjson.dumps(body)``, long top-level arrays a slice at a time (the same bytes).
+
+    Raises:
+        orjson.JSONEncodeError: as ``orjson.dumps``.
+    """
+    parts = [b"{"]
+    for index, (key, value) in enumerate(body.items()):
+        if index:
+            parts.append(b",")
+        parts.append(orjson.dumps(key) + b":")
+        if isinstance(value, list) and len(value) > SLICE_ITEMS:
+            pieces = [orjson.dumps(value[i : i + SLICE_ITEMS])[1:-1] for i in range(0, len(value), SLICE_ITEMS)]
+            parts.append(b"[" + b",".join(piece for piece in pieces if piece) + b"]")
+        else:
+            parts.append(orjson.dumps(value))
+    parts.append(b"}")
+    return b"".join(parts)

@@ -1,0 +1,57 @@
+"""Large bodies parsed and encoded in slices (latgate.api.largebody): the same values and
+bytes as orjson, the same refusals; and a large body proxied end to end."""
+
+from __future__ import annotations
+
+import httpx
+import orjson
+import pytest
+from h1_upstreams import SECRET, RawUpstream, json_reply, keep_serving
+from h1_upstreams import config as upstream_config
+from stack import gateway
+
+from latgate.api.largebody import LARGE_BODY_BYTES, SLICE_ITEMS, dumps_in_slices, is_large, parse_in_slices
+
+BODIES = [
+    {"model": "m", "messages": [{"role": "user", "content": f"hi {i} é 😀 \\\" \n"} for i in range(3 * SLICE_ITEMS + 7)]},
+    {"messages": [], "stream": None, "n": 1, "t": 0.5, "tools": [{"a": [1, 2, {"b": None}]}], "x": True},
+    {},
+    {"prompt": ["a"] * (SLICE_ITEMS + 1), "nested": {"deep": [[1], [2, [3]]]}},
+]
+
+
+@pytest.mark.parametrize("body", BODIES, ids=["many-messages", "mixed", "empty", "lists"])
+def test_slices_parse_and_encode_as_orjson_does(body) -> None:
+    raw = orjson.dumps(body)
+    assert parse_in_slices(raw) == orjson.loads(raw)
+    assert parse_in_slices(b" \n" + orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n") == body
+    assert dumps_in_slices(body) == raw
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"a": NaN}', b'{"a": Infinity}', b'{"a":1,}', b'{"a":[1,2,]}', b'{"a":1} x', b'{"a" 1}', b'{1: 2}', b"", b"\xff{}", b'{"a": [1 2]}'],
+)
+def test_slices_refuse_what_orjson_refuses(raw: bytes) -> None:
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(raw)
+    with pytest.raises(ValueError):
+        parse_in_slices(raw)
+
+
+def test_only_long_top_level_arrays_are_large() -> None:
+    assert is_large({"messages": [{}] * (2 * SLICE_ITEMS + 1)})
+    assert not is_large({"messages": [{}] * SLICE_ITEMS, "x": "y" * 10})
+
+
+def test_a_large_body_is_proxied_unchanged_but_for_the_model() -> None:
+    messages = [{"role": "user", "content": f"message {i}"} for i in range(60_000)]
+    body = {"model": "m", "messages": messages, "temperature": 0.25}
+    assert len(orjson.dumps(body)) > LARGE_BODY_BYTES
+    with RawUpstream(keep_serving(json_reply())) as up, gateway(upstream_config(up.base_url), env={"UP_KEY": SECRET}) as gw:
+        answer = httpx.post(gw.v1 + "/chat/completions", json=body, timeout=60)
+        assert answer.status_code == 200
+        sent = orjson.loads(up.requests[0].split(b"\r\n\r\n", 1)[1])
+        assert sent == body
+        bad = httpx.post(gw.v1 + "/chat/completions", content=orjson.dumps(body)[:-1], timeout=60)
+        assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
