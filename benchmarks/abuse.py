@@ -20,7 +20,9 @@ Load, all at once, for ``--load-seconds``:
 - meanwhile a probe client sends a normal request (non-streamed, one token, a new
   connection each) every 0.2 s.
 
-Before the load, the same probe runs unloaded. Reported: the probe's p50/p99 and
+First, how long a fast stream's chunks stall while a ~30 MB body of 700k messages is
+proxied beside it and three more come from a key over its request rate (how soon they
+get their 429). Then, before the load, the same probe runs unloaded. Reported: the probe's p50/p99 and
 errors (unloaded and loaded), the streams' outcomes, how many abusive connections the
 gateway closed and how soon, the gateway's peak RSS and descriptors (``/proc``), and
 from ``/metrics`` after the load: ejections, upstream errors, retries. The gateway's
@@ -67,6 +69,16 @@ models = ["bulk"]
 
 [routing]
 default_route = "healthy"
+
+[auth]
+[[auth.keys]]
+name = "client"
+key = "sk-client"
+
+[[auth.keys]]
+name = "limited"
+key = "sk-limited"
+rpm = 1
 """
 LIMITS = f"""
 [server]
@@ -78,11 +90,12 @@ HEALTHY = ["--tpot-ms", "500", "--tpot-growth-ms", "0", "--ttft-overhead-ms", "2
 BULK = ["--tpot-ms", "1", "--tpot-growth-ms", "0", "--max-batch-size", "64", "--max-output-tokens", "4096"]
 
 
-def request_bytes(port: int, body: dict) -> bytes:
-    payload = json.dumps(body).encode()
+def request_bytes(port: int, body: dict | bytes, *, key: str = "sk-client") -> bytes:
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
     return (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
-        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % (port, len(payload))
+        b"Authorization: Bearer %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+        % (port, key.encode(), len(payload))
     ) + payload
 
 
@@ -178,6 +191,50 @@ async def stream(port: int, outcomes: dict[str, int]) -> None:
     outcomes[outcome] = outcomes.get(outcome, 0) + 1
 
 
+async def stream_gaps(port: int) -> float:
+    """Read a fast stream (``bulk``: a chunk a millisecond); the longest gap between two
+    reads, in ms: how long the gateway's event loop stalled."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request_bytes(port, chat("bulk", max_tokens=3000, stream=True)))
+    longest, last = 0.0, None
+    try:
+        while data := await reader.read(65536):
+            now = time.monotonic()
+            if last is not None and b"content" in data:
+                longest = max(longest, now - last)
+            last = now
+    finally:
+        writer.close()
+    return round(longest * 1000, 1)
+
+
+async def big_bodies(port: int) -> dict:
+    """The longest stall of a fast stream alone, then while one ~30 MB body (700k small
+    messages) is proxied and three more come from a key already over its request rate."""
+    alone = await stream_gaps(port)
+    messages = [{"role": "user", "content": f"m {i}"} for i in range(700_000)]
+    body = json.dumps({"model": "m", "max_tokens": 1, "messages": messages}).encode()
+    await exchange(port, request_bytes(port, chat("m", max_tokens=1, stream=False), key="sk-limited"), timeout=10)
+    stream_task = asyncio.create_task(stream_gaps(port))
+    await asyncio.sleep(0.3)
+    started = time.monotonic()
+
+    async def timed(data: bytes) -> tuple[str, float]:
+        outcome, _ = await exchange(port, data, timeout=120)
+        return outcome, round(time.monotonic() - started, 2)
+
+    answers = await asyncio.gather(
+        timed(request_bytes(port, body)), *(timed(request_bytes(port, body, key="sk-limited")) for _ in range(3))
+    )
+    return {
+        "stream_longest_gap_ms_alone": alone,
+        "stream_longest_gap_ms_with_big_bodies": await stream_task,
+        "big_body": {"outcome": answers[0][0], "seconds": answers[0][1]},
+        "over_rpm_bodies": [{"outcome": outcome, "seconds": seconds} for outcome, seconds in answers[1:]],
+        "body_mb": round(len(body) / 1e6, 1),
+    }
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -253,6 +310,7 @@ def main() -> int:
     parser.add_argument("--soft-nofile", type=int, default=1024, help="the gateway's soft RLIMIT_NOFILE at start")
     parser.add_argument("--baseline-src", help="run the gateway from this source tree (older code)")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--big-bodies", action=argparse.BooleanOptionalAction, default=True, help="measure the big-body stall first (default on)")
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the clients need ~2,300 sockets
@@ -281,7 +339,8 @@ def main() -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         procs.append(gateway)
         wait_ready(f"http://127.0.0.1:{port}/healthz", gateway)
-        figures = asyncio.run(run_load(port, gateway.pid, args))
+        figures = asyncio.run(big_bodies(port)) if args.big_bodies else {}
+        figures.update(asyncio.run(run_load(port, gateway.pid, args)))
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         figures["ejections"] = metric_sum(text, "latgate_ejections_total")
         figures["upstream_errors"] = metric_sum(text, "latgate_upstream_errors_total")
