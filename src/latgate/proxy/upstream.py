@@ -210,17 +210,18 @@ class UpstreamClient:
         Raises:
             UpstreamFailure: no response could be had.
         """
+        slot = (group, max_connections)
         pool = self._h1
         if pool is not None:  # the hot path, inlined: latgate's own pool, already open
             response: Any = await pool.post(
                 url=url, payload=payload, headers=headers,
                 read_timeout_seconds=self._read_timeout if read_timeout_seconds is None else read_timeout_seconds,
-                egress=egress,
+                egress=egress, group=group, max_connections=max_connections,
             )  # fmt: skip
         else:
-            response = await self._send(url, payload, headers, read_timeout_seconds, egress)
+            response = await self._send(url, payload, headers, read_timeout_seconds, egress, slot)
         if response.status_code in SAME_ORIGIN_REDIRECTS or "content-encoding" in response.headers:
-            return await self._unusual(response, url, payload, headers, read_timeout_seconds, egress)
+            return await self._unusual(response, url, payload, headers, read_timeout_seconds, egress, slot)
         return response
 
     async def _unusual(
@@ -231,6 +232,7 @@ class UpstreamClient:
         headers: dict[str, str],
         read_timeout_seconds: float | None,
         egress: Egress | None,
+        slot: tuple[str, int | None],
     ) -> Any:
         """A same-origin 307/308 followed once (method and body kept, RFC 9110 section
         15.4.8/15.4.9); a compressed body decoded (:mod:`latgate.proxy.decoding`)."""
@@ -238,7 +240,7 @@ class UpstreamClient:
             location = same_origin_location(url, response.headers.get("location"))
             if location is not None:
                 await response.aclose()
-                response = await self._send(location, payload, headers, read_timeout_seconds, egress)
+                response = await self._send(location, payload, headers, read_timeout_seconds, egress, slot)
         encoding = response.headers.get("content-encoding")
         if encoding is None:
             return response
@@ -249,8 +251,15 @@ class UpstreamClient:
         return DecodedResponse(response, encoding)
 
     async def _send(
-        self, url: str, payload: bytes, headers: dict[str, str], read_timeout_seconds: float | None, egress: Egress | None
+        self,
+        url: str,
+        payload: bytes,
+        headers: dict[str, str],
+        read_timeout_seconds: float | None,
+        egress: Egress | None,
+        slot: tuple[str, int | None] = ("", None),
     ) -> Any:
+        """One request; ``slot``: the pool group (provider) and its connection limit."""
         if self._direct and not self._use_aiohttp:
             pool = self._h1
             if pool is None:
@@ -260,7 +269,7 @@ class UpstreamClient:
             return await pool.post(
                 url=url, payload=payload, headers=headers,
                 read_timeout_seconds=self._read_timeout if read_timeout_seconds is None else read_timeout_seconds,
-                egress=egress, group=group, max_connections=max_connections,
+                egress=egress, group=slot[0], max_connections=slot[1],
             )  # fmt: skip
         if self._direct:
             return await self._open_direct(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds)
