@@ -18,6 +18,7 @@ from tls_upstreams import private_ca
 
 from latgate.config import load_config_text
 from latgate.config.report import probe, report_lines
+from latgate.config.warnings import config_warnings
 
 
 def ask(v1: str) -> httpx.Response:
@@ -97,6 +98,18 @@ def test_the_gateways_own_health_probes_go_through_the_proxy() -> None:
         with gateway(config(up.base_url), env={"UP_KEY": SECRET, "HTTP_PROXY": proxy.url}) as gw:
             assert httpx.get(gw.url + "/readyz", timeout=15).status_code == 200  # probes the default route
     assert proxy.seen == [(f"GET http://127.0.0.1:{up.port}/v1/models HTTP/1.1", None)]
+
+
+def test_an_unusable_proxy_variable_is_warned_about_and_requests_go_direct() -> None:
+    env = {"UP_KEY": SECRET, "HTTP_PROXY": "socks5://carol:pw-123@127.0.0.1:1080"}
+    with RawUpstream(keep_serving(json_reply())) as up, gateway(config(up.base_url), env=env) as gw:
+        assert ask(gw.v1).status_code == 200
+        warnings = config_warnings(gw.config, env)
+    assert [w for w in warnings if w.startswith("HTTP_PROXY: ")] == [
+        "HTTP_PROXY: proxy 'socks5://carol:***@127.0.0.1:1080' is not an http://HOST:PORT URL "
+        "(only http proxies are spoken); http upstreams are reached directly"
+    ]
+    assert len(up.requests) == 1
 
 
 def test_a_proxy_that_is_not_http_is_a_config_error() -> None:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from latgate.config.apikeys import key_problem
 from latgate.config.schema import Config
+from latgate.proxy.egress import env_proxy_problems
 
 _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 _MIN_SANE_TIMEOUT_SECONDS = 1.0
@@ -20,6 +21,7 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None) -> lis
       key, and the upstream answers 401), is empty, or holds what an HTTP header cannot
       carry (see :mod:`latgate.config.apikeys`);
     - ``[auth]`` is absent while ``server.host`` is not a loopback address;
+    - a proxy variable (``HTTPS_PROXY``...) that is not an ``http://`` URL;
     - a provider with ``verify = false`` (TLS certificates not checked);
     - a timeout under 1 s (such timeouts cause retry storms and explode tail latency).
 
@@ -38,6 +40,8 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None) -> lis
             )
         elif (problem := key_problem(env[p.api_key_env])) is not None:
             warnings.append(f'provider "{p.name}": api_key_env {p.api_key_env} {problem}')
+    if any(p.proxy is None for p in config.providers.values()):
+        warnings += env_proxy_problems(env)
     for p in config.providers.values():
         if not p.verify:
             warnings.append(

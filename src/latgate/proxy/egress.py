@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["Egress", "Proxy", "bypasses_proxy", "egress_for", "mask_proxy", "tls_context"]
+__all__ = ["Egress", "Proxy", "bypasses_proxy", "egress_for", "env_proxy_problems", "mask_proxy", "tls_context"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +174,31 @@ def tls_context(
     return context, key
 
 
+def env_proxy_urls(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment's proxy URL for each scheme that has one (``{"https": ...}``)."""
+    every = _env(env, "all_proxy")
+    return {scheme: url for scheme in ("http", "https") if (url := _env(env, f"{scheme}_proxy") or every)}
+
+
+def env_proxy_problems(env: Mapping[str, str]) -> list[str]:
+    """One line per proxy variable latgate cannot use (not ``http://``), password
+    masked: requests that would use it go direct (a start-up warning)."""
+    problems = []
+    for scheme, url in env_proxy_urls(env).items():
+        try:
+            Proxy.parse(url)
+        except ValueError as exc:
+            problems.append(f"{scheme.upper()}_PROXY: {exc}; {scheme} upstreams are reached directly")
+    return problems
+
+
 def egress_for(provider: Any, env: Mapping[str, str]) -> Egress | None:
     """The :class:`Egress` for a :class:`~latgate.config.schema.ProviderConfig`, or
     ``None`` when it goes direct with the default TLS context (the fast path).
 
     Raises:
-        ValueError: a proxy URL that is not ``http://``; OSError/ssl.SSLError: as
+        ValueError: the provider's ``proxy`` is not ``http://`` (an unusable proxy
+            variable is skipped: :func:`env_proxy_problems`); OSError/ssl.SSLError: as
             :func:`tls_context`.
     """
     setting = provider.proxy
@@ -190,12 +209,12 @@ def egress_for(provider: Any, env: Mapping[str, str]) -> Egress | None:
         one = Proxy.parse(setting)
         proxies, no_proxy = {"http": one, "https": one}, ""
     else:
-        every = _env(env, "all_proxy")
-        proxies = {
-            scheme: Proxy.parse(url) if url else None
-            for scheme in ("http", "https")
-            if (url := _env(env, f"{scheme}_proxy") or every)
-        }
+        proxies = {}
+        for scheme, url in env_proxy_urls(env).items():
+            try:
+                proxies[scheme] = Proxy.parse(url)
+            except ValueError:  # not an http:// proxy: direct, and env_proxy_problems warns
+                continue
         no_proxy = _env(env, "no_proxy")
     context, key = tls_context(
         ca_file=provider.ca_file,
