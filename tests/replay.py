@@ -68,6 +68,9 @@ class ReplayScript:
             separate reads (TCP_NODELAY is on).
         stall_before_headers: read the request, then write nothing until the client
             closes or ``server.release`` is set (an upstream that never answers).
+        hold_after_pieces: after writing this many body pieces, write nothing until
+            the client closes or ``server.resume`` is set, then go on (an upstream
+            that sent a keep-alive comment and thinks).
         content_length: the declared ``Content-Length`` (``content-length`` framing
             only). Default: the pieces' total, plus one when ``end`` is ``"drop"``,
             ``"reset"`` or ``"stall"``, so the client really is still waiting for bytes.
@@ -85,6 +88,7 @@ class ReplayScript:
     end: End = "complete"
     pause_ms: float = 0.0
     stall_before_headers: bool = False
+    hold_after_pieces: int | None = None
     content_length: int | None = None
 
     def __post_init__(self) -> None:
@@ -230,6 +234,7 @@ class ReplayServer:
         client_closed: set when a client closed a connection before its response was
             completely written.
         release: set it to end every stall (current and future ones).
+        resume: set it to end every ``hold_after_pieces`` hold.
         connection_count: TCP connections accepted so far.
         errors: unexpected exceptions in the server; the first is re-raised on exit.
     """
@@ -250,6 +255,7 @@ class ReplayServer:
         self._answered = 0
         self._loop = asyncio.new_event_loop()
         self.release = _ReleaseEvent(self._loop)
+        self.resume = _ReleaseEvent(self._loop)
         self._stop = self._loop.create_future()
         self._tasks: set[asyncio.Task[None]] = set()
         self._thread = threading.Thread(target=self._run, name="replay-server", daemon=True)
@@ -260,6 +266,7 @@ class ReplayServer:
     def stop(self) -> None:
         """Close every connection, stop the loop and join the thread (at most 10 s)."""
         self.release.set()
+        self.resume.set()
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(lambda: self._stop.done() or self._stop.set_result(None))
         self._thread.join(timeout=10)
@@ -334,6 +341,8 @@ class ReplayServer:
             for number, piece in enumerate(pieces):
                 if number and script.pause_ms and not await self._pause(watcher, script.pause_ms / 1000):
                     return False
+                if number == script.hold_after_pieces and not await self._hold(watcher, self.resume):
+                    return False
                 if watcher.done():
                     self.client_closed.set()
                     return False
@@ -378,9 +387,9 @@ class ReplayServer:
             writer.close()
         return keep
 
-    async def _hold(self, watcher: asyncio.Future[None]) -> bool:
-        """Write nothing until release (True) or the client closes (False)."""
-        released = asyncio.ensure_future(self.release.on_loop.wait())
+    async def _hold(self, watcher: asyncio.Future[None], until: _ReleaseEvent | None = None) -> bool:
+        """Write nothing until ``until`` (default ``release``) is set (True) or the client closes (False)."""
+        released = asyncio.ensure_future((until or self.release).on_loop.wait())
         try:
             await asyncio.wait({watcher, released}, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -107,15 +107,15 @@ def test_openai_sdk_raises_on_a_stream_closed_before_its_finish_reason() -> None
 
 def test_anthropic_sdk_gets_message_stop_after_a_finish_and_an_error_without_one() -> None:
     request = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
-    with replay_server([ReplayScript.sse(FINISHED), ReplayScript.sse(UNFINISHED, framing="close")]) as up:
-        with gateway(one_upstream_config(up.base_url)) as gw:
-            client = anthropic.Anthropic(base_url=gw.url, api_key="x", max_retries=0)
-            with client.messages.stream(**request) as stream:
-                text = "".join(stream.text_stream)
-                message = stream.get_final_message()
-            assert text == "Hello world" and message.stop_reason == "max_tokens"
-            with pytest.raises(anthropic.APIError), client.messages.stream(**request) as stream:
-                "".join(stream.text_stream)
+    scripts = [ReplayScript.sse(FINISHED), ReplayScript.sse(UNFINISHED, framing="close")]
+    with replay_server(scripts) as up, gateway(one_upstream_config(up.base_url)) as gw:
+        client = anthropic.Anthropic(base_url=gw.url, api_key="x", max_retries=0)
+        with client.messages.stream(**request) as stream:
+            text = "".join(stream.text_stream)
+            message = stream.get_final_message()
+        assert text == "Hello world" and message.stop_reason == "max_tokens"
+        with pytest.raises(anthropic.APIError), client.messages.stream(**request) as stream:
+            "".join(stream.text_stream)
 
 
 REJECTED = ReplayScript.json_response(

@@ -57,6 +57,7 @@ PROVIDER_KEYS = (
     "latency_sensitive",
     "timeout_sec",
     "max_connections",
+    "first_token_keepalive_sec",
     "hints",
     "api_base_exact",
     "proxy",

@@ -101,6 +101,9 @@ class DefaultsConfig(Frozen):
     max_connections: int = Field(default=2048, gt=0)
     max_event_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     max_response_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    #: a stream still without content this long has its 200 head sent and an SSE
+    #: keep-alive every as long until content (0: off; see latgate.proxy.keepalive)
+    first_token_keepalive_sec: float = Field(default=15.0, ge=0)
 
 
 class EndpointConfig(Frozen):
@@ -157,6 +160,7 @@ class ProviderConfig(Frozen):
     latency_sensitive: bool = False
     timeout_sec: float | None = Field(default=None, gt=0)
     max_connections: int | None = Field(default=None, gt=0)
+    first_token_keepalive_sec: float | None = Field(default=None, ge=0)
     hints: dict[str, object] = Field(default_factory=dict)
     api_base_exact: bool = Field(default=False, strict=True)
     proxy: str | Literal[False] | None = None
@@ -178,6 +182,7 @@ class PolicyConfig(Frozen):
     long_context_provider: str | None = None
     latency_budget_ms: int | None = Field(default=None, gt=0)
     hedge: bool = False
+    first_token_keepalive_sec: float | None = Field(default=None, ge=0)
 
 
 STRATEGIES = ("latgate", "round_robin", "least_outstanding", "rules")

@@ -19,6 +19,7 @@ from latgate.logs import access_log
 from latgate.metrics import Metrics
 
 if TYPE_CHECKING:
+    from latgate.proxy.keepalive import EarlyHead
     from latgate.tracing import RequestTrace
 
 #: requests_total ``code`` for a client that went away before the response ended (nginx's).
@@ -67,6 +68,7 @@ class Exchange:
     extra: dict[str, Any] = field(default_factory=dict)
     trace: RequestTrace | None = None  # the request's span, with tracing on (latgate.tracing)
     recent: deque[tuple] | None = None  # the /ui ring this exchange's summary joins when finished (latgate.ui)
+    early: EarlyHead | None = None  # a stream that may send its head before content (latgate.proxy.keepalive)
 
     def apply_usage(self, usage: dict[str, Any] | None) -> None:
         """Take token counts from an OpenAI ``usage`` object when it has them (chat

@@ -49,6 +49,7 @@ from latgate.proxy.failures import (
     provider_secrets,
 )
 from latgate.proxy.hedge import LostRace, Race, run_hedged
+from latgate.proxy.keepalive import EarlyHead, EarlyStream, keepalive_seconds, wait_briefly
 from latgate.proxy.relay import StreamRelay
 from latgate.proxy.sse import StreamTap
 from latgate.proxy.transform import ResponseTransform
@@ -119,12 +120,29 @@ class Forwarder:
         :mod:`latgate.proxy.transform`); without it the answer passes through.
 
         Returns:
-            an ASGI response: a :class:`StreamRelay` for streams, else an :class:`Answer`.
+            an ASGI response: a :class:`StreamRelay` for streams, else an :class:`Answer`;
+            an :class:`~latgate.proxy.keepalive.EarlyStream` for a stream still without
+            content after its ``first_token_keepalive_sec`` (the attempts go on in it).
 
         Raises:
             GatewayError: every candidate failed; the last failure (its upstream status
                 and error envelope where there was one).
         """
+        interval = keepalive_seconds(self._config, decision) if exchange.stream else 0.0
+        if not interval:
+            return await self._planned(exchange, decision, body, path, transform)
+        early = exchange.early = EarlyHead()
+        attempts = asyncio.create_task(self._planned(exchange, decision, body, path, transform))
+        await wait_briefly(attempts, interval)
+        if attempts.done():
+            return attempts.result()
+        return EarlyStream(
+            attempts=attempts, early=early, exchange=exchange, metrics=self._metrics, interval_seconds=interval, transform=transform
+        )
+
+    async def _planned(
+        self, exchange: Exchange, decision: RouteDecision, body: dict[str, Any], path: str, transform: ResponseTransform | None
+    ) -> Any:
         plan = self.selector.plan(decision, body)
         try:
             return await self._forward(exchange, decision, plan, body, path, transform)
@@ -345,6 +363,7 @@ class Forwarder:
         if content_type.startswith(("text/html", "application/json")):  # a page, or the stream flag ignored
             raise await self._failures.wrong_content_type(provider, endpoint, content_type, deadline)
         body = response.aiter_raw()
+        early = exchange.early
         head: list[bytes] = []
         held = 0
         units = 0
@@ -359,6 +378,8 @@ class Forwarder:
                             ended = True
                             break
                         out, units = tap.feed(data)
+                        if out and early is not None and not units:  # the head went out: comments go on now
+                            out = early.hold(out, tap.separator)
                         if out:
                             head.append(out)
                             held += len(out)

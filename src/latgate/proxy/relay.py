@@ -66,6 +66,9 @@ class StreamRelay:
         transform: converts forwarded events to another dialect (see
             :mod:`latgate.proxy.transform`); ``None`` relays bytes untouched.
         secrets: the provider's key, redacted from any upstream error text.
+
+    ``head_sent`` is set when the response head already went out (with keep-alives,
+    :mod:`latgate.proxy.keepalive`): the relay then sends the body only.
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class StreamRelay:
         self.transform = transform
         self.secrets = secrets
         self._gaps: list[float] = []  # seconds between consecutive reads that carried content
+        self.head_sent = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ex = self.exchange
@@ -113,7 +117,8 @@ class StreamRelay:
 
         watcher = asyncio.create_task(watch_disconnect())
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+            if not self.head_sent:
+                await send({"type": "http.response.start", "status": 200, "headers": self.headers})
             ex.status = 200
             await self._relay(send)
             state["closing"] = True

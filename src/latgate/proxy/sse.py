@@ -388,6 +388,11 @@ class StreamTap:
         return 0
 
     @property
+    def separator(self) -> bytes:
+        """The blank line ending this stream's events (``\\n\\n`` until one was seen)."""
+        return self._sep or _LF_SEP
+
+    @property
     def finished(self) -> bool:
         """Every choice seen has its ``finish_reason`` (a Responses stream: its terminal
         event came): the upstream said the answer is whole, ``[DONE]`` or not."""
@@ -396,7 +401,7 @@ class StreamTap:
     def done_event(self) -> bytes:
         """``data: [DONE]`` in the stream's own line endings, for an upstream that
         finished every choice and closed without it."""
-        return b"data: [DONE]" + (self._sep or _LF_SEP)
+        return b"data: [DONE]" + self.separator
 
 
 def stream_unfinished(tap: StreamTap) -> tuple[str, str] | None:

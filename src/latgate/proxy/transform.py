@@ -25,6 +25,9 @@ class ResponseTransform(Protocol):
 
     #: content type of the translated stream (e.g. ``text/event-stream``).
     stream_content_type: str
+    #: what keeps the stream alive while it waits for its first token
+    #: (:mod:`latgate.proxy.keepalive`): an SSE comment, or the dialect's own event.
+    keepalive_event: bytes
 
     def feed(self, events: bytes) -> bytes: ...
 

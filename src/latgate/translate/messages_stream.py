@@ -83,6 +83,8 @@ class MessagesStream:
     """
 
     stream_content_type = "text/event-stream; charset=utf-8"
+    #: Anthropic's keep-alive (API reference, "Streaming Messages": ``ping`` events)
+    keepalive_event = b'event: ping\ndata: {"type": "ping"}\n\n'
 
     def __init__(self, *, exchange: Exchange, stop_sequences: Sequence[str]) -> None:
         self._exchange = exchange

@@ -96,6 +96,8 @@ class ResponsesStreamTransform:
     """
 
     stream_content_type = "text/event-stream; charset=utf-8"
+    #: the Responses API defines no keep-alive event: an SSE comment, skipped by every parser
+    keepalive_event = b": keep-alive\n\n"
 
     def __init__(
         self,
