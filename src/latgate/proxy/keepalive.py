@@ -194,7 +194,7 @@ class EarlyStream:
         while not attempts.done():
             wake.clear()
             woken = asyncio.ensure_future(wake.wait())
-            done, _ = await asyncio.wait((attempts, woken), timeout=self.interval_seconds)
+            done, _ = await asyncio.wait((attempts, woken), timeout=self.interval_seconds, return_when=asyncio.FIRST_COMPLETED)
             woken.cancel()
             if early.comments:
                 comments = b"".join(early.comments) if transform is None else keepalive
