@@ -32,7 +32,7 @@ from latgate.config.schema import Config
 from latgate.errors import GatewayError
 from latgate.metrics import Metrics
 from latgate.proxy.exchange import CLIENT_CLOSED, Exchange
-from latgate.proxy.relay import StreamRelay, error_event
+from latgate.proxy.relay import StreamRelay, error_event, watch_disconnect
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.wire import client_headers
 from latgate.routing.targets import RouteDecision
@@ -148,14 +148,12 @@ class EarlyStream:
         attempts, ex = self.attempts, self.exchange
         left = False
 
-        async def watch_disconnect() -> None:
+        def disconnected() -> None:
             nonlocal left
-            while (await receive())["type"] != "http.disconnect":
-                pass
             left = True
             attempts.cancel()
 
-        watcher = asyncio.create_task(watch_disconnect())
+        watcher = watch_disconnect(receive, disconnected)
         try:
             await self._keep_alive(send)
         except OSError:  # the server could not write: the client is gone

@@ -106,16 +106,12 @@ class StreamRelay:
         task = asyncio.current_task()
         assert task is not None
 
-        async def watch_disconnect() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    if not state["closing"]:
-                        state["disconnected"] = True
-                        task.cancel()
-                    return
+        def disconnected() -> None:
+            if not state["closing"]:
+                state["disconnected"] = True
+                task.cancel()
 
-        watcher = asyncio.create_task(watch_disconnect())
+        watcher = watch_disconnect(receive, disconnected)
         try:
             if not self.head_sent:
                 await send({"type": "http.response.start", "status": 200, "headers": self.headers})
@@ -253,6 +249,19 @@ class StreamRelay:
         ex = self.exchange
         ex.first_token_at = ex.last_token_at = now
         self.metrics.record_ttft(provider=ex.provider, model=ex.public_model, seconds=now - ex.received_at)
+
+
+def watch_disconnect(receive: Receive, on_disconnect: Callable[[], None]) -> asyncio.Task[None]:
+    """A task that calls ``on_disconnect()`` when the client's ``http.disconnect``
+    arrives on ``receive`` (after the request body was read, ASGI ``receive`` carries
+    nothing else); cancel it when done."""
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        on_disconnect()
+
+    return asyncio.create_task(watch())
 
 
 def _transforming(send: Send, transform: ResponseTransform) -> Send:
