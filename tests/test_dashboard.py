@@ -254,3 +254,20 @@ def test_provider_info_labels_every_configured_provider_with_its_role_connector_
             "connector": provider.connector,
             "engine": provider.engine or "",
         }
+
+
+def test_rare_event_counters_start_at_zero_so_prometheus_counts_the_first_event() -> None:
+    with demo_stack() as stack:
+        text = httpx.get(stack.url + "/metrics").text
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    for provider in stack.config.providers:
+        for name in ("latgate_hedges_total", "latgate_hedge_wins_total", "latgate_retries_total"):
+            assert samples[(name, (("provider", provider),))] == 0
+        for endpoint in stack.config.providers[provider].endpoints:
+            for reason in ("errors", "probes", "latency", "shared"):
+                key = (("endpoint", endpoint.id), ("provider", provider), ("reason", reason))
+                assert samples[("latgate_ejections_total", key)] == 0

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 from fastapi import FastAPI
@@ -34,6 +34,7 @@ from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
 from latgate.gateway import Gateway, drain_cut_error, request_id
 from latgate.metrics import Metrics
+from latgate.providers.health import OpenReason
 from latgate.providers.monitor import run_monitor
 from latgate.proxy.exchange import CLIENT_CLOSED, is_drain_cut
 from latgate.reload import Reloader, UpstreamClients, reload_endpoint
@@ -143,6 +144,7 @@ def create_app(
         )
         endpoints = [(name, ep.id) for name, p in config.providers.items() for ep in p.endpoints]
         metrics.reconfigure(providers=config.providers, models=_model_labels(config), endpoints=endpoints)
+        metrics.zero_event_counters(providers=config.providers, endpoints=endpoints, ejection_reasons=get_args(OpenReason))
         metrics.set_provider_info(
             (name, p.role or "", p.connector or "", p.engine or "") for name, p in config.providers.items()
         )

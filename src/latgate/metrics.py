@@ -219,6 +219,22 @@ class Metrics:
             self.provider_info.labels(*labels).set(1)
         self._info_labels = wanted
 
+    def zero_event_counters(self, *, providers: Iterable[str], endpoints: Iterable[tuple[str, str]], ejection_reasons: Iterable[str]) -> None:
+        """Export the rare-event counters at 0 before their first event: hedges, hedge
+        wins and retries per provider, ejections per ``(provider, endpoint)`` and reason.
+
+        Why: Prometheus computes ``rate()``/``increase()`` from samples it scraped, so a
+        series that first appears at 1 shows no increase: the first hedge or ejection
+        of a provider would be invisible on a dashboard. Series at 0 make it count.
+        """
+        for provider in providers:
+            for counter in (self.hedges, self.hedge_wins, self.retries):
+                self._child(counter, provider)
+        reasons = tuple(ejection_reasons)
+        for provider, endpoint in endpoints:
+            for reason in reasons:
+                self._child(self.ejections, provider, endpoint, reason)
+
     def _health_labels(self) -> list[tuple[str, str]]:
         return [key[1:] for key in self._children if key[0] == id(self.provider_healthy)]  # type: ignore[misc]
 
