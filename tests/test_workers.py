@@ -15,6 +15,8 @@ from gateway_process import GatedUpstream, GatewayProcess
 from servers import serve_app
 from stack import default_route_config, simulator_urls
 
+from latgate.workers import MIN_UPTIME_SECONDS
+
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 WORKER_SERVING = r"worker (\d) \(pid (\d+)\) serving"
 
@@ -54,16 +56,24 @@ def test_metrics_count_every_workers_requests_and_a_dead_worker_comes_back(tmp_p
     config.write_text(default_route_config(sims, default="a"))
     metrics_dir = tmp_path / "prom"
     gw, url, pids = start_workers(config, env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
+    serving_since = time.monotonic()
     try:
         # Requests on new connections until both workers have answered some (each worker's
-        # counters live in its own file), so the scrapes below must add them up.
+        # samples live in its own files; the in-flight gauge's, livesum, appears with its
+        # first request, while counters are created at start), so the scrapes below must
+        # add them up.
         sent = 0
-        while {p for p in pids.values() if (metrics_dir / f"counter_{p}.db").exists()} != set(pids.values()):
+        while {p for p in pids.values() if (metrics_dir / f"gauge_livesum_{p}.db").exists()} != set(pids.values()):
             assert sent < 400, "the kernel never handed a connection to the second worker"
             with httpx.Client() as client:
                 assert client.post(url + "/v1/chat/completions", json=CHAT).status_code == 200
             sent += 1
-        for _ in range(6):
+        # Scrape at least 6 times, and until worker 0 has been up longer than the
+        # supervisor's MIN_UPTIME_SECONDS: killed sooner, it would count as one that
+        # could not start rather than one that died.
+        scrapes = 0
+        while scrapes < 6 or time.monotonic() - serving_since <= MIN_UPTIME_SECONDS:
+            scrapes += 1
             text = scrape(url)
             assert requests_total(text, "a") == sent
             assert 'latgate_in_flight_requests{provider="a"} 0.0' in text
