@@ -3,6 +3,8 @@ eject it; /readyz and latgate_provider_healthy show it."""
 
 from __future__ import annotations
 
+import logging
+
 import httpx
 import pytest
 from replay import ReplayScript, replay_server
@@ -65,3 +67,17 @@ def test_a_lone_ejected_endpoint_is_still_tried_rather_than_refusing_the_request
             httpx.post(gw.v1 + "/chat/completions", json=BODY)
         assert httpx.post(gw.v1 + "/chat/completions", json=BODY).status_code == 200
         assert endpoint_view(gw)["circuit"] == "closed", "the success closed it again"
+
+
+def test_a_request_failing_while_every_endpoint_is_out_says_why_in_its_error_and_access_log(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="latgate.access")
+    down = ReplayScript.json_response(503, {"error": {"message": "overloaded"}})
+    with replay_server(down) as upstream, gateway(CONFIG.format(url=upstream.base_url)) as gw:
+        for _ in range(5):
+            first = httpx.post(gw.v1 + "/chat/completions", json=BODY)
+            assert "out of service" not in first.json()["error"]["message"], "it was in service then"
+        assert endpoint_view(gw)["circuit"] == "open"
+        response = httpx.post(gw.v1 + "/chat/completions", json=BODY)
+        assert response.status_code == 503
+        assert "every endpoint of p is out of service" in response.json()["error"]["message"]
+        assert '"cause":"every endpoint of p is out of service' in caplog.text

@@ -111,6 +111,8 @@ class RoutePlan:
         overflow_from: the preferred provider, when the request overflowed from it.
         evidence: why it left the preferred provider (``capacity: ...`` or
             ``predicted_miss: ...``), for the debug view.
+        cause: why the request may fail before reaching a healthy endpoint (every
+            candidate's endpoints out of service), for its error and access log line.
         hedge: where a second copy goes and when, or None.
         considered: every endpoint looked at (filled when explaining).
         reserved: ``endpoint`` counts this request as load until its first attempt
@@ -125,6 +127,7 @@ class RoutePlan:
     predicted_ttft_ms: float | None = None
     overflow_from: str | None = None
     evidence: str | None = None
+    cause: str | None = None
     hedge: Hedge | None = None
     considered: list[Considered] = field(default_factory=list)
     reserved: bool = False
@@ -197,6 +200,9 @@ class Selector:
                     self._overflow(decision, plan, best, evidence, now, body, explain=explain)
         if not best.available and len(targets) > 1 and plan.overflow_from is None:
             self._skip_unavailable(plan, now, body, commit=commit)
+        if not best.available and not self._pool.available(plan.endpoint):
+            providers = ", ".join(dict.fromkeys(t.provider for t in plan.targets))
+            plan.cause = f"every endpoint of {providers} is out of service (circuit open); tried anyway"
         if latgate and decision.hedge:
             plan.hedge = self._hedge(plan, runtime, views, now)
         if commit:
@@ -328,7 +334,10 @@ class Selector:
                 return choose_round_robin(views, turn=turn)
             return choose_least_outstanding(views, turn=turn)
         draws = (self._rng.getrandbits(30), self._rng.getrandbits(30)) if len(views) > 2 else (0, 0)
-        fastest = choose_power_of_two(views, draws=draws, trial_first=trial_ok, turn=runtime.turn, explore=explore)
+        compare_all = plan.budget_ms is not None
+        fastest = choose_power_of_two(
+            views, draws=draws, trial_first=trial_ok, turn=runtime.turn, explore=explore, compare_all=compare_all
+        )
         if views[fastest].trial or not runtime.config.enable_prefix_cache:
             return fastest
         if plan.prefix is None and body:
@@ -336,7 +345,7 @@ class Selector:
         if plan.prefix is None:
             return fastest
         if explore and views[fastest].explore:  # a cached prefix is worth more than a fresh measurement
-            fastest = choose_power_of_two(views, draws=draws, trial_first=trial_ok, turn=runtime.turn)
+            fastest = choose_power_of_two(views, draws=draws, trial_first=trial_ok, turn=runtime.turn, compare_all=compare_all)
         affine = choose_affine([v if not v.trial else _unavailable(v) for v in views], prefix=plan.prefix)
         if affine is None or not keep_affinity(views[affine], views[fastest], budget_ms=plan.budget_ms):
             return fastest

@@ -136,6 +136,6 @@ class Exchange:
                 "ttft_ms": ttft,
                 "e2e_ms": round(e2e * 1000, 3),
             }
-            if "cause" in self.extra:  # why the upstream could not be had (no URL, no key)
+            if "cause" in self.extra:  # why the request failed short of an answer (no URL, no key, every endpoint out)
                 line["cause"] = self.extra["cause"]
             access_log.write(orjson.dumps(line).decode())

@@ -216,6 +216,9 @@ class Forwarder:
                 break  # the client's own mistake: another provider would say the same
         if refused and not tried:
             raise ContextLengthExceeded(window_refusal(exchange.public_model, plan.prompt_tokens, None, refused), param="messages")
+        if plan.cause is not None:
+            last.message = f"{last.message}; {plan.cause}"
+            last.cause = plan.cause if last.cause is None else f"{last.cause}; {plan.cause}"
         raise last
 
     async def _hedged(

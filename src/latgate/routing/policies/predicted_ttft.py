@@ -41,6 +41,7 @@ def choose_power_of_two(
     trial_first: bool = True,
     turn: int = 0,
     explore: bool = False,
+    compare_all: bool = False,
 ) -> int:
     """The index of the endpoint that takes the request.
 
@@ -57,10 +58,12 @@ def choose_power_of_two(
             stale (``view.explore``) and that is not known to be busy nor more loaded than
             the least loaded: the one with the fewest observations takes it (the caller
             bounds how often).
+        compare_all: compare every candidate instead of two drawn (a request with a
+            budget, whose tail matters more than the herd risk of one process).
 
     Returns:
-        Otherwise the better of two: the lower predicted TTFT, unless the two are
-        :func:`close`, when the lower load wins, then the one whose turn it is.
+        Otherwise, among the compared: of those :func:`close` to the lowest predicted
+        TTFT, the least loaded, then the first at or after ``turn``.
 
     Example::
 
@@ -84,7 +87,7 @@ def choose_power_of_two(
         if thin:
             count = len(views)
             return min(thin, key=lambda i: (views[i].observations, views[i].load, (i - turn) % count))
-    if len(candidates) > 2:
+    if len(candidates) > 2 and not compare_all:
         first = draws[0] % len(candidates)
         second = draws[1] % (len(candidates) - 1)
         if second >= first:
@@ -92,10 +95,11 @@ def choose_power_of_two(
         candidates = sorted((candidates[first], candidates[second]))
     if len(candidates) == 1:
         return candidates[0]
-    a, b = candidates[0], candidates[1]
-    va, vb = views[a], views[b]
-    if not close(va.predicted_ttft_ms, vb.predicted_ttft_ms):
-        return a if va.predicted_ttft_ms <= vb.predicted_ttft_ms else b
-    if va.load != vb.load:
-        return a if va.load < vb.load else b
-    return (a, b)[turn % 2]
+    fastest = min(views[i].predicted_ttft_ms for i in candidates)
+    near = [i for i in candidates if close(views[i].predicted_ttft_ms, fastest)]
+    least = min(views[i].load for i in near)
+    equals = [i for i in near if views[i].load == least]
+    if len(equals) == 1:
+        return equals[0]
+    count = len(views)
+    return min(equals, key=lambda i: (i - turn) % count)
