@@ -250,7 +250,10 @@ def running(scenario: Scenario, system: str) -> Iterator[tuple[str, dict[str, st
             for url in urls.values():
                 wait_until_up(url + "/health")
             port = free_port()
-            router = subprocess.Popen(_command(scenario, system, urls, port, Path(tmp)), env=_env(system, env))
+            quiet = subprocess.DEVNULL if system in PEER_SYSTEMS else None  # the peers log every request
+            router = subprocess.Popen(
+                _command(scenario, system, urls, port, Path(tmp)), env=_env(system, env), stdout=quiet, stderr=quiet
+            )
             if system in LATGATE_SYSTEMS:
                 wait_until_up(f"http://127.0.0.1:{port}/readyz")
             else:

@@ -2,6 +2,13 @@
 
     .venv/bin/python benchmarks/routing_slo.py [--json OUT.json] [--plot OUT.png]
                                               [--duration SECONDS] [--seed N] [--strategies a,b,c]
+    .venv/bin/python benchmarks/routing_slo.py --scenarios all|cold,identical,... [--systems ...] [--json OUT.json]
+
+The second form runs the routing scenarios of ``benchmarks/routing_scenarios.py``
+(cold start after ordinary traffic, identical replicas, a replica that recovers, a
+decode pool that is really full, unequal capacity under overload) under latgate's
+strategies and, where installed, LiteLLM and vllm-router; the rest of this docstring
+is the first form's scenario.
 
 Everything runs on loopback, in three processes: five simulated engines on one event
 loop (``latgate.sim``), the gateway (``latgate serve``), and this load generator.
