@@ -260,3 +260,13 @@ def test_exploration_spends_few_latency_sensitive_requests_while_a_good_endpoint
         rig.send(lambda e: 600.0 if e == "decode-1" else 5.0, headers=ls).endpoint.config.id for _ in range(200)
     )
     assert picks["decode-1"] <= 6, picks  # at most routing.exploration_share (3%)
+
+
+def test_a_busy_answer_is_capacity_evidence_for_a_while() -> None:
+    rig = Rig()
+    ls = {"x-latency-sensitive": "1", "x-latgate-debug": "1"}
+    rig.pool.record_busy(rig.pool["decode"].endpoints[0], seconds=2.0)
+    plan = rig.send(same(5.0), headers=ls)
+    assert plan.targets[0].reason == "overflow:decode" and plan.evidence.startswith("capacity")
+    rig.clock.now += 3.0
+    assert rig.send(same(5.0), headers=ls).targets[0].provider == "decode"

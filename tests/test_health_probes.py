@@ -135,3 +135,16 @@ def test_the_gateway_reads_engine_load_from_start_up_and_shows_it_in_the_admin_v
                     break
     assert endpoint["engine"]["running"] == 3 and endpoint["engine"]["waiting"] == 1
     assert endpoint["queue_ms"] > 0, "4 requests on 2 slots: a new one waits"
+
+
+def test_an_endpoint_open_for_errors_whose_engine_answers_again_gets_its_trial_at_once() -> None:
+    sim = create_sim_app(SimOptions())
+    with serve_app(sim) as url:
+        pool = pool_for(f'[providers.v]\napi_base = "{url}/v1"\nconnector = "vllm"\n[health]\nmax_open_sec = 60\nopen_sec = 60\n')
+        runtime = pool["v"]
+        endpoint = runtime.endpoints[0]
+        for _ in range(5):  # the engine was down: five failed requests
+            pool.record_outcome(runtime, endpoint, ok=False)
+        assert endpoint.circuit == "open" and not pool.available(endpoint)
+        run_monitor_once(pool, probes=0, load=True)  # its /metrics answers
+    assert endpoint.circuit == "half_open" and pool.available(endpoint), "a trial now, not in 60 s"

@@ -39,6 +39,8 @@ log = logging.getLogger("latgate")
 MIN_LATENCY_OBSERVATIONS = 10
 """First tokens an endpoint and its peers must have shown before one is judged slow (more
 than a cold engine's first few slow requests)."""
+BUSY_SECONDS = 1.0
+MAX_BUSY_SECONDS = 10.0
 TRIAL_LEASE_SECONDS = 30.0
 """A half-open circuit's trial, once handed out, is not handed out again for this long
 unless it ends first (a request routed but never sent does not block trials forever)."""
@@ -319,6 +321,11 @@ class ProviderPool:
         else:
             transition = self.breaker.on_failure(endpoint.key)
         self._apply(provider, endpoint, transition)
+
+    def record_busy(self, endpoint: EndpointState, *, seconds: float | None) -> None:
+        """The endpoint answered busy (429): at capacity for ``seconds`` (its
+        ``Retry-After``, else ``BUSY_SECONDS``), evidence for overflowing from it."""
+        endpoint.busy_until = self.clock() + (BUSY_SECONDS if seconds is None else min(seconds, MAX_BUSY_SECONDS))
 
     def record_decode(self, endpoint: EndpointState, *, tokens: int, seconds: float) -> None:
         """A stream produced ``tokens`` output chunks over ``seconds`` after its first."""

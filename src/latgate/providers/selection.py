@@ -216,11 +216,14 @@ class Selector:
 
     def _may_explore(self, runtime: ProviderRuntime, views: list[EndpointView], budget_ms: int | None) -> bool:
         """A request without a budget may explore; one with a budget only while no
-        measured endpoint is known to meet it, or within the exploration share."""
+        measured endpoint is known to meet it (or to be the best there is), or within the
+        exploration share."""
         if budget_ms is None:
             return True
+        best_p90 = min((v.p90_ttft_ms for v in views if v.available), default=math.inf)
         known_good = any(
-            v.available and v.observations and not v.busy and v.p90_ttft_ms <= budget_ms for v in views
+            v.available and v.observations and not v.busy and (v.p90_ttft_ms <= budget_ms or v.p90_ttft_ms <= best_p90)
+            for v in views
         )
         return not known_good or runtime.explored + 1 <= self._exploration_share * runtime.budgeted
 

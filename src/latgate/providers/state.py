@@ -203,7 +203,13 @@ class EndpointState:
         return recent and bool(self.engine_waiting)
 
     def queue_ms(self, now: float) -> float:
-        """Expected wait for a batch slot, in ms (0 with room, or no known capacity)."""
+        """Expected wait for a batch slot, in ms (0 with room, or no known capacity); at
+        least what is left of a busy answer's ``Retry-After``."""
+        if now < self.busy_until:
+            return max((self.busy_until - now) * 1000.0, self._slot_wait_ms(now))
+        return self._slot_wait_ms(now)
+
+    def _slot_wait_ms(self, now: float) -> float:
         capacity = self.capacity or self.inferred_capacity
         if capacity is None:
             return 0.0

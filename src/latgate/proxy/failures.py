@@ -121,6 +121,8 @@ class Failures:
             self.metrics.record_upstream_error(provider=provider.name, kind=kind)
         error = upstream_error(provider, status, data)
         retry_after = parse_retry_after(response.headers.get("retry-after"))
+        if status == 429:
+            self.pool.record_busy(endpoint, seconds=retry_after)
         if status == 429 and retry_after is not None:
             error.headers["retry-after"] = response.headers["retry-after"]
         return AttemptFailed(error, retryable=retryable, retry_after=retry_after)
