@@ -19,17 +19,16 @@ def chunk(text: str) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def stream(completion_tokens: int) -> bytes:
+def stream(completion_tokens: int, reads: int = 3) -> bytes:
     usage = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
              "usage": {"prompt_tokens": 3, "completion_tokens": completion_tokens, "total_tokens": 3 + completion_tokens}}  # fmt: skip
-    return chunk("one two three") + chunk(" four five six") + chunk(" seven eight nine") + b"data: " + orjson.dumps(usage) + b"\n\ndata: [DONE]\n\n"
+    content = b"".join(chunk(f" word{i}") for i in range(reads))
+    return content + b"data: " + orjson.dumps(usage) + b"\n\ndata: [DONE]\n\n"
 
 
-@pytest.mark.parametrize(("completion_tokens", "samples"), [(9, 6), (3, 2)])
-def test_each_gap_counts_once_per_token(completion_tokens: int, samples: int) -> None:
-    """Three content chunks, read separately: 2 gaps. With usage saying 9 tokens, each
-    chunk carried 3, so 6 per-token samples; with 3 tokens, one per chunk."""
-    body = stream(completion_tokens)
+def itl_samples(body: bytes) -> float:
+    """``latgate_inter_token_latency_seconds_count`` after ``body`` was relayed, each
+    event read separately."""
     script = ReplayScript.sse(body, split_at=split_points(body, "events"), pause_ms=20)
     with replay_gateway(script) as (_, stack):
         request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -37,4 +36,19 @@ def test_each_gap_counts_once_per_token(completion_tokens: int, samples: int) ->
             response.read()
         text = httpx.get(stack.url + "/metrics", timeout=10).text
     count = re.search(r'latgate_inter_token_latency_seconds_count\{model="[^"]*",provider="up"\} (\S+)', text)
-    assert count is not None and float(count.group(1)) == samples
+    assert count is not None
+    return float(count.group(1))
+
+
+@pytest.mark.parametrize(("completion_tokens", "samples"), [(9, 6), (3, 2)])
+def test_each_gap_counts_once_per_token(completion_tokens: int, samples: int) -> None:
+    """Three content chunks, read separately: 2 gaps. With usage saying 9 tokens, each
+    chunk carried 3, so 6 per-token samples; with 3 tokens, one per chunk."""
+    assert itl_samples(stream(completion_tokens)) == samples
+
+
+@pytest.mark.parametrize("reads", [2, 3, 5, 8])
+def test_per_token_samples_stay_between_the_gaps_and_the_tokens(reads: int) -> None:
+    """8 tokens in ``reads`` reads: at least one sample per gap, at most 7 (the gaps
+    between 8 tokens)."""
+    assert reads - 1 <= itl_samples(stream(8, reads)) <= 7

@@ -207,21 +207,24 @@ class StreamRelay:
     def _observe_itl(self) -> None:
         """Inter-token latency per token, as vLLM and the OpenTelemetry GenAI "time per
         output token" define it: a read can carry several tokens (an engine under load
-        batches them into one chunk), so each gap is divided among the tokens the
-        stream's reads carried on average (usage's completion tokens over the reads
-        with content; one per read when the upstream reported no usage)."""
+        batches them into one chunk), so each gap between reads with content is divided
+        among the tokens it brought. With usage's completion tokens ``N`` over ``R``
+        reads, the tokens after the first read (``N - round(N / R)``, at most ``N - 1``)
+        are spread evenly over the ``R - 1`` gaps; one per gap without usage."""
         gaps = self._gaps
         if not gaps:
             return
         usage = self.tap.usage
         completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        per_read = 1
+        samples = len(gaps)
         if isinstance(completion, int) and completion > len(gaps) + 1:
-            per_read = round(completion / (len(gaps) + 1))
+            samples = min(completion - 1, completion - round(completion / (len(gaps) + 1)))
+        base, extra = divmod(samples, len(gaps))
         ex = self.exchange
         itl = self.metrics.itl_batch(provider=ex.provider, model=ex.public_model)
-        for gap in gaps:
-            itl.observe_many(gap / per_read, per_read)
+        for index, gap in enumerate(gaps):
+            tokens = base + (1 if index < extra else 0)
+            itl.observe_many(gap / tokens, tokens)
         itl.flush()
 
     async def _end_cut(self, send: Send) -> None:
