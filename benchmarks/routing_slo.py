@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/routing_slo.py [--json OUT.json] [--plot OUT.png]
                                               [--duration SECONDS] [--seed N] [--strategies a,b,c]
     .venv/bin/python benchmarks/routing_slo.py --scenarios all|cold,identical,... [--systems ...] [--json OUT.json]
+    .venv/bin/python benchmarks/routing_slo.py --tilert [--json OUT.json]   (benchmarks/tilert_admission.py)
 
 The second form runs the routing scenarios of ``benchmarks/routing_scenarios.py``
 (cold start after ordinary traffic, identical replicas, a replica that recovers, a
@@ -568,6 +569,11 @@ def routing_cost_us() -> dict[str, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--tilert" in argv:  # the TileRT admission scenario: benchmarks/tilert_admission.py
+        import tilert_admission
+
+        return tilert_admission.main([arg for arg in argv if arg != "--tilert"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="OUT", type=Path, help="write the results as JSON")
     parser.add_argument(

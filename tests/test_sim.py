@@ -595,8 +595,10 @@ def test_profiles_make_the_decode_pool_fast_and_the_upstream_slow_to_start():
     throughput = profile_for(provider("vllm", engine="vllm", api_base="http://127.0.0.1:9102/v1"))
     local_sglang = profile_for(provider("sglang_local", api_base="http://127.0.0.1:30000/v1"))
     upstream = profile_for(provider("taotoken", api_base="https://taotoken.net/api"))
-    assert decode.tpot_ms <= 2 and decode.max_batch_size == 8 and decode.prefix_cache
+    assert decode.profile == "tilert" and decode.tpot_ms <= 3 and decode.decode_nodes == 8
     assert decode.models == ("glm-5.1",) and decode.name == "tile-rt"
+    openai_decode = profile_for(provider("fast", role="decode", max_batch_size=8, enable_prefix_cache=True))
+    assert openai_decode.profile == "openai" and openai_decode.tpot_ms <= 2 and openai_decode.prefix_cache
     assert throughput.tpot_ms >= 20 and throughput.max_batch_size > 8 and not throughput.prefix_cache
     assert local_sglang.tpot_ms == throughput.tpot_ms
     assert upstream.ttft_overhead_ms >= 100 and 10 <= upstream.tpot_ms < throughput.tpot_ms
@@ -610,6 +612,11 @@ def test_argv_for_gives_flags_that_parse_back_to_the_same_options():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert options_from_args(parser.parse_args(["--port", "0", *argv_for(options)])) == options
+    tilert = SimOptions(profile="tilert", name="tile-rt", decode_nodes=2, ttft_overhead_ms=20.0, tpot_ms=2.5,
+                        prefill_tokens_per_second=20_000.0, tpot_growth_ms=0.0, decode_error_rate=0.5)  # fmt: skip
+    argv = argv_for(tilert)
+    assert argv[:2] == ["--profile", "tilert"] and "--tpot-ms" not in argv  # the profile's own defaults
+    assert options_from_args(parser.parse_args(["--port", "0", *argv])) == tilert
 
 
 def test_sim_help_exits_zero_and_bad_options_print_one_line():

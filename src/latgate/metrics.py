@@ -42,6 +42,7 @@ E2E_BUCKETS_SECONDS = (
 TOKENS_PER_SECOND_BUCKETS = (
     1, 5, 10, 20, 30, 40, 50, 75, 100, 150, 200, 300, 400, 500, 750, 1000, 1500, 2000, 3000, 5000, 10000,
 )
+ADMISSION_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0)
 OVERHEAD_BUCKETS_SECONDS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
     0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -100,6 +101,8 @@ class Metrics:
         self.hedges = Counter("latgate_hedges", "Hedged requests: a second copy sent because the first token was late, by the copy's provider", ("provider",), registry=r)
         self.hedge_wins = Counter("latgate_hedge_wins", "Hedged requests answered first by the copy (the original was cancelled)", ("provider",), registry=r)
         self.provider_info = Gauge("latgate_provider_info", "1 per configured provider, labelled with its role, connector and engine (empty when unset): dashboards join on it instead of naming providers", ("provider", "role", "connector", "engine"), multiprocess_mode="livemax", registry=r)
+        self.admission_wait = Histogram("latgate_admission_wait_seconds", "Time a latency-sensitive request was held for a free decode slot, by provider and outcome (admitted, timed_out)", ("provider", "outcome"), buckets=ADMISSION_BUCKETS_SECONDS, registry=r)
+        self.admission_declined = Counter("latgate_admission_declined", "Latency-sensitive requests not held for a decode slot: the predicted wait would miss their budget", ("provider",), registry=r)
         self.overhead = Histogram("latgate_gateway_overhead_seconds", "Time latgate itself spent on a request before sending it upstream", buckets=OVERHEAD_BUCKETS_SECONDS, registry=r)
         self._children: dict[tuple[object, ...], object] = {}
         self._info_labels: set[tuple[str, str, str, str]] = set()
@@ -182,6 +185,15 @@ class Metrics:
 
     def record_overflow(self, *, from_provider: str, to_provider: str) -> None:
         self._child(self.overflows, from_provider, to_provider).inc()
+
+    def record_admission_wait(self, *, provider: str, seconds: float, admitted: bool) -> None:
+        """A request held for a free decode slot of ``provider`` for ``seconds``; it got
+        one (``admitted``) or gave up at its budget."""
+        self._child(self.admission_wait, provider, "admitted" if admitted else "timed_out").observe(seconds)
+
+    def record_admission_declined(self, *, provider: str) -> None:
+        """A request that would have waited past its budget went on at once."""
+        self._child(self.admission_declined, provider).inc()
 
     def record_hedge(self, *, provider: str) -> None:
         """A hedge (second copy of a request) was sent to ``provider``."""

@@ -69,7 +69,10 @@ async def providers(request: Request) -> Response:
     in flight, queue, TTFT fit and prediction, decode speed, engine gauges, last probe
     (ids only, never URLs or keys; see :meth:`ProviderPool.describe`)."""
     gateway = _gateway(request)
-    body = {"strategy": gateway.config.routing.strategy, "providers": gateway.pool.describe()}
+    providers = gateway.pool.describe()
+    for name, admission in gateway.forwarder.admission.describe().items():
+        providers[name]["admission"] = admission  # type: ignore[index]
+    body = {"strategy": gateway.config.routing.strategy, "providers": providers}
     return Response(orjson.dumps(body), media_type="application/json")
 
 

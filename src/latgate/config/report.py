@@ -220,7 +220,7 @@ async def _probe_all(config: Config, *, env: Mapping[str, str], out: TextIO) -> 
             except (OSError, ssl.SSLError, ValueError):
                 egress = None
             for endpoint in provider.endpoints:
-                url = connector.url(endpoint, connector.health_path)
+                url = connector.health_url(endpoint)
                 ok, detail = await _probe_one(client, url, headers=headers, egress=egress)
                 all_ok &= ok
                 shown = f"{mask_userinfo(url)}  {mask_userinfo(detail)}"

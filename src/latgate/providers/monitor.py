@@ -1,19 +1,21 @@
 """Background reads of every endpoint: active health probes and engine load gauges.
 
-- Probes: ``GET`` of the connector's ``health_path`` (``/models`` under the versioned
-  base URL by default) with the provider's key, every ``[health] probe_interval_sec``,
+- Probes: ``GET`` of the connector's health URL (``/models`` under the versioned
+  base URL by default, TileRT's ``/health`` at the server root) with the provider's key, every ``[health] probe_interval_sec``,
   starting one interval after start-up, and only of endpoints that answered no request
   during the last interval (live traffic is evidence enough, and costs nothing).
   Any answer below 500 is alive (a 404 or 401 says the server is up); a 5xx, a refused
   connection or no answer within ``probe_timeout_sec`` is a failed probe
   (:meth:`~latgate.providers.pool.ProviderPool.record_probe`: two in a row open the
   circuit, one good one closes a half-open circuit).
-- Engine load: where the connector names Prometheus gauges (vLLM
-  ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` at ``/metrics`` of the
-  server root; SGLang ``sglang:num_running_reqs`` / ``sglang:num_queue_reqs``), every
-  ``load_interval_sec``; the TTFT prediction counts the requests the engine has beyond
-  latgate's own; an endpoint whose circuit opened for errors and whose engine answers
-  here again gets its trial request at once. An endpoint that answers 404 there is not asked again. A failed read
+- Engine load: the connector's load pages under the server root, every
+  ``load_interval_sec`` (vLLM ``vllm:num_requests_running`` /
+  ``vllm:num_requests_waiting`` at ``/metrics``; SGLang ``sglang:num_running_reqs`` /
+  ``sglang:num_queue_reqs``; TileRT ``/health``'s ``decode_free`` and
+  ``/pool_status``'s node count, which becomes the endpoint's capacity); the TTFT
+  prediction counts the requests the engine has beyond latgate's own; an endpoint
+  whose circuit opened for errors and whose engine answers here again gets its trial
+  request at once. A page that answers 404 is not asked for again. A failed read
   changes nothing (the numbers go stale and are ignored after a few seconds).
 - Model lists: where the connector sets ``models_catalog`` (vLLM, SGLang), ``GET
   {base_url}/models`` at start-up and every ``CATALOG_INTERVAL_SECONDS``, kept as the
@@ -29,54 +31,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 
+from latgate.connectors.load import parse_gauges, root_url
 from latgate.providers.catalog import CATALOG_INTERVAL_SECONDS, parse_catalog
 from latgate.providers.pool import ProviderPool, ProviderRuntime
 from latgate.providers.state import EndpointState
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
 
+__all__ = ["Monitor", "parse_gauges", "root_url", "run_monitor"]  # parse_gauges: also read by benchmarks
 log = logging.getLogger("latgate")
-_VERSION_SUFFIX = re.compile(r"/v\d+(?:beta\d*|alpha\d*)?$")
 DISABLED_RECHECK_SECONDS = 5.0
 """A loop turned off by its interval (0) looks again this often (a reload may turn it on)."""
-
-
-def parse_gauges(text: str, names: tuple[str, ...]) -> dict[str, float]:
-    """Sum each named metric's samples in Prometheus text exposition format.
-
-    Lines are ``name{labels} value [timestamp]`` or ``name value``; comments and other
-    metrics are skipped, as are unparsable values. Names never seen are absent.
-
-    Example::
-
-        parse_gauges('vllm:num_requests_running{model_name="m"} 3.0\\n', ("vllm:num_requests_running",))
-        # {'vllm:num_requests_running': 3.0}
-    """
-    totals: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        for name in names:
-            if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
-                rest = line[len(name) :]
-                if rest[0] == "{":
-                    rest = rest[rest.rfind("}") + 1 :]
-                parts = rest.split()
-                try:
-                    value = float(parts[0])
-                except (IndexError, ValueError):
-                    break
-                totals[name] = totals.get(name, 0.0) + value
-                break
-    return totals
-
-
-def root_url(base_url: str) -> str:
-    """The server root of a versioned base URL (``http://h:1/v1`` -> ``http://h:1``)."""
-    return _VERSION_SUFFIX.sub("", base_url)
 
 
 class Monitor:
@@ -90,7 +57,7 @@ class Monitor:
     def __init__(self, *, pool: ProviderPool, client: UpstreamClient) -> None:
         self.pool = pool
         self.client = client
-        self._no_gauges: set[str] = set()
+        self._no_gauges: set[tuple[str, str]] = set()  # (endpoint key, load path) that answered 404
 
     def _endpoints(self) -> list[tuple[ProviderRuntime, EndpointState]]:
         return [(runtime, ep) for runtime in self.pool.providers.values() for ep in runtime.endpoints]
@@ -113,13 +80,9 @@ class Monitor:
         await asyncio.gather(*(self._probe(runtime, ep) for ep in runtime.endpoints))
 
     async def read_load_once(self) -> None:
-        """Read every engine's load gauges once, concurrently (connectors that have them)."""
+        """Read every engine's load once, concurrently (connectors that have load pages)."""
         await asyncio.gather(
-            *(
-                self._read_load(runtime, ep)
-                for runtime, ep in self._endpoints()
-                if runtime.connector.load_metrics_path and ep.key not in self._no_gauges
-            )
+            *(self._read_load(runtime, ep) for runtime, ep in self._endpoints() if runtime.connector.load_paths())
         )
 
     async def read_catalogs_once(self) -> None:
@@ -144,7 +107,7 @@ class Monitor:
                 endpoint.catalog = catalog
 
     async def _probe(self, runtime: ProviderRuntime, endpoint: EndpointState) -> None:
-        url = runtime.connector.url(endpoint.config, runtime.connector.health_path)
+        url = runtime.connector.health_url(endpoint.config)
         timeout = self.pool.config.health.probe_timeout_sec
         started = time.perf_counter()
         try:
@@ -163,35 +126,30 @@ class Monitor:
 
     async def _read_load(self, runtime: ProviderRuntime, endpoint: EndpointState) -> None:
         connector = runtime.connector
-        url = root_url(endpoint.config.base_url) + (connector.load_metrics_path or "")
-        names = tuple(name for name in (connector.running_metric, connector.waiting_metric) if name)
+        paths = [path for path in connector.load_paths() if (endpoint.key, path) not in self._no_gauges]
+        if not paths:
+            return
+        root = root_url(endpoint.config.base_url)
+        pages = await asyncio.gather(*(self._page(runtime, endpoint, root, path) for path in paths))
+        load = connector.parse_load({path: text for path, text in zip(paths, pages, strict=True) if text is not None})
+        if load is not None:
+            self.pool.record_engine_load(runtime, endpoint, running=load.running, waiting=load.waiting, capacity=load.capacity)
+
+    async def _page(self, runtime: ProviderRuntime, endpoint: EndpointState, root: str, path: str) -> str | None:
+        """One load page's text; None when it did not answer 200 (a 404: never asked again)."""
         timeout = self.pool.config.health.probe_timeout_sec
         try:
             async with asyncio.timeout(timeout):
                 response = await self.client.get(
-                    url=url, headers=runtime.auth_headers, timeout_seconds=timeout, egress=runtime.egress
+                    url=root + path, headers=runtime.auth_headers, timeout_seconds=timeout, egress=runtime.egress
                 )
         except (UpstreamFailure, TimeoutError):
-            return
+            return None
         if response.status_code == 404:
-            self._no_gauges.add(endpoint.key)
-            log.info("endpoint %s exports no load gauges: not read again", endpoint.config.id)
-            return
-        if response.status_code != 200:
-            return
-        gauges = parse_gauges(response.text, names)
-        running, waiting = (
-            gauges.get(connector.running_metric or ""),
-            gauges.get(connector.waiting_metric or ""),
-        )
-        if running is None and waiting is None:
-            return
-        self.pool.record_engine_load(
-            runtime,
-            endpoint,
-            running=None if running is None else int(running),
-            waiting=None if waiting is None else int(waiting),
-        )
+            self._no_gauges.add((endpoint.key, path))
+            log.info("endpoint %s does not serve %s: not read again", endpoint.config.id, path)
+            return None
+        return response.text if response.status_code == 200 else None
 
 
 async def run_monitor(

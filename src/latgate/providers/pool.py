@@ -133,6 +133,10 @@ class ProviderPool:
             settings=config.health, store=circuits or MemoryCircuitStore(), clock=clock
         )
         self.latency_ejection = config.routing.strategy == "latgate"
+        self.slot_freed: Callable[[ProviderRuntime, EndpointState, float | None], None] | None = None
+        """Called when a slot of an endpoint whose engine does not queue may have freed,
+        with how long the request that left held it (seconds; None when unknown or it
+        failed); set by :class:`~latgate.providers.admission.Admission`."""
         self._metrics = metrics
         self.providers: dict[str, ProviderRuntime] = {}
         for name, provider in config.providers.items():
@@ -295,6 +299,8 @@ class ProviderPool:
             self._judge_latency(provider, endpoint, ticket, elapsed_ms, censored=True)
         elif ticket.succeeded:
             endpoint.observe_slot((elapsed_ms - ticket.queue_ms) / 1000.0)
+        if self.slot_freed is not None and not provider.connector.queues:
+            self.slot_freed(provider, endpoint, elapsed_ms / 1000.0 if ticket.succeeded else None)
 
     def record_first_token(
         self, provider: ProviderRuntime, endpoint: EndpointState, ticket: Ticket, *, ttft_ms: float
@@ -332,6 +338,11 @@ class ProviderPool:
         if tokens > 1 and seconds > 0:
             endpoint.observe_itl(seconds * 1000.0 / (tokens - 1))
 
+    def record_busy(self, endpoint: EndpointState) -> None:
+        """The endpoint answered that it has no free slot (TileRT's busy 429): it counts
+        as full until its next load read or until one of latgate's requests there ends."""
+        endpoint.observe_full(now=self.clock())
+
     def record_probe(
         self, provider: ProviderRuntime, endpoint: EndpointState, *, ok: bool, ms: float
     ) -> None:
@@ -340,12 +351,20 @@ class ProviderPool:
         self._apply(provider, endpoint, self.breaker.on_probe(endpoint.key, ok=ok))
 
     def record_engine_load(
-        self, provider: ProviderRuntime, endpoint: EndpointState, *, running: int | None, waiting: int | None
+        self,
+        provider: ProviderRuntime,
+        endpoint: EndpointState,
+        *,
+        running: int | None,
+        waiting: int | None,
+        capacity: int | None = None,
     ) -> None:
-        """The engine's own load gauges, just read: it answers, so an endpoint open for
-        errors gets its trial request now."""
-        endpoint.observe_engine(running=running, waiting=waiting, now=self.clock())
+        """The engine's own load, just read (``capacity``: the slots it says it has): it
+        answers, so an endpoint open for errors gets its trial request now."""
+        endpoint.observe_engine(running=running, waiting=waiting, now=self.clock(), capacity=capacity)
         self._apply(provider, endpoint, self.breaker.on_alive(endpoint.key))
+        if self.slot_freed is not None and not provider.connector.queues:
+            self.slot_freed(provider, endpoint, None)
 
     # -- internals -----------------------------------------------------------------------
 

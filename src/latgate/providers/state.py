@@ -66,7 +66,8 @@ class EndpointState:
         key: ``PROVIDER:ENDPOINT_ID``, the endpoint's name in the circuit store.
         breaker: the pool's circuit breaker (this endpoint's record is ``key``).
         predictor: TTFT (ms) against prompt tokens, queueing taken out.
-        capacity: batch slots from the config, or None.
+        capacity: batch slots: the engine's own count when its connector reads one
+            (TileRT's ``/pool_status``), else the config's hint, or None.
         in_flight: requests latgate has on it now; ``requests``: since start;
             ``failures``: failed requests since start.
         slot_seconds: recency-weighted time a request holds a batch slot.
@@ -278,8 +279,25 @@ class EndpointState:
         if not ok:
             self.failures += 1
 
-    def observe_engine(self, *, running: int | None, waiting: int | None, now: float) -> None:
-        """The engine's load gauges, read at ``now``."""
+    def observe_full(self, *, now: float) -> None:
+        """The engine refused a request for want of a slot: every slot is taken (by
+        latgate's other requests in flight, and others), as if read from its gauges."""
+        own = max(0, self.in_flight - 1)  # the refused attempt is still counted, and about to end
+        capacity = self.capacity or self.inferred_capacity
+        if capacity is None and own:
+            self.inferred_capacity = capacity = own
+        self.engine_running, self.engine_waiting = max(capacity or 0, own), 0
+        self.engine_read_at, self.engine_own_in_flight = now, own
+
+    def observe_engine(
+        self, *, running: int | None, waiting: int | None, now: float, capacity: int | None = None
+    ) -> None:
+        """The engine's load gauges, read at ``now``; ``capacity``: the slots the engine
+        says it has (TileRT's decode nodes), which replaces the configured hint."""
+        if capacity:
+            self.capacity = capacity
+        if running is None and waiting is None:
+            return
         self.engine_running, self.engine_waiting = running, waiting
         self.engine_read_at = now
         self.engine_own_in_flight = self.in_flight

@@ -2,6 +2,10 @@
 ``latgate_upstream_errors_total``) and turned into the client-facing error, in the
 OpenAI envelope, with whether another attempt can help.
 
+A provider that says it is full (TileRT's 429 "all decode nodes busy", see
+:meth:`~latgate.connectors.Connector.busy`) is not failing: the request moves on to the
+next candidate at once, and nothing counts against the endpoint's health.
+
 Retryable: connection failures, timeouts, HTTP 408/429/500/502/503/504, an HTML 200,
 a 200 stream without content and in-band server error events. 401/403 mean the
 provider rejects latgate's own key: not retried on that provider, but its fallbacks
@@ -49,10 +53,13 @@ NO_FIRST_TOKEN = UpstreamFailure("timeout", "no first token before the first-tok
 class AttemptFailed(Exception):
     """One attempt failed before anything reached the client."""
 
-    def __init__(self, error: GatewayError, *, retryable: bool, retry_after: float | None = None) -> None:
+    def __init__(
+        self, error: GatewayError, *, retryable: bool, retry_after: float | None = None, busy: bool = False
+    ) -> None:
         self.error = error
         self.retryable = retryable
         self.retry_after = retry_after
+        self.busy = busy  # the provider is full now (TileRT's busy 429): on to the next candidate
 
 
 class Failures:
@@ -94,8 +101,10 @@ class Failures:
     async def status_failure(
         self, provider: ProviderRuntime, endpoint: EndpointState, response: Any, deadline: float | None
     ) -> AttemptFailed:
-        """A non-200 answer. 4xx/5xx: the upstream's error, redacted, with its status
-        (retried where :data:`RETRYABLE_STATUSES` says). Any other status (a 204, a
+        """A non-200 answer. 4xx/5xx: the upstream's error (an OpenAI error object or
+        a bare string ``{"error": "MESSAGE"}``), redacted, with its status (retried
+        where :data:`RETRYABLE_STATUSES` says; ``busy`` when the connector says the
+        provider is full). Any other status (a 204, a
         redirect): not an answer to a completion, so the provider's failure (502)."""
         status = response.status_code
         if 300 <= status < 400:  # a same-origin 307/308 was followed already (upstream.py)
@@ -114,6 +123,9 @@ class Failures:
                     data += chunk
                     if len(data) >= MAX_ERROR_BODY_BYTES:
                         break
+        if provider.connector.busy(status, data):  # full, not failing: nothing against its health
+            self.pool.record_busy(endpoint)
+            return AttemptFailed(upstream_error(provider, status, data), retryable=False, busy=True)
         retryable = status in RETRYABLE_STATUSES
         if retryable or status in PROVIDER_AUTH_STATUSES:
             self.pool.record_outcome(provider, endpoint, ok=status == 429)
@@ -128,7 +140,9 @@ class Failures:
         return AttemptFailed(error, retryable=retryable, retry_after=retry_after)
 
 
-    def error_event(self, provider: ProviderRuntime, endpoint: EndpointState, error: dict[str, Any]) -> AttemptFailed:
+    def error_event(
+        self, provider: ProviderRuntime, endpoint: EndpointState, error: dict[str, Any], *, error_kind: str = "error_event"
+    ) -> AttemptFailed:
         """An error object as the first event of a 200 stream. A client error (the
         upstream says 400, e.g. context too long) is returned as a 400 and not retried;
         anything else is the provider's failure."""
@@ -137,7 +151,7 @@ class Failures:
         if code in (400, "400", 422, "422") or kind in ("invalid_request_error", "BadRequestError"):
             return AttemptFailed(InvalidRequest(f"provider {provider.name!r}: {message}"), retryable=False)
         self.pool.record_outcome(provider, endpoint, ok=False)
-        self.metrics.record_upstream_error(provider=provider.name, kind="error_event")
+        self.metrics.record_upstream_error(provider=provider.name, kind=error_kind)
         return AttemptFailed(UpstreamError(f"provider {provider.name!r}: {message}"), retryable=True)
 
     async def wrong_content_type(

@@ -7,12 +7,18 @@ carries nothing a client can show, and holding it costs nothing in time to first
 token, but it means an upstream that fails, stalls past ``first_token_timeout_sec`` or
 answers a 200 whose first event is an error object can still be retried or failed over.
 
+A latency-sensitive request whose pool refuses rather than queues (TileRT) may first be
+held for a free slot while its budget allows (:mod:`latgate.providers.admission`).
 Where each attempt goes is the :class:`~latgate.providers.selection.Selector`'s plan
 (``routing.strategy``): the provider order (an overflow first, reason
 ``overflow:FROM``), the endpoint, and under strategy ``latgate`` a first-token deadline
 from the request's budget (see :mod:`latgate.routing.policies.deadline`) and, when the
 route policy asks for it, a hedge: a second copy sent when the first token is late,
 the first to produce content forwarded and the other cancelled (:mod:`.hedge`).
+
+A provider that answers that it is full (TileRT's busy 429) is not retried: the request
+goes on at once to the next candidate (reason ``overflow:FROM``, counted in
+``latgate_overflows_total``), with no back-off and nothing against the provider's health.
 
 Which failures are retried, and how each becomes the client's error, is
 :mod:`latgate.proxy.failures`. One is retried on the same endpoint at once, whatever
@@ -35,6 +41,7 @@ from latgate.config.schema import Config
 from latgate.errors import ContextLengthExceeded, GatewayError, UpstreamUnavailable
 from latgate.metrics import Metrics
 from latgate.providers import EndpointState, ProviderPool, ProviderRuntime, Ticket
+from latgate.providers.admission import Admission, overflow_targets
 from latgate.providers.catalog import context_tokens, fits, window_refusal
 from latgate.providers.selection import RoutePlan, Selector
 from latgate.proxy.answer import Answer
@@ -104,6 +111,9 @@ class Forwarder:
         self._failures = Failures(pool=pool, metrics=metrics)
         self._sleep = sleep
         self.selector = selector or Selector(config=config, pool=pool)
+        self.admission = Admission(
+            pool=pool, metrics=metrics, enabled=config.routing.admission and self.selector.strategy == "latgate"
+        )
 
     async def forward(
         self,
@@ -143,7 +153,8 @@ class Forwarder:
     async def _planned(
         self, exchange: Exchange, decision: RouteDecision, body: dict[str, Any], path: str, transform: ResponseTransform | None
     ) -> Any:
-        plan = self.selector.plan(decision, body)
+        decision = await self.admission.hold(decision, explain=exchange.extra if decision.explain else None)
+        plan = self.selector.plan(decision, body)  # at once: a slot admission held for it is free for it
         try:
             return await self._forward(exchange, decision, plan, body, path, transform)
         finally:
@@ -170,15 +181,23 @@ class Forwarder:
         max_retries = self._config.defaults.max_retries
         last: GatewayError = UpstreamUnavailable("no provider could take the request")
         previous: str | None = None
+        busy_from: str | None = None
         tried: list[EndpointState] = []
         refused: list[tuple[str, int]] = []  # providers none of whose endpoints' windows fit the prompt
-        for position, target in enumerate(plan.targets):
+        targets = list(plan.targets)
+        position = -1
+        while position + 1 < len(targets):
+            position += 1
+            target = targets[position]
             provider = self._pool[target.provider]
             small = [ep for ep in provider.endpoints if not fits(ep.catalog, target.model, plan.prompt_tokens)]
             if len(small) == len(provider.endpoints):
                 refused.append((provider.name, min(context_tokens(ep.catalog, target.model) or 0 for ep in small)))
                 continue
-            if previous is not None:
+            if busy_from is not None:
+                self._metrics.record_overflow(from_provider=busy_from, to_provider=target.provider)
+                busy_from = None
+            elif previous is not None:
                 self._metrics.record_fallback(from_provider=previous, to_provider=target.provider)
             previous = target.provider
             if is_large(body):  # encoded in slices off the event loop (latgate.api.largebody)
@@ -195,7 +214,7 @@ class Forwarder:
                     if endpoint in small:
                         break  # the endpoints whose window fits are all tried or unavailable
                 tried.append(endpoint)
-                last_attempt = attempt == max_retries and position == len(plan.targets) - 1
+                last_attempt = attempt == max_retries and position == len(targets) - 1
                 try:
                     if plan.hedge is not None and exchange.stream and len(tried) == 1:
                         return await self._hedged(exchange, decision, plan, target, provider, endpoint, payload, body, path, transform)
@@ -204,6 +223,10 @@ class Forwarder:
                     )
                 except AttemptFailed as failed:
                     last = failed.error
+                    if failed.busy:  # full, not failing: the next candidate at once, no retry here
+                        busy_from = provider.name
+                        targets[position + 1 :] = overflow_targets(targets[position + 1 :], decision, busy_from)
+                        break
                     if not failed.retryable or attempt == max_retries:
                         break
                     delay = failed.retry_after
@@ -283,7 +306,12 @@ class Forwarder:
         exchange.upstream_model, exchange.reason = target.model, target.reason
         exchange.attempts += 1
         limit = self._config.defaults.max_event_bytes
-        tap = StreamTap(drop_usage_chunk=tap_drop(body), model_rewrite=model_rewrite(body, target), max_event_bytes=limit) if exchange.stream else None
+        text_error = provider.connector.text_error
+        tap = (
+            StreamTap(drop_usage_chunk=tap_drop(body), model_rewrite=model_rewrite(body, target), max_event_bytes=limit, text_error=text_error)
+            if exchange.stream
+            else None
+        )
         stack = contextlib.AsyncExitStack()
         if plan.reserved and endpoint is plan.endpoint:  # counted in flight from here on
             plan.reserved = False
@@ -396,7 +424,7 @@ class Forwarder:
         except UpstreamFailure as failure:
             raise self._failures.failed(provider, endpoint, failure) from None
         if tap.error is not None:
-            raise self._failures.error_event(provider, endpoint, tap.error)
+            raise self._failures.error_event(provider, endpoint, tap.error, error_kind=tap.error_kind)
         if tap.aborted and not units:
             raise self._failures.bad_response(provider, endpoint, "aborted the stream before any content")
         if ended and not units and not tap.done and not tap.finished:
@@ -456,7 +484,8 @@ class Forwarder:
             parsed = None
         if isinstance(parsed, dict):
             if parsed.get("error") is not None and "choices" not in parsed and "data" not in parsed:
-                raise self._failures.error_event(provider, endpoint, parsed["error"] if isinstance(parsed["error"], dict) else {})
+                error = parsed["error"]  # an OpenAI error object, or a bare string (TileRT's)
+                raise self._failures.error_event(provider, endpoint, error if isinstance(error, dict) else {"message": str(error)})
             if aborted_answer(parsed):  # nothing reached the client yet: retried like any failure before the first byte
                 raise self._failures.bad_response(provider, endpoint, "ended its answer with finish_reason 'abort'")
             exchange.apply_usage(parsed.get("usage"))

@@ -10,9 +10,10 @@ here with one watcher task keeps the per-chunk path to one ``send`` call.
 
 An upstream that finished every choice and closed without ``data: [DONE]`` gets one
 appended (the OpenAI SDKs and most clients wait for it). After output began, a failing
-upstream (a broken connection, an in-band error event, whose text is redacted, or a
-close before every choice had its ``finish_reason``: see
-:func:`~latgate.proxy.sse.stream_unfinished`) ends the stream with one SSE error event
+upstream (a broken connection, an in-band error event or an error written into the
+text, whose text is redacted, or a close before every choice had its
+``finish_reason``: see :func:`~latgate.proxy.sse.stream_unfinished`) ends the stream
+with one SSE error event
 ``data: {"error": {...}}`` and no ``[DONE]``, so clients see a failure rather than a
 silently truncated answer (the OpenAI Python SDK raises ``APIError`` on such an event).
 A stream the engine itself ended with ``finish_reason: "abort"`` is relayed as the
@@ -185,7 +186,7 @@ class StreamRelay:
                     if units and ex.first_token_at is None:
                         self._first_token(clock())
             if tap.error is not None:
-                failure = self._fail("error_event", redact_text(str(tap.error.get("message") or "error"), self.secrets))
+                failure = self._fail(tap.error_kind, redact_text(str(tap.error.get("message") or "error"), self.secrets))
             else:
                 unfinished = stream_unfinished(tap)
                 if unfinished is not None:

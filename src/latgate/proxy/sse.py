@@ -56,13 +56,18 @@ class StreamTap:
     """Per-stream parser state.
 
     Args:
-        drop_usage_chunk: drop events whose ``choices`` is empty and that carry
-            ``usage`` (latgate added ``stream_options.include_usage`` itself).
+        drop_usage_chunk: the client did not ask for usage: drop events whose
+            ``choices`` is empty and that carry ``usage`` (latgate added
+            ``stream_options.include_usage`` itself), and take ``usage`` out of a chunk
+            with choices that carries it anyway (TileRT's finish chunk always does).
         model_rewrite: ``(served, public)`` model names: ``"model":"served"`` becomes
             ``"model":"public"`` in forwarded bytes.
         max_event_bytes: the largest partial event kept while waiting for its end
             (``[defaults] max_event_bytes``); beyond it :meth:`feed` drops it and raises
             ``UpstreamFailure("too_large")``. ``None``: unbounded.
+        text_error: a marker an engine writes into a content delta to report a failure
+            in the text (TileRT: ``[decode error: ``); such a chunk is an in-band error
+            (``error``), never forwarded.
 
     Attributes (read after feeding):
         content_chunks: generated-content units seen (a choice whose delta carries
@@ -78,8 +83,11 @@ class StreamTap:
         responses: the stream is a Responses API event stream (no ``[DONE]`` there).
         aborted: a choice ended with ``finish_reason: "abort"`` (vLLM's, when the
             engine gave up on the request, e.g. on shutdown): the answer is incomplete.
-        error: the first ``error`` object an event carried; such events are not
+        error: the first ``error`` object an event carried (or the error a content
+            delta wrote into the text); such events, and any after them, are not
             forwarded (the relay sends its own redacted error event instead).
+        error_kind: ``decode_error`` for an error written into the text, else
+            ``error_event``.
         events: complete events seen.
     """
 
@@ -93,12 +101,15 @@ class StreamTap:
         "_pending",
         "_rewrite",
         "_sep",
+        "_strip",
         "_template",
+        "_text_error",
         "_unstamped",
         "aborted",
         "content_chunks",
         "done",
         "error",
+        "error_kind",
         "events",
         "finish_reason",
         "responses",
@@ -111,9 +122,12 @@ class StreamTap:
         drop_usage_chunk: bool = False,
         model_rewrite: tuple[str, str] | None = None,
         max_event_bytes: int | None = None,
+        text_error: bytes | None = None,
     ) -> None:
         self._pending = b""
         self._max_event = max_event_bytes
+        self._text_error = text_error
+        self._strip: dict[str, Any] | None = None  # the chunk just parsed, to forward without its usage
         self._sep: bytes | None = None
         self._drop_usage = drop_usage_chunk
         self._rewrite: tuple[tuple[bytes, bytes], ...] | None = None
@@ -132,6 +146,7 @@ class StreamTap:
         self.usage: dict[str, Any] | None = None
         self.done = False
         self.error: dict[str, Any] | None = None
+        self.error_kind = "error_event"
         self.events = 0
         self.finish_reason: str | None = None
         self.responses = False
@@ -146,8 +161,13 @@ class StreamTap:
 
         Linear in the bytes fed: a partial event is kept in a ``bytearray`` and only the
         new bytes (plus the separator's length) are searched for a boundary, so one huge
-        event arriving in many reads costs no more than its size.
+        event arriving in many reads costs no more than its size. After an error nothing
+        more is forwarded.
         """
+        if self.error is not None:
+            if b"[DONE]" in data:
+                self.done = True
+            return b"", 0
         if (
             self._sep is _LF_SEP
             and not self._pending
@@ -167,6 +187,8 @@ class StreamTap:
                 if self._held is not None:
                     return self._rewritten(self._release(_LF_SEP)), 0
                 return b"", 0
+            if self._strip is not None:
+                data = self._stripped() + b"\n\n"
             if self._held is not None or self._unstamped:
                 self._hold(data[:-2])
                 return b"", units
@@ -231,6 +253,7 @@ class StreamTap:
         edited = False
         kept: list[bytes] = []
         events = complete.split(sep)
+        failed = self.error is not None
         for event in events:
             if not event:
                 continue
@@ -239,6 +262,12 @@ class StreamTap:
                 result = self._chunk(event[6:])  # the common one-line event, inline
             else:
                 result = self._inspect(event, sep)
+            if failed or self.error is not None:  # nothing from an error on is forwarded
+                failed, edited, self._strip = True, True, None
+                continue
+            if self._strip is not None:
+                event = self._stripped()
+                edited = True
             if self._held is not None and (result < 0 or self.done):
                 kept.append(self._release(sep).removesuffix(sep))  # the usage chunk, or [DONE]: the held go first
                 edited = True
@@ -298,9 +327,28 @@ class StreamTap:
             return 0
         return self._chunk(payload)
 
+    def _stripped(self) -> bytes:
+        """The chunk just parsed, re-encoded without its ``usage``."""
+        chunk, self._strip = self._strip or {}, None
+        del chunk["usage"]
+        return b"data: " + orjson.dumps(chunk)
+
+    def _in_text_error(self, content: object) -> bool:
+        """A content delta reporting a failure in the text (``\\n[decode error: MESSAGE]``)."""
+        marker = (self._text_error or b"").decode()
+        if not isinstance(content, str) or marker not in content:
+            return False
+        if self.error is None:
+            message = content.strip().removeprefix("[").removesuffix("]")
+            self.error = {"message": message, "type": "api_error", "code": "decode_error"}
+            self.error_kind = "decode_error"
+        return True
+
     def _chunk(self, payload: bytes) -> int:
         """Content units in one event's data; -1 when the event is to be dropped."""
         template = self._template
+        if self._text_error is not None and self._text_error in payload:
+            template = None  # looked at: its text may be an error
         if template is not None and template.matches(payload):
             self.content_chunks += 1
             return 1
@@ -345,6 +393,8 @@ class StreamTap:
             else:
                 self._open.add(choice.get("index", 0))
             delta = choice.get("delta")
+            if self._text_error is not None and isinstance(delta, dict) and self._in_text_error(delta.get("content")):
+                return -1
             if isinstance(delta, dict):
                 if (
                     delta.get("content")
@@ -356,6 +406,8 @@ class StreamTap:
             elif choice.get("text"):
                 units += 1
         self.content_chunks += units
+        if usage and self._drop_usage:
+            self._strip = chunk
         if units == 1 and self._learn and not usage and len(choices) == 1 and isinstance(delta, dict):
             self._learn -= 1
             self._template = ChunkTemplate.of(payload, delta) or self._template

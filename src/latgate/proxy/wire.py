@@ -81,6 +81,9 @@ def client_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, b
     candidates = exchange.extra.get("route_candidates")
     if candidates:
         pairs.append(("x-latgate-route-candidates", candidates))
+    admission = exchange.extra.get("admission")
+    if admission:
+        pairs.append(("x-latgate-admission", admission))
     return [(k.encode(), v.encode("latin-1", "replace")) for k, v in pairs]
 
 

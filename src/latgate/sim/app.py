@@ -43,6 +43,7 @@ from latgate.sim.prefix_cache import prefix_digests
 from latgate.sim.replies import ChoicePlan
 from latgate.sim.responses import ResponsesSend
 from latgate.sim.stats import ReceivedRequest, SimStats, prometheus_text
+from latgate.sim.tilert import TileRtApp
 from latgate.translate.responses_request import responses_to_chat
 from latgate.translate.responses_stream import ResponsesStreamTransform
 
@@ -53,8 +54,9 @@ class _MethodNotAllowed(GatewayError):
     code = "method_not_allowed"
 
 
-def create_sim_app(options: SimOptions, *, clock: Clock | None = None) -> SimApp:
-    """Build one simulated engine as an ASGI app.
+def create_sim_app(options: SimOptions, *, clock: Clock | None = None) -> SimApp | TileRtApp:
+    """Build one simulated engine as an ASGI app (TileRT's router for
+    ``options.profile == "tilert"``, see :mod:`latgate.sim.tilert`).
 
     Args:
         options: timing, limits and faults (:class:`~latgate.sim.options.SimOptions`).
@@ -67,6 +69,8 @@ def create_sim_app(options: SimOptions, *, clock: Clock | None = None) -> SimApp
             with serve_app(create_sim_app(SimOptions(models=("m",)))) as base_url:
                 httpx.post(base_url + "/v1/chat/completions", json={...})
     """
+    if options.profile == "tilert":
+        return TileRtApp(options=options, clock=clock or MonotonicClock())
     return SimApp(options=options, clock=clock or MonotonicClock())
 
 

@@ -1,6 +1,8 @@
 """``latgate sim``: run one simulated engine under uvicorn.
 
 Every :class:`~latgate.sim.options.SimOptions` field is a flag (``--tpot-ms 2``...).
+``--profile tilert`` serves TileRT's prefill/decode router instead of an OpenAI engine
+(:mod:`latgate.sim.tilert`), with its own timing defaults for the flags not given.
 :func:`argv_for` gives the flags for a set of options, so ``latgate demo`` can start
 simulators as subprocesses from :func:`~latgate.sim.profiles.profile_for`.
 """
@@ -13,9 +15,11 @@ import logging
 import socket
 import sys
 
-from latgate.sim.options import SimOptions
+from latgate.sim.options import PROFILES, SimOptions
+from latgate.sim.tilert import TILERT_DEFAULTS
 
 _DEFAULTS = SimOptions()
+_PROFILE_DEFAULTS = {"openai": _DEFAULTS, "tilert": TILERT_DEFAULTS}
 _INCOMPLETE_RESPONSE = "ASGI callable returned without completing response."
 
 # (flag, field, type, help); help may use %(default)s.
@@ -38,6 +42,12 @@ _FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("--stall-ms", "stall_ms", float, "length of that pause (default: %(default)s)"),
     ("--drop-rate", "drop_rate", float,
      "probability of closing the connection mid-reply, without [DONE] (default: %(default)s)"),
+    ("--decode-nodes", "decode_nodes", int,
+     "profile tilert: decode nodes, one request each; all busy -> 429 (default: %(default)s)"),
+    ("--decode-error-rate", "decode_error_rate", float,
+     "profile tilert: probability of a [decode error: ...] written into a stream (default: %(default)s)"),
+    ("--decode-error-after-tokens", "decode_error_after_tokens", int,
+     "profile tilert: content tokens sent before that decode error (default: %(default)s)"),
     ("--seed", "seed", int, "seed for reproducible faults (default: random)"),
 )  # fmt: skip
 
@@ -46,6 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``latgate sim``'s flags to ``parser``."""
     parser.add_argument("--port", type=int, required=True, help="port to listen on (0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default="openai",
+        help="openai: an OpenAI-compatible engine; tilert: TileRT's PD router (/health with decode_free, "
+        "/pool_status, 429 when every decode node is busy; its defaults: 20 ms + 20 000 prompt tokens/s "
+        "to first token, 2.5 ms per token) (default: %(default)s)",
+    )
     parser.add_argument(
         "--model",
         action="append",
@@ -64,9 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             if kind is str
             else "N"
         )
-        parser.add_argument(
-            flag, dest=field, type=kind, default=getattr(_DEFAULTS, field), metavar=metavar, help=help_text
-        )
+        # None: not given, so the profile's default applies (help shows the openai one)
+        parser.add_argument(flag, dest=field, type=kind, default=None, metavar=metavar, help=help_text % {"default": getattr(_DEFAULTS, field)})
     parser.add_argument(
         "--prefix-cache",
         action=argparse.BooleanOptionalAction,
@@ -77,18 +94,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def options_from_args(args: argparse.Namespace) -> SimOptions:
     """The :class:`SimOptions` the parsed flags describe. Raises ``ValueError`` on a bad value."""
-    values = {field: getattr(args, field) for _, field, _, _ in _FLAGS}
-    return dataclasses.replace(_DEFAULTS, models=tuple(args.models), prefix_cache=args.prefix_cache, **values)
+    base = _PROFILE_DEFAULTS[args.profile]
+    values = {field: getattr(args, field) for _, field, _, _ in _FLAGS if getattr(args, field) is not None}
+    return dataclasses.replace(base, models=tuple(args.models), prefix_cache=args.prefix_cache, **values)
 
 
 def argv_for(options: SimOptions) -> list[str]:
     """Flags reproducing ``options`` (those that differ from the defaults), without ``--port``/``--host``."""
-    argv: list[str] = []
+    base = _PROFILE_DEFAULTS[options.profile]
+    argv: list[str] = [] if options.profile == "openai" else ["--profile", options.profile]
     for model in options.models:
         argv += ["--model", model]
     for flag, field, _, _ in _FLAGS:
         value = getattr(options, field)
-        if value != getattr(_DEFAULTS, field):
+        if value != getattr(base, field):
             argv += [flag, str(value)]
     if options.prefix_cache != _DEFAULTS.prefix_cache:
         argv.append("--prefix-cache" if options.prefix_cache else "--no-prefix-cache")

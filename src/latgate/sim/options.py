@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_MODEL_NAME = "sim-model"
+PROFILES = ("openai", "tilert")
+"""``openai``: an OpenAI-compatible engine (vLLM's server). ``tilert``: TileRT's
+prefill/decode router (:mod:`latgate.sim.tilert`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +43,12 @@ class SimOptions:
             probabilities in [0, 1] of a 500, of a 429 (with ``Retry-After:
             retry_after_seconds``), of a ``stall_ms`` pause mid-reply, of the connection
             closing mid-reply (a stream then never sends ``[DONE]``).
+        profile: the wire interface served, one of :data:`PROFILES`.
+        decode_nodes: profile ``tilert``: decode nodes, one request each (>= 1); a
+            request finding none free is answered 429 at once.
+        decode_error_rate / decode_error_after_tokens: profile ``tilert``: probability
+            per streamed request that decoding fails after that many content tokens,
+            written into the answer as TileRT does (``"\\n[decode error: ...]"``).
         seed: makes faults reproducible for a given request sequence (``None``: a
             fresh random sequence). Reply text and timing are always a function of the
             request and the seed (``None`` counts as 0 there).
@@ -65,6 +74,10 @@ class SimOptions:
     stall_rate: float = 0.0
     stall_ms: float = 1000.0
     drop_rate: float = 0.0
+    profile: str = "openai"
+    decode_nodes: int = 8
+    decode_error_rate: float = 0.0
+    decode_error_after_tokens: int = 0
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -75,12 +88,16 @@ class SimOptions:
         for field in ("ttft_overhead_ms", "tpot_ms", "tpot_growth_ms", "stall_ms"):
             if getattr(self, field) < 0:
                 raise ValueError(f"{field} must be >= 0, got {getattr(self, field)}")
-        for field in ("max_batch_size", "default_max_tokens", "max_output_tokens"):
+        if self.profile not in PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {self.profile!r}")
+        if self.decode_error_after_tokens < 0:
+            raise ValueError(f"decode_error_after_tokens must be >= 0, got {self.decode_error_after_tokens}")
+        for field in ("max_batch_size", "default_max_tokens", "max_output_tokens", "decode_nodes"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
         if self.retry_after_seconds < 0:
             raise ValueError(f"retry_after_seconds must be >= 0, got {self.retry_after_seconds}")
-        for field in ("error_rate", "rate_limit_rate", "stall_rate", "drop_rate"):
+        for field in ("error_rate", "rate_limit_rate", "stall_rate", "drop_rate", "decode_error_rate"):
             if not 0.0 <= getattr(self, field) <= 1.0:
                 raise ValueError(f"{field} must be between 0 and 1, got {getattr(self, field)}")
 

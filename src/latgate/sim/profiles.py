@@ -7,8 +7,10 @@ exploits:
 ========== ================================ ======= ========== ============== =========
 profile    chosen when                      TPOT    TTFT extra prefill tok/s  batch
 ========== ================================ ======= ========== ============== =========
-decode     role ``decode``, connector       1.5 ms  3 ms       50 000         config or 8
-           ``tile_rt_connector`` or engine
+tilert     connector ``tile_rt_connector``  2.5 ms  20 ms      20 000         config or 8
+           (TileRT's PD router: sim                                           decode
+           profile ``tilert``)                                                nodes
+decode     role ``decode`` or engine        1.5 ms  3 ms       50 000         config or 8
            ``tile-rt``
 throughput role ``prefill``, engine or      22 ms   20 ms      20 000         config or 64
            connector ``vllm``/``sglang``, or
@@ -29,7 +31,7 @@ from urllib.parse import urlsplit
 from latgate.config.schema import ProviderConfig
 from latgate.sim.options import SimOptions
 
-Profile = Literal["decode", "throughput", "upstream"]
+Profile = Literal["tilert", "decode", "throughput", "upstream"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class ProfileTiming:
 
 
 PROFILE_TIMINGS: dict[Profile, ProfileTiming] = {
+    "tilert": ProfileTiming(2.5, 0.0, 20.0, 20_000.0, 8),
     "decode": ProfileTiming(1.5, 0.05, 3.0, 50_000.0, 8),
     "throughput": ProfileTiming(22.0, 0.05, 20.0, 20_000.0, 64),
     "upstream": ProfileTiming(15.0, 0.0, 150.0, 50_000.0, 256),
@@ -56,7 +59,9 @@ THROUGHPUT_ENGINES = frozenset({"vllm", "sglang"})
 def profile_kind(provider: ProviderConfig) -> Profile:
     """Which profile a provider gets (see the module table)."""
     engine = (provider.engine or "").lower()
-    if provider.role == "decode" or provider.connector == "tile_rt_connector" or engine in DECODE_ENGINES:
+    if provider.connector == "tile_rt_connector":
+        return "tilert"
+    if provider.role == "decode" or engine in DECODE_ENGINES:
         return "decode"
     if provider.role == "upstream":
         return "upstream"
@@ -75,9 +80,13 @@ def profile_for(provider: ProviderConfig, *, seed: int | None = None) -> SimOpti
 
     Example::
 
-        options = profile_for(config.providers["tile-rt"])   # ~1.5 ms per token, batch 8
+        options = profile_for(config.providers["tile-rt"])   # TileRT's router, 8 decode nodes
     """
-    timing = PROFILE_TIMINGS[profile_kind(provider)]
+    kind = profile_kind(provider)
+    timing = PROFILE_TIMINGS[kind]
+    slots = provider.max_batch_size or timing.max_batch_size
+    # TileRT: one request per decode node, the node count standing in for the batch
+    capacity = {"profile": "tilert", "decode_nodes": slots} if kind == "tilert" else {"max_batch_size": slots}
     return SimOptions(
         name=provider.name,
         models=provider.models,
@@ -86,8 +95,8 @@ def profile_for(provider: ProviderConfig, *, seed: int | None = None) -> SimOpti
         tpot_growth_ms=timing.tpot_growth_ms,
         ttft_overhead_ms=timing.ttft_overhead_ms,
         prefill_tokens_per_second=timing.prefill_tokens_per_second,
-        max_batch_size=provider.max_batch_size or timing.max_batch_size,
-        prefix_cache=provider.enable_prefix_cache,
+        prefix_cache=provider.enable_prefix_cache and kind != "tilert",
+        **capacity,
     )
 
 

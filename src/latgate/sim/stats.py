@@ -37,6 +37,8 @@ class SimStats:
         disconnects: replies abandoned because the client went away; each one also sets
             ``disconnected_event`` (after the request left the engine and ``in_flight``).
         errors_injected / rate_limited / stalls / drops: faults injected.
+        busy_rejections / decode_errors: profile ``tilert``: 429s for want of a free
+            decode node, and ``[decode error: ...]`` written into answers.
         prompt_tokens_total / completion_tokens_total: usage of completed replies.
         received: the last 256 requests (:class:`ReceivedRequest`), newest last.
     """
@@ -49,6 +51,8 @@ class SimStats:
     rate_limited: int = 0
     stalls: int = 0
     drops: int = 0
+    busy_rejections: int = 0
+    decode_errors: int = 0
     prompt_tokens_total: int = 0
     completion_tokens_total: int = 0
     received: deque[ReceivedRequest] = field(
