@@ -164,9 +164,10 @@ class StreamTap:
         event arriving in many reads costs no more than its size. After an error nothing
         more is forwarded.
         """
-        if self.error is not None:
-            if b"[DONE]" in data:
-                self.done = True
+        if self.error is not None:  # only looked at for [DONE] (it may span reads)
+            seen = bytes(self._pending[-16:]) + data
+            self.done = self.done or b"[DONE]" in seen
+            self._pending = bytearray(seen[-16:])
             return b"", 0
         if (
             self._sep is _LF_SEP
