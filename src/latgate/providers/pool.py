@@ -338,7 +338,7 @@ class ProviderPool:
         if tokens > 1 and seconds > 0:
             endpoint.observe_itl(seconds * 1000.0 / (tokens - 1))
 
-    def record_busy(self, endpoint: EndpointState) -> None:
+    def record_full(self, endpoint: EndpointState) -> None:
         """The endpoint answered that it has no free slot (TileRT's busy 429): it counts
         as full until its next load read or until one of latgate's requests there ends."""
         endpoint.observe_full(now=self.clock())

@@ -124,7 +124,7 @@ class Failures:
                     if len(data) >= MAX_ERROR_BODY_BYTES:
                         break
         if provider.connector.busy(status, data):  # full, not failing: nothing against its health
-            self.pool.record_busy(endpoint)
+            self.pool.record_full(endpoint)
             return AttemptFailed(upstream_error(provider, status, data), retryable=False, busy=True)
         retryable = status in RETRYABLE_STATUSES
         if retryable or status in PROVIDER_AUTH_STATUSES:
