@@ -177,6 +177,12 @@ def test_check_never_prints_the_password_of_a_url() -> None:
     assert "s3cret" not in text and "http://user:***@127.0.0.1:9/v1" in text
 
 
+def test_an_error_about_a_url_never_shows_a_key_in_its_query() -> None:
+    """Some providers take their key as ``?key=...``: the value is masked, its name kept."""
+    err = _error('[providers.a]\napi_base = "http://127.0.0.1:9399/v1?key=AIzaSECRETKEY123"\n')
+    assert "AIzaSECRETKEY123" not in str(err) and "?key=***" in str(err)
+
+
 def test_an_error_about_a_url_never_shows_its_password() -> None:
     err = _error('[providers.a]\napi_base = "http://user:s3cret@127.0.0.1:99999/v1"\n')
     assert "s3cret" not in str(err)

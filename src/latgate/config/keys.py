@@ -150,13 +150,21 @@ def suggestion(name: str, choices: Collection[str], *, noun: str, plural: str | 
 _USERINFO_PASSWORD = re.compile(r"(?<=//)([^/?#@:]*):[^/?#@]*@")
 
 
-def mask_userinfo(url: str) -> str:
-    """``url`` with the password of its ``user:password@`` part replaced by ``***``.
+def mask_url(url: str) -> str:
+    """``url`` as it may be shown in a message: the password of its ``user:password@``
+    part and every query value replaced by ``***`` (some providers take their key in
+    the query, as ``?key=...``).
 
     Works on malformed URLs too (it is used in error messages), e.g.
-    ``http://u:secret@h:1/v1`` -> ``http://u:***@h:1/v1``.
+    ``http://u:secret@h:1/v1?key=abc`` -> ``http://u:***@h:1/v1?key=***``.
     """
-    return _USERINFO_PASSWORD.sub(r"\1:***@", url)
+    url = _USERINFO_PASSWORD.sub(r"\1:***@", url)
+    head, sep, query = url.partition("?")
+    if not sep:
+        return url
+    query, hash_sep, _ = query.partition("#")
+    masked = "&".join(item.split("=", 1)[0] + "=***" if "=" in item else "***" for item in query.split("&"))
+    return f"{head}?{masked}{hash_sep and '#***'}"
 
 
 def show(value: object) -> str:
@@ -168,7 +176,7 @@ def show(value: object) -> str:
         return "a table"
     if isinstance(value, list | tuple):
         return "a list"
-    text = json.dumps(mask_userinfo(value), ensure_ascii=False) if isinstance(value, str) else str(value)
+    text = json.dumps(mask_url(value), ensure_ascii=False) if isinstance(value, str) else str(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -25,7 +25,7 @@ from typing import TextIO
 
 from latgate.config.apikeys import header_key
 from latgate.config.errors import ConfigError
-from latgate.config.keys import mask_userinfo
+from latgate.config.keys import mask_url
 from latgate.config.loader import load_config, resolve_config_path
 from latgate.config.schema import Config, ProviderConfig
 from latgate.config.warnings import config_warnings
@@ -100,8 +100,8 @@ def _provider_lines(provider: ProviderConfig, env: Mapping[str, str]) -> list[st
         egress = None
         lines.append(_row("egress", f"cannot be set up: {type(exc).__name__}", indent=4))
     for endpoint in provider.endpoints:
-        called = mask_userinfo(endpoint.base_url) + "/chat/completions"
-        lines.append(_row("endpoint", f"{endpoint.id}  {mask_userinfo(endpoint.api_base)}  (calls {called})", indent=4))
+        called = mask_url(endpoint.base_url) + "/chat/completions"
+        lines.append(_row("endpoint", f"{endpoint.id}  {mask_url(endpoint.api_base)}  (calls {called})", indent=4))
         if egress is not None and egress.proxies:
             lines.append(_row("proxy", egress.shown_proxy(endpoint.base_url), indent=6))
     tls = [f"ca_file {provider.ca_file}"] if provider.ca_file else []
@@ -223,7 +223,7 @@ async def _probe_all(config: Config, *, env: Mapping[str, str], out: TextIO) -> 
                 url = connector.health_url(endpoint)
                 ok, detail = await _probe_one(client, url, headers=headers, egress=egress)
                 all_ok &= ok
-                shown = f"{mask_userinfo(url)}  {mask_userinfo(detail)}"
+                shown = f"{mask_url(url)}  {mask_url(detail)}"
                 out.write(f"  {'ok' if ok else 'failed':<7} {endpoint.id:<{_LABEL_WIDTH}} {shown}\n")
     finally:
         await client.aclose()

@@ -27,7 +27,7 @@ from latgate.config.keys import (
     SECTIONS,
     check_keys,
     key_path,
-    mask_userinfo,
+    mask_url,
     require_table,
     show,
     suggestion,
@@ -281,7 +281,7 @@ def _apply_repeated_settings(
         elif not addresses:
             target.table["api_base"] = value
         elif not isinstance(value, str) or versioned_base(value.strip()) not in addresses:
-            known = ", ".join(sorted(map(mask_userinfo, addresses)))
+            known = ", ".join(sorted(map(mask_url, addresses)))
             raise ConfigError(
                 source=source,
                 key=f"default.{key}",
