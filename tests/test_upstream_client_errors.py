@@ -40,15 +40,20 @@ def test_an_upstream_client_error_reaches_the_client_as_written(status: int, str
 
 
 @pytest.mark.parametrize("status", [401, 403])
-def test_a_provider_rejecting_latgates_key_stays_a_gateway_error(status: int) -> None:
+def test_a_provider_rejecting_latgates_key_stays_a_gateway_error(status: int, caplog: pytest.LogCaptureFixture) -> None:
+    """Not a 401/403: the client's own key is fine, and an SDK would report it as invalid."""
     upstream_says = {"error": {"message": "Invalid API key sk-123", "type": "invalid_request_error", "code": "invalid_api_key"}}
-    with replay_gateway(ReplayScript.json_response(status, upstream_says)) as (_, stack):
-        answer = httpx.post(stack.v1 + "/chat/completions", json=CHAT, timeout=10)
-    assert answer.status_code == status
+    with caplog.at_level("WARNING", logger="latgate.upstream"):
+        with replay_gateway(ReplayScript.json_response(status, upstream_says)) as (_, stack):
+            answer = httpx.post(stack.v1 + "/chat/completions", json=CHAT, timeout=10)
+    assert answer.status_code == 502
     error = answer.json()["error"]
-    assert "rejected latgate's credentials" in error["message"]
+    assert error["message"] == f"provider 'up' rejected latgate's credentials (HTTP {status})"
+    assert error["type"] == "api_error"
+    assert error["code"] == "provider_auth_failed"
     assert "sk-123" not in answer.text
-    assert error["type"] == ("authentication_error" if status == 401 else "permission_error")
+    logged = [r.getMessage() for r in caplog.records if "rejected latgate's credentials" in r.getMessage()]
+    assert logged and "sk-123" not in logged[0]
 
 
 @pytest.mark.parametrize("stream", [False, True])

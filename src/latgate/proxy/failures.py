@@ -194,6 +194,16 @@ def provider_secrets(provider: ProviderRuntime) -> tuple[bytes, ...]:
     return (header.removeprefix("Bearer ").encode(),) if header else ()
 
 
+def _credentials_hint(provider: ProviderRuntime) -> str:
+    """What the operator should check when ``provider`` refuses latgate's key (for the log)."""
+    env = provider.config.api_key_env
+    if not env:
+        return "it has no api_key_env: configure one"
+    if provider.auth_headers.get("authorization"):
+        return f"the key in {env} is set but was rejected"
+    return f"{env} is not set in the gateway's environment"
+
+
 def upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> GatewayError:
     """The client-facing error for an upstream's non-200 answer, in the OpenAI envelope."""
     message = None
@@ -216,10 +226,13 @@ def upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> Gatew
         elif isinstance(err, str):
             message = err
     if status in PROVIDER_AUTH_STATUSES:
-        env = provider.config.api_key_env
-        hint = f"check that {env} is set in the gateway's environment" if env else "configure api_key_env for it"
-        message = f"provider {provider.name!r} rejected latgate's credentials (HTTP {status}): {hint}"
-        err_type = "authentication_error" if status == 401 else "permission_error"
+        # The client's own key is fine: answering 401/403 would make an SDK report it as
+        # invalid. A gateway error naming only the provider; the operator's hint is logged.
+        message = f"provider {provider.name!r} rejected latgate's credentials (HTTP {status})"
+        log.warning("%s: %s", message, _credentials_hint(provider))
+        error = UpstreamError(message, status=502, code="provider_auth_failed")
+        error.type = "api_error"
+        return error
     elif not message:
         message = f"provider {provider.name!r} returned HTTP {status}"
     else:
