@@ -107,3 +107,20 @@ def test_a_provider_without_models_and_default_model_still_serve_as_before() -> 
             assert ask(gw.url, "whatever-name").headers["x-latgate-provider"] == "any"
             nameless = httpx.post(gw.v1 + "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
             assert nameless.status_code == 200 and running["any"][1].stats.last_request.body["model"] == "m1"
+
+
+def test_the_model_lookup_agrees_with_chat_on_the_catch_all_and_lists_names_otherwise() -> None:
+    """``GET /v1/models/{id}`` answers for every name chat would serve, and its 404 is
+    chat's: ``model_not_found`` with the available names."""
+    models = {"a": ["glm-5.1"]}
+    with sims("a") as running:
+        with gateway(config(urls_of(running), models=models)) as gw:
+            missing = httpx.get(gw.v1 + "/models/claude-x", timeout=10)
+            chat = httpx.post(gw.v1 + "/chat/completions", json={"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+        assert (missing.status_code, chat.status_code) == (404, 404)
+        assert missing.json()["error"]["code"] == "model_not_found"
+        assert missing.json()["error"]["message"] == chat.json()["error"]["message"]
+        assert "glm-5.1" in missing.json()["error"]["message"]
+        with gateway(config(urls_of(running), models=models, extra='[aliases]\n"*" = "glm-5.1"\n')) as gw:
+            found = httpx.get(gw.v1 + "/models/claude-x", timeout=10)
+        assert found.status_code == 200 and found.json()["id"] == "claude-x"

@@ -276,11 +276,11 @@ class Gateway:
 
     def model(self, model_id: str) -> Response:
         """``GET /v1/models/{id}``: one model object, or a 404 envelope."""
-        if model_id in self.config.public_models():
+        if model_id in self.config.public_models() or self.router.serves(model_id):
             return Response(orjson.dumps(self._model_object(model_id, self._catalogs())), media_type="application/json")
         from latgate.errors import NotFound
 
-        error = NotFound(f"model {model_id!r} does not exist", param="model", code="model_not_found")
+        error = NotFound(self.router.not_found_message(model_id), param="model", code="model_not_found")
         return error_response(error, request_id=request_id(None))
 
 

@@ -216,6 +216,15 @@ class Router:
         notes.append(f"{reason} rule skipped: {skipped_note(self._providers[provider], public)}")
         return None
 
+    def serves(self, public: str) -> bool:
+        """Whether a request for the public model name ``public`` would be routed (a
+        listed name, an alias, a provider without a model list, or the catch-all)."""
+        return bool(self._serving(public))
+
+    def not_found_message(self, public: str) -> str:
+        """The 404 ``model_not_found`` message for ``public``: the available names."""
+        return self._not_found(public)
+
     def _not_found(self, public: str) -> str:
         """The 404 message: the available names, and a same-model one when there is one."""
         same = [name for name in self._public_models if model_key(name) == model_key(public)]
