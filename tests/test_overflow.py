@@ -120,6 +120,23 @@ def test_the_budget_fails_over_from_a_stalled_endpoint_before_the_first_byte() -
         assert gw.sims["tile-rt"].stats.disconnected_event.wait(5), "the stalled upstream was not closed"
 
 
+def test_the_budget_gives_up_on_nothing_when_the_same_endpoint_is_all_that_is_left() -> None:
+    """One provider, one endpoint, retries allowed: cutting its slow first token short
+    would only send the request to the same endpoint again, counted as a timeout."""
+    config = (
+        '[defaults]\nmax_retries = 1\n[providers.vllm]\napi_base = "{url}/v1"\n'
+        "[routing]\nlatency_threshold_ms = 200\n[health]\nprobe_interval_sec = 0\n"
+    )
+    slow = SimOptions(name="vllm", ttft_overhead_ms=600.0, tpot_ms=0.5, default_max_tokens=4)
+    with simulators({"vllm": slow}) as sims, gateway(config.format(url=sims["vllm"][0])) as gw:
+        response = httpx.post(gw.v1 + "/chat/completions", json=BODY, headers={"X-Latency-Budget-Ms": "200"}, timeout=10)
+        metrics = httpx.get(gw.url + "/metrics", timeout=10).text
+        assert response.status_code == 200 and "data: [DONE]" in response.text
+        assert sims["vllm"][1].stats.requests_total == 1
+    assert 'latgate_retries_total{provider="vllm"} 0.0' in metrics
+    assert 'latgate_upstream_errors_total{kind="timeout"' not in metrics
+
+
 def test_baselines_wait_for_a_slow_first_token_whatever_the_budget() -> None:
     slow = SimOptions(name="tile-rt", ttft_overhead_ms=400.0, tpot_ms=0.5, default_max_tokens=4)
     with stack(tile=slow, strategy="least_outstanding") as gw:

@@ -214,7 +214,10 @@ class Forwarder:
                     if endpoint in small:
                         break  # the endpoints whose window fits are all tried or unavailable
                 tried.append(endpoint)
-                last_attempt = attempt == max_retries and position == len(targets) - 1
+                # Only another endpoint or provider is worth giving up on this one for:
+                # a retry would go back to the same endpoint once every one is tried.
+                untried = attempt < max_retries and any(other not in tried for other in provider.endpoints)
+                last_attempt = position == len(targets) - 1 and not untried
                 try:
                     if plan.hedge is not None and exchange.stream and len(tried) == 1:
                         return await self._hedged(exchange, decision, plan, target, provider, endpoint, payload, body, path, transform)
