@@ -70,6 +70,27 @@ def test_an_html_200_for_a_stream_is_not_relayed_as_a_successful_stream() -> Non
         assert b"10.0.0.1" not in r.content
 
 
+@pytest.mark.parametrize(
+    ("path", "request_body"),
+    [
+        ("/chat/completions", {**BODY, "stream": False}),
+        ("/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}),
+        ("/responses", {"model": "m", "input": "hi"}),
+    ],
+)
+def test_a_non_streamed_request_answered_with_an_event_stream_is_the_providers_failure(path: str, request_body: dict) -> None:
+    """Only a JSON object answers a non-streamed request: an event stream (here echoing
+    latgate's provider key) is never relayed, counted as the provider's bad response."""
+    sse = ReplayScript.sse(content(f"Bearer {SECRET}") + b"data: [DONE]\n\n")
+    with replay_server([sse, sse]) as up, gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
+        r = httpx.post(gw.v1 + path, json=request_body, timeout=15)
+        errors = metric_lines(gw.url, "latgate_upstream_errors_total")
+    assert r.status_code == 502, r.content
+    assert SECRET.encode() not in r.content
+    assert ("type" in r.json() and r.json()["type"] == "error") if path == "/messages" else "error" in r.json()
+    assert any('kind="bad_response"' in line for line in errors)
+
+
 # --- after the first byte -------------------------------------------------------------------
 
 

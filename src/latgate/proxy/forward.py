@@ -480,22 +480,23 @@ class Forwarder:
                 data = await read_at_most(response, self._config.defaults.max_response_bytes)
         except UpstreamFailure as failure:
             raise self._failures.failed(provider, endpoint, failure) from None
-        self._pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
         try:
             parsed = orjson.loads(data)
         except orjson.JSONDecodeError:
             parsed = None
-        if isinstance(parsed, dict):
-            if parsed.get("error") is not None and "choices" not in parsed and "data" not in parsed:
-                error = parsed["error"]  # an OpenAI error object, or a bare string (TileRT's)
-                raise self._failures.error_event(provider, endpoint, error if isinstance(error, dict) else {"message": str(error)})
-            if aborted_answer(parsed):  # nothing reached the client yet: retried like any failure before the first byte
-                raise self._failures.bad_response(provider, endpoint, "ended its answer with finish_reason 'abort'")
-            exchange.apply_usage(parsed.get("usage"))
-            exchange.usage_estimated = not isinstance(parsed.get("usage"), dict)
-            if exchange.upstream_model != exchange.public_model and parsed.get("model") == exchange.upstream_model:
-                parsed["model"] = exchange.public_model
-                data = orjson.dumps(parsed)
+        if not isinstance(parsed, dict):  # an event stream, a proxy's page, a truncated body: never relayed
+            raise self._failures.bad_response(provider, endpoint, "answered a non-streamed request with a body that is not a JSON object")
+        self._pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
+        if parsed.get("error") is not None and "choices" not in parsed and "data" not in parsed:
+            error = parsed["error"]  # an OpenAI error object, or a bare string (TileRT's)
+            raise self._failures.error_event(provider, endpoint, error if isinstance(error, dict) else {"message": str(error)})
+        if aborted_answer(parsed):  # nothing reached the client yet: retried like any failure before the first byte
+            raise self._failures.bad_response(provider, endpoint, "ended its answer with finish_reason 'abort'")
+        exchange.apply_usage(parsed.get("usage"))
+        exchange.usage_estimated = not isinstance(parsed.get("usage"), dict)
+        if exchange.upstream_model != exchange.public_model and parsed.get("model") == exchange.upstream_model:
+            parsed["model"] = exchange.public_model
+            data = orjson.dumps(parsed)
         exchange.status = 200
         if transform is not None:
             data = transform.complete(data)
