@@ -132,6 +132,8 @@ def test_a_compression_bomb_stops_at_the_decoded_size_bound(
         response = httpx.post(v1 + "/chat/completions", json=CHAT, timeout=15)
     assert response.status_code == 502
     assert "decodes to more than 1048576 bytes" in response.json()["error"]["message"]
+    # latgate's own bound, like max_response_bytes: not retried, not the upstream's failure
+    assert response.json()["error"]["code"] == "response_too_large"
     logs()
 
 

@@ -207,7 +207,7 @@ class DecodedResponse:
         except _ERRORS:
             raise UpstreamFailure("read", "the upstream's compressed body is malformed") from None
         except _TooLarge:
-            raise UpstreamFailure("read", f"the upstream's body decodes to more than {MAX_DECODED_BYTES} bytes") from None
+            raise UpstreamFailure("too_large", f"the upstream's body decodes to more than {MAX_DECODED_BYTES} bytes") from None
         return b"".join(pieces)
 
     async def aread(self) -> bytes:
