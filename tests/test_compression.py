@@ -17,6 +17,7 @@ import pytest
 import zstandard
 from h1_upstreams import (
     CHAT,
+    RawUpstream,
     DONE,
     OK_JSON,
     STREAM,
@@ -27,6 +28,7 @@ from h1_upstreams import (
     keep_serving,
     stack_on,
 )
+from stack import gateway
 
 
 def raw_deflate(data: bytes) -> bytes:
@@ -143,3 +145,27 @@ def test_a_compressed_error_answer_keeps_its_message() -> None:
     with stack_on(keep_serving(reply)) as (_up, v1, _app):
         response = httpx.post(v1 + "/chat/completions", json=CHAT, timeout=15)
     assert response.status_code == 400 and "context too long" in response.json()["error"]["message"]
+
+
+def test_a_compressed_stream_larger_than_max_event_bytes_in_all_passes_when_its_events_are_small(
+    logs: Callable[[], None],
+) -> None:
+    """``max_event_bytes`` bounds one event (and what is held before the first token),
+    not a read: one compressed piece decoding to many small events is relayed whole."""
+    events = [content(f"word{i} ") for i in range(400)] + [DONE]
+    whole = b"".join(events)
+    assert len(whole) > 16 * 1024
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+        b"content-encoding: gzip\r\n\r\n"
+    )
+    reply = head + chunk(gzip.compress(whole)) + b"0\r\n\r\n"
+    with RawUpstream(keep_serving(reply)) as up:
+        text = (
+            f'[defaults]\nmax_retries = 0\nmax_event_bytes = 16384\n[providers.up]\napi_base = "{up.base_url}"\n'
+        )
+        with gateway(text) as gw, httpx.stream("POST", gw.v1 + "/chat/completions", json=STREAM, timeout=15) as response:
+            body = response.read().decode()
+    assert response.status_code == 200
+    assert body.count("data: ") == 401 and body.rstrip().endswith("data: [DONE]")
+    logs()

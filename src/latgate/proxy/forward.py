@@ -417,7 +417,7 @@ class Forwarder:
                         if out:
                             head.append(out)
                             held += len(out)
-                            if held > self._config.defaults.max_event_bytes:  # events without content: not kept unbounded
+                            if held > self._config.defaults.max_event_bytes and not units:  # events without content: not kept unbounded
                                 raise UpstreamFailure("too_large", "the events before the first token exceeded max_event_bytes")
                         if tap.error is not None or units or tap.done:
                             break
