@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from typing import Any
 
 import orjson
@@ -136,7 +137,7 @@ class Failures:
         if status == 429:
             self.pool.record_busy(endpoint, seconds=retry_after)
         if status == 429 and retry_after is not None:
-            error.headers["retry-after"] = response.headers["retry-after"]
+            error.headers["retry-after"] = str(math.ceil(retry_after))  # whole seconds, as a client reads it
         return AttemptFailed(error, retryable=retryable, retry_after=retry_after)
 
 
@@ -179,13 +180,23 @@ def aborted_answer(answer: dict[str, Any]) -> bool:
     return isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason") == "abort" for c in choices)
 
 
+RETRY_AFTER_CAP_SECONDS = 3600.0
+"""The longest upstream ``Retry-After`` latgate believes (and passes on)."""
+
+
 def parse_retry_after(value: str | None) -> float | None:
+    """An upstream's ``Retry-After`` in seconds (RFC 9110 §10.2.3, the delay-seconds
+    form), within 0 .. :data:`RETRY_AFTER_CAP_SECONDS`; None when absent or not a
+    finite number (an HTTP date is not read)."""
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         return None
+    if not math.isfinite(seconds):
+        return None
+    return min(max(0.0, seconds), RETRY_AFTER_CAP_SECONDS)
 
 
 def provider_secrets(provider: ProviderRuntime) -> tuple[bytes, ...]:
