@@ -124,3 +124,12 @@ def test_the_model_lookup_agrees_with_chat_on_the_catch_all_and_lists_names_othe
         with gateway(config(urls_of(running), models=models, extra='[aliases]\n"*" = "glm-5.1"\n')) as gw:
             found = httpx.get(gw.v1 + "/models/claude-x", timeout=10)
         assert found.status_code == 200 and found.json()["id"] == "claude-x"
+
+
+def test_the_access_line_of_an_unknown_model_names_what_was_asked(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="latgate.access")
+    with sims("a") as running, gateway(config(urls_of(running), models={"a": ["glm-5.1"]})) as gw:
+        answer = httpx.post(gw.v1 + "/chat/completions", json={"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+    assert answer.status_code == 404
+    (line,) = access_lines(caplog)
+    assert (line["status"], line["model"]) == (404, "claude-x")

@@ -48,6 +48,10 @@ MAX_REQUEST_ID_LENGTH = 128
 REQUEST_TIMEOUT = 408
 
 
+MAX_LOGGED_MODEL_CHARS = 128
+"""How much of a requested model name that routing refused the access line keeps."""
+
+
 class Gateway:
     """Everything one app instance needs at run time (no globals).
 
@@ -177,6 +181,9 @@ class Gateway:
         guard = self.guard
         if guard is not None and caller is None:
             caller = guard.authenticate(headers)
+        requested = body.get("model")
+        if isinstance(requested, str):  # named in the access line even when routing refuses it
+            exchange.public_model = requested[:MAX_LOGGED_MODEL_CHARS]
         if decision is None:
             decision = self.decide(body, headers, key_policy=None if caller is None else caller.policy)
         exchange.public_model = decision.public_model
