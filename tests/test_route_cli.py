@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +170,23 @@ def test_route_config_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     )
     assert code == 1 and out == "" and err.count("\n") == 1
     assert err.startswith(f"latgate: error: {verbatim_seed1}")
+
+
+def test_route_into_a_reader_that_left_exits_quietly(tmp_path: Path) -> None:
+    """`latgate route X.json | head`: the pipe is gone before the decision is printed."""
+    body = _write_body(tmp_path, {"messages": [{"role": "user", "content": "hi"}]})
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "latgate", "route", "--config", str(SEED2), str(body)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr

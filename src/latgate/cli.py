@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from latgate import __version__
@@ -49,3 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.main(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader left (`latgate route X.json | head`): not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+        return 141  # 128 + SIGPIPE, as a shell reports it
