@@ -137,7 +137,8 @@ class Failures:
         if status == 429:
             self.pool.record_busy(endpoint, seconds=retry_after)
         if status == 429 and retry_after is not None:
-            error.headers["retry-after"] = str(math.ceil(retry_after))  # whole seconds, as a client reads it
+            raw = response.headers["retry-after"]
+            error.headers["retry-after"] = raw if float(raw) == retry_after else format(retry_after, "g")  # as sent, unless bounded
         return AttemptFailed(error, retryable=retryable, retry_after=retry_after)
 
 
