@@ -57,15 +57,20 @@ def wait_until(condition: Callable[[], bool], *, what: str, timeout: float = 60.
         time.sleep(0.1)  # polling an observable state, bounded by the deadline
 
 
-def busy_replica(replicas: list[VllmReplica]) -> VllmReplica:
-    """The replica running a request (polled from vLLM's own gauge)."""
+def busy_replica(replicas: list[VllmReplica], pending: concurrent.futures.Future | None = None) -> VllmReplica:
+    """The replica holding a request (polled from vLLM's own gauges). With ``pending``
+    (the request's future), fails at once, with its answer, if it ended before any
+    replica was seen holding it."""
     found: list[VllmReplica] = []
 
     def one_running() -> bool:
         found[:] = [r for r in replicas if r.alive() and r.running_requests() > 0]
+        if not found and pending is not None and pending.done():
+            answer = pending.result()
+            raise AssertionError(f"the request ended before a replica was seen running it: {answer.status_code} {answer.text[:300]}")
         return len(found) == 1
 
-    wait_until(one_running, what="one replica running the request")
+    wait_until(one_running, what="one replica running the request", timeout=120)
     return found[0]
 
 
@@ -141,7 +146,7 @@ def test_a_replica_stopped_with_sigterm_mid_stream_and_mid_request(both_ready: l
     urls = [replica.url for replica in both_ready]
     with gateway(engine_config(urls, timeout_sec=15)) as both, concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(httpx.post, both.v1 + "/chat/completions", json={**LONG, "max_tokens": 300}, timeout=300)
-        victim = busy_replica(both_ready)
+        victim = busy_replica(both_ready, pending)
         with gateway(engine_config([victim.url], max_retries=0, timeout_sec=15)) as one:
             reader = StreamReader(one.v1 + "/chat/completions", LONG)
             assert reader.first_content.wait(120)

@@ -145,10 +145,11 @@ class VllmReplica:
             self.wait_exit(timeout=1)
 
     def running_requests(self) -> float:
-        """``vllm:num_requests_running`` from its ``/metrics``."""
+        """``vllm:num_requests_running`` plus ``vllm:num_requests_waiting`` from its
+        ``/metrics``: the requests it holds, scheduled or queued."""
         text = httpx.get(self.url.removesuffix("/v1") + "/metrics", timeout=5).text
         total = 0.0
         for line in text.splitlines():
-            if line.startswith("vllm:num_requests_running"):
+            if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
                 total += float(line.rsplit(" ", 1)[1])
         return total
