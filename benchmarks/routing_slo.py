@@ -534,8 +534,8 @@ def routing_cost_us() -> dict[str, dict[str, float]]:
     from latgate.config import load_config_text
     from latgate.metrics import Metrics
     from latgate.providers import ProviderPool
-    from latgate.providers.selection import Selector
     from latgate.routing.decision import Router
+    from latgate.routing.selection import Selector
 
     text = CONFIG
     for index, name in enumerate(SIMS):

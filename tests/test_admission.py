@@ -10,7 +10,7 @@ import pytest
 from latgate.config import load_config_text
 from latgate.metrics import Metrics
 from latgate.providers import ProviderPool
-from latgate.providers.admission import Admission, fits_budget, predicted_wait_ms
+from latgate.routing.admission import Admission, fits_budget, predicted_wait_ms
 from latgate.routing.decision import Router
 
 CONFIG = """

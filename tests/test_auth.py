@@ -16,7 +16,7 @@ from stack import gateway
 from latgate.auth import AuthGuard, KeyRing, key_digest, presented_key
 from latgate.config.schema import AuthConfig, AuthKey
 from latgate.errors import AuthenticationFailed, PermissionDenied
-from latgate.state import MemoryState
+from latgate.store import MemoryStore
 
 COMPLETION = chat_completion()
 TEAM_B_SHA = hashlib.sha256(b"sk-team-b").hexdigest()
@@ -242,7 +242,7 @@ def test_guard_raises_typed_errors() -> None:
         config=AuthConfig(
             keys=(AuthKey(name="a", key="sk-a", models=("m",)), AuthKey(name="root", key="sk-r", admin=True))
         ),
-        store=MemoryState(),
+        store=MemoryStore(),
         fail_open=True,
     )
     with pytest.raises(AuthenticationFailed):

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from latgate.config import load_config_text
 from latgate.metrics import Metrics
 from latgate.providers import ProviderPool
-from latgate.providers.selection import Selector
 from latgate.routing.decision import Router
 from latgate.routing.policies.evidence import aged_estimate_ms, confidence, leave_evidence, stale
 from latgate.routing.policies.outlier import LatencyEvidence, judge_outlier
 from latgate.routing.policies.predicted_ttft import choose_power_of_two
 from latgate.routing.policies.view import EndpointView as V
+from latgate.routing.selection import Selector
 
 # --- the policies on literals -------------------------------------------------------------
 

@@ -30,7 +30,7 @@ def test_five_failures_in_a_row_open_the_circuit() -> None:
         assert b.on_failure("p:p-0") is None
     transition = b.on_failure("p:p-0")
     assert transition is not None and transition.after == "open" and transition.reason == "errors"
-    assert b.state("p:p-0") == "open"
+    assert b.circuit("p:p-0") == "open"
 
 
 def test_a_success_in_between_resets_the_count() -> None:
@@ -40,7 +40,7 @@ def test_a_success_in_between_resets_the_count() -> None:
     b.on_success("k")
     for _ in range(4):
         b.on_failure("k")
-    assert b.state("k") == "closed"
+    assert b.circuit("k") == "closed"
 
 
 def test_an_open_circuit_turns_half_open_after_open_sec() -> None:
@@ -49,9 +49,9 @@ def test_an_open_circuit_turns_half_open_after_open_sec() -> None:
     for _ in range(5):
         b.on_failure("k")
     clock.now += 4.9
-    assert b.state("k") == "open"
+    assert b.circuit("k") == "open"
     clock.now += 0.2
-    assert b.state("k") == "half_open"
+    assert b.circuit("k") == "half_open"
 
 
 def test_a_successful_trial_closes_the_circuit() -> None:
@@ -61,7 +61,7 @@ def test_a_successful_trial_closes_the_circuit() -> None:
         b.on_failure("k")
     clock.now += 5.0
     transition = b.on_success("k")
-    assert transition is not None and transition.after == "closed" and b.state("k") == "closed"
+    assert transition is not None and transition.after == "closed" and b.circuit("k") == "closed"
 
 
 def test_a_failed_trial_opens_it_again_for_twice_as_long_up_to_the_maximum() -> None:
@@ -72,7 +72,7 @@ def test_a_failed_trial_opens_it_again_for_twice_as_long_up_to_the_maximum() -> 
     lengths = []
     for _ in range(3):
         clock.now += 100.0
-        assert b.state("k") == "half_open"
+        assert b.circuit("k") == "half_open"
         b.on_failure("k")
         lengths.append(b.store.get("k").open_seconds)
     assert lengths == [10.0, 15.0, 15.0]
@@ -82,24 +82,24 @@ def test_failed_probes_open_the_circuit_and_good_probes_bring_it_back_before_the
     clock = Clock()
     b = breaker(clock, open_sec=60.0)
     b.on_probe("k", ok=False)
-    assert b.state("k") == "closed"
+    assert b.circuit("k") == "closed"
     b.on_probe("k", ok=False)
-    assert b.state("k") == "open" and b.store.get("k").reason == "probes"
+    assert b.circuit("k") == "open" and b.store.get("k").reason == "probes"
     b.on_probe("k", ok=True)
-    assert b.state("k") == "half_open", "the engine answers again: a trial now, not in 60 s"
+    assert b.circuit("k") == "half_open", "the engine answers again: a trial now, not in 60 s"
     b.on_probe("k", ok=True)
-    assert b.state("k") == "closed"
+    assert b.circuit("k") == "closed"
 
 
 def test_an_engine_answering_its_load_gauges_gives_an_errored_endpoint_its_trial_at_once() -> None:
     b = breaker(Clock(), open_sec=60.0)
     for _ in range(5):
         b.on_failure("k")
-    assert b.state("k") == "open"
+    assert b.circuit("k") == "open"
     transition = b.on_alive("k")
-    assert transition is not None and b.state("k") == "half_open"
+    assert transition is not None and b.circuit("k") == "half_open"
     b.eject("slow", reason="latency")
-    assert b.on_alive("slow") is None and b.state("slow") == "open", "answering says nothing of speed"
+    assert b.on_alive("slow") is None and b.circuit("slow") == "open", "answering says nothing of speed"
 
 
 def test_a_latency_ejection_is_ended_by_a_fast_trial_not_by_a_probe_or_a_success() -> None:
@@ -109,9 +109,9 @@ def test_a_latency_ejection_is_ended_by_a_fast_trial_not_by_a_probe_or_a_success
     clock.now += 5.0
     b.on_probe("k", ok=True)
     b.on_success("k")
-    assert b.state("k") == "half_open"
+    assert b.circuit("k") == "half_open"
     b.judge_latency("k", too_slow=False)
-    assert b.state("k") == "closed"
+    assert b.circuit("k") == "closed"
 
 
 # --- the pool: passive ejection as the forwarder reports outcomes ---------------------
@@ -233,7 +233,7 @@ def test_a_lone_endpoint_is_never_ejected_for_latency() -> None:
 
 
 def test_replicas_share_health_through_the_healthy_attribute() -> None:
-    """The shared-state sync (latgate.state.health) sets and reads ``healthy``."""
+    """The shared-state sync (latgate.store.health) sets and reads ``healthy``."""
     p = pool(Clock())
     ep = p["p"].endpoints[1]
     ep.healthy = False
@@ -243,8 +243,8 @@ def test_replicas_share_health_through_the_healthy_attribute() -> None:
 
 
 def test_a_half_open_endpoint_gets_one_trial_even_when_requests_are_routed_together() -> None:
-    from latgate.providers.selection import Selector
     from latgate.routing.decision import Router
+    from latgate.routing.selection import Selector
 
     clock = Clock()
     p = pool(clock, '[providers.p]\nendpoints = ["http://a:1", "http://b:1"]\n[health]\nopen_sec = 10\n')

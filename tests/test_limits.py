@@ -14,7 +14,7 @@ from stack import gateway
 
 from latgate.auth import Caller, RateLimiter, estimate_tokens
 from latgate.errors import GatewayError, RateLimited
-from latgate.state import MemoryState, Quota, StateUnavailable
+from latgate.store import MemoryStore, Quota, StoreUnavailable
 
 
 class FakeClock:
@@ -62,7 +62,7 @@ def run(coro):
 
 def test_rpm_admits_a_burst_of_the_limit_then_refuses_with_the_wait_until_one_frees() -> None:
     clock = FakeClock()
-    limiter = RateLimiter(store=MemoryState(clock=clock), fail_open=True)
+    limiter = RateLimiter(store=MemoryStore(clock=clock), fail_open=True)
     caller = Caller(name="a", rpm=3)
     for _ in range(3):
         run(limiter.admit(caller, body={}, prompt_tokens=0))
@@ -76,7 +76,7 @@ def test_rpm_admits_a_burst_of_the_limit_then_refuses_with_the_wait_until_one_fr
 
 def test_tpm_charges_the_estimate_then_the_reported_usage() -> None:
     clock = FakeClock()
-    store = MemoryState(clock=clock)
+    store = MemoryStore(clock=clock)
     limiter = RateLimiter(store=store, fail_open=True)
     caller = Caller(name="a", tpm=100)
     reservation = run(limiter.admit(caller, body={"max_tokens": 30}, prompt_tokens=10))  # estimate 40
@@ -87,7 +87,7 @@ def test_tpm_charges_the_estimate_then_the_reported_usage() -> None:
 
 
 def test_a_request_that_used_nothing_gives_its_estimate_back() -> None:
-    limiter = RateLimiter(store=MemoryState(clock=FakeClock()), fail_open=True)
+    limiter = RateLimiter(store=MemoryStore(clock=FakeClock()), fail_open=True)
     caller = Caller(name="a", tpm=100)
     for _ in range(5):
         reservation = run(limiter.admit(caller, body={"max_tokens": 80}, prompt_tokens=10))
@@ -96,7 +96,7 @@ def test_a_request_that_used_nothing_gives_its_estimate_back() -> None:
 
 def test_refusal_by_tpm_does_not_spend_rpm() -> None:
     clock = FakeClock()
-    store = MemoryState(clock=clock)
+    store = MemoryStore(clock=clock)
     limiter = RateLimiter(store=store, fail_open=True)
     caller = Caller(name="a", rpm=2, tpm=100)
     run(limiter.admit(caller, body={"max_tokens": 100}, prompt_tokens=0))
@@ -116,7 +116,7 @@ def test_estimate_adds_the_completion_cap_and_never_exceeds_the_limit() -> None:
 
 
 def test_one_request_larger_than_the_limit_is_still_admitted_on_an_idle_minute() -> None:
-    limiter = RateLimiter(store=MemoryState(clock=FakeClock()), fail_open=True)
+    limiter = RateLimiter(store=MemoryStore(clock=FakeClock()), fail_open=True)
     run(limiter.admit(Caller(name="a", tpm=100), body={"max_tokens": 5000}, prompt_tokens=900))
 
 
@@ -124,7 +124,7 @@ class DownStore:
     shared = True
 
     async def acquire(self, quotas):
-        raise StateUnavailable("down")
+        raise StoreUnavailable("down")
 
     async def adjust(self, quota, *, delta):
         return None
@@ -142,7 +142,7 @@ def test_unreachable_state_fails_open_or_closed_as_configured() -> None:
 
 
 def test_memory_state_charges_all_quotas_or_none() -> None:
-    store = MemoryState(clock=FakeClock())
+    store = MemoryStore(clock=FakeClock())
     a, b = Quota(key="a", limit=10, cost=6), Quota(key="b", limit=10, cost=6)
     assert run(store.acquire([a])).allowed
     verdict = run(store.acquire([b, a]))

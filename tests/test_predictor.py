@@ -6,18 +6,18 @@ import pytest
 
 from latgate.config import load_config_text
 from latgate.config.schema import HealthConfig
+from latgate.providers.endpoint import EndpointRuntime
 from latgate.providers.health import CircuitBreaker, MemoryCircuitStore
 from latgate.providers.predictor import TtftPredictor
-from latgate.providers.state import EndpointState
 
 
 def endpoint(
     config_text: str = '[providers.p]\napi_base = "http://h:1"\nmax_batch_size = 8\n',
-) -> EndpointState:
+) -> EndpointRuntime:
     config = load_config_text(config_text, source="test.toml")
     provider = next(iter(config.providers.values()))
     breaker = CircuitBreaker(settings=HealthConfig(), store=MemoryCircuitStore(), clock=lambda: 0.0)
-    return EndpointState.for_provider(provider, provider.endpoints[0], breaker=breaker)
+    return EndpointRuntime.for_provider(provider, provider.endpoints[0], breaker=breaker)
 
 
 def test_before_any_request_the_prediction_is_the_prior_line() -> None:

@@ -38,7 +38,7 @@ from latgate.providers.health import OpenReason
 from latgate.providers.monitor import run_monitor
 from latgate.proxy.exchange import CLIENT_CLOSED, is_drain_cut
 from latgate.reload import Reloader, UpstreamClients, reload_endpoint
-from latgate.state import StateStores, run_health_sync
+from latgate.store import SharedStores, run_health_sync
 from latgate.tracing import Tracing, tracing_from_env
 from latgate.ui import Activity
 from latgate.ui import authorize as ui_authorize
@@ -125,7 +125,7 @@ def create_app(
         multiprocess_dir=metrics_multiprocess_dir,
     )
     clients = UpstreamClients(transport=transport)
-    states = StateStores()
+    stores = SharedStores()
     activity = Activity(metrics)
     if tracing is None:
         tracing = tracing_from_env(os.environ if env is None else env)
@@ -138,7 +138,7 @@ def create_app(
             client=clients.client_for(config),
             metrics=metrics,
             env=env,
-            state=states.store_for(config.state),
+            store=stores.store_for(config.state),
             tracing=tracing,
             recent=activity.requests,
         )
@@ -160,7 +160,7 @@ def create_app(
             health_sync.cancel()
             monitor.cancel()
             await asyncio.gather(health_sync, monitor, return_exceptions=True)
-            await states.aclose()
+            await stores.aclose()
             await clients.aclose()
 
     app = FastAPI(

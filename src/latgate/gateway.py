@@ -33,7 +33,7 @@ from latgate.proxy.forward import Forwarder
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
 from latgate.routing.decision import RouteDecision, Router
-from latgate.state import HealthSync, RedisState, StateStore, open_state
+from latgate.store import HealthSync, RedisStore, SharedStore, open_store
 from latgate.tracing import Tracing
 
 log = logging.getLogger("latgate")
@@ -60,8 +60,8 @@ class Gateway:
         client: the pooled upstream client.
         metrics: this app's metrics.
         env: where provider keys are read from (``os.environ`` by default).
-        state: rate-limit state kept across reloads (by default a new one for
-            ``config.state``; see :class:`latgate.state.StateStores`).
+        store: the shared store of rate-limit counters, kept across reloads (by
+            default a new one for ``config.state``; see :class:`latgate.store.SharedStores`).
         tracing: starts a span per request (:mod:`latgate.tracing`); ``None``: off.
         recent: the ring finished requests join (``/ui``, :mod:`latgate.ui`); ``None``: off.
 
@@ -76,7 +76,7 @@ class Gateway:
         client: UpstreamClient,
         metrics: Metrics,
         env: Mapping[str, str] | None = None,
-        state: StateStore | None = None,
+        store: SharedStore | None = None,
         tracing: Tracing | None = None,
         recent: deque[Exchange] | None = None,
     ) -> None:
@@ -88,13 +88,13 @@ class Gateway:
         self.router = Router(config)
         self.pool = ProviderPool(config, metrics=metrics, env=env)
         self.forwarder = Forwarder(config=config, pool=self.pool, client=client, metrics=metrics)
-        self.state = open_state(config.state) if state is None else state
+        self.store = open_store(config.state) if store is None else store
         self.guard: AuthGuard | None = None
         if config.auth is not None:
-            self.guard = AuthGuard(config=config.auth, store=self.state, fail_open=config.state.fail_open)
+            self.guard = AuthGuard(config=config.auth, store=self.store, fail_open=config.state.fail_open)
         self.health_sync: HealthSync | None = None
-        if isinstance(self.state, RedisState):
-            self.health_sync = HealthSync(store=self.state, pool=self.pool, metrics=metrics)
+        if isinstance(self.store, RedisStore):
+            self.health_sync = HealthSync(store=self.store, pool=self.pool, metrics=metrics)
         self.models_body = orjson.dumps(
             {
                 "object": "list",

@@ -20,7 +20,7 @@ from latgate.auth.limits import RateLimiter, Reservation
 from latgate.config.schema import AuthConfig
 from latgate.errors import AuthenticationFailed, PermissionDenied
 from latgate.proxy.exchange import Exchange
-from latgate.state.base import StateStore
+from latgate.store.base import SharedStore
 
 log = logging.getLogger("latgate.auth")
 _CHALLENGE = {"www-authenticate": 'Bearer realm="latgate"'}
@@ -41,7 +41,7 @@ class AuthGuard:
         reservation = await guard.admit(caller, body=body, prompt_tokens=n)  # 429
     """
 
-    def __init__(self, *, config: AuthConfig, store: StateStore, fail_open: bool) -> None:
+    def __init__(self, *, config: AuthConfig, store: SharedStore, fail_open: bool) -> None:
         self.keys = KeyRing(config.keys)
         self.limiter = RateLimiter(store=store, fail_open=fail_open)
 

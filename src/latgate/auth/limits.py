@@ -22,7 +22,7 @@ from typing import Any
 
 from latgate.auth.keys import Caller
 from latgate.errors import GatewayError, RateLimited
-from latgate.state.base import Quota, StateStore, StateUnavailable
+from latgate.store.base import Quota, SharedStore, StoreUnavailable
 
 _MAX_TOKEN_FIELDS = ("max_completion_tokens", "max_tokens")
 
@@ -32,7 +32,7 @@ class Reservation:
 
     __slots__ = ("_estimate", "_quota", "_store")
 
-    def __init__(self, *, store: StateStore, quota: Quota | None, estimate: int) -> None:
+    def __init__(self, *, store: SharedStore, quota: Quota | None, estimate: int) -> None:
         self._store = store
         self._quota = quota
         self._estimate = estimate
@@ -53,7 +53,7 @@ class RateLimiter:
         fail_open: when ``store`` is unreachable, admit (True) or refuse with 503.
     """
 
-    def __init__(self, *, store: StateStore, fail_open: bool) -> None:
+    def __init__(self, *, store: SharedStore, fail_open: bool) -> None:
         self._store = store
         self._fail_open = fail_open
 
@@ -110,7 +110,7 @@ class RateLimiter:
         """
         try:
             verdict = await self._store.acquire(quotas)
-        except StateUnavailable:
+        except StoreUnavailable:
             if self._fail_open:
                 return False
             raise GatewayError(

@@ -211,7 +211,7 @@ class RoutingConfig(Frozen):
     default_model: str | None = None
     fallbacks: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     allow_route_override: bool = False
-    admission: bool = True  # strategy latgate: hold latency-sensitive requests for a TileRT slot (latgate.providers.admission)
+    admission: bool = True  # strategy latgate: hold latency-sensitive requests for a TileRT slot (latgate.routing.admission)
     strategy: Literal["latgate", "round_robin", "least_outstanding", "rules"] = "latgate"
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
     exploration_share: float = Field(default=0.03, ge=0, le=1)

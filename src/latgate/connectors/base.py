@@ -31,7 +31,7 @@ class Connector:
             shown to the client as text.
         queues: the engine queues requests beyond its capacity (False: it refuses
             them at once, and latgate may hold a latency-sensitive request for a free
-            slot, see :mod:`latgate.providers.admission`).
+            slot, see :mod:`latgate.routing.admission`).
     """
 
     name: ClassVar[str] = "openai"

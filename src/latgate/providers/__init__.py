@@ -1,7 +1,7 @@
-"""Providers at run time: each provider's endpoints, their live state, health and keys,
-and the selection of the endpoint a request goes to."""
+"""Providers at run time: each provider's endpoints, their live numbers, circuits and
+keys. Where a request goes is :mod:`latgate.routing`."""
 
+from latgate.providers.endpoint import EndpointRuntime
 from latgate.providers.pool import ProviderPool, ProviderRuntime, Ticket
-from latgate.providers.state import EndpointState
 
-__all__ = ["EndpointState", "ProviderPool", "ProviderRuntime", "Ticket"]
+__all__ = ["EndpointRuntime", "ProviderPool", "ProviderRuntime", "Ticket"]

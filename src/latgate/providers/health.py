@@ -9,7 +9,7 @@
     half_open --(trial succeeds)--> closed
     half_open --(trial fails)--> open again, for twice as long (up to max_open_sec)
 
-A success restores an endpoint opened for errors at once (whatever its state: a request
+A success restores an endpoint opened for errors at once (whatever its circuit: a request
 that was in flight when it opened proves it answers); a successful probe restores one
 in half-open that was opened for errors or failed probes. An endpoint ejected for
 latency comes back only through a trial request fast enough (the caller judges it:
@@ -29,13 +29,13 @@ from typing import Literal, Protocol
 
 from latgate.config.schema import HealthConfig
 
-CircuitState = Literal["closed", "open", "half_open"]
+Circuit = Literal["closed", "open", "half_open"]
 OpenReason = Literal["errors", "probes", "latency", "shared"]
 _ALIVE_ENDS = ("errors", "probes", "shared")
 """Open reasons that an engine answering again ends (not ``latency``)."""
-CLOSED: CircuitState = "closed"
-OPEN: CircuitState = "open"
-HALF_OPEN: CircuitState = "half_open"
+CLOSED: Circuit = "closed"
+OPEN: Circuit = "open"
+HALF_OPEN: Circuit = "half_open"
 
 
 @dataclass(slots=True)
@@ -43,7 +43,7 @@ class CircuitRecord:
     """One endpoint's circuit.
 
     Attributes:
-        state: ``closed``, ``open`` or ``half_open``.
+        circuit: ``closed``, ``open`` or ``half_open``.
         reason: why it opened (``errors``, ``probes``, ``latency``, ``shared``: another
             replica ejected it), ``None`` when closed.
         consecutive_failures: failed requests since the last success.
@@ -53,7 +53,7 @@ class CircuitRecord:
         openings: times opened since it was last closed (the back-off exponent).
     """
 
-    state: CircuitState = CLOSED
+    circuit: Circuit = CLOSED
     reason: OpenReason | None = None
     consecutive_failures: int = 0
     consecutive_probe_failures: int = 0
@@ -99,8 +99,8 @@ class Transition:
     """A change of an endpoint's circuit, for metrics and logs."""
 
     key: str
-    before: CircuitState
-    after: CircuitState
+    before: Circuit
+    after: Circuit
     reason: OpenReason | None
 
 
@@ -120,25 +120,25 @@ class CircuitBreaker:
         self.store = store
         self.clock = clock
 
-    def state(self, key: str) -> CircuitState:
-        """The endpoint's state now (an open circuit whose time is up is half-open)."""
+    def circuit(self, key: str) -> Circuit:
+        """The endpoint's circuit now (an open circuit whose time is up is half-open)."""
         record = self.store.get(key)
-        state = record.state
-        if state == OPEN and self._refresh(record) != OPEN:
+        circuit = record.circuit
+        if circuit == OPEN and self._refresh(record) != OPEN:
             self.store.put(key, record)
-            return record.state
-        return state
+            return record.circuit
+        return circuit
 
-    def _refresh(self, record: CircuitRecord) -> CircuitState:
-        if record.state == OPEN and self.clock() >= record.opened_at + record.open_seconds:
-            record.state = HALF_OPEN
-        return record.state
+    def _refresh(self, record: CircuitRecord) -> Circuit:
+        if record.circuit == OPEN and self.clock() >= record.opened_at + record.open_seconds:
+            record.circuit = HALF_OPEN
+        return record.circuit
 
     def on_success(self, key: str) -> Transition | None:
         """A request answered (first content of a stream, or a whole body)."""
         record = self.store.get(key)
         record.consecutive_failures = 0
-        if record.state != CLOSED and record.reason != "latency":
+        if record.circuit != CLOSED and record.reason != "latency":
             return self._close(key, record)
         self.store.put(key, record)
         return None
@@ -147,10 +147,10 @@ class CircuitBreaker:
         """A request failed for the endpoint's own reasons (connect, timeout, 5xx...)."""
         record = self.store.get(key)
         record.consecutive_failures += 1
-        state = self._refresh(record)
-        if state == HALF_OPEN:
+        circuit = self._refresh(record)
+        if circuit == HALF_OPEN:
             return self._open(key, record, record.reason or "errors")
-        if state == CLOSED and record.consecutive_failures >= self.settings.failure_threshold:
+        if circuit == CLOSED and record.consecutive_failures >= self.settings.failure_threshold:
             return self._open(key, record, "errors")
         self.store.put(key, record)
         return None
@@ -158,19 +158,19 @@ class CircuitBreaker:
     def on_probe(self, key: str, *, ok: bool) -> Transition | None:
         """An active probe's result."""
         record = self.store.get(key)
-        state = self._refresh(record)
+        circuit = self._refresh(record)
         if ok:
             record.consecutive_probe_failures = 0
-            if state == HALF_OPEN and record.reason in _ALIVE_ENDS:
+            if circuit == HALF_OPEN and record.reason in _ALIVE_ENDS:
                 return self._close(key, record)
-            if state == OPEN and record.reason in _ALIVE_ENDS:
+            if circuit == OPEN and record.reason in _ALIVE_ENDS:
                 return self._half_open(key, record)
             self.store.put(key, record)
             return None
         record.consecutive_probe_failures += 1
-        if state == HALF_OPEN:
+        if circuit == HALF_OPEN:
             return self._open(key, record, record.reason or "probes")
-        if state == CLOSED and record.consecutive_probe_failures >= self.settings.probe_failure_threshold:
+        if circuit == CLOSED and record.consecutive_probe_failures >= self.settings.probe_failure_threshold:
             return self._open(key, record, "probes")
         self.store.put(key, record)
         return None
@@ -185,14 +185,14 @@ class CircuitBreaker:
         return None
 
     def _half_open(self, key: str, record: CircuitRecord) -> Transition:
-        record.state = HALF_OPEN
+        record.circuit = HALF_OPEN
         self.store.put(key, record)
         return Transition(key=key, before=OPEN, after=HALF_OPEN, reason=record.reason)
 
     def eject(self, key: str, *, reason: OpenReason) -> Transition | None:
         """Open the circuit now (too slow, or ejected by another replica)."""
         record = self.store.get(key)
-        if record.state == OPEN:
+        if record.circuit == OPEN:
             return None
         return self._open(key, record, reason)
 
@@ -201,10 +201,10 @@ class CircuitBreaker:
         ends the trial of one half-open after a latency ejection (closed when fast
         enough, open for longer when not)."""
         record = self.store.get(key)
-        state = self._refresh(record)
-        if state == CLOSED:
+        circuit = self._refresh(record)
+        if circuit == CLOSED:
             return self._open(key, record, "latency") if too_slow else None
-        if state == HALF_OPEN and record.reason == "latency":
+        if circuit == HALF_OPEN and record.reason == "latency":
             return self._open(key, record, "latency") if too_slow else self._close(key, record)
         self.store.put(key, record)
         return None
@@ -212,14 +212,14 @@ class CircuitBreaker:
     def restore(self, key: str) -> Transition | None:
         """Close the circuit now (another replica saw the endpoint recover)."""
         record = self.store.get(key)
-        if record.state == CLOSED:
+        if record.circuit == CLOSED:
             return None
         return self._close(key, record)
 
     def _open(self, key: str, record: CircuitRecord, reason: OpenReason) -> Transition:
-        before = record.state
+        before = record.circuit
         settings = self.settings
-        record.state = OPEN
+        record.circuit = OPEN
         record.reason = reason
         record.opened_at = self.clock()
         record.openings += 1
@@ -228,9 +228,9 @@ class CircuitBreaker:
         return Transition(key=key, before=before, after=OPEN, reason=reason)
 
     def _close(self, key: str, record: CircuitRecord) -> Transition:
-        before = record.state
+        before = record.circuit
         reason = record.reason
-        record.state = CLOSED
+        record.circuit = CLOSED
         record.reason = None
         record.consecutive_failures = 0
         record.consecutive_probe_failures = 0

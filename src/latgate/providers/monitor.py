@@ -36,8 +36,8 @@ from collections.abc import Awaitable, Callable
 
 from latgate.connectors.load import parse_gauges, root_url
 from latgate.providers.catalog import CATALOG_INTERVAL_SECONDS, parse_catalog
+from latgate.providers.endpoint import EndpointRuntime
 from latgate.providers.pool import ProviderPool, ProviderRuntime
-from latgate.providers.state import EndpointState
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
 
 __all__ = ["Monitor", "parse_gauges", "root_url", "run_monitor"]  # parse_gauges: also read by benchmarks
@@ -59,7 +59,7 @@ class Monitor:
         self.client = client
         self._no_gauges: set[tuple[str, str]] = set()  # (endpoint key, load path) that answered 404
 
-    def _endpoints(self) -> list[tuple[ProviderRuntime, EndpointState]]:
+    def _endpoints(self) -> list[tuple[ProviderRuntime, EndpointRuntime]]:
         return [(runtime, ep) for runtime in self.pool.providers.values() for ep in runtime.endpoints]
 
     async def probe_once(self) -> None:
@@ -91,7 +91,7 @@ class Monitor:
             *(self._read_catalog(runtime, ep) for runtime, ep in self._endpoints() if runtime.connector.models_catalog)
         )
 
-    async def _read_catalog(self, runtime: ProviderRuntime, endpoint: EndpointState) -> None:
+    async def _read_catalog(self, runtime: ProviderRuntime, endpoint: EndpointRuntime) -> None:
         url = runtime.connector.url(endpoint.config, "/models")
         timeout = self.pool.config.health.probe_timeout_sec or 2.0
         try:
@@ -106,7 +106,7 @@ class Monitor:
             if catalog is not None:
                 endpoint.catalog = catalog
 
-    async def _probe(self, runtime: ProviderRuntime, endpoint: EndpointState) -> None:
+    async def _probe(self, runtime: ProviderRuntime, endpoint: EndpointRuntime) -> None:
         url = runtime.connector.health_url(endpoint.config)
         timeout = self.pool.config.health.probe_timeout_sec
         started = time.perf_counter()
@@ -124,7 +124,7 @@ class Monitor:
             ok = False
         self.pool.record_probe(runtime, endpoint, ok=ok, ms=(time.perf_counter() - started) * 1000.0)
 
-    async def _read_load(self, runtime: ProviderRuntime, endpoint: EndpointState) -> None:
+    async def _read_load(self, runtime: ProviderRuntime, endpoint: EndpointRuntime) -> None:
         connector = runtime.connector
         paths = [path for path in connector.load_paths() if (endpoint.key, path) not in self._no_gauges]
         if not paths:
@@ -135,7 +135,7 @@ class Monitor:
         if load is not None:
             self.pool.record_engine_load(runtime, endpoint, running=load.running, waiting=load.waiting, capacity=load.capacity)
 
-    async def _page(self, runtime: ProviderRuntime, endpoint: EndpointState, root: str, path: str) -> str | None:
+    async def _page(self, runtime: ProviderRuntime, endpoint: EndpointRuntime, root: str, path: str) -> str | None:
         """One load page's text; None when it did not answer 200 (a 404: never asked again)."""
         timeout = self.pool.config.health.probe_timeout_sec
         try:

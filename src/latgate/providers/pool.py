@@ -1,10 +1,10 @@
-"""Run-time state of providers and their endpoints (replicas).
+"""Providers and their endpoints (replicas) at run time.
 
 The config says what exists; this module tracks what is happening: each endpoint's
-live numbers (:class:`~latgate.providers.state.EndpointState`: in flight, queue, TTFT
+live numbers (:class:`~latgate.providers.endpoint.EndpointRuntime`: in flight, queue, TTFT
 fit, errors), its circuit (:mod:`latgate.providers.health`), and the provider's key
 read from its environment variable once at start. Which endpoint a request goes to is
-the :class:`~latgate.providers.selection.Selector`'s business; the forwarder reports
+the :class:`~latgate.routing.selection.Selector`'s business; the forwarder reports
 back here what happened (:meth:`ProviderPool.in_flight`, :meth:`record_first_token`,
 :meth:`record_outcome`).
 """
@@ -22,6 +22,7 @@ from latgate.config.apikeys import header_key
 from latgate.config.schema import Config, ProviderConfig
 from latgate.connectors import Connector, get_connector
 from latgate.metrics import Metrics
+from latgate.providers.endpoint import EndpointRuntime
 from latgate.providers.health import (
     CLOSED,
     HALF_OPEN,
@@ -31,7 +32,6 @@ from latgate.providers.health import (
     MemoryCircuitStore,
     Transition,
 )
-from latgate.providers.state import EndpointState
 from latgate.proxy.egress import Egress, egress_for
 from latgate.routing.policies.outlier import LatencyEvidence, judge_outlier, too_slow
 
@@ -48,7 +48,7 @@ unless it ends first (a request routed but never sent does not block trials fore
 
 @dataclass(slots=True)
 class ProviderRuntime:
-    """One provider: its config, connector, endpoints' state and upstream auth header.
+    """One provider: its config, connector, endpoints' live numbers and upstream auth header.
 
     ``auth_headers`` holds ``Authorization: Bearer <key>`` when ``api_key_env`` is set
     in the environment, else nothing. It is never logged nor sent to a client.
@@ -62,7 +62,7 @@ class ProviderRuntime:
 
     config: ProviderConfig
     connector: Connector
-    endpoints: list[EndpointState]
+    endpoints: list[EndpointRuntime]
     auth_headers: dict[str, str] = field(default_factory=dict)
     turn: int = 0
     budgeted: int = 0
@@ -133,10 +133,10 @@ class ProviderPool:
             settings=config.health, store=circuits or MemoryCircuitStore(), clock=clock
         )
         self.latency_ejection = config.routing.strategy == "latgate"
-        self.slot_freed: Callable[[ProviderRuntime, EndpointState, float | None], None] | None = None
+        self.slot_freed: Callable[[ProviderRuntime, EndpointRuntime, float | None], None] | None = None
         """Called when a slot of an endpoint whose engine does not queue may have freed,
         with how long the request that left held it (seconds; None when unknown or it
-        failed); set by :class:`~latgate.providers.admission.Admission`."""
+        failed); set by :class:`~latgate.routing.admission.Admission`."""
         self._metrics = metrics
         self.providers: dict[str, ProviderRuntime] = {}
         for name, provider in config.providers.items():
@@ -145,7 +145,7 @@ class ProviderPool:
                 config=provider,
                 connector=get_connector(provider.connector),
                 endpoints=[
-                    EndpointState.for_provider(provider, ep, breaker=self.breaker)
+                    EndpointRuntime.for_provider(provider, ep, breaker=self.breaker)
                     for ep in provider.endpoints
                 ],
                 auth_headers={"authorization": f"Bearer {key}"} if key else {},
@@ -160,25 +160,25 @@ class ProviderPool:
 
     # -- what can take traffic ------------------------------------------------------------
 
-    def available(self, endpoint: EndpointState) -> bool:
+    def available(self, endpoint: EndpointRuntime) -> bool:
         """True when ``endpoint`` may take a request now: circuit closed, or half-open
         with no trial running."""
-        state = self.breaker.state(endpoint.key)
-        return state == CLOSED or (state == HALF_OPEN and self.clock() >= endpoint.trial_until)
+        circuit = self.breaker.circuit(endpoint.key)
+        return circuit == CLOSED or (circuit == HALF_OPEN and self.clock() >= endpoint.trial_until)
 
-    def reserve(self, endpoint: EndpointState) -> None:
+    def reserve(self, endpoint: EndpointRuntime) -> None:
         """Count a request routed to ``endpoint`` as load before its attempt starts (the
         forwarder calls :meth:`release` when it starts, or when it never does)."""
         endpoint.pending += 1
 
-    def release(self, endpoint: EndpointState) -> None:
+    def release(self, endpoint: EndpointRuntime) -> None:
         """Drop a reservation made by :meth:`reserve`."""
         endpoint.pending -= 1
 
-    def take_trial(self, endpoint: EndpointState) -> None:
+    def take_trial(self, endpoint: EndpointRuntime) -> None:
         """Hand ``endpoint``'s trial to the request being routed there, if it is
         half-open: no other request is sent there until that one ends."""
-        if self.breaker.state(endpoint.key) == HALF_OPEN:
+        if self.breaker.circuit(endpoint.key) == HALF_OPEN:
             endpoint.trial_until = max(endpoint.trial_until, self.clock() + TRIAL_LEASE_SECONDS)
 
     def any_healthy(self) -> bool:
@@ -202,17 +202,17 @@ class ProviderPool:
             }
         return out
 
-    def _describe_endpoint(self, ep: EndpointState, now: float) -> dict[str, object]:
+    def _describe_endpoint(self, ep: EndpointRuntime, now: float) -> dict[str, object]:
         record = self.breaker.store.get(ep.key)
-        state = self.breaker.state(ep.key)
+        circuit = self.breaker.circuit(ep.key)
         predictor = ep.predictor
         return {
             "id": ep.config.id,
-            "healthy": state == CLOSED,
-            "circuit": state,
+            "healthy": circuit == CLOSED,
+            "circuit": circuit,
             "circuit_reason": record.reason,
             "reopens_in_seconds": round(max(0.0, record.opened_at + record.open_seconds - now), 3)
-            if state == OPEN
+            if circuit == OPEN
             else None,
             "ejection_evidence": ep.ejection_evidence if record.reason == "latency" else None,
             "consecutive_failures": record.consecutive_failures,
@@ -257,7 +257,7 @@ class ProviderPool:
     async def in_flight(
         self,
         provider: ProviderRuntime,
-        endpoint: EndpointState,
+        endpoint: EndpointRuntime,
         *,
         prompt_tokens: int = 0,
         queue_ms: float = 0.0,
@@ -270,12 +270,12 @@ class ProviderPool:
         finally:
             self.end(provider, endpoint, ticket)
 
-    def begin(self, provider: ProviderRuntime, endpoint: EndpointState, *, prompt_tokens: int = 0, queue_ms: float = 0.0) -> Ticket:
+    def begin(self, provider: ProviderRuntime, endpoint: EndpointRuntime, *, prompt_tokens: int = 0, queue_ms: float = 0.0) -> Ticket:
         """Count an attempt in flight on ``endpoint`` from now; :meth:`end` must follow
         (the forwarder calls it from the attempt's exit stack, a plain callback: cheaper
         per request than an async context manager)."""
         ticket = Ticket(prompt_tokens=prompt_tokens, queue_ms=queue_ms, started_at=time.perf_counter())
-        if self.breaker.state(endpoint.key) == HALF_OPEN:
+        if self.breaker.circuit(endpoint.key) == HALF_OPEN:
             ticket.trial = True
             self.take_trial(endpoint)
         ticket.sent_at = sent_at = self.clock()
@@ -285,7 +285,7 @@ class ProviderPool:
         self._metrics.in_flight_gauge(provider.name).inc()
         return ticket
 
-    def end(self, provider: ProviderRuntime, endpoint: EndpointState, ticket: Ticket) -> None:
+    def end(self, provider: ProviderRuntime, endpoint: EndpointRuntime, ticket: Ticket) -> None:
         """The attempt is over: a censored one teaches the TTFT fit a lower bound; an
         answered one, how long it held a batch slot."""
         endpoint.starts.remove(ticket.sent_at)
@@ -303,7 +303,7 @@ class ProviderPool:
             self.slot_freed(provider, endpoint, elapsed_ms / 1000.0 if ticket.succeeded else None)
 
     def record_first_token(
-        self, provider: ProviderRuntime, endpoint: EndpointState, ticket: Ticket, *, ttft_ms: float
+        self, provider: ProviderRuntime, endpoint: EndpointRuntime, ticket: Ticket, *, ttft_ms: float
     ) -> None:
         """The attempt's first generated content came ``ttft_ms`` after sending it."""
         ticket.first_token_ms = ttft_ms
@@ -313,7 +313,7 @@ class ProviderPool:
         self._judge_latency(provider, endpoint, ticket, ttft_ms, censored=False)
 
     def record_outcome(
-        self, provider: ProviderRuntime, endpoint: EndpointState, *, ok: bool, ticket: Ticket | None = None
+        self, provider: ProviderRuntime, endpoint: EndpointRuntime, *, ok: bool, ticket: Ticket | None = None
     ) -> None:
         """An attempt's outcome as the endpoint's health sees it: ``ok`` when it answered
         (a 429 counts as answering), not ``ok`` for connection failures, timeouts, 5xx,
@@ -328,23 +328,23 @@ class ProviderPool:
             transition = self.breaker.on_failure(endpoint.key)
         self._apply(provider, endpoint, transition)
 
-    def record_busy(self, endpoint: EndpointState, *, seconds: float | None) -> None:
+    def record_busy(self, endpoint: EndpointRuntime, *, seconds: float | None) -> None:
         """The endpoint answered busy (429): at capacity for ``seconds`` (its
         ``Retry-After``, else ``BUSY_SECONDS``), evidence for overflowing from it."""
         endpoint.busy_until = self.clock() + (BUSY_SECONDS if seconds is None else min(seconds, MAX_BUSY_SECONDS))
 
-    def record_decode(self, endpoint: EndpointState, *, tokens: int, seconds: float) -> None:
+    def record_decode(self, endpoint: EndpointRuntime, *, tokens: int, seconds: float) -> None:
         """A stream produced ``tokens`` output chunks over ``seconds`` after its first."""
         if tokens > 1 and seconds > 0:
             endpoint.observe_itl(seconds * 1000.0 / (tokens - 1))
 
-    def record_full(self, endpoint: EndpointState) -> None:
+    def record_full(self, endpoint: EndpointRuntime) -> None:
         """The endpoint answered that it has no free slot (TileRT's busy 429): it counts
         as full until its next load read or until one of latgate's requests there ends."""
         endpoint.observe_full(now=self.clock())
 
     def record_probe(
-        self, provider: ProviderRuntime, endpoint: EndpointState, *, ok: bool, ms: float
+        self, provider: ProviderRuntime, endpoint: EndpointRuntime, *, ok: bool, ms: float
     ) -> None:
         """An active probe's result (see :mod:`latgate.providers.monitor`)."""
         endpoint.probe_ok, endpoint.probe_ms, endpoint.probe_at = ok, ms, self.clock()
@@ -353,7 +353,7 @@ class ProviderPool:
     def record_engine_load(
         self,
         provider: ProviderRuntime,
-        endpoint: EndpointState,
+        endpoint: EndpointRuntime,
         *,
         running: int | None,
         waiting: int | None,
@@ -371,7 +371,7 @@ class ProviderPool:
     def _judge_latency(
         self,
         provider: ProviderRuntime,
-        endpoint: EndpointState,
+        endpoint: EndpointRuntime,
         ticket: Ticket,
         ttft_ms: float,
         *,
@@ -389,7 +389,7 @@ class ProviderPool:
                 for ep in provider.endpoints
                 if ep is not endpoint
                 and ep.predictor.observations >= MIN_LATENCY_OBSERVATIONS
-                and self.breaker.state(ep.key) == CLOSED
+                and self.breaker.circuit(ep.key) == CLOSED
             ]
             if not peers:
                 return
@@ -403,7 +403,7 @@ class ProviderPool:
                 endpoint.ejection_evidence = None
             self._apply(provider, endpoint, self.breaker.judge_latency(endpoint.key, too_slow=slow))
             return
-        if self.breaker.state(endpoint.key) != CLOSED:
+        if self.breaker.circuit(endpoint.key) != CLOSED:
             return
         now = self.clock()
         verdict = judge_outlier(
@@ -419,7 +419,7 @@ class ProviderPool:
             self._apply(provider, endpoint, self.breaker.judge_latency(endpoint.key, too_slow=True))
 
     def _latency_evidence(
-        self, endpoint: EndpointState, tokens: int, now: float, *, measured_ms: float | None = None
+        self, endpoint: EndpointRuntime, tokens: int, now: float, *, measured_ms: float | None = None
     ) -> LatencyEvidence:
         """``endpoint``'s record for :func:`judge_outlier` (``measured_ms``: a censored
         attempt's elapsed time, a lower bound that counts when above its average)."""
@@ -432,12 +432,12 @@ class ProviderPool:
             measured_ms=measured,
             observations=predictor.observations,
             queued=endpoint.busy(now) or endpoint.queue_ms(now) > 0.0,
-            in_service=self.breaker.state(endpoint.key) == CLOSED,
+            in_service=self.breaker.circuit(endpoint.key) == CLOSED,
             capacity=float(endpoint.capacity or endpoint.inferred_capacity or endpoint.config.weight),
         )
 
     def _apply(
-        self, provider: ProviderRuntime, endpoint: EndpointState, transition: Transition | None
+        self, provider: ProviderRuntime, endpoint: EndpointRuntime, transition: Transition | None
     ) -> None:
         if transition is None or transition.before == transition.after:
             return

@@ -1,7 +1,7 @@
 """Time to first token as a function of prompt length, fitted online per endpoint.
 
 Model: ``ttft = base_ms + per_token_ms * prompt_tokens`` (plus, outside this module,
-the wait for a batch slot; see :meth:`latgate.providers.state.EndpointState.queue_ms`).
+the wait for a batch slot; see :meth:`latgate.providers.endpoint.EndpointRuntime.queue_ms`).
 The fit is exponentially-weighted least squares: each observation counts
 ``1 - alpha`` times as much as the one after it, so after a step change the prediction
 is within a few percent of the new level about 20 observations later (``alpha`` 0.15:

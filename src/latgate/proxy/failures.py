@@ -34,7 +34,7 @@ from latgate.errors import (
     UpstreamUnavailable,
 )
 from latgate.metrics import Metrics
-from latgate.providers import EndpointState, ProviderPool, ProviderRuntime
+from latgate.providers import EndpointRuntime, ProviderPool, ProviderRuntime
 from latgate.proxy.redact import redact, redact_text
 from latgate.proxy.upstream import UpstreamFailure, upstream_errors
 
@@ -76,7 +76,7 @@ class Failures:
         self.metrics = metrics
 
     def failed(
-        self, provider: ProviderRuntime, endpoint: EndpointState, failure: UpstreamFailure, *, health: bool = True
+        self, provider: ProviderRuntime, endpoint: EndpointRuntime, failure: UpstreamFailure, *, health: bool = True
     ) -> AttemptFailed:
         """``health=False``: a missed budget deadline, which the endpoint's TTFT fit has
         learnt from already; it does not count towards opening its circuit. A failure of
@@ -100,7 +100,7 @@ class Failures:
         return AttemptFailed(error, retryable=True)
 
     async def status_failure(
-        self, provider: ProviderRuntime, endpoint: EndpointState, response: Any, deadline: float | None
+        self, provider: ProviderRuntime, endpoint: EndpointRuntime, response: Any, deadline: float | None
     ) -> AttemptFailed:
         """A non-200 answer. 4xx/5xx: the upstream's error (an OpenAI error object or
         a bare string ``{"error": "MESSAGE"}``), redacted, with its status (retried
@@ -143,7 +143,7 @@ class Failures:
 
 
     def error_event(
-        self, provider: ProviderRuntime, endpoint: EndpointState, error: dict[str, Any], *, error_kind: str = "error_event"
+        self, provider: ProviderRuntime, endpoint: EndpointRuntime, error: dict[str, Any], *, error_kind: str = "error_event"
     ) -> AttemptFailed:
         """An error object as the first event of a 200 stream. A client error (the
         upstream says 400, e.g. context too long) is returned as a 400 and not retried;
@@ -157,14 +157,14 @@ class Failures:
         return AttemptFailed(UpstreamError(f"provider {provider.name!r}: {message}"), retryable=True)
 
     async def wrong_content_type(
-        self, provider: ProviderRuntime, endpoint: EndpointState, content_type: str, deadline: float | None
+        self, provider: ProviderRuntime, endpoint: EndpointRuntime, content_type: str, deadline: float | None
     ) -> AttemptFailed:
         """A 200 that is not what was asked for (an HTML login page, a proxy's notice):
         the provider's failure, retried elsewhere; its body is never shown."""
         shown = content_type.split(";")[0].strip()[:64] or "none"
         return self.bad_response(provider, endpoint, f"answered with content type {shown!r}")
 
-    def bad_response(self, provider: ProviderRuntime, endpoint: EndpointState, what: str) -> AttemptFailed:
+    def bad_response(self, provider: ProviderRuntime, endpoint: EndpointRuntime, what: str) -> AttemptFailed:
         """An answer latgate cannot relay (wrong status, type or encoding): the provider's
         failure (counted as ``bad_response``), retried elsewhere, shown as a 502
         ``provider NAME {what}``."""

@@ -8,8 +8,8 @@ token, but it means an upstream that fails, stalls past ``first_token_timeout_se
 answers a 200 whose first event is an error object can still be retried or failed over.
 
 A latency-sensitive request whose pool refuses rather than queues (TileRT) may first be
-held for a free slot while its budget allows (:mod:`latgate.providers.admission`).
-Where each attempt goes is the :class:`~latgate.providers.selection.Selector`'s plan
+held for a free slot while its budget allows (:mod:`latgate.routing.admission`).
+Where each attempt goes is the :class:`~latgate.routing.selection.Selector`'s plan
 (``routing.strategy``): the provider order (an overflow first, reason
 ``overflow:FROM``), the endpoint, and under strategy ``latgate`` a first-token deadline
 from the request's budget (see :mod:`latgate.routing.policies.deadline`) and, when the
@@ -40,10 +40,8 @@ from latgate.api.largebody import is_large
 from latgate.config.schema import Config
 from latgate.errors import ContextLengthExceeded, GatewayError, UpstreamUnavailable
 from latgate.metrics import Metrics
-from latgate.providers import EndpointState, ProviderPool, ProviderRuntime, Ticket
-from latgate.providers.admission import Admission, overflow_targets
+from latgate.providers import EndpointRuntime, ProviderPool, ProviderRuntime, Ticket
 from latgate.providers.catalog import context_tokens, fits, window_refusal
-from latgate.providers.selection import RoutePlan, Selector
 from latgate.proxy.answer import Answer
 from latgate.proxy.exchange import Exchange
 from latgate.proxy.failures import (
@@ -74,7 +72,10 @@ from latgate.proxy.wire import (
     tap_drop,
     upstream_payload,
 )
+from latgate.routing.admission import Admission, overflow_targets
 from latgate.routing.decision import RouteDecision, Target
+from latgate.routing.plan import RoutePlan
+from latgate.routing.selection import Selector
 
 BACKOFF_BASE_SECONDS = 0.05
 BACKOFF_CAP_SECONDS = 1.0
@@ -182,7 +183,7 @@ class Forwarder:
         last: GatewayError = UpstreamUnavailable("no provider could take the request")
         previous: str | None = None
         busy_from: str | None = None
-        tried: list[EndpointState] = []
+        tried: list[EndpointRuntime] = []
         refused: list[tuple[str, int]] = []  # providers none of whose endpoints' windows fit the prompt
         targets = list(plan.targets)
         position = -1
@@ -254,7 +255,7 @@ class Forwarder:
         plan: RoutePlan,
         target: Target,
         provider: ProviderRuntime,
-        endpoint: EndpointState,
+        endpoint: EndpointRuntime,
         payload: bytes,
         body: dict[str, Any],
         path: str,
@@ -296,7 +297,7 @@ class Forwarder:
         plan: RoutePlan,
         target: Target,
         provider: ProviderRuntime,
-        endpoint: EndpointState,
+        endpoint: EndpointRuntime,
         payload: bytes,
         body: dict[str, Any],
         path: str,
@@ -379,7 +380,7 @@ class Forwarder:
         self,
         exchange: Exchange,
         provider: ProviderRuntime,
-        endpoint: EndpointState,
+        endpoint: EndpointRuntime,
         response: Any,
         tap: StreamTap,
         stack: contextlib.AsyncExitStack,
@@ -465,7 +466,7 @@ class Forwarder:
         self,
         exchange: Exchange,
         provider: ProviderRuntime,
-        endpoint: EndpointState,
+        endpoint: EndpointRuntime,
         response: Any,
         transform: ResponseTransform | None,
         *,
@@ -504,7 +505,7 @@ class Forwarder:
         # Finished once the body was handed to the server (e2e includes writing it).
         return Answer(body=data, headers=headers, on_sent=lambda: exchange.finish(self._metrics))
 
-    def _record_decode(self, endpoint: EndpointState, exchange: Exchange, tap: StreamTap) -> None:
+    def _record_decode(self, endpoint: EndpointRuntime, exchange: Exchange, tap: StreamTap) -> None:
         """After a stream: its decode speed, for the endpoint's live numbers."""
         if exchange.first_token_at is not None and exchange.last_token_at is not None:
             seconds = exchange.last_token_at - exchange.first_token_at

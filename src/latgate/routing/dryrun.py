@@ -42,7 +42,7 @@ from latgate.errors import GatewayError
 from latgate.routing.decision import RouteDecision, Router
 
 if TYPE_CHECKING:
-    from latgate.providers.selection import RoutePlan
+    from latgate.routing.plan import RoutePlan
 
 URL_TIMEOUT_SECONDS = 10.0
 API_KEY_ENV = "LATGATE_API_KEY"

@@ -3,7 +3,7 @@
 Each module is one decision, taking plain data (:class:`EndpointView` snapshots,
 numbers) and returning an index or a number: no I/O, no clock, no randomness of its
 own (random draws are passed in), so each is unit-tested with literals. The
-:class:`~latgate.providers.selection.Selector` takes the snapshots from live state and
+:class:`~latgate.routing.selection.Selector` takes the snapshots from live state and
 calls these.
 
 - :mod:`.round_robin`, :mod:`.least_outstanding`: the baseline endpoint choices.

@@ -1,4 +1,4 @@
-"""The live numbers of one endpoint: load, time to first token, decode speed, errors.
+"""One endpoint at run time, its live numbers: load, time to first token, decode speed, errors.
 
 Everything is measured by the gateway on its own traffic and recency-weighted
 (exponential moving averages), seeded from the config (capacity hints, role) and, where
@@ -58,7 +58,7 @@ def configured_capacity(provider: ProviderConfig, endpoint: EndpointConfig | Non
 
 
 @dataclass(slots=True, eq=False)
-class EndpointState:
+class EndpointRuntime:
     """Live numbers of one endpoint (one replica of a provider).
 
     Attributes:
@@ -133,8 +133,8 @@ class EndpointState:
     @classmethod
     def for_provider(
         cls, provider: ProviderConfig, endpoint: EndpointConfig, *, breaker: CircuitBreaker
-    ) -> EndpointState:
-        """A fresh state seeded from the provider's config (capacity, role priors)."""
+    ) -> EndpointRuntime:
+        """Fresh live numbers seeded from the provider's config (capacity, role priors)."""
         prior_base_ms = _PRIOR_BASE_MS.get(provider.role, _PRIOR_BASE_MS[None])
         return cls(
             config=endpoint,
@@ -149,13 +149,13 @@ class EndpointState:
     @property
     def circuit(self) -> str:
         """``closed``, ``open`` or ``half_open`` now."""
-        return self.breaker.state(self.key)
+        return self.breaker.circuit(self.key)
 
     @property
     def healthy(self) -> bool:
         """True when the circuit is closed. Setting it ejects (``False``: open, reason
-        ``shared``) or restores (``True``) the endpoint, for state shared by replicas."""
-        return self.breaker.state(self.key) == CLOSED
+        ``shared``) or restores (``True``) the endpoint, for the health replicas share."""
+        return self.breaker.circuit(self.key) == CLOSED
 
     @healthy.setter
     def healthy(self, value: bool) -> None:

@@ -41,8 +41,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from latgate.metrics import Metrics
+from latgate.providers.endpoint import EndpointRuntime
 from latgate.providers.pool import ProviderPool, ProviderRuntime
-from latgate.providers.state import EndpointState
 from latgate.routing.targets import RouteDecision, Target
 
 MAX_WAITERS = 64
@@ -91,10 +91,10 @@ def overflow_targets(rest: Sequence[Target], decision: RouteDecision, full: str)
 
 
 @dataclass(slots=True)
-class _Pool:
-    """Admission state of one provider."""
+class _Queue:
+    """One provider's waiting requests and what became of those before."""
 
-    waiters: deque[asyncio.Future[EndpointState]] = field(default_factory=deque)
+    waiters: deque[asyncio.Future[EndpointRuntime]] = field(default_factory=deque)
     admitted: int = 0
     timed_out: int = 0
     declined: int = 0
@@ -105,7 +105,7 @@ class Admission:
     """Holds latency-sensitive requests for a free slot of a no-queue pool.
 
     Args:
-        pool: the providers' live state; its ``slot_freed`` hook is taken.
+        pool: the providers and their endpoints; its ``slot_freed`` hook is taken.
         metrics: where waits and declines are counted.
         enabled: ``[routing] admission`` under strategy ``latgate``; off, :meth:`hold`
             returns every decision as it is.
@@ -116,8 +116,8 @@ class Admission:
         self._pool = pool
         self._metrics = metrics
         self.enabled = enabled
-        self._pools: dict[str, _Pool] = {
-            name: _Pool() for name, runtime in pool.providers.items() if not runtime.connector.queues
+        self._queues: dict[str, _Queue] = {
+            name: _Queue() for name, runtime in pool.providers.items() if not runtime.connector.queues
         }
         self._lease_seconds: dict[str, float] = {}  # endpoint key -> observed time a request holds a node
         pool.slot_freed = self._freed
@@ -128,9 +128,9 @@ class Admission:
         once a slot was given to it, or with the primary left out (reason
         ``overflow:FROM``) when it could not wait within its budget. ``explain``
         (``X-Latgate-Debug``) receives a one-line account under ``admission``."""
-        state = self._pools.get(decision.provider)
+        queue = self._queues.get(decision.provider)
         budget = decision.budget_ms
-        if not self.enabled or state is None or budget is None or not decision.latency_sensitive:
+        if not self.enabled or queue is None or budget is None or not decision.latency_sensitive:
             return decision
         runtime = self._pool[decision.provider]
         now = self._pool.clock()
@@ -138,39 +138,39 @@ class Admission:
         if outlook is None:
             return decision
         free, remaining_ms, ttft_ms = outlook
-        waiting = sum(1 for waiter in state.waiters if not waiter.done())
+        waiting = sum(1 for waiter in queue.waiters if not waiter.done())
         if free > waiting:
             return decision
         wait_ms = predicted_wait_ms(remaining_ms, ahead=waiting)
         if waiting >= MAX_WAITERS or not fits_budget(wait_ms=wait_ms, ttft_ms=ttft_ms, budget_ms=budget):
-            state.declined += 1
+            queue.declined += 1
             self._metrics.record_admission_declined(provider=runtime.name)
             if explain is not None:
                 explain["admission"] = f"not held: {runtime.name} wait {_ms(wait_ms)} + TTFT {_ms(ttft_ms)} > budget {budget}ms"
             return self._elsewhere(decision)
         slack_seconds = min(MAX_WAIT_SECONDS, (budget - ttft_ms) / 1000.0)
-        waiter: asyncio.Future[EndpointState] = asyncio.get_running_loop().create_future()
-        state.waiters.append(waiter)
+        waiter: asyncio.Future[EndpointRuntime] = asyncio.get_running_loop().create_future()
+        queue.waiters.append(waiter)
         started = time.perf_counter()
         try:
             async with asyncio.timeout(slack_seconds):
                 endpoint = await waiter
         except TimeoutError:
             waited = time.perf_counter() - started
-            self._forget(state, waiter)
-            state.timed_out += 1
-            state.last_wait_ms = waited * 1000.0
+            self._forget(queue, waiter)
+            queue.timed_out += 1
+            queue.last_wait_ms = waited * 1000.0
             self._metrics.record_admission_wait(provider=runtime.name, seconds=waited, admitted=False)
             if explain is not None:
                 explain["admission"] = f"gave up on {runtime.name} after {_ms(waited * 1000.0)} (predicted {_ms(wait_ms)})"
             return self._elsewhere(decision)
         except asyncio.CancelledError:  # the client left while waiting
-            self._forget(state, waiter)
+            self._forget(queue, waiter)
             raise
         waited = time.perf_counter() - started
         self._pool.release(endpoint)  # the slot held for it: the plan made now takes it
-        state.admitted += 1
-        state.last_wait_ms = waited * 1000.0
+        queue.admitted += 1
+        queue.last_wait_ms = waited * 1000.0
         self._metrics.record_admission_wait(provider=runtime.name, seconds=waited, admitted=True)
         if explain is not None:
             explain["admission"] = f"waited {_ms(waited * 1000.0)} for {runtime.name} (predicted {_ms(wait_ms)}, budget {budget}ms)"
@@ -183,14 +183,14 @@ class Admission:
         return {
             name: {
                 "enabled": self.enabled,
-                "waiting": sum(1 for waiter in state.waiters if not waiter.done()),
-                "admitted": state.admitted,
-                "timed_out": state.timed_out,
-                "declined": state.declined,
-                "last_wait_ms": None if state.last_wait_ms is None else round(state.last_wait_ms, 1),
+                "waiting": sum(1 for waiter in queue.waiters if not waiter.done()),
+                "admitted": queue.admitted,
+                "timed_out": queue.timed_out,
+                "declined": queue.declined,
+                "last_wait_ms": None if queue.last_wait_ms is None else round(queue.last_wait_ms, 1),
                 "lease_ms": {ep.config.id: round(self.lease_seconds(ep) * 1000.0, 1) for ep in self._pool[name].endpoints},
             }
-            for name, state in self._pools.items()
+            for name, queue in self._queues.items()
         }
 
     # -- internals ---------------------------------------------------------------------
@@ -220,11 +220,11 @@ class Admission:
             return None
         return free, remaining, ttft
 
-    def lease_seconds(self, endpoint: EndpointState) -> float:
+    def lease_seconds(self, endpoint: EndpointRuntime) -> float:
         """How long a request is expected to hold one of ``endpoint``'s nodes (seconds)."""
         return self._lease_seconds.get(endpoint.key, endpoint.slot_seconds)
 
-    def _freed(self, runtime: ProviderRuntime, endpoint: EndpointState, held_seconds: float | None) -> None:
+    def _freed(self, runtime: ProviderRuntime, endpoint: EndpointRuntime, held_seconds: float | None) -> None:
         if held_seconds is not None and held_seconds > 0:
             known = self._lease_seconds.get(endpoint.key)
             self._lease_seconds[endpoint.key] = (
@@ -234,21 +234,21 @@ class Admission:
 
     def _wake(self, runtime: ProviderRuntime) -> None:
         """A slot of ``runtime`` may have freed: give it to the first waiter, reserved."""
-        state = self._pools.get(runtime.name)
-        if state is None or not state.waiters:
+        queue = self._queues.get(runtime.name)
+        if queue is None or not queue.waiters:
             return
         now = self._pool.clock()
-        while state.waiters:
+        while queue.waiters:
             endpoint = self._free_endpoint(runtime, now)
             if endpoint is None:
                 return
-            waiter = state.waiters.popleft()
+            waiter = queue.waiters.popleft()
             if waiter.done():
                 continue
             self._pool.reserve(endpoint)
             waiter.set_result(endpoint)
 
-    def _free_endpoint(self, runtime: ProviderRuntime, now: float) -> EndpointState | None:
+    def _free_endpoint(self, runtime: ProviderRuntime, now: float) -> EndpointRuntime | None:
         best, room = None, 0
         for ep in runtime.endpoints:
             capacity = ep.capacity or ep.inferred_capacity
@@ -258,7 +258,7 @@ class Admission:
                 best, room = ep, capacity - ep.load(now)
         return best
 
-    def _forget(self, state: _Pool, waiter: asyncio.Future[EndpointState]) -> None:
+    def _forget(self, queue: _Queue, waiter: asyncio.Future[EndpointRuntime]) -> None:
         """Drop a waiter that stopped waiting; a slot given to it meanwhile is passed on."""
         if waiter.done() and not waiter.cancelled():
             endpoint = waiter.result()
@@ -267,8 +267,8 @@ class Admission:
             self._wake(runtime)
         else:
             waiter.cancel()
-        if waiter in state.waiters:
-            state.waiters.remove(waiter)
+        if waiter in queue.waiters:
+            queue.waiters.remove(waiter)
 
     def _elsewhere(self, decision: RouteDecision) -> RouteDecision:
         """``decision`` without its primary: the next candidates, reason ``overflow:FROM``

@@ -1,19 +1,19 @@
-"""Redis-backed state shared by every gateway replica: rate limits and provider health.
+"""Redis, the store shared by every gateway replica: rate limits and provider health.
 
 Every rate-limit step is one Lua script (Redis runs a script atomically), so two
 replicas charging the same key at the same moment cannot both take the last unit.
 Time is Redis's own (``TIME``), so replicas with skewed clocks agree. Keys:
 
 - ``latgate:rl:{NAME}:rpm`` / ``latgate:rl:{NAME}:tpm``: a GCRA theoretical arrival
-  time (see :mod:`latgate.state.base`) with an expiry when it is back to full. The
+  time (see :mod:`latgate.store.base`) with an expiry when it is back to full. The
   ``{NAME}`` hash tag keeps a key's two quotas in one Redis Cluster slot.
 - ``latgate:health:PROVIDER:ENDPOINT``: present while that endpoint is ejected (see
-  :mod:`latgate.state.health`), with a time to live.
+  :mod:`latgate.store.health`), with a time to live.
 
 Never hanging a request: every call is bounded by ``timeout_seconds`` (socket connect
 and read, and an outer deadline), redis-py's own retries are off, and after a failure
 the store does not try again for ``backoff_seconds``: calls in that period raise
-:class:`~latgate.state.base.StateUnavailable` at once. The rate limiter then fails
+:class:`~latgate.store.base.StoreUnavailable` at once. The rate limiter then fails
 open or closed as ``[state] fail_open`` says. Log lines name the exception type only,
 never the URL (it can carry a password and an internal host name).
 """
@@ -31,9 +31,9 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from latgate.state.base import ALLOWED, Quota, StateUnavailable, Verdict
+from latgate.store.base import ALLOWED, Quota, StoreUnavailable, Verdict
 
-log = logging.getLogger("latgate.state")
+log = logging.getLogger("latgate.store")
 T = TypeVar("T")
 PREFIX = "latgate:"
 BACKOFF_SECONDS = 1.0
@@ -83,7 +83,7 @@ return 1
 """
 
 
-class RedisState:
+class RedisStore:
     """Rate limits and endpoint health in Redis.
 
     Args:
@@ -130,7 +130,7 @@ class RedisState:
         """Charge every quota or none, atomically across replicas.
 
         Raises:
-            StateUnavailable: Redis did not answer within the timeout, or is in its
+            StoreUnavailable: Redis did not answer within the timeout, or is in its
                 back-off period.
         """
         keys = [PREFIX + q.key for q in quotas]
@@ -150,7 +150,7 @@ class RedisState:
                     keys=[PREFIX + quota.key], args=[quota.limit, delta, quota.window_seconds]
                 )
             )
-        except StateUnavailable:
+        except StoreUnavailable:
             pass
 
     async def mark_endpoint(self, key: str, *, ejected: bool, ttl_seconds: float) -> None:
@@ -158,7 +158,7 @@ class RedisState:
         else it is removed.
 
         Raises:
-            StateUnavailable: as :meth:`acquire`.
+            StoreUnavailable: as :meth:`acquire`.
         """
         name = PREFIX + "health:" + key
         if ejected:
@@ -170,7 +170,7 @@ class RedisState:
         """Which of ``keys`` (``PROVIDER:ENDPOINT``) are marked ejected now.
 
         Raises:
-            StateUnavailable: as :meth:`acquire`.
+            StoreUnavailable: as :meth:`acquire`.
         """
         if not keys:
             return set()
@@ -183,7 +183,7 @@ class RedisState:
 
     async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
         if self._down and self._clock() < self._down_until:
-            raise StateUnavailable("shared state (Redis) is unreachable")
+            raise StoreUnavailable("the shared store (Redis) is unreachable")
         try:
             async with asyncio.timeout(self._timeout):
                 result = await operation()
@@ -192,14 +192,14 @@ class RedisState:
             if not self._down:
                 self._down = True
                 log.warning(
-                    "shared state (Redis) unreachable (%s); retrying every %.1f s",
+                    "the shared store (Redis) is unreachable (%s); retrying every %.1f s",
                     _reason(exc),
                     self._backoff,
                 )
-            raise StateUnavailable("shared state (Redis) is unreachable") from None
+            raise StoreUnavailable("the shared store (Redis) is unreachable") from None
         if self._down:
             self._down = False
-            log.warning("shared state (Redis) reachable again")
+            log.warning("the shared store (Redis) is reachable again")
         return result
 
 

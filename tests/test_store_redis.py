@@ -22,7 +22,7 @@ from latgate.config import load_config_text
 from latgate.gateway import Gateway
 from latgate.metrics import Metrics
 from latgate.proxy.upstream import UpstreamClient
-from latgate.state import MemoryState, Quota, RedisState, StateUnavailable
+from latgate.store import MemoryStore, Quota, RedisStore, StoreUnavailable
 
 COMPLETION = chat_completion()
 KEY = {"Authorization": "Bearer sk-a"}
@@ -68,7 +68,7 @@ def test_rpm_holds_across_two_replicas_sharing_redis(flushed) -> None:
 
 def test_concurrent_charges_from_many_replicas_never_exceed_the_limit(flushed) -> None:
     async def scenario() -> int:
-        replicas = [RedisState(url=flushed, timeout_seconds=2) for _ in range(4)]
+        replicas = [RedisStore(url=flushed, timeout_seconds=2) for _ in range(4)]
         quota = Quota(key="rl:{race}:rpm", limit=25, cost=1)
         verdicts = await asyncio.gather(*(replicas[i % 4].acquire([quota]) for i in range(200)))
         for replica in replicas:
@@ -91,8 +91,8 @@ def test_redis_and_in_process_state_give_the_same_verdicts(flushed) -> None:
         await store.aclose()
         return out
 
-    redis_answers = asyncio.run(verdicts(RedisState(url=flushed, timeout_seconds=2)))
-    assert redis_answers == asyncio.run(verdicts(MemoryState()))
+    redis_answers = asyncio.run(verdicts(RedisStore(url=flushed, timeout_seconds=2)))
+    assert redis_answers == asyncio.run(verdicts(MemoryStore()))
     assert redis_answers == [True, True, True, True, False, False, False, False]
 
 
@@ -110,7 +110,7 @@ def test_one_replicas_ejection_is_seen_by_the_other_and_a_success_restores_it_ev
                     config=config,
                     client=client,
                     metrics=metrics,
-                    state=RedisState(url=flushed, timeout_seconds=2),
+                    store=RedisStore(url=flushed, timeout_seconds=2),
                 )
             )
         a, b = replicas
@@ -137,7 +137,7 @@ def test_one_replicas_ejection_is_seen_by_the_other_and_a_success_restores_it_ev
         assert await redis.exists("latgate:health:up:up-0") == 0
         await redis.aclose()
         for gw in replicas:
-            await gw.state.aclose()
+            await gw.store.aclose()
             await gw.client.aclose()
 
     asyncio.run(scenario())
@@ -152,7 +152,7 @@ def test_a_replica_that_stops_cannot_keep_an_endpoint_out(flushed) -> None:
         metrics = Metrics(providers=config.providers, models=set())
         client = UpstreamClient(connect_timeout_seconds=1, read_timeout_seconds=1)
         b = Gateway(
-            config=config, client=client, metrics=metrics, state=RedisState(url=flushed, timeout_seconds=2)
+            config=config, client=client, metrics=metrics, store=RedisStore(url=flushed, timeout_seconds=2)
         )
         redis = Redis.from_url(flushed)
         await redis.set("latgate:health:up:up-1", b"ejected", px=60_000)  # left by a replica now gone
@@ -162,7 +162,7 @@ def test_a_replica_that_stops_cannot_keep_an_endpoint_out(flushed) -> None:
         await b.health_sync.sync_once()
         assert b.pool["up"].endpoints[1].healthy
         await redis.aclose()
-        await b.state.aclose()
+        await b.store.aclose()
         await client.aclose()
 
     asyncio.run(scenario())
@@ -184,18 +184,18 @@ def accepted(sock: socket.socket) -> int:
 def test_unreachable_redis_fails_fast_then_backs_off_without_io(caplog) -> None:
     silent = listening_socket()  # accepts connections and never answers
     port = silent.getsockname()[1]
-    caplog.set_level(logging.WARNING, logger="latgate.state")
+    caplog.set_level(logging.WARNING, logger="latgate.store")
 
     async def scenario() -> tuple[float, int, int]:
-        store = RedisState(
+        store = RedisStore(
             url=f"redis://:hunter2@127.0.0.1:{port}/0", timeout_seconds=0.1, backoff_seconds=60
         )
         started = time.perf_counter()
-        with pytest.raises(StateUnavailable):
+        with pytest.raises(StoreUnavailable):
             await store.acquire([Quota(key="k", limit=1, cost=1)])
         first = time.perf_counter() - started
         connects_first = accepted(silent)
-        with pytest.raises(StateUnavailable):
+        with pytest.raises(StoreUnavailable):
             await store.acquire([Quota(key="k", limit=1, cost=1)])
         connects_second = accepted(silent)
         await store.adjust(Quota(key="k", limit=1, cost=1), delta=1)  # swallowed

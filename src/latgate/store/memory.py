@@ -1,4 +1,4 @@
-"""In-process state: one replica's rate limits, in a dict.
+"""In-process store: one replica's rate limits, in a dict.
 
 Used when ``[state]`` has no ``redis_url``. Each gateway process (each ``--workers``
 worker too) then keeps its own limits, so N processes admit up to N times a key's
@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from latgate.state.base import ALLOWED, Quota, Verdict, adjusted_tat, gcra_charge
+from latgate.store.base import ALLOWED, Quota, Verdict, adjusted_tat, gcra_charge
 
 _EPSILON = 1e-9
 
 
-class MemoryState:
-    """Rate-limit quotas in this process (see :mod:`latgate.state.base` for GCRA).
+class MemoryStore:
+    """Rate-limit quotas in this process (see :mod:`latgate.store.base` for GCRA).
 
     Args:
         clock: seconds, monotonic (``time.monotonic`` by default; tests inject one).
@@ -32,7 +32,7 @@ class MemoryState:
         self._tat: dict[str, float] = {}
 
     async def acquire(self, quotas: Sequence[Quota]) -> Verdict:
-        """Charge every quota or none; see :meth:`latgate.state.base.StateStore.acquire`."""
+        """Charge every quota or none; see :meth:`latgate.store.base.SharedStore.acquire`."""
         now = self._clock()
         charged: list[tuple[str, float]] = []
         retry_after = 0.0

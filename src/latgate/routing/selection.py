@@ -1,7 +1,7 @@
-"""Where a routed request goes: the provider order and the endpoint, from live state.
+"""Where a routed request goes: the provider order and the endpoint, from live numbers.
 
 :class:`Selector` turns the :class:`~latgate.routing.decision.RouteDecision` (rules
-only, no state) into a :class:`RoutePlan` with ``routing.strategy``:
+only, no live numbers) into a :class:`RoutePlan` with ``routing.strategy``:
 
 - ``round_robin`` / ``least_outstanding`` (``rules`` is the latter): the rules'
   provider order; endpoints in turn, or the one with the fewest in flight.
@@ -32,15 +32,15 @@ import dataclasses
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from latgate.config.schema import Config
+from latgate.providers.endpoint import QUEUE_P90_FACTOR, EndpointRuntime
 from latgate.providers.health import CLOSED, HALF_OPEN
 from latgate.providers.pool import ProviderPool, ProviderRuntime
 from latgate.providers.predictor import P90_SPREADS
-from latgate.providers.state import QUEUE_P90_FACTOR, EndpointState
 from latgate.routing.decision import RouteDecision, Target
+from latgate.routing.plan import Considered, Hedge, RoutePlan
 from latgate.routing.policies.deadline import first_token_deadline_ms
 from latgate.routing.policies.evidence import (
     MIN_OBSERVATIONS,
@@ -61,97 +61,12 @@ from latgate.routing.policies.view import EndpointView
 _STRATEGY = {"rules": "least_outstanding"}
 
 
-@dataclass(slots=True)
-class Considered:
-    """One endpoint as the plan saw it (for ``X-Latgate-Debug`` and the admin view)."""
-
-    provider: str
-    endpoint: str
-    predicted_ttft_ms: float
-    p90_ttft_ms: float
-    in_flight: int
-    circuit: str
-    chosen: bool = False
-    observations: int = 0
-    evidence: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "observations": self.observations,
-            "evidence": self.evidence,
-            "provider": self.provider,
-            "endpoint": self.endpoint,
-            "predicted_ttft_ms": round(self.predicted_ttft_ms, 1),
-            "p90_ttft_ms": round(self.p90_ttft_ms, 1),
-            "in_flight": self.in_flight,
-            "circuit": self.circuit,
-            "chosen": self.chosen,
-        }
-
-
-@dataclass(slots=True)
-class Hedge:
-    """Where a hedged request's second copy goes, and after how long without a first token."""
-
-    target: Target
-    endpoint: EndpointState
-    delay_ms: float
-
-
-@dataclass(slots=True)
-class RoutePlan:
-    """The decision made concrete with live state.
-
-    Attributes:
-        targets: providers in the order to try them (``targets[0]`` first).
-        endpoint: the first attempt's endpoint (of ``targets[0]``).
-        prompt_tokens / budget_ms / prefix: the request's, as the plan used them
-            (``prefix``: the client's explicit affinity key when it gave one).
-        predicted_ttft_ms: the first endpoint's predicted TTFT (``latgate`` only).
-        overflow_from: the preferred provider, when the request overflowed from it.
-        evidence: why it left the preferred provider (``capacity: ...`` or
-            ``predicted_miss: ...``), for the debug view.
-        cause: why the request may fail before reaching a healthy endpoint (every
-            candidate's endpoints out of service), for its error and access log line.
-        hedge: where a second copy goes and when, or None.
-        considered: every endpoint looked at (filled when explaining).
-        reserved: ``endpoint`` counts this request as load until its first attempt
-            starts (see :meth:`ProviderPool.reserve`).
-    """
-
-    targets: tuple[Target, ...]
-    endpoint: EndpointState
-    prompt_tokens: int
-    budget_ms: int | None
-    prefix: int | None = None
-    predicted_ttft_ms: float | None = None
-    overflow_from: str | None = None
-    evidence: str | None = None
-    cause: str | None = None
-    hedge: Hedge | None = None
-    considered: list[Considered] = field(default_factory=list)
-    reserved: bool = False
-
-    def explain_header(self) -> str:
-        """``ENDPOINT PREDICTEDms nOBS[ CIRCUIT (EVIDENCE)][ chosen]; ...[; left FROM: EVIDENCE]``
-        for ``X-Latgate-Route-Candidates`` (``nOBS``: first tokens measured)."""
-        parts = []
-        for c in self.considered:
-            text = f"{c.endpoint} {c.predicted_ttft_ms:.0f}ms n{c.observations}"
-            if c.circuit != "closed":
-                text += f" {c.circuit}" + (f" ({c.evidence})" if c.evidence else "")
-            parts.append(text + (" chosen" if c.chosen else ""))
-        if self.evidence is not None:
-            parts.append(f"left {self.overflow_from}: {self.evidence}")
-        return "; ".join(parts)
-
-
 class Selector:
-    """The strategy of one config, over one pool's live state.
+    """The strategy of one config, over one pool's live numbers.
 
     Args:
         config: the resolved config (``routing.strategy``, timeouts).
-        pool: the providers' live state.
+        pool: the providers and their endpoints' live numbers.
         rng: random draws for power of two choices (seed it in tests).
     """
 
@@ -240,8 +155,8 @@ class Selector:
                 runtime.explored += 1
 
     def next_endpoint(
-        self, runtime: ProviderRuntime, plan: RoutePlan, *, exclude: list[EndpointState]
-    ) -> EndpointState:
+        self, runtime: ProviderRuntime, plan: RoutePlan, *, exclude: list[EndpointRuntime]
+    ) -> EndpointRuntime:
         """The endpoint of ``runtime`` for a further attempt, avoiding ``exclude`` (the
         endpoints already tried) while another can take it."""
         now = self._pool.clock()
@@ -272,24 +187,24 @@ class Selector:
     def _views(
         self, runtime: ProviderRuntime, plan: RoutePlan, now: float, *, predict: bool
     ) -> list[EndpointView]:
-        state_of = self._pool.breaker.state
+        circuit_of = self._pool.breaker.circuit
         salts = self._salts
         tokens = plan.prompt_tokens
         endpoints = runtime.endpoints
-        states = [state_of(ep.key) for ep in endpoints]
+        circuits = [circuit_of(ep.key) for ep in endpoints]
         measured: list[float | None] = []
         if predict and len(endpoints) > 1:
             measured = [
                 ep.predictor.predict_ms(tokens)
-                if ep.predictor.observations >= MIN_OBSERVATIONS and state == CLOSED
+                if ep.predictor.observations >= MIN_OBSERVATIONS and circuit == CLOSED
                 else None
-                for ep, state in zip(endpoints, states, strict=True)
+                for ep, circuit in zip(endpoints, circuits, strict=True)
             ]
         turn = runtime.turn
         views = []
-        for index, (ep, state) in enumerate(zip(endpoints, states, strict=True)):
-            trial = state == HALF_OPEN and now >= ep.trial_until
-            view = EndpointView(ep.in_flight, state == CLOSED or trial, trial, 0.0, 0.0, salts[ep.key])
+        for index, (ep, circuit) in enumerate(zip(endpoints, circuits, strict=True)):
+            trial = circuit == HALF_OPEN and now >= ep.trial_until
+            view = EndpointView(ep.in_flight, circuit == CLOSED or trial, trial, 0.0, 0.0, salts[ep.key])
             view.weight = ep.config.weight
             if predict:
                 predictor = ep.predictor
@@ -427,7 +342,7 @@ class Selector:
         """The hedge's delay, and where it would go now (it is chosen again when sent).
         The first provider's other endpoints are already in ``views``; the next providers
         are looked at only when none of them can take it."""
-        choice: tuple[float, Target, EndpointState] | None = None
+        choice: tuple[float, Target, EndpointRuntime] | None = None
         first: EndpointView | None = None
         if plan.targets[0].provider == runtime.name:
             for ep, view in zip(runtime.endpoints, views, strict=True):
@@ -440,7 +355,7 @@ class Selector:
         if choice is None:
             return None
         if first is None:
-            first_trial = self._pool.breaker.state(plan.endpoint.key) == HALF_OPEN
+            first_trial = self._pool.breaker.circuit(plan.endpoint.key) == HALF_OPEN
             first_p90 = plan.endpoint.p90_ttft_ms(plan.prompt_tokens, now)
         else:
             first_trial, first_p90 = first.trial, first.p90_ttft_ms
@@ -449,12 +364,12 @@ class Selector:
         delay = hedge_delay_ms(p90_ttft_ms=p90, hedge_ttft_ms=choice[0], budget_ms=plan.budget_ms)
         return Hedge(target=choice[1], endpoint=choice[2], delay_ms=delay)
 
-    def _hedge_choice(self, plan: RoutePlan, now: float) -> tuple[float, Target, EndpointState] | None:
+    def _hedge_choice(self, plan: RoutePlan, now: float) -> tuple[float, Target, EndpointRuntime] | None:
         tokens = plan.prompt_tokens
-        best: tuple[float, Target, EndpointState] | None = None
+        best: tuple[float, Target, EndpointRuntime] | None = None
         for target in plan.targets[:3]:
             for ep in self._pool[target.provider].endpoints:
-                if ep is plan.endpoint or self._pool.breaker.state(ep.key) != CLOSED:
+                if ep is plan.endpoint or self._pool.breaker.circuit(ep.key) != CLOSED:
                     continue
                 predicted = ep.predicted_ttft_ms(tokens, now)
                 if best is None or predicted < best[0]:
@@ -472,7 +387,7 @@ class Selector:
                     predicted_ttft_ms=view.predicted_ttft_ms,
                     p90_ttft_ms=view.p90_ttft_ms,
                     in_flight=view.in_flight,
-                    circuit=self._pool.breaker.state(ep.key),
+                    circuit=self._pool.breaker.circuit(ep.key),
                     chosen=index == chosen,
                     observations=ep.predictor.observations,
                     evidence=ep.ejection_evidence,

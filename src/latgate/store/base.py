@@ -1,4 +1,4 @@
-"""What every state backend offers: atomic rate-limit quotas, and the types they use.
+"""What every shared store offers: atomic rate-limit quotas, and the types they use.
 
 Rate limits use GCRA (the generic cell rate algorithm, ITU-T I.371; the "leaky bucket
 as a meter"): a quota of ``limit`` units per ``window_seconds`` is one number per key,
@@ -21,8 +21,8 @@ WINDOW_SECONDS = 60.0
 """RPM and TPM are per minute."""
 
 
-class StateUnavailable(Exception):
-    """The shared state backend could not be reached in time (or is in its back-off
+class StoreUnavailable(Exception):
+    """The shared store could not be reached in time (or is in its back-off
     period after a failure). The message names no address."""
 
 
@@ -46,7 +46,7 @@ class Quota:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """The answer to :meth:`StateStore.acquire`.
+    """The answer to :meth:`SharedStore.acquire`.
 
     Attributes:
         allowed: every quota had room and all were charged; ``False``: none was.
@@ -61,11 +61,11 @@ class Verdict:
 ALLOWED = Verdict(allowed=True)
 
 
-class StateStore(Protocol):
-    """A rate-limit state backend (in-process or Redis).
+class SharedStore(Protocol):
+    """A shared store of rate-limit counters (in-process or Redis).
 
     Attributes:
-        shared: True when several gateway replicas see the same state.
+        shared: True when several gateway replicas see the same counters.
     """
 
     shared: bool
@@ -74,7 +74,7 @@ class StateStore(Protocol):
         """Charge every quota, or none of them (atomically).
 
         Raises:
-            StateUnavailable: the backend cannot be reached (Redis only).
+            StoreUnavailable: the backend cannot be reached (Redis only).
         """
         ...
 

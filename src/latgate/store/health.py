@@ -3,7 +3,7 @@
 Each replica's :class:`~latgate.providers.ProviderPool` opens an endpoint's circuit on
 its own evidence (failures, probes, latency; see :mod:`latgate.providers.health`) and
 closes it on a success. A :class:`HealthSync` reconciles that with Redis once a second,
-off the request path, through ``EndpointState.healthy`` (setting it ejects with reason
+off the request path, through ``EndpointRuntime.healthy`` (setting it ejects with reason
 ``shared`` or restores):
 
 - an endpoint whose local health changed since the last sync publishes the change
@@ -25,11 +25,11 @@ import logging
 from collections.abc import Callable
 
 from latgate.metrics import Metrics
-from latgate.providers import EndpointState, ProviderPool
-from latgate.state.base import StateUnavailable
-from latgate.state.redis_store import RedisState
+from latgate.providers import EndpointRuntime, ProviderPool
+from latgate.store.base import StoreUnavailable
+from latgate.store.redis_store import RedisStore
 
-log = logging.getLogger("latgate.state")
+log = logging.getLogger("latgate.store")
 SYNC_INTERVAL_SECONDS = 1.0
 EJECTION_TTL_SECONDS = 30.0
 
@@ -38,7 +38,7 @@ class HealthSync:
     """Reconciles endpoint health between this replica's pool and Redis.
 
     Args:
-        store: the shared Redis state.
+        store: the shared Redis store.
         pool: this replica's providers.
         metrics: ``latgate_provider_healthy`` is updated when a shared mark changes
             an endpoint here.
@@ -48,7 +48,7 @@ class HealthSync:
     def __init__(
         self,
         *,
-        store: RedisState,
+        store: RedisStore,
         pool: ProviderPool,
         metrics: Metrics,
         ttl_seconds: float = EJECTION_TTL_SECONDS,
@@ -56,7 +56,7 @@ class HealthSync:
         self._store = store
         self._metrics = metrics
         self._ttl = ttl_seconds
-        self._endpoints: dict[str, tuple[str, EndpointState]] = {
+        self._endpoints: dict[str, tuple[str, EndpointRuntime]] = {
             f"{name}:{ep.config.id}": (name, ep)
             for name, runtime in pool.providers.items()
             for ep in runtime.endpoints
@@ -68,7 +68,7 @@ class HealthSync:
         """One reconciliation (see the module docstring).
 
         Raises:
-            StateUnavailable: Redis could not be read or written; nothing changed here.
+            StoreUnavailable: Redis could not be read or written; nothing changed here.
         """
         keys = list(self._endpoints)
         ejected = await self._store.ejected_endpoints(keys)
@@ -108,6 +108,6 @@ async def run_health_sync(
     while True:
         sync = current()
         if sync is not None:
-            with contextlib.suppress(StateUnavailable):
+            with contextlib.suppress(StoreUnavailable):
                 await sync.sync_once()
         await asyncio.sleep(interval_seconds)

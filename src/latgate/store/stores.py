@@ -1,4 +1,4 @@
-"""The state store of the current config, kept across config reloads.
+"""The shared store of the current config, kept across config reloads.
 
 Rate-limit counters must survive a reload (else every reload would hand each key a
 fresh minute), so the app keeps one store per ``[state]`` section: a reload with the
@@ -9,33 +9,33 @@ one is closed when the app shuts down (requests of the old config may still use 
 from __future__ import annotations
 
 from latgate.config.schema import StateConfig
-from latgate.state.memory import MemoryState
-from latgate.state.redis_store import RedisState
+from latgate.store.memory import MemoryStore
+from latgate.store.redis_store import RedisStore
 
-StateBackend = MemoryState | RedisState
+SharedStoreBackend = MemoryStore | RedisStore
 
 
-def open_state(config: StateConfig) -> StateBackend:
+def open_store(config: StateConfig) -> SharedStoreBackend:
     """The backend ``config`` asks for (no I/O: Redis connects on first use)."""
     if config.redis_url:
-        return RedisState(url=config.redis_url, timeout_seconds=config.redis_timeout_ms / 1000)
-    return MemoryState()
+        return RedisStore(url=config.redis_url, timeout_seconds=config.redis_timeout_ms / 1000)
+    return MemoryStore()
 
 
-class StateStores:
+class SharedStores:
     """One store per distinct ``[state]`` section, for the app's lifetime."""
 
     def __init__(self) -> None:
-        self._current: StateBackend | None = None
+        self._current: SharedStoreBackend | None = None
         self._config: StateConfig | None = None
-        self._retired: list[StateBackend] = []
+        self._retired: list[SharedStoreBackend] = []
 
-    def store_for(self, config: StateConfig) -> StateBackend:
+    def store_for(self, config: StateConfig) -> SharedStoreBackend:
         """The store to use for ``config`` (the same object while ``config`` is equal)."""
         if self._current is None or config != self._config:
             if self._current is not None:
                 self._retired.append(self._current)
-            self._current = open_state(config)
+            self._current = open_store(config)
             self._config = config
         return self._current
 

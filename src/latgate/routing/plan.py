@@ -1,0 +1,96 @@
+"""A routing plan: the decision made concrete with live numbers (the provider order, the
+first endpoint, a hedge), as :class:`~latgate.routing.selection.Selector` makes it and the
+forwarder follows it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from latgate.providers import EndpointRuntime
+from latgate.routing.targets import Target
+
+
+@dataclass(slots=True)
+class Considered:
+    """One endpoint as the plan saw it (for ``X-Latgate-Debug`` and the admin view)."""
+
+    provider: str
+    endpoint: str
+    predicted_ttft_ms: float
+    p90_ttft_ms: float
+    in_flight: int
+    circuit: str
+    chosen: bool = False
+    observations: int = 0
+    evidence: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "observations": self.observations,
+            "evidence": self.evidence,
+            "provider": self.provider,
+            "endpoint": self.endpoint,
+            "predicted_ttft_ms": round(self.predicted_ttft_ms, 1),
+            "p90_ttft_ms": round(self.p90_ttft_ms, 1),
+            "in_flight": self.in_flight,
+            "circuit": self.circuit,
+            "chosen": self.chosen,
+        }
+
+
+@dataclass(slots=True)
+class Hedge:
+    """Where a hedged request's second copy goes, and after how long without a first token."""
+
+    target: Target
+    endpoint: EndpointRuntime
+    delay_ms: float
+
+
+@dataclass(slots=True)
+class RoutePlan:
+    """The decision made concrete with live numbers.
+
+    Attributes:
+        targets: providers in the order to try them (``targets[0]`` first).
+        endpoint: the first attempt's endpoint (of ``targets[0]``).
+        prompt_tokens / budget_ms / prefix: the request's, as the plan used them
+            (``prefix``: the client's explicit affinity key when it gave one).
+        predicted_ttft_ms: the first endpoint's predicted TTFT (``latgate`` only).
+        overflow_from: the preferred provider, when the request overflowed from it.
+        evidence: why it left the preferred provider (``capacity: ...`` or
+            ``predicted_miss: ...``), for the debug view.
+        cause: why the request may fail before reaching a healthy endpoint (every
+            candidate's endpoints out of service), for its error and access log line.
+        hedge: where a second copy goes and when, or None.
+        considered: every endpoint looked at (filled when explaining).
+        reserved: ``endpoint`` counts this request as load until its first attempt
+            starts (see :meth:`ProviderPool.reserve`).
+    """
+
+    targets: tuple[Target, ...]
+    endpoint: EndpointRuntime
+    prompt_tokens: int
+    budget_ms: int | None
+    prefix: int | None = None
+    predicted_ttft_ms: float | None = None
+    overflow_from: str | None = None
+    evidence: str | None = None
+    cause: str | None = None
+    hedge: Hedge | None = None
+    considered: list[Considered] = field(default_factory=list)
+    reserved: bool = False
+
+    def explain_header(self) -> str:
+        """``ENDPOINT PREDICTEDms nOBS[ CIRCUIT (EVIDENCE)][ chosen]; ...[; left FROM: EVIDENCE]``
+        for ``X-Latgate-Route-Candidates`` (``nOBS``: first tokens measured)."""
+        parts = []
+        for c in self.considered:
+            text = f"{c.endpoint} {c.predicted_ttft_ms:.0f}ms n{c.observations}"
+            if c.circuit != "closed":
+                text += f" {c.circuit}" + (f" ({c.evidence})" if c.evidence else "")
+            parts.append(text + (" chosen" if c.chosen else ""))
+        if self.evidence is not None:
+            parts.append(f"left {self.overflow_from}: {self.evidence}")
+        return "; ".join(parts)
