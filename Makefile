@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CONFIG ?= config.toml
 
-.PHONY: run test test-engines check lint bench clean test-prometheus test-browser test-docker
+.PHONY: run test test-agents test-engines check lint bench clean test-prometheus test-browser test-docker
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,19 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 run: $(VENV)/.installed  ## start the demo: simulated pools + the gateway on 127.0.0.1:8000
 	$(BIN)/latgate demo --config $(CONFIG)
 
-test: $(VENV)/.installed  ## install and run the test suite
+# The fast suite: simulators and real servers on loopback only. It downloads nothing
+# beyond the first run's `pip install -e '.[dev]'` into .venv (~700 MB installed).
+test: $(VENV)/.installed  ## install and run the fast test suite
+	@echo "make test: the fast suite (loopback only, no downloads); the real agent CLIs (~1.4 GB from npm) run in make test-agents"
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The real coding-agent CLIs (Codex, Cline, Qwen Code, Claude Code) each complete a turn
+# through latgate (tests/agents). The first run installs them from the npm registry
+# (~1.4 GB) into AGENTS_CACHE; later runs reuse it (about a minute).
+AGENTS_CACHE ?= $(HOME)/.cache/latgate-agents
+test-agents: $(VENV)/.installed  ## real agent CLIs through latgate (first run downloads ~1.4 GB from npm)
+	@echo "make test-agents: agent CLIs cached in $(AGENTS_CACHE) (a cold cache downloads ~1.4 GB from npm)"
+	LATGATE_TIER=agents LATGATE_AGENTS_CACHE=$(AGENTS_CACHE) $(BIN)/python -m pytest -q -p no:cacheprovider tests/agents
 
 # The engine tier: two real vLLM (CPU) replicas behind latgate (tests/engines/). The vLLM
 # venv and the model are built once per machine under ENGINES_CACHE (keyed by versions).
