@@ -161,6 +161,15 @@ def test_metrics_have_the_design_names_and_labels_after_traffic() -> None:
         assert itl and 1 <= float(itl.group(1)) <= 7
 
 
+def test_metrics_page_carries_no_created_series() -> None:
+    with demo_stack() as stack:
+        client = openai.OpenAI(base_url=stack.v1, api_key="k", max_retries=0)
+        client.chat.completions.create(model="glm-5.1", messages=MESSAGES, max_tokens=2)
+        text = httpx.get(stack.url + "/metrics").text
+    assert 'latgate_requests_total{code="200",model="glm-5.1",provider="vllm"} 1.0' in text
+    assert "_created" not in text
+
+
 def test_models_list_is_the_union_of_served_models_and_aliases_in_openai_shape() -> None:
     with demo_stack() as stack:
         for base in (stack.v1, stack.url):

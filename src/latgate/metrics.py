@@ -22,7 +22,15 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    multiprocess,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from latgate.decode_rate import decode_tokens_per_second
@@ -49,6 +57,10 @@ OVERHEAD_BUCKETS_SECONDS = (
 )
 
 OTHER_MODEL = "other"
+
+# No ``*_created`` series (a start timestamp per counter and histogram child): Prometheus
+# does not need them and they doubled /metrics. Process-wide, before any metric exists.
+disable_created_metrics()
 
 #: samples a :class:`HistogramBatch` holds before adding them to its histogram
 BATCH_SAMPLES = 64
