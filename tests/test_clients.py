@@ -4,7 +4,11 @@ them against a running gateway; and ``settings.example.json`` against ``config.t
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
+import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -178,6 +182,39 @@ def test_openai_exports_reach_the_gateway(capsys, config_file: str, demo: Stack)
         ]
         == "tile-rt"
     )
+
+
+def test_openai_python_snippet_runs_as_printed(capsys, config_file: str, demo: Stack) -> None:
+    out = printed(capsys, "openai", "--config", config_file, "--base-url", demo.v1)
+    assert "default_headers=None" not in out
+    env = {}
+    for line in out.splitlines():
+        if line.startswith("export "):
+            name, _, value = line.removeprefix("export ").partition("=")
+            env[name] = shlex.split(value)[0]
+    snippet = "\n".join(line.removeprefix("#   ") for line in out.splitlines() if line.startswith("#   "))
+    ran = subprocess.run(
+        [sys.executable, "-c", snippet], check=False, capture_output=True, text=True, timeout=60,
+        env={**os.environ, **env},
+    )  # fmt: skip
+    assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr
+
+
+def test_codex_config_drives_the_responses_api_with_its_headers(capsys, config_file: str, demo: Stack) -> None:
+    code, out, err = run(
+        capsys, "codex", "--config", config_file, "--base-url", demo.url, "--key", "sk-team", "--latency-sensitive"
+    )
+    assert code == 0, err
+    config = tomllib.loads(out)
+    provider = config["model_providers"][config["model_provider"]]
+    assert (provider["base_url"], provider["wire_api"]) == (demo.v1, "responses")
+    assert f"{provider['env_key']}=sk-team codex exec" in err  # where the key goes
+    client = openai.OpenAI(
+        base_url=provider["base_url"], api_key="sk-team", default_headers=provider["http_headers"], max_retries=0
+    )
+    raw = client.responses.with_raw_response.create(model=config["model"], input="hello", max_output_tokens=4)
+    assert raw.headers["x-latgate-provider"] == "tile-rt"  # X-Latency-Sensitive reached the router
+    assert raw.parse().output_text
 
 
 def test_default_base_url_comes_from_the_config_and_the_key_from_the_flag(capsys, config_file: str) -> None:

@@ -8,6 +8,7 @@ client          what is printed (stdout)                  base URL
 claude-code     ``~/.claude/settings.json`` (``env``)     without ``/v1`` (it appends
                                                           ``/v1/messages``)
 cline           VS Code settings JSON (as seed2's)        with ``/v1``
+codex           ``~/.codex/config.toml`` (Responses API)   with ``/v1``
 continue        a ``config.yaml`` ``models:`` list         with ``/v1``
 cursor          the values for Settings > Models          with ``/v1``; public HTTPS only
 openai          shell exports for the openai SDKs         with ``/v1``
@@ -319,14 +320,44 @@ def cursor(s: ClientSettings) -> tuple[str, list[str]]:
 
 def openai_sdk(s: ClientSettings) -> tuple[str, list[str]]:
     lines = [f"export OPENAI_BASE_URL={shlex.quote(s.v1)}", f"export OPENAI_API_KEY={shlex.quote(s.key)}"]
-    headers = json.dumps(s.headers) if s.headers else "None"
+    arguments = f"default_headers={json.dumps(s.headers)}" if s.headers else ""
+    message = json.dumps([{"role": "user", "content": "hello"}])
     lines += [
         "# Python (base URL and key from the environment):",
         "#   from openai import OpenAI",
-        f"#   client = OpenAI(default_headers={headers})",
-        f"#   client.chat.completions.create(model={json.dumps(s.model)}, messages=[...], stream=True)",
+        f"#   client = OpenAI({arguments})",
+        f"#   reply = client.chat.completions.create(model={json.dumps(s.model)}, messages={message})",
+        "#   print(reply.choices[0].message.content)",
     ]
     return "\n".join(lines), []
+
+
+CODEX_KEY_ENV = "LATGATE_API_KEY"
+
+
+def codex(s: ClientSettings) -> tuple[str, list[str]]:
+    """``~/.codex/config.toml``: a ``[model_providers.latgate]`` on the Responses API
+    (Codex speaks no other), its key read from ``$LATGATE_API_KEY`` (Codex config
+    reference: ``model_providers``, ``env_key``, ``wire_api``, ``http_headers``)."""
+    lines = [
+        f"model = {json.dumps(s.model)}",
+        'model_provider = "latgate"',
+        "",
+        "[model_providers.latgate]",
+        'name = "latgate"',
+        f"base_url = {json.dumps(s.v1)}",
+        f'env_key = "{CODEX_KEY_ENV}"',
+        'wire_api = "responses"',
+        f"stream_idle_timeout_ms = {s.timeout_ms}",
+    ]
+    if s.headers:
+        pairs = ", ".join(f"{json.dumps(name)} = {json.dumps(value)}" for name, value in s.headers.items())
+        lines.append(f"http_headers = {{ {pairs} }}")
+    notes = [
+        "save as ~/.codex/config.toml (or $CODEX_HOME/config.toml), or merge its lines",
+        f"then: {CODEX_KEY_ENV}={shlex.quote(s.key)} codex exec \"...\" (or codex for the TUI)",
+    ]
+    return "\n".join(lines), notes
 
 
 def _yaml(value: str) -> str:
@@ -337,6 +368,7 @@ def _yaml(value: str) -> str:
 RENDERERS: dict[str, Callable[[ClientSettings], tuple[str, list[str]]]] = {
     "claude-code": claude_code,
     "cline": cline,
+    "codex": codex,
     "continue": continue_,
     "cursor": cursor,
     "openai": openai_sdk,
