@@ -190,3 +190,19 @@ def test_route_into_a_reader_that_left_exits_quietly(tmp_path: Path) -> None:
         os.close(write_end)
     assert result.returncode == 141
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
+
+
+def test_route_example_request_routes_on_the_demo_config_as_printed() -> None:
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "LATGATE_CONFIG"}  # ./config.toml: the demo's
+    result = subprocess.run(
+        [sys.executable, "-m", "latgate", "route", "examples/REQUEST.json"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=root, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    decision = json.loads(result.stdout)
+    assert (decision["provider"], decision["reason"], decision["public_model"]) == (
+        "tile-rt",
+        "latency_sensitive",
+        "glm-5.1-highspeed",
+    )
