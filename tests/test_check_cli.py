@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from servers import serve_app
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -60,15 +61,94 @@ def test_check_on_seed2_shows_providers_routes_and_warns_for_unset_key_variables
     assert 'provider "sglang_local": api_key_env' not in out
 
 
-def test_check_on_seed1_verbatim_fails_with_one_line_and_no_traceback():
+def test_check_on_seed1_verbatim_names_both_missing_addresses_in_one_run():
     result = run_check("--config", str(SEEDS / "seed1.config.toml"))
     assert result.returncode == 1
     assert result.stdout == ""
     lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("latgate: error: ")
+    assert len(lines) == 2, result.stderr
+    assert all(line.startswith("latgate: error: ") for line in lines)
     assert 'decode.api_base: section [decode] (engine "tile-rt") gives no address for its engine' in lines[0]
+    assert 'prefill.api_base: section [prefill] (engine "vllm") gives no address for its engine' in lines[1]
     assert "Traceback" not in result.stderr
+
+
+def test_route_and_clients_also_name_every_missing_address(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text('[providers.a]\nmodels = ["m"]\n[providers.b]\napi_base = "http://127.0.0.1:9/v1"\n[providers.c]\n')
+    body = tmp_path / "request.json"
+    body.write_text('{"model": "m", "messages": []}')
+    for command in (["route", "--config", str(config), str(body)], ["clients", "cline", "--config", str(config)]):
+        result = subprocess.run(
+            [sys.executable, "-m", "latgate", *command], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode == 1
+        lines = result.stderr.splitlines()
+        assert [line.split(": ")[3] for line in lines] == ["providers.a.api_base", "providers.c.api_base"], lines
+        assert all(line.startswith("latgate: error: ") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("section", "line", "fix"),
+    [
+        ("server", 'port = "http"', "e.g. port = 8000"),
+        ("server", "port = 70000", "e.g. port = 8000"),
+        ("defaults", 'max_retries = "twice"', "e.g. max_retries = 1"),
+        ("defaults", "timeout_sec = true", "e.g. timeout_sec = 600"),
+        ("defaults", "connect_timeout_sec = 0", "e.g. connect_timeout_sec = 5"),
+        ("health", "latency_factor = 0.5", "e.g. latency_factor = 3"),
+        ("routing", 'latency_threshold_ms = "fast"', "e.g. latency_threshold_ms = 200"),
+        ("providers.p", "max_batch_size = 0", "e.g. max_batch_size = 8"),
+        ("providers.p", 'timeout_sec = "long"', "e.g. timeout_sec = 600"),
+    ],
+)
+def test_number_errors_suggest_a_value_that_fits_the_key(tmp_path, section, line, fix):
+    provider = "" if section == "providers.p" else '[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n'
+    address = 'api_base = "http://127.0.0.1:9/v1"\n' if section == "providers.p" else ""
+    config = tmp_path / "config.toml"
+    config.write_text(f"{provider}[{section}]\n{address}{line}\n")
+    result = run_check("--config", str(config))
+    assert result.returncode == 1
+    assert result.stderr.rstrip().endswith(fix), result.stderr
+
+
+KEY = "sk-proj-4eC39HqLyjWDarjtT1zdp7dcXk29"
+ENV_NAME_KEY = "sk_live_4eC39HqLyjWDarjtT1zdp7dc"
+_UP = '[providers.up]\napi_base = "http://127.0.0.1:9/v1"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "code"),
+    [
+        (f'[providers.up]\napi_base = "http://127.0.0.1:9/v1"\napi_key_env = "{KEY}"\n', {}, 1),
+        (f'[providers.up]\napi_base = "http://127.0.0.1:9/v1"\napi_key_env = "{ENV_NAME_KEY}"\n', {}, 1),
+        (f'{_UP}timeout_sec = "{KEY}"\n', {}, 1),
+        (f'{_UP}"{KEY}" = 1\n', {}, 1),
+        (f'{_UP}[[auth.keys]]\nname = "team"\nkey = "k"\nrpm = "{KEY}"\n', {}, 1),
+        (f'{_UP}models = ["{KEY}"]\nhints = {{ token = "{KEY}" }}\n', {}, 0),
+        (_UP, {"HTTPS_PROXY": f"socks5://{KEY}"}, 0),
+    ],
+    ids=["api_key_env", "api_key_env-valid-name", "wrong-type", "key-name", "auth", "check-report", "warning"],
+)
+def test_values_that_look_like_keys_are_masked_in_every_message(tmp_path, text, env, code):
+    config = tmp_path / "config.toml"
+    config.write_text(text)
+    result = run_check("--config", str(config), env=env)
+    assert result.returncode == code, result.stdout + result.stderr
+    shown = result.stdout + result.stderr
+    assert KEY not in shown and ENV_NAME_KEY not in shown and KEY[8:20] not in shown
+    assert "sk-***" in shown or "sk_***" in shown, shown
+
+
+def test_serve_masks_a_key_in_its_config_error(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(f'[providers.up]\napi_base = "http://127.0.0.1:9/v1"\napi_key_env = "{KEY}"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "latgate", "serve", "--config", str(config)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert KEY not in result.stdout + result.stderr and '"sk-***" is not an environment variable name' in result.stderr
 
 
 def test_check_reads_latgate_config_when_no_flag_is_given(tmp_path):

@@ -54,12 +54,14 @@ def test_seed2_loads_as_written():
     assert config.providers["sglang_tilelang"].api_key_env == "SGLANG_TILELANG_KEY"
 
 
-def test_seed1_verbatim_fails_naming_the_decode_section_and_api_base():
+def test_seed1_verbatim_fails_naming_the_decode_and_prefill_sections_and_api_base():
     with pytest.raises(ConfigError) as caught:
         load_config(SEEDS / "seed1.config.toml", env={})
     message = str(caught.value)
     assert message == (
         f'{SEEDS / "seed1.config.toml"}: decode.api_base: section [decode] (engine "tile-rt") gives no '
+        'address for its engine; add api_base = "http://HOST:PORT/v1" (or endpoints = [...])\n'
+        f'{SEEDS / "seed1.config.toml"}: prefill.api_base: section [prefill] (engine "vllm") gives no '
         'address for its engine; add api_base = "http://HOST:PORT/v1" (or endpoints = [...])'
     )
 
@@ -166,14 +168,14 @@ def test_unknown_engine_setting_points_at_hints_and_hints_table_is_kept():
     ("text", "key", "fix"),
     [
         ('[server]\nport = "http"\n' + VLLM, "server.port", "whole number"),
-        ("[server]\nport = 70000\n" + VLLM, "server.port", "change the value"),
+        ("[server]\nport = 70000\n" + VLLM, "server.port", "e.g. port = 8000"),
         (VLLM + 'max_batch_size = "eight"\n', "providers.vllm.max_batch_size", "whole number"),
         (VLLM + 'models = "glm"\n', "providers.vllm.models", "write a list"),
         (VLLM + 'enable_prefix_cache = "maybe"\n', "providers.vllm.enable_prefix_cache", "true or"),
         (VLLM + 'role = "decoder"\n', "providers.vllm.role", "one of"),
         (VLLM + "extra_body = 3\n", "providers.vllm.extra_body", "write a table"),
         (VLLM + "[routing]\nfallbacks = { vllm = 5 }\n", "routing.fallbacks.vllm", "write a list"),
-        ("[defaults]\ntimeout_sec = -1\n" + VLLM, "defaults.timeout_sec", "change the value"),
+        ("[defaults]\ntimeout_sec = -1\n" + VLLM, "defaults.timeout_sec", "e.g. timeout_sec = 600"),
         ('[default]\nmax_retries = "many"\n' + VLLM, "default.max_retries", "whole number"),
         (VLLM + 'api_key_env = "sk-live-123"\n', "providers.vllm.api_key_env", "not the key itself"),
     ],

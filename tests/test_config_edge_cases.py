@@ -19,6 +19,7 @@ from tokenizer_file import whitespace_tokenizer
 
 from latgate import cli, server
 from latgate.config import ConfigError, config_warnings, load_config, load_config_text, resolve_config_path
+from latgate.config.masking import mask_secrets
 from latgate.config.report import report_lines
 from latgate.config.schema import Config, EndpointConfig, ProviderConfig, RoutingConfig
 
@@ -362,3 +363,35 @@ def test_a_malformed_provider_key_is_not_a_500_on_every_request(key: str, sent: 
         assert r.status_code == 200, r.text
         assert up.requests[0].header("authorization") == sent
         assert all(q.header("x-injected") is None for q in up.requests)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "meta-llama/Meta-Llama-3-8B-Instruct",
+        "DeepSeek-R1-Distill-Qwen-32B-Instruct",
+        "TAOTOKEN_API_KEY",
+        "http://127.0.0.1:9101/v1",
+        "sglang_tilelang-0",
+        "glm-5.1-highspeed",
+        "sk-team",
+        "providers.vllm.max_num_batched_tokens",
+    ],
+)
+def test_names_people_write_are_not_taken_for_keys(name: str) -> None:
+    assert mask_secrets(f"x {name} y") == f"x {name} y"
+
+
+@pytest.mark.parametrize(
+    ("key", "shown"),
+    [
+        ("sk-proj-4eC39HqLyjWDarjtT1zdp7dc", "sk-***"),
+        ("sk-ant-api03-AbCdEfGh12", "sk-***"),
+        ("gsk_8f3kLmN0pQrStUvW", "gsk_***"),
+        ("AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY", "AIza***"),
+        ("Xk9fQ2mZ7pL4vR8tY1wB3nC6", "Xk9***"),
+        ("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", "e3b***"),
+    ],
+)
+def test_values_that_look_like_keys_are_masked(key: str, shown: str) -> None:
+    assert mask_secrets(f'api_key_env = "{key}" is wrong') == f'api_key_env = "{shown}" is wrong'

@@ -163,13 +163,13 @@ def test_route_missing_files_are_named(tmp_path: Path, capsys: pytest.CaptureFix
     assert code == 1 and "absent.toml" in err and err.count("\n") == 1
 
 
-def test_route_config_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    verbatim_seed1 = FIXTURES / "seeds" / "seed1.config.toml"
+def test_route_config_error_is_one_line_per_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    verbatim_seed1 = FIXTURES / "seeds" / "seed1.config.toml"  # two sections without an address
     code, out, err = run_route(
         "--config", str(verbatim_seed1), str(_write_body(tmp_path, {"model": "m"})), capsys=capsys
     )
-    assert code == 1 and out == "" and err.count("\n") == 1
-    assert err.startswith(f"latgate: error: {verbatim_seed1}")
+    assert code == 1 and out == "" and err.count("\n") == 2
+    assert all(line.startswith(f"latgate: error: {verbatim_seed1}") for line in err.splitlines())
 
 
 def test_route_into_a_reader_that_left_exits_quietly(tmp_path: Path) -> None:

@@ -120,7 +120,8 @@ def main(args: argparse.Namespace) -> int:
             notes=notes,
         )
     except (ConfigError, _UsageError) as exc:
-        print(f"latgate: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"latgate: error: {line}", file=sys.stderr)
         return 1
     text, client_notes = RENDERERS[args.client](settings)
     print(text)

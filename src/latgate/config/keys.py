@@ -12,13 +12,16 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import typing
 from collections.abc import Collection, Mapping
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
 from latgate.config.errors import ConfigError
+from latgate.config.masking import mask_url
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -147,26 +150,6 @@ def suggestion(name: str, choices: Collection[str], *, noun: str, plural: str | 
     return f'did you mean "{near}"? ({listing})' if near else listing
 
 
-_USERINFO_PASSWORD = re.compile(r"(?<=//)([^/?#@:]*):[^/?#@]*@")
-
-
-def mask_url(url: str) -> str:
-    """``url`` as it may be shown in a message: the password of its ``user:password@``
-    part and every query value replaced by ``***`` (some providers take their key in
-    the query, as ``?key=...``).
-
-    Works on malformed URLs too (it is used in error messages), e.g.
-    ``http://u:secret@h:1/v1?key=abc`` -> ``http://u:***@h:1/v1?key=***``.
-    """
-    url = _USERINFO_PASSWORD.sub(r"\1:***@", url)
-    head, sep, query = url.partition("?")
-    if not sep:
-        return url
-    query, hash_sep, _ = query.partition("#")
-    masked = "&".join(item.split("=", 1)[0] + "=***" if "=" in item else "***" for item in query.split("&"))
-    return f"{head}?{masked}{hash_sep and '#***'}"
-
-
 def show(value: object) -> str:
     """A config value as it would be written in TOML, shortened for a one-line message
     (a URL's password masked: ``latgate check`` prints these lines)."""
@@ -218,10 +201,10 @@ def validate_model(
     try:
         return model_cls.model_validate(data)
     except ValidationError as exc:
-        raise _translate(exc.errors()[0], source=source, prefix=prefix) from None
+        raise _translate(exc.errors()[0], model_cls, source=source, prefix=prefix) from None
 
 
-def _translate(error: ErrorDetails, *, source: str, prefix: str) -> ConfigError:
+def _translate(error: ErrorDetails, model_cls: type[BaseModel], *, source: str, prefix: str) -> ConfigError:
     loc = error["loc"]
     key = key_path(prefix, *loc)
     leaf = next((part for part in reversed(loc) if isinstance(part, str)), key)
@@ -238,19 +221,25 @@ def _translate(error: ErrorDetails, *, source: str, prefix: str) -> ConfigError:
         source=source,
         key=key,
         message=f"{message} (got {show(error.get('input'))})",
-        fix=_type_fix(kind, leaf),
+        fix=_type_fix(kind, leaf, _field(model_cls, loc)),
     )
 
 
-def _type_fix(kind: str, leaf: str) -> str:
+_NUMBER_BOUNDS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
+
+
+def _type_fix(kind: str, leaf: str, field: FieldInfo | None) -> str:
+    example = f"{leaf} = {example_number(field, leaf)}"
     if kind == "bool_not_number":
-        return f"write a number without quotes, e.g. {leaf} = 8"
+        return f"write a number without quotes, e.g. {example}"
     if kind == "finite_number":
-        return f"write a finite number (not inf or nan), e.g. {leaf} = 30"
+        return f"write a finite number (not inf or nan), e.g. {example}"
     if kind.startswith("int_"):
-        return f"write a whole number without quotes, e.g. {leaf} = 8"
+        return f"write a whole number without quotes, e.g. {example}"
     if kind.startswith("float_"):
-        return f"write a number without quotes, e.g. {leaf} = 30"
+        return f"write a number without quotes, e.g. {example}"
+    if kind in _NUMBER_BOUNDS:
+        return f"e.g. {example}"
     if kind.startswith("bool_"):
         return f"write {leaf} = true or {leaf} = false"
     if kind.startswith("string_"):
@@ -262,3 +251,67 @@ def _type_fix(kind: str, leaf: str) -> str:
     if kind == "literal_error":
         return "use one of the values listed"
     return "change the value"
+
+
+def _field(model_cls: type[BaseModel], loc: tuple[int | str, ...]) -> FieldInfo | None:
+    """The pydantic field an error location names, following nested models
+    (``("endpoints", 0, "weight")`` in :class:`ProviderConfig` -> ``EndpointConfig.weight``)."""
+    current: type[BaseModel] | None = model_cls
+    field = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if current is None or part not in current.model_fields:
+            return None
+        field = current.model_fields[part]
+        current = _nested_model(field.annotation)
+    return field
+
+
+def _nested_model(annotation: object) -> type[BaseModel] | None:
+    """The model inside ``Model``, ``Model | None``, ``tuple[Model, ...]``, ``dict[str, Model]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _nested_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+NUMBER_EXAMPLES: dict[str, int] = {
+    "max_batch_size": 8,
+    "timeout_sec": 600,
+    "first_token_timeout_sec": 30,
+    "max_connections": 256,
+    "first_token_keepalive_sec": 15,
+    "latency_threshold_ms": 200,
+    "latency_budget_ms": 200,
+    "long_context_threshold": 16384,
+    "max_context_tokens": 131072,
+    "rpm": 60,
+    "tpm": 100000,
+}
+"""Example values of the number keys that have no numeric default (optional ones)."""
+
+
+def example_number(field: FieldInfo | None, leaf: str = "") -> int | float:
+    """A value that fits a number field, for a fix's ``e.g. KEY = VALUE``: its default
+    when that is a number (``port`` -> 8000, ``max_retries`` -> 1), else the key's
+    :data:`NUMBER_EXAMPLES` entry (``rpm`` -> 60), else the smallest value its bounds
+    allow (``gt=0`` -> 1), else 1. A whole float is shown as an integer (600.0 -> 600)."""
+    if field is None:
+        return NUMBER_EXAMPLES.get(leaf, 1)
+    default = field.default
+    if isinstance(default, int | float) and not isinstance(default, bool):
+        return int(default) if float(default).is_integer() else default
+    if leaf in NUMBER_EXAMPLES:
+        return NUMBER_EXAMPLES[leaf]
+    for bound in field.metadata:
+        low = getattr(bound, "ge", None)
+        if low is not None:
+            return low if low > 0 else 1
+        low = getattr(bound, "gt", None)
+        if low is not None:
+            return int(low) + 1
+    return 1

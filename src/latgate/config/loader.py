@@ -25,7 +25,7 @@ from typing import cast
 from latgate.config.envvars import expand_env
 from latgate.config.errors import ConfigError
 from latgate.config.keys import ModelT, check_keys, show, validate_model
-from latgate.config.providers import build_provider
+from latgate.config.providers import build_provider, missing_address
 from latgate.config.references import (
     build_auth,
     build_models,
@@ -209,4 +209,7 @@ def _providers(document: Document, *, source: str) -> dict[str, ProviderConfig]:
             message="no providers are defined",
             fix='add a [providers.NAME] section with api_base = "http://HOST:PORT/v1"',
         )
+    missing = [e for section in document.providers if (e := missing_address(section, source=source))]
+    if missing:
+        raise ConfigError.of(missing)
     return {section.name: build_provider(section, source=source) for section in document.providers}

@@ -42,6 +42,7 @@ from latgate.config.keys import (
     suggestion,
     validate_model,
 )
+from latgate.config.masking import looks_like_secret
 from latgate.config.schema import EndpointConfig, ProviderConfig, versioned_base
 from latgate.config.seedforms import ProviderSection
 from latgate.connectors import UnknownConnector, get_connector, known_connectors
@@ -142,16 +143,25 @@ def tokenizer_path(source: str, tokenizer: str) -> Path:
     return config_file.parent / candidate
 
 
+def missing_address(section: ProviderSection, *, source: str) -> ConfigError | None:
+    """The error for a section that gives no address (no ``api_base``, ``base_url``
+    or ``endpoints``), else None: the loader checks every section before building any,
+    so a file missing several addresses names them all in one run."""
+    if any(k in section.table for k in ("api_base", "base_url", "endpoints")):
+        return None
+    return ConfigError(
+        source=source,
+        key=key_path(section.key, "api_base"),
+        message=f"{section.label} gives no address for its engine",
+        fix=_ADDRESS_FIX,
+    )
+
+
 def _endpoints(section: ProviderSection, *, source: str) -> tuple[EndpointConfig, ...]:
     table = section.table
     given = [k for k in ("api_base", "base_url", "endpoints") if k in table]
-    if not given:
-        raise ConfigError(
-            source=source,
-            key=key_path(section.key, "api_base"),
-            message=f"{section.label} gives no address for its engine",
-            fix=_ADDRESS_FIX,
-        )
+    if (missing := missing_address(section, source=source)) is not None:
+        raise missing
     if len(given) > 1:
         raise ConfigError(
             source=source,
@@ -345,7 +355,7 @@ def _check_connector(name: object, *, source: str, key: str) -> None:
 def _check_api_key_env(name: object, *, source: str, key: str) -> None:
     if name is None:
         return
-    if not isinstance(name, str) or not _ENV_NAME.match(name):
+    if not isinstance(name, str) or not _ENV_NAME.match(name) or looks_like_secret(name):
         raise ConfigError(
             source=source,
             key=key,

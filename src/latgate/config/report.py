@@ -5,9 +5,10 @@ each provider (connector, role, engine, endpoints with their URLs, models or "an
 the same-model rule of a single-model provider, extra_body keys, capacity hints), the
 aliases, the ``[models]`` settings, the routing rules in the order they apply, and the
 warnings. ``check`` is an operator tool, so URLs are shown; keys never are, nor the
-password of a URL's ``user:password@`` part.
+password of a URL's ``user:password@`` part, nor any value that looks like a key
+(:func:`~latgate.config.masking.mask_secrets`).
 
-Exit codes: 0 ok, 1 config error (one ``latgate: error: ...`` line on stderr),
+Exit codes: 0 ok, 1 config error (a ``latgate: error: ...`` line per mistake on stderr),
 2 an endpoint failed its probe (``--probe``: ``GET`` the connector's health path on
 every endpoint, with the provider's key when its variable is set).
 """
@@ -25,8 +26,8 @@ from typing import TextIO
 
 from latgate.config.apikeys import header_key
 from latgate.config.errors import ConfigError
-from latgate.config.keys import mask_url
 from latgate.config.loader import load_config, resolve_config_path
+from latgate.config.masking import mask_secrets, mask_url
 from latgate.config.schema import Config, ProviderConfig
 from latgate.config.warnings import config_warnings
 from latgate.connectors import get_connector
@@ -52,7 +53,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         config = load_config(resolve_config_path(args.config))
     except ConfigError as exc:
-        print(f"latgate: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"latgate: error: {line}", file=sys.stderr)
         return 1
     out = sys.stdout
     out.write("\n".join(report_lines(config, warnings=config_warnings(config), env=os.environ)) + "\n")
@@ -84,7 +86,7 @@ def report_lines(config: Config, *, warnings: list[str], env: Mapping[str, str] 
     lines += _routing_lines(config)
     lines += ["", "warnings"]
     lines += [f"  {warning}" for warning in warnings] or ["  (none)"]
-    return lines
+    return [mask_secrets(line) for line in lines]  # a key pasted into any value is not printed
 
 
 def _row(label: str, value: str, *, indent: int = 2) -> str:
@@ -223,7 +225,7 @@ async def _probe_all(config: Config, *, env: Mapping[str, str], out: TextIO) -> 
                 url = connector.health_url(endpoint)
                 ok, detail = await _probe_one(client, url, headers=headers, egress=egress)
                 all_ok &= ok
-                shown = f"{mask_url(url)}  {mask_url(detail)}"
+                shown = mask_secrets(f"{mask_url(url)}  {mask_url(detail)}")
                 out.write(f"  {'ok' if ok else 'failed':<7} {endpoint.id:<{_LABEL_WIDTH}} {shown}\n")
     finally:
         await client.aclose()

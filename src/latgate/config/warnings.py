@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 
 from latgate.config.apikeys import key_problem
+from latgate.config.masking import mask_secrets
 from latgate.config.schema import Config
 from latgate.proxy.egress import env_proxy_problems
 
@@ -26,7 +27,8 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None) -> lis
     - a timeout under 1 s (such timeouts cause retry storms and explode tail latency).
 
     ``env`` defaults to :data:`os.environ`: pass the environment the gateway will run
-    with. Key values are never included.
+    with. Key values are never included, nor any value that looks like a key
+    (:func:`~latgate.config.masking.mask_secrets`).
     """
     env = os.environ if env is None else env
     warnings = []
@@ -64,7 +66,7 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None) -> lis
                 f"{key} = {seconds} s is under 1 s: slow first tokens will time out and be retried, "
                 "inflating tail latency"
             )
-    return warnings
+    return [mask_secrets(warning) for warning in warnings]
 
 
 def is_loopback(host: str) -> bool:

@@ -87,7 +87,8 @@ def main(args: argparse.Namespace) -> int:
         body = _read_body(args.request)
         decision = Router(config).decide(body, headers)
     except (ConfigError, _UsageError) as exc:
-        print(f"latgate: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"latgate: error: {line}", file=sys.stderr)
         return 1
     except GatewayError as exc:
         print(f"latgate: error: {exc.status}: {exc.message}", file=sys.stderr)
