@@ -204,13 +204,7 @@ def main() -> int:
     parser.add_argument(
         "--targets",
         default="latgate,nginx,vllm-router,litellm",
-        help="comma-separated subset of latgate,nginx,vllm-router,litellm,latgate-aiohttp,latgate-httpx (direct always runs)",
-    )
-    parser.add_argument(
-        "--transport",
-        choices=["h1", "aiohttp", "httpx"],
-        default="h1",
-        help="latgate's upstream client (h1: its own, the default; aiohttp or httpx's default transport, to compare)",
+        help="comma-separated subset of latgate,nginx,vllm-router,litellm (direct always runs)",
     )
     args = parser.parse_args()
     if not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2:
@@ -219,9 +213,7 @@ def main() -> int:
     os.sched_setaffinity(0, {1})
     wanted = [t.strip() for t in args.targets.split(",") if t.strip()]
     known = {
-        "latgate": lambda: Latgate(transport=args.transport),
-        "latgate-aiohttp": lambda: Latgate(transport="aiohttp", name="latgate-aiohttp"),
-        "latgate-httpx": lambda: Latgate(transport="httpx", name="latgate-httpx"),
+        "latgate": Latgate,
         "nginx": Nginx,
         "vllm-router": VllmRouter,
         "litellm": LiteLLM,
@@ -232,7 +224,7 @@ def main() -> int:
         return 2
     targets: list[Target] = [known[t]() for t in wanted]
     if args.workers > 1:
-        targets.append(Latgate(cores="0,1", workers=args.workers, transport=args.transport))
+        targets.append(Latgate(cores="0,1", workers=args.workers))
     up_port = _free_port()
     mock = subprocess.Popen(
         [
@@ -284,7 +276,7 @@ def main() -> int:
     derive(rows)
     checks = check_targets(rows, idle)
     print(
-        f"{platform.node()} load average {os.getloadavg()[0]:.2f}; {time.monotonic() - started:.0f} s; transport {args.transport}"
+        f"{platform.node()} load average {os.getloadavg()[0]:.2f}; {time.monotonic() - started:.0f} s"
     )
     print_table(rows, idle, checks)
     if args.json:

@@ -153,11 +153,9 @@ class Latgate(Target):
 
     name = "latgate"
 
-    def __init__(self, *, cores: str = "0", workers: int = 1, transport: str = "h1", name: str = "latgate") -> None:
+    def __init__(self, *, cores: str = "0", workers: int = 1) -> None:
         super().__init__(cores=cores)
         self.workers = workers
-        self.transport = transport
-        self.name = name
         if workers > 1:
             self.name = f"{self.name}-w{workers}"
 
@@ -168,9 +166,6 @@ class Latgate(Target):
         )
         cmd = latgate_serve_command(workdir / "config.toml", port=port)
         return cmd + (["--workers", str(self.workers)] if self.workers > 1 else [])
-
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "LATGATE_UPSTREAM_TRANSPORT": self.transport}
 
 
 class Nginx(Target):

@@ -157,7 +157,7 @@ def test_api_base_with_a_space_or_control_character_is_rejected(url: str) -> Non
 
 
 def test_api_base_with_userinfo_beside_api_key_env_is_rejected_without_showing_the_password() -> None:
-    """Userinfo plus api_key_env: aiohttp refuses every request (two Authorizations)."""
+    """Userinfo and api_key_env both name a credential: the config is refused, its password not shown."""
     err = _error('[providers.up]\napi_base = "http://user:s3cret@127.0.0.1:9/v1"\napi_key_env = "UP_KEY"\n')
     assert err.key == "providers.up.api_base" and "api_key_env" in err.message
     assert "s3cret" not in str(err) and "user:***@" in str(err)

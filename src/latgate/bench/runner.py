@@ -1,30 +1,28 @@
 """Sends a bench run's requests: N chat completions at concurrency C.
 
-One pooled ``aiohttp.ClientSession`` (at most C connections, kept alive) and C worker
+One pool of kept-alive connections (at most C: latgate's own HTTP/1.1 client,
+:class:`~latgate.proxy.h1.H1Pool`, the one that carries proxied requests) and C worker
 tasks that take the next request number until N are sent. Each request is timed by a
 ``SampleRecorder`` from just before it is sent. The client is kept cheap because its
 own per-chunk cost adds to the latencies it reports: bodies are built before the clock
 starts, each network read is split into SSE events on bytes and each event is parsed
-once with ``orjson``. aiohttp (its C HTTP parser) costs about a third to a half of
-httpx's CPU time per streamed chunk here (measured: ~11 us vs ~25-33 us per chunk
-including our parsing), which is why it is used rather than httpx. Transport errors are
-mapped to ``error_kind`` values here and nowhere else.
+once with ``orjson``. Transport errors are mapped to ``error_kind`` values here and
+nowhere else.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from latgate.bench.sample import RequestSample, SampleRecorder
 from latgate.bench.sse import SseDecoder
 from latgate.bench.workload import Workload
+from latgate.proxy.errors import UpstreamFailure
+from latgate.proxy.h1 import H1Pool
 
 Clock = Callable[[], float]
 SampleCallback = Callable[[RequestSample], None]
@@ -36,8 +34,8 @@ class BenchConfig:
 
     ``base_url`` ends with ``/v1``; requests go to ``{base_url}/chat/completions``.
     ``headers`` are extra request headers, sent as given. ``timeout_seconds`` bounds
-    connecting and each read (time to the first byte, and any gap between chunks):
-    aiohttp's ``sock_connect`` and ``sock_read``; it does not bound the whole response.
+    connecting and each read (time to the first byte, and any gap between chunks); it
+    does not bound the whole response.
     """
 
     base_url: str
@@ -90,26 +88,22 @@ def normalize_base_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
-def transport_error_kind(exc: BaseException) -> str:
-    """The ``error_kind`` of an aiohttp (or timeout) exception."""
-    if isinstance(exc, TimeoutError):
-        return "timeout"  # aiohttp's ServerTimeoutError and ConnectionTimeoutError too
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return "connect_error"  # refused, unreachable, DNS failure
-    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError)):
-        return "read_error"
-    return "transport_error"
+#: ``error_kind`` by :class:`~latgate.proxy.errors.UpstreamFailure` kind
+_ERROR_KINDS = {"timeout": "timeout", "connect": "connect_error", "read": "read_error"}
+_CONNECT_PREFIX = "could not connect to upstream: "
 
 
-def transport_error_message(exc: BaseException) -> str:
-    """A short description of an aiohttp (or timeout) exception, e.g. for connection refused."""
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        errno = exc.os_error.errno
-        reason = os.strerror(errno) if errno else str(exc.os_error)
-        return f"cannot connect to {exc.host}:{exc.port}: {reason}"
-    if isinstance(exc, TimeoutError):
-        return f"timed out ({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})"
-    return str(exc) or type(exc).__name__
+def transport_error(failure: UpstreamFailure, url: str) -> tuple[str, str]:
+    """The ``error_kind`` and a short message for a failed request to ``url``, e.g.
+    ``("connect_error", "cannot connect to 127.0.0.1:8000: Connection refused")``."""
+    kind = _ERROR_KINDS.get(failure.kind, "transport_error")
+    message = str(failure)
+    if kind == "connect_error" and message.startswith(_CONNECT_PREFIX):
+        parts = urlsplit(url)
+        reason = message.removeprefix(_CONNECT_PREFIX)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        message = f"cannot connect to {parts.hostname}:{port}: {reason[:1].upper()}{reason[1:]}"
+    return kind, message
 
 
 async def run_bench(
@@ -138,21 +132,15 @@ async def run_bench(
     )
     headers = _request_headers(config)
     concurrency = min(config.concurrency, config.requests)
-    timeout = aiohttp.ClientTimeout(
-        total=None, sock_connect=config.timeout_seconds, sock_read=config.timeout_seconds
-    )
     samples: list[RequestSample] = []
     indexes = iter(range(config.requests))
-
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
+    pool = H1Pool(connect_timeout_seconds=config.timeout_seconds, ssl_context=None, max_connections=concurrency)
+    try:
 
         async def worker() -> None:
             for index in indexes:  # one shared iterator: each number is taken once
                 body = workload.body(index)
-                sample = await _send_one(
-                    session, config.chat_completions_url, body, index=index, stream=config.stream, clock=clock
-                )
+                sample = await _send_one(pool, config, body, headers, index=index, clock=clock)
                 samples.append(sample)
                 if on_sample is not None:
                     on_sample(sample)
@@ -162,6 +150,8 @@ async def run_bench(
             for _ in range(concurrency):
                 group.create_task(worker())
         duration_seconds = clock() - started_at
+    finally:
+        pool.close()
 
     samples.sort(key=lambda sample: sample.index)
     return BenchResult(
@@ -184,24 +174,26 @@ def _request_headers(config: BenchConfig) -> dict[str, str]:
 
 
 async def _send_one(
-    session: aiohttp.ClientSession,
-    url: str,
+    pool: H1Pool,
+    config: BenchConfig,
     body: bytes,
+    headers: dict[str, str],
     *,
     index: int,
-    stream: bool,
     clock: Clock,
 ) -> RequestSample:
     recorder = SampleRecorder(index=index, started_at=clock())
+    url = config.chat_completions_url
     try:
-        async with session.post(url, data=body, allow_redirects=False) as response:
-            recorder.on_response(status_code=response.status, headers=response.headers)
-            if response.status >= 300:
-                recorder.on_error_body(await response.read())
-            elif stream and "json" not in response.headers.get("content-type", ""):
+        response = await pool.post(url=url, payload=body, headers=headers, read_timeout_seconds=config.timeout_seconds)
+        try:
+            recorder.on_response(status_code=response.status_code, headers=response.headers)
+            if response.status_code >= 300:
+                recorder.on_error_body(await response.aread())
+            elif config.stream and "json" not in response.headers.get("content-type", ""):
                 decoder = SseDecoder()
                 # Read to the end even after [DONE], so the connection goes back to the pool.
-                async for chunk in response.content.iter_any():
+                async for chunk in response.aiter_raw():
                     at = clock()
                     for data in decoder.feed(chunk):
                         recorder.on_event(data, at=at)
@@ -209,7 +201,10 @@ async def _send_one(
                 for data in decoder.flush():
                     recorder.on_event(data, at=at)
             else:  # not streamed, or a server that ignored ``stream: true``
-                recorder.on_json_body(await response.read(), at=clock())
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        recorder.fail(kind=transport_error_kind(exc), message=transport_error_message(exc))
+                recorder.on_json_body(await response.aread(), at=clock())
+        finally:
+            await response.aclose()
+    except UpstreamFailure as failure:
+        kind, message = transport_error(failure, url)
+        recorder.fail(kind=kind, message=message)
     return recorder.finish(at=clock())

@@ -1,34 +1,32 @@
 """The one pooled upstream client, and the one place foreign errors become ours.
 
-Proxied requests go through latgate's own HTTP/1.1 pool (:mod:`latgate.proxy.h1`,
-asyncio protocols and httptools): measured on this project's machines, a proxied
-request cost ~0.4 ms of CPU through aiohttp's client and ~2.1 ms through httpx's
-default (httpcore) transport, and aiohttp's client alone was ~31% of latgate's CPU per
-request. :meth:`UpstreamClient.open` returns an :class:`~latgate.proxy.h1.H1Response`,
-the slice of ``httpx.Response`` the forwarder reads. ``LATGATE_UPSTREAM_TRANSPORT``
-selects ``aiohttp`` (aiohttp's client directly) or ``httpx`` (httpx's default
-transport) instead, for ``benchmarks/overhead.py``. Health probes and metrics scrapes
-use httpx's ``AsyncClient`` on the ``httpx-aiohttp`` transport. Tests can pass any
-``httpx.AsyncBaseTransport`` (e.g. respx's) to :class:`UpstreamClient`: every request
-then goes through it, as an ``httpx.Response``.
+Proxied requests (the POSTs of the hot path) go through latgate's own HTTP/1.1 pool
+(:mod:`latgate.proxy.h1`: asyncio protocols and httptools); :meth:`UpstreamClient.open`
+returns an :class:`~latgate.proxy.h1.H1Response`, the slice of ``httpx.Response`` the
+forwarder reads. Each provider's proxy and TLS settings (:mod:`latgate.proxy.egress`),
+a same-origin 307/308 and a compressed answer (:mod:`latgate.proxy.decoding`) are
+handled here, for every proxied request. Everything else (health probes, engine load
+and catalog reads, ``latgate check --probe``) is a small GET through httpx
+(:meth:`UpstreamClient.get`), with the same proxy and TLS settings.
 
-Every exception of httpx, aiohttp or asyncio raised while talking to an upstream is
-translated into :class:`UpstreamFailure` by :func:`upstream_errors`, with a ``kind``
-used as the ``latgate_upstream_errors_total`` label. Its message never contains the
-upstream URL or key (httpx messages can carry the URL: they are dropped).
+The seam tests swap: an ``httpx.AsyncBaseTransport`` passed to :class:`UpstreamClient`
+(``httpx.MockTransport``, respx's) then carries every request, POSTs and GETs, as an
+``httpx.Response``.
+
+Every exception of httpx or asyncio raised while talking to an upstream is translated
+into :class:`UpstreamFailure` by :func:`upstream_errors`, with a ``kind`` used as the
+``latgate_upstream_errors_total`` label. Its message never contains the upstream URL or
+key (httpx messages can carry the URL: they are dropped).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
 import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-import aiohttp
 import httpx
 
 from latgate import __version__
@@ -72,45 +70,37 @@ def upstream_errors() -> Iterator[None]:
     upstream's failure."""
     try:
         yield
-    except (httpx.ConnectError, httpx.ConnectTimeout, aiohttp.ClientConnectionError) as exc:
-        # httpx-aiohttp maps every aiohttp.ClientConnectionError (including a server
-        # disconnecting mid-body) to ConnectTimeout; look at the cause to tell them apart.
-        # The direct aiohttp path (AiohttpUpstreamResponse) raises them unwrapped.
-        cause = exc if isinstance(exc, aiohttp.ClientError) else exc.__cause__
-        if isinstance(cause, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
-            raise UpstreamFailure("read", "upstream closed the connection") from None
-        if isinstance(cause, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
-            raise UpstreamFailure("timeout", "upstream timed out") from None
+    except (httpx.ConnectTimeout, httpx.PoolTimeout):
+        raise UpstreamFailure("timeout", "upstream timed out: connect") from None
+    except (TimeoutError, httpx.TimeoutException):
+        raise UpstreamFailure("timeout", "upstream timed out") from None
+    except (httpx.HTTPError, OSError) as exc:
         root = _root_cause(exc)
         if isinstance(root, OSError) and root.errno in LOCAL_ERRNOS:
             raise UpstreamFailure("local", LOCAL_SHORTAGE) from None
-        detail = f": {failure_cause(root)}" if root is not None else ""
-        raise UpstreamFailure("connect", f"could not connect to upstream{detail}") from None
-    except (TimeoutError, httpx.TimeoutException, aiohttp.ServerTimeoutError) as exc:
-        which = ": connect" if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout) else ""
-        raise UpstreamFailure("timeout", f"upstream timed out{which}") from None
-    except (httpx.HTTPError, aiohttp.ClientError, OSError) as exc:
-        root = _root_cause(exc)
-        if isinstance(root, OSError) and root.errno in LOCAL_ERRNOS:
-            raise UpstreamFailure("local", LOCAL_SHORTAGE) from None
+        if isinstance(exc, httpx.ConnectError):
+            detail = f": {failure_cause(root)}" if root is not None else ""
+            raise UpstreamFailure("connect", f"could not connect to upstream{detail}") from None
         raise UpstreamFailure("read", f"upstream connection failed ({type(exc).__name__})") from None
     except ValueError:  # the client library refused the request itself (e.g. a key with a newline)
         raise UpstreamFailure("request", "the request could not be sent (check the provider's key and URL)") from None
 
 
-def _root_cause(exc: BaseException) -> BaseException | None:
-    """The socket or TLS error under an httpx/aiohttp exception chain, if any."""
+def _root_cause(exc: BaseException) -> OSError | None:
+    """The socket or TLS error under an httpx exception chain, if any: the first with an
+    errno (or a TLS error) when a plain one wraps it (anyio's "all connection attempts
+    failed")."""
     seen = 0
+    found: OSError | None = None
     current: BaseException | None = exc
     while current is not None and seen < 8:
-        for inner in (getattr(current, "certificate_error", None), getattr(current, "os_error", None)):
-            if isinstance(inner, OSError):
-                return inner
         if isinstance(current, OSError) and not isinstance(current, TimeoutError):
-            return current
+            if current.errno is not None or isinstance(current, ssl.SSLError):
+                return current
+            found = found or current
         current = current.__cause__ or current.__context__
         seen += 1
-    return None
+    return found
 
 
 async def read_at_most(response: object, limit: int) -> bytes:
@@ -142,9 +132,10 @@ class UpstreamClient:
     Args:
         connect_timeout_seconds: TCP/TLS connect (and pool wait) limit.
         read_timeout_seconds: the longest silence allowed between two reads.
-        transport: replaces the aiohttp transport (tests).
+        transport: carries every request instead of latgate's pool and httpx's
+            default transport (tests: ``httpx.MockTransport``, respx).
         max_connections: connections per provider on latgate's pool when a request gives
-            no limit of its own (across all upstreams on the aiohttp and httpx paths).
+            no limit of its own (and of the GET client, over every upstream).
         verify: TLS verification for https upstreams (on by default).
     """
 
@@ -157,28 +148,24 @@ class UpstreamClient:
         max_connections: int = 1000,
         verify: bool = True,
     ) -> None:
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        choice = os.environ.get(TRANSPORT_ENV_VAR, "h1")
-        self._direct = transport is None and choice != "httpx"
-        self._use_aiohttp = choice == "aiohttp"
-        self._session: aiohttp.ClientSession | None = None
+        self._transport = transport
         self._h1: H1Pool | None = None
         self._connect_timeout = connect_timeout_seconds
         self._read_timeout = read_timeout_seconds
         self._max_connections = max_connections
         # Made here, not at the first request: loading the CA bundle takes tens of ms,
         # which would count against the first upstream's measured latency.
-        self._ssl_context = httpx.create_ssl_context(verify=verify, trust_env=False) if self._direct else None
-        if transport is None:
-            transport = default_transport(limits=limits, verify=verify)
+        self._ssl_context = httpx.create_ssl_context(verify=verify, trust_env=False) if transport is None else None
         self._timeout = httpx.Timeout(
             connect=connect_timeout_seconds,
             read=read_timeout_seconds,
             write=read_timeout_seconds,
             pool=connect_timeout_seconds,
         )
-        self._transport = transport
-        self._client = httpx.AsyncClient(transport=transport, timeout=self._timeout, trust_env=False)
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._client = httpx.AsyncClient(
+            transport=transport, verify=self._ssl_context or True, limits=limits, timeout=self._timeout, trust_env=False
+        )
         self._urls: dict[str, httpx.URL] = {}
         self._egress_clients: dict[tuple[Any, ...], httpx.AsyncClient] = {}
         self._timeouts: dict[float | None, dict[str, float | None]] = {}
@@ -193,19 +180,18 @@ class UpstreamClient:
         egress: Egress | None = None,
         group: str = "",
         max_connections: int | None = None,
-    ) -> httpx.Response | H1Response | AiohttpUpstreamResponse:
+    ) -> H1Response | DecodedResponse | httpx.Response:
         """POST ``payload`` (JSON bytes) to ``url`` and return once the status and headers
         arrived; the body is left to stream (``aiter_raw``; the caller must ``aclose``).
-        ``egress``: the provider's proxy and TLS settings (latgate's own HTTP/1.1 pool
-        only; ``None``: direct with the default TLS context). On latgate's own pool the
-        connection is one of ``group``'s (a provider's), at most ``max_connections`` of
-        them (see :class:`~latgate.proxy.h1.H1Pool`).
+        ``egress``: the provider's proxy and TLS settings (``None``: direct with the
+        default TLS context). The connection is one of ``group``'s (a provider's), at
+        most ``max_connections`` of them (see :class:`~latgate.proxy.h1.H1Pool`).
 
         Returns:
-            an :class:`~latgate.proxy.h1.H1Response` by default, an
-            :class:`AiohttpUpstreamResponse` on aiohttp, else the injected
-            transport's ``httpx.Response`` (all: ``status_code``, ``headers``,
-            ``aiter_raw()``, ``aread()``, ``aclose()``).
+            an :class:`~latgate.proxy.h1.H1Response` (a
+            :class:`~latgate.proxy.decoding.DecodedResponse` over it for a compressed
+            body), or the injected transport's ``httpx.Response`` (all:
+            ``status_code``, ``headers``, ``aiter_raw()``, ``aread()``, ``aclose()``).
 
         Raises:
             UpstreamFailure: no response could be had.
@@ -260,27 +246,25 @@ class UpstreamClient:
         slot: tuple[str, int | None] = ("", None),
     ) -> Any:
         """One request; ``slot``: the pool group (provider) and its connection limit."""
-        if self._direct and not self._use_aiohttp:
-            pool = self._h1
-            if pool is None:
-                pool = self._h1 = H1Pool(
-                    connect_timeout_seconds=self._connect_timeout, ssl_context=self._ssl_context, max_connections=self._max_connections
-                )
-            return await pool.post(
-                url=url, payload=payload, headers=headers,
-                read_timeout_seconds=self._read_timeout if read_timeout_seconds is None else read_timeout_seconds,
-                egress=egress, group=slot[0], max_connections=slot[1],
-            )  # fmt: skip
-        if self._direct:
-            return await self._open_direct(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds)
-        return await self._open_transport(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds)
+        if self._transport is not None:
+            return await self._open_transport(url=url, payload=payload, headers=headers, read_timeout_seconds=read_timeout_seconds)
+        pool = self._h1
+        if pool is None:
+            pool = self._h1 = H1Pool(
+                connect_timeout_seconds=self._connect_timeout, ssl_context=self._ssl_context, max_connections=self._max_connections
+            )
+        return await pool.post(
+            url=url, payload=payload, headers=headers,
+            read_timeout_seconds=self._read_timeout if read_timeout_seconds is None else read_timeout_seconds,
+            egress=egress, group=slot[0], max_connections=slot[1],
+        )  # fmt: skip
 
     async def _open_transport(
         self, *, url: str, payload: bytes, headers: dict[str, str], read_timeout_seconds: float | None
     ) -> httpx.Response:
-        # The hot path goes to the transport directly: AsyncClient.send adds redirect,
-        # auth and cookie handling latgate never wants (~25% of a proxied request's CPU
-        # in a profile), and URL parsing is cached per upstream URL.
+        """The POST on the injected transport (straight to it: no redirect, auth or
+        cookie handling of ``AsyncClient.send``)."""
+        assert self._transport is not None
         parsed = self._urls.get(url)
         if parsed is None:
             parsed = self._urls[url] = httpx.URL(url)
@@ -292,36 +276,17 @@ class UpstreamClient:
         with upstream_errors():
             return await self._transport.handle_async_request(request)
 
-    async def _open_direct(
-        self, *, url: str, payload: bytes, headers: dict[str, str], read_timeout_seconds: float | None
-    ) -> AiohttpUpstreamResponse:
-        session = self._session
-        if session is None:
-            session = self._session = _new_session(max_connections=self._max_connections, ssl_context=self._ssl_context)
-        timeout = self._timeouts.get(read_timeout_seconds)
-        if timeout is None:
-            base = self._timeout if read_timeout_seconds is None else self._timeout_with_read(read_timeout_seconds)
-            # The same mapping as httpx-aiohttp: pool wait as aiohttp's connect, no total.
-            timeout = self._timeouts[read_timeout_seconds] = aiohttp.ClientTimeout(
-                sock_connect=base.connect, sock_read=base.read, connect=base.pool
-            )
-        with upstream_errors():
-            response = await session.request(
-                "POST", url, data=payload, headers=headers, timeout=timeout,
-                allow_redirects=False, auto_decompress=False, compress=False,
-            ).__aenter__()  # fmt: skip
-        return AiohttpUpstreamResponse(response)
-
     async def get(
         self, *, url: str, headers: dict[str, str], timeout_seconds: float, egress: Egress | None = None
     ) -> httpx.Response:
-        """A small GET (health probes, engine metrics), body read; through the proxy and
-        with the TLS settings of ``egress`` (the provider's) as proxied requests are.
+        """A small GET (health probes, engine metrics and catalogs, ``check --probe``),
+        body read, through httpx; through the proxy and with the TLS settings of
+        ``egress`` (the provider's) as proxied requests are.
 
         Raises:
             UpstreamFailure: no response could be had.
         """
-        client = self._client if egress is None else self._egress_client(egress, url)
+        client = self._client if egress is None or self._transport is not None else self._egress_client(egress, url)
         with upstream_errors():
             return await client.get(url, headers=headers, timeout=timeout_seconds)
 
@@ -363,61 +328,6 @@ class UpstreamClient:
             await client.aclose()
         if self._h1 is not None:
             self._h1.close()
-        if self._session is not None:
-            await self._session.close()
-
-
-class AiohttpUpstreamResponse:
-    """An upstream response on the direct aiohttp path, read like an ``httpx.Response``.
-
-    Attributes:
-        status_code: the HTTP status.
-        headers: case-insensitive response headers (``.get``, ``[]``).
-    """
-
-    __slots__ = ("_response", "headers", "status_code")
-
-    #: bytes per read at most, as httpx-aiohttp (a read returns what has arrived)
-    CHUNK_BYTES = 16 * 1024
-
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._response = response
-        self.status_code = response.status
-        self.headers = response.headers
-
-    def aiter_raw(self) -> AsyncIterator[bytes]:
-        """The body as it arrives, undecoded (aiohttp errors raised as they are: read
-        under :func:`upstream_errors`)."""
-        return self._response.content.iter_chunked(self.CHUNK_BYTES).__aiter__()
-
-    async def aread(self) -> bytes:
-        """The whole body."""
-        return await self._response.read()
-
-    async def aclose(self) -> None:
-        """Release the connection (back to the pool when the body was read whole)."""
-        await self._response.__aexit__(None, None, None)
-
-
-def _new_session(*, max_connections: int, ssl_context: ssl.SSLContext | None) -> aiohttp.ClientSession:
-    """The pooled aiohttp session (opened on the running loop, at first use)."""
-    connector = aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=5.0, ssl=ssl_context)
-    # No cookie jar: an upstream's cookies are never replayed (nor parsed per response).
-    return aiohttp.ClientSession(connector=connector, trust_env=False, cookie_jar=aiohttp.DummyCookieJar())
-
-
-#: ``LATGATE_UPSTREAM_TRANSPORT`` = ``h1`` (default), ``aiohttp`` or ``httpx`` (for
-#: ``benchmarks/overhead.py``, which compares them in one run).
-TRANSPORT_ENV_VAR = "LATGATE_UPSTREAM_TRANSPORT"
-
-
-def default_transport(*, limits: httpx.Limits, verify: bool) -> httpx.AsyncBaseTransport:
-    """The aiohttp transport, or httpx's default one when the environment asks for it."""
-    if os.environ.get(TRANSPORT_ENV_VAR) == "httpx":
-        return httpx.AsyncHTTPTransport(limits=limits, verify=verify, trust_env=False)
-    from httpx_aiohttp import AiohttpTransport
-
-    return AiohttpTransport(limits=limits, verify=verify, trust_env=False)
 
 
 def upstream_headers(*, auth: dict[str, str], request_id: str, stream: bool) -> dict[str, str]:
