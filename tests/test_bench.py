@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import orjson
 import pytest
+from servers import serve_app
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -32,7 +33,6 @@ from latgate.bench.stats import percentile, summarize, summarize_samples
 from latgate.bench.workload import Workload
 from latgate.cli import main as latgate_main
 from latgate.routing.tokens import estimate_text_tokens
-from tests.servers import serve_app
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _TAG = re.compile(r"\[bench \w+ request (\d+)\]")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from replay import load_expect, load_stream, split_bytes, split_points, stream_fixture_names
+from sse_tap import tap_pieces
 
 from latgate.proxy.sse import StreamTap
-from tests.replay import load_expect, load_stream, split_bytes, split_points, stream_fixture_names
-from tests.sse_tap import tap_pieces
 
 SPLITS = ["events", "bytes", "utf8", "crlf", "random"]
 

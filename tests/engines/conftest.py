@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 from stack import Stack, gateway
-from vllm_server import SERVED_MODEL, VllmReplica
+from vllm_server import VllmReplica, engine_config
 
 VLLM_PYTHON = os.environ.get("LATGATE_VLLM_PYTHON", "")
 VLLM_MODEL = os.environ.get("LATGATE_VLLM_MODEL", "")
@@ -61,25 +61,6 @@ def both_ready(replicas: list[VllmReplica]) -> list[VllmReplica]:
     for replica in down:
         replica.wait_ready()
     return replicas
-
-
-def engine_config(urls: list[str], *, max_retries: int = 1, timeout_sec: int = 120) -> str:
-    """latgate in front of ``urls`` as one vLLM provider serving the model ``tiny``."""
-    endpoints = ", ".join(f'"{url}"' for url in urls)
-    return f"""
-[defaults]
-timeout_sec = {timeout_sec}
-connect_timeout_sec = 2
-max_retries = {max_retries}
-
-[providers.vllm]
-connector = "vllm"
-endpoints = [{endpoints}]
-models = ["{SERVED_MODEL}"]
-
-[health]
-probe_interval_sec = 0
-"""
 
 
 @pytest.fixture

@@ -13,9 +13,8 @@ from collections.abc import Callable
 import httpx
 import orjson
 import pytest
-from conftest import engine_config
 from stack import Stack, gateway, leave_after_first_content
-from vllm_server import SERVED_MODEL, VllmReplica
+from vllm_server import SERVED_MODEL, VllmReplica, engine_config
 
 pytestmark = pytest.mark.timeout(420)
 

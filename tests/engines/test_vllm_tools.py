@@ -9,9 +9,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import engine_config
 from stack import Stack
-from vllm_server import SERVED_MODEL, VllmReplica
+from vllm_server import SERVED_MODEL, VllmReplica, engine_config
 
 pytestmark = pytest.mark.timeout(300)
 

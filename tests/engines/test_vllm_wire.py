@@ -10,8 +10,8 @@ import time
 import httpx
 import orjson
 import pytest
-from stack import Stack
-from vllm_server import CONTEXT_TOKENS, SERVED_MODEL, VllmReplica
+from stack import Stack, gateway
+from vllm_server import CONTEXT_TOKENS, SERVED_MODEL, VllmReplica, engine_config
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -157,9 +157,6 @@ def test_a_prompt_over_the_learned_window_is_refused_before_any_upstream_call(
 
 
 def test_max_context_tokens_of_a_model_is_enforced(both_ready: list[VllmReplica]) -> None:
-    from conftest import engine_config
-    from stack import gateway
-
     config = engine_config([both_ready[0].url]) + f'\n[models."{SERVED_MODEL}"]\nmax_context_tokens = 64\n'
     with gateway(config) as stack:
         long = httpx.post(stack.v1 + "/chat/completions", json=chat(stream=False, messages=[{"role": "user", "content": "word " * 200}]), timeout=60)
@@ -171,9 +168,6 @@ def test_max_context_tokens_of_a_model_is_enforced(both_ready: list[VllmReplica]
 
 def test_unknown_model_404_passes_through_from_a_provider_without_a_model_list(both_ready: list[VllmReplica]) -> None:
     """A provider that lists no models serves any name: vLLM's own 404 reaches the client."""
-    from conftest import engine_config
-    from stack import gateway
-
     config = engine_config([both_ready[0].url]).replace(f'models = ["{SERVED_MODEL}"]\n', "")
     body = chat(model="no-such-model", stream=False)
     direct = httpx.post(both_ready[0].url + "/chat/completions", json=body, timeout=60)

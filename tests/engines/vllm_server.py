@@ -153,3 +153,22 @@ class VllmReplica:
             if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+
+def engine_config(urls: list[str], *, max_retries: int = 1, timeout_sec: int = 120) -> str:
+    """latgate in front of ``urls`` as one vLLM provider serving the model ``tiny``."""
+    endpoints = ", ".join(f'"{url}"' for url in urls)
+    return f"""
+[defaults]
+timeout_sec = {timeout_sec}
+connect_timeout_sec = 2
+max_retries = {max_retries}
+
+[providers.vllm]
+connector = "vllm"
+endpoints = [{endpoints}]
+models = ["{SERVED_MODEL}"]
+
+[health]
+probe_interval_sec = 0
+"""
