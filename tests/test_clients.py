@@ -9,14 +9,13 @@ import shlex
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
 import openai
 import pytest
 import yaml
-from stack import DEMO_TEMPLATE, Stack, demo_stack
+from stack import DEMO_TEMPLATE, Stack
 
 from latgate.cli import main as cli
 from latgate.config import load_config
@@ -24,12 +23,6 @@ from latgate.routing.decision import Router
 
 ROOT = Path(__file__).resolve().parent.parent
 ASK = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture(scope="module")
-def demo() -> Iterator[Stack]:
-    with demo_stack() as stack:
-        yield stack
 
 
 @pytest.fixture

@@ -7,20 +7,13 @@ import jsonschema
 import orjson
 import pytest
 from openapi import validate
-from stack import demo_stack
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
-@pytest.fixture(scope="module")
-def stack():
-    with demo_stack() as s:
-        yield s
-
-
-def test_streamed_chunks_match_create_chat_completion_stream_response(stack) -> None:
+def test_streamed_chunks_match_create_chat_completion_stream_response(demo) -> None:
     r = httpx.post(
-        stack.v1 + "/chat/completions",
+        demo.v1 + "/chat/completions",
         json={"model": "glm-5.1", "messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}},
     )
     events = [e for e in r.content.split(b"\n\n") if e]
@@ -29,14 +22,14 @@ def test_streamed_chunks_match_create_chat_completion_stream_response(stack) -> 
         validate(orjson.loads(event.removeprefix(b"data: ")), "CreateChatCompletionStreamResponse")
 
 
-def test_non_streamed_answer_matches_create_chat_completion_response(stack) -> None:
-    r = httpx.post(stack.v1 + "/chat/completions", json={"model": "glm-5.1-highspeed", "messages": MESSAGES})
+def test_non_streamed_answer_matches_create_chat_completion_response(demo) -> None:
+    r = httpx.post(demo.v1 + "/chat/completions", json={"model": "glm-5.1-highspeed", "messages": MESSAGES})
     validate(r.json(), "CreateChatCompletionResponse")
 
 
-def test_model_list_and_model_match_their_schemas(stack) -> None:
-    validate(httpx.get(stack.v1 + "/models").json(), "ListModelsResponse")
-    validate(httpx.get(stack.v1 + "/models/glm-5.1").json(), "Model")
+def test_model_list_and_model_match_their_schemas(demo) -> None:
+    validate(httpx.get(demo.v1 + "/models").json(), "ListModelsResponse")
+    validate(httpx.get(demo.v1 + "/models/glm-5.1").json(), "Model")
 
 
 @pytest.mark.parametrize(
@@ -47,8 +40,8 @@ def test_model_list_and_model_match_their_schemas(stack) -> None:
         ("/nope", b"{}"),
     ],
 )
-def test_errors_match_error_response(stack, path: str, body: bytes) -> None:
-    r = httpx.post(stack.v1 + path, content=body, headers={"content-type": "application/json"})
+def test_errors_match_error_response(demo, path: str, body: bytes) -> None:
+    r = httpx.post(demo.v1 + path, content=body, headers={"content-type": "application/json"})
     assert r.status_code >= 400
     validate(r.json(), "ErrorResponse")
 

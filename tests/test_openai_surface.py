@@ -15,7 +15,7 @@ import orjson
 import pytest
 from openapi import validate
 from replay import ReplayScript, ReplayServer, load_expect, load_stream
-from stack import FAST, Stack, demo_stack, gateway, replay_gateway, simulators
+from stack import FAST, Stack, gateway, replay_gateway, simulators
 
 from latgate.sim import SimOptions
 
@@ -28,12 +28,6 @@ WEATHER = {
     },
 }
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def demo() -> Iterator[Stack]:
-    with demo_stack() as stack:
-        yield stack
 
 
 @contextlib.contextmanager

@@ -20,17 +20,11 @@ SHELL = {
 
 
 @pytest.fixture(scope="module")
-def stack():
-    with demo_stack() as s:
-        yield s
+def client(demo) -> openai.OpenAI:
+    return openai.OpenAI(base_url=demo.v1, api_key="sk-test", max_retries=0)
 
 
-@pytest.fixture(scope="module")
-def client(stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.v1, api_key="sk-test", max_retries=0)
-
-
-def test_non_streamed_response_has_text_usage_and_is_measured_under_its_provider(stack, client) -> None:
+def test_non_streamed_response_has_text_usage_and_is_measured_under_its_provider(demo, client) -> None:
     raw = client.responses.with_raw_response.create(
         model="glm-5.1", input="hello", instructions="be brief", store=False
     )
@@ -38,15 +32,15 @@ def test_non_streamed_response_has_text_usage_and_is_measured_under_its_provider
     assert raw.headers["x-latgate-provider"] == "vllm"
     assert response.status == "completed" and response.output_text
     assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0
-    sent = stack.sims["vllm"].stats.last_request.body
+    sent = demo.sims["vllm"].stats.last_request.body
     assert sent["messages"][0] == {"role": "system", "content": "be brief"}
     assert (
         'latgate_requests_total{code="200",model="glm-5.1",provider="vllm"}'
-        in httpx.get(stack.url + "/metrics").text
+        in httpx.get(demo.url + "/metrics").text
     )
 
 
-def test_streamed_tool_call_round_trip_completes(stack, client) -> None:
+def test_streamed_tool_call_round_trip_completes(demo, client) -> None:
     with client.responses.stream(model="glm-5.1", input="list files", tools=[SHELL], store=False) as events:
         types = [event.type for event in events]
         first = events.get_final_response()
@@ -64,13 +58,13 @@ def test_streamed_tool_call_round_trip_completes(stack, client) -> None:
     with client.responses.stream(model="glm-5.1", input=history, tools=[SHELL], store=False) as events:
         second = events.get_final_response()
     assert second.output_text and second.output[0].type == "message"
-    sent = stack.sims["vllm"].stats.last_request.body["messages"]
+    sent = demo.sims["vllm"].stats.last_request.body["messages"]
     assert sent[-1] == {"role": "tool", "tool_call_id": call.call_id, "content": "a.txt"}
 
 
-def test_latency_sensitive_alias_routes_a_responses_request_to_the_decode_pool(stack) -> None:
+def test_latency_sensitive_alias_routes_a_responses_request_to_the_decode_pool(demo) -> None:
     r = httpx.post(
-        stack.url + "/responses", json={"model": "glm-5.1-highspeed", "input": "hi", "store": False}
+        demo.url + "/responses", json={"model": "glm-5.1-highspeed", "input": "hi", "store": False}
     )
     assert r.status_code == 200
     assert r.headers["x-latgate-provider"] == "tile-rt"
