@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import orjson
+from completions import DONE, ROLE, chat_chunk, content, event
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTENING = re.compile(r"listening on http://([^ ]+):(\d+)")
@@ -111,21 +112,6 @@ class GatewayProcess:
             self.proc.wait(timeout=10)
 
 
-def sse(obj: dict) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-def chunk(content: str | None, *, role: bool = False) -> dict:
-    delta: dict = {"role": "assistant"} if role else {"content": content}
-    return {
-        "id": "chatcmpl-gated",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": "m",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
-    }
-
-
 class GatedUpstream:
     """An ASGI chat-completions upstream: streams a role chunk and the token ``"one"``,
     waits for :attr:`gate`, then sends ``" two"``, a stop chunk and ``[DONE]``.
@@ -181,14 +167,11 @@ class GatedUpstream:
         await send(
             {
                 "type": "http.response.body",
-                "body": sse(chunk(None, role=True)) + sse(chunk("one")),
+                "body": ROLE + content("one"),
                 "more_body": True,
             }
         )
         self.started.set()
         await asyncio.get_running_loop().run_in_executor(None, self.gate.wait)
-        done = chunk(None)
-        done["choices"][0]["delta"] = {}
-        done["choices"][0]["finish_reason"] = "stop"
-        tail = sse(chunk(" two")) + sse(done) + b"data: [DONE]\n\n"
+        tail = content(" two") + event(chat_chunk({}, finish_reason="stop")) + DONE
         await send({"type": "http.response.body", "body": tail, "more_body": False})

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 import ssl
 import struct
@@ -33,22 +32,6 @@ STREAM = {**CHAT, "stream": True}
 OK_JSON = b'{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}'
 
 
-def event(obj: object) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
-def content(text: str) -> bytes:
-    return event(
-        {
-            "id": "c",
-            "object": "chat.completion.chunk",
-            "model": "m",
-            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
-        }
-    )
-
-
-DONE = b"data: [DONE]\n\n"
 
 
 def chunk(piece: bytes) -> bytes:

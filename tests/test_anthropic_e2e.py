@@ -12,6 +12,7 @@ import httpx
 import orjson
 import pydantic
 import pytest
+from completions import DONE, chat_chunk, event
 from replay import ReplayScript, ReplayServer, load_expect, load_stream
 from stack import FAST, Stack, demo_stack, gateway, one_upstream_config, replay_gateway, simulators
 
@@ -51,19 +52,6 @@ def streamed_message(client: anthropic.Anthropic, **request) -> anthropic.types.
     """The message the SDK assembles from a stream (``messages.stream`` + ``get_final_message``)."""
     with client.messages.stream(**request) as events:
         return events.get_final_message()
-
-
-def sse(*chunks: dict) -> bytes:
-    return b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
-
-
-def delta(content: dict, finish: str | None = None) -> dict:
-    return {
-        "id": "chatcmpl-q",
-        "object": "chat.completion.chunk",
-        "model": "m",
-        "choices": [{"index": 0, "delta": content, "finish_reason": finish}],
-    }
 
 
 # -- text -----------------------------------------------------------------------------
@@ -162,21 +150,22 @@ def test_recorded_parallel_tool_calls_are_reassembled_by_the_sdk() -> None:
 
 
 def test_upstream_quirks_still_give_a_clean_tool_use_message() -> None:
-    body = sse(
-        delta({"role": "assistant", "content": "", "tool_calls": []}, finish=""),
-        delta({"content": "Reading it.", "tool_calls": []}, finish=""),
-        delta(
+    chunks = (
+        chat_chunk({"role": "assistant", "content": "", "tool_calls": []}, finish_reason=""),
+        chat_chunk({"content": "Reading it.", "tool_calls": []}, finish_reason=""),
+        chat_chunk(
             {
                 "tool_calls": [
                     {"id": "call_9", "type": "function", "function": {"name": "read_file", "arguments": ""}}
                 ]
             },
-            finish="",
+            finish_reason="",
         ),
-        delta({"tool_calls": [{"function": {"arguments": '{"path": '}}]}),
-        delta({"tool_calls": [{"function": {"arguments": '"src/app.py"}'}}]}),
-        delta({}, finish="tool_calls"),
+        chat_chunk({"tool_calls": [{"function": {"arguments": '{"path": '}}]}),
+        chat_chunk({"tool_calls": [{"function": {"arguments": '"src/app.py"}'}}]}),
+        chat_chunk({}, finish_reason="tool_calls"),
     )
+    body = b"".join(map(event, chunks)) + DONE
     with replayed(ReplayScript.sse(body)) as (_, client):
         final = streamed_message(client, model="m", max_tokens=100, messages=ASK, tools=[WEATHER])
     assert [b.type for b in final.content] == ["text", "tool_use"]
@@ -498,8 +487,8 @@ def test_messages_and_stream_events_validate_against_the_sdk_types(demo: Stack) 
             httpx.post(demo.url + "/v1/messages", json={**body, "stream": True}).content
         )
         assert events[1] == {"type": "ping"}
-        for event in events[:1] + events[2:]:
-            adapter.validate_python(event)
+        for sent in events[:1] + events[2:]:
+            adapter.validate_python(sent)
     with replayed(ReplayScript.sse(load_stream("reasoning"))) as (_, client):
         raw = httpx.post(
             str(client.base_url) + "/v1/messages",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import orjson
 import pytest
+from completions import DONE, ROLE, chat_chunk, content, event
 from servers import serve_app
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -50,16 +51,6 @@ class FakeEngine:
     error_event_after: int | None = None  # send {"error": ...} after this many chunks
     drop_after: int | None = None  # raise mid-stream (connection dropped) after this many chunks
     omit_done: bool = False
-
-
-def chunk(delta: dict, *, finish_reason: str | None = None) -> bytes:
-    payload = {
-        "id": "c1",
-        "object": "chat.completion.chunk",
-        "model": "m",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
-    }
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def create_fake_engine_app(engine: FakeEngine) -> Starlette:
@@ -103,16 +94,16 @@ def create_fake_engine_app(engine: FakeEngine) -> Starlette:
             return JSONResponse(reply, headers=headers)
 
         async def events():
-            yield chunk({"role": "assistant", "content": ""})
+            yield ROLE
             for i in range(engine.content_chunks):
                 if i == engine.error_event_after:
                     yield b'data: {"error": {"message": "upstream died", "type": "server_error"}}\n\n'
                 if i == engine.drop_after:
                     raise RuntimeError("simulated connection drop")
-                yield chunk({"content": f"tok{i} "})
-            yield chunk({}, finish_reason="length")
+                yield content(f"tok{i} ")
+            yield event(chat_chunk({}, finish_reason="length"))
             if engine.send_usage and body.get("stream_options", {}).get("include_usage"):
-                yield b"data: " + orjson.dumps({"id": "c1", "choices": [], "usage": usage}) + b"\n\n"
+                yield event(chat_chunk(usage=usage))
             if not engine.omit_done:
                 yield b"data: [DONE]\n\n"
 
@@ -204,7 +195,7 @@ def test_sse_decoder_joins_multiline_data_and_skips_comments():
 
 
 def test_sse_decoder_splits_events_at_any_read_boundary():
-    stream = b"".join(chunk({"content": f"t{i}"}) for i in range(3)) + b"data: [DONE]\n\n"
+    stream = b"".join(content(f"t{i}") for i in range(3)) + DONE
     for size in (1, 2, 7, len(stream)):
         decoder = SseDecoder()
         events = [

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from h1_upstreams import SECRET, RawUpstream, chunk, content, json_reply, keep_serving
+from completions import content
+from h1_upstreams import SECRET, RawUpstream, chunk, json_reply, keep_serving
 from h1_upstreams import config as upstream_config
 from servers import serve_like_latgate_serve
 

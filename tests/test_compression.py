@@ -15,15 +15,14 @@ import httpx
 import openai
 import pytest
 import zstandard
+from completions import DONE, content
 from h1_upstreams import (
     CHAT,
-    RawUpstream,
-    DONE,
     OK_JSON,
     STREAM,
+    RawUpstream,
     assert_clean_logs,
     chunk,
-    content,
     json_reply,
     keep_serving,
     stack_on,

@@ -15,7 +15,19 @@ import ssl
 
 import httpx
 import pytest
-from h1_upstreams import CHAT, SECRET, SSE_HEAD, STREAM, RawUpstream, chunk, config, content, json_reply, keep_serving, reset
+from completions import content
+from h1_upstreams import (
+    CHAT,
+    SECRET,
+    SSE_HEAD,
+    STREAM,
+    RawUpstream,
+    chunk,
+    config,
+    json_reply,
+    keep_serving,
+    reset,
+)
 from servers import listening_socket
 from stack import gateway
 

@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
+from completions import DONE, content
 from h1_upstreams import (
     CHAT,
-    DONE,
     OK_JSON,
     SECRET,
     SSE_HEAD,
@@ -27,7 +27,6 @@ from h1_upstreams import (
     assert_clean_logs,
     chunk,
     config,
-    content,
     h1_pool,
     in_flight,
     json_reply,

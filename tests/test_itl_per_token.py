@@ -7,23 +7,15 @@ from __future__ import annotations
 import re
 
 import httpx
-import orjson
 import pytest
+from completions import DONE, chat_chunk, content, event, usage
 from replay import ReplayScript, split_points
 from stack import replay_gateway
 
 
-def chunk(text: str) -> bytes:
-    payload = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-               "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}  # fmt: skip
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
-
-
 def stream(completion_tokens: int, reads: int = 3) -> bytes:
-    usage = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
-             "usage": {"prompt_tokens": 3, "completion_tokens": completion_tokens, "total_tokens": 3 + completion_tokens}}  # fmt: skip
-    content = b"".join(chunk(f" word{i}") for i in range(reads))
-    return content + b"data: " + orjson.dumps(usage) + b"\n\ndata: [DONE]\n\n"
+    words = b"".join(content(f" word{i}") for i in range(reads))
+    return words + event(chat_chunk(usage=usage(3, completion_tokens))) + DONE
 
 
 def itl_samples(body: bytes) -> float:

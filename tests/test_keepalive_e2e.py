@@ -17,7 +17,7 @@ import httpx
 import httpx2
 import openai
 import pytest
-from h1_upstreams import DONE, content, event
+from completions import DONE, ROLE, chat_chunk, content, event
 from replay import ReplayScript, ReplayServer, replay_server
 from stack import gateway
 
@@ -34,8 +34,7 @@ from latgate.routing.decision import Router
 
 KEEPALIVE = b": keep-alive\n\n"
 PING = b'event: ping\ndata: {"type": "ping"}\n\n'
-ROLE = event({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
-STOP = event({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+STOP = event(chat_chunk({}, finish_reason="stop"))
 STREAM = ROLE + content("Hello") + content(" world") + STOP + DONE
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 #: bound on keep-alives read in one test (~10 s at the interval below): a test never hangs

@@ -4,11 +4,20 @@ call and corrected from the upstream's usage after it."""
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 import pytest
-from completions import CHAT_BODY, chat_completion, proxied_posts
+from completions import (
+    CHAT_BODY,
+    DONE,
+    ROLE,
+    chat_chunk,
+    chat_completion,
+    content,
+    event,
+    proxied_posts,
+    usage,
+)
 from replay import ReplayScript, replay_server
 from stack import gateway
 
@@ -26,21 +35,8 @@ class FakeClock:
 
 
 def stream_with_usage(prompt_tokens: int, completion_tokens: int) -> bytes:
-    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
-    events = [
-        {
-            **chunk,
-            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
-        },
-        {**chunk, "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}]},
-        {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-        {
-            **chunk,
-            "choices": [],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
-        },
-    ]
-    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    stop = event(chat_chunk({}, finish_reason="stop"))
+    return ROLE + content("ok") + stop + event(chat_chunk(usage=usage(prompt_tokens, completion_tokens))) + DONE
 
 
 KEY = {"Authorization": "Bearer sk-a"}

@@ -9,6 +9,7 @@ import time
 
 import httpx
 import pytest
+from completions import DONE, ROLE, chat_chunk, content, event
 from replay import ReplayScript, replay_server
 from stack import gateway
 
@@ -25,16 +26,7 @@ def config(base: str, *, retries: int = 1, ftt: float = 5, timeout: float = 10, 
     )
 
 
-def event(obj: object) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
-def content(text: str) -> bytes:
-    return event({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
-
-
-ROLE = event({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
-GOOD = ROLE + content("ok") + b"data: [DONE]\n\n"
+GOOD = ROLE + content("ok") + DONE
 
 
 def metric_lines(url: str, prefix: str) -> list[str]:
@@ -81,7 +73,7 @@ def test_an_html_200_for_a_stream_is_not_relayed_as_a_successful_stream() -> Non
 def test_a_non_streamed_request_answered_with_an_event_stream_is_the_providers_failure(path: str, request_body: dict) -> None:
     """Only a JSON object answers a non-streamed request: an event stream (here echoing
     latgate's provider key) is never relayed, counted as the provider's bad response."""
-    sse = ReplayScript.sse(content(f"Bearer {SECRET}") + b"data: [DONE]\n\n")
+    sse = ReplayScript.sse(content(f"Bearer {SECRET}") + DONE)
     with replay_server([sse, sse]) as up, gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
         r = httpx.post(gw.v1 + path, json=request_body, timeout=15)
         errors = metric_lines(gw.url, "latgate_upstream_errors_total")
@@ -210,8 +202,7 @@ def test_negative_usage_from_the_upstream_still_finishes_the_request_record(stre
     access line (and the token counters) for the request are lost."""
     usage = {"prompt_tokens": -5, "completion_tokens": -3, "total_tokens": -8}
     if stream:
-        usage_event = event({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [], "usage": usage})
-        script = ReplayScript.sse(ROLE + content("ok") + usage_event + b"data: [DONE]\n\n")
+        script = ReplayScript.sse(ROLE + content("ok") + event(chat_chunk(usage=usage)) + DONE)
     else:
         answer = {"id": "c", "object": "chat.completion", "model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}], "usage": usage}
         script = ReplayScript.json_response(200, answer)

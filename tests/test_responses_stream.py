@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from completions import DONE, chat_chunk, event
 from openapi import validate
 
 from latgate.translate.responses_request import responses_to_chat
@@ -44,17 +45,7 @@ def _transform(**request) -> ResponsesStreamTransform:
 
 
 def _chunk(delta: dict | None = None, *, finish: str | None = None, usage: dict | None = None) -> bytes:
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    body = {
-        "id": "c1",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "glm-5.1",
-        "choices": choices,
-    }
-    if usage is not None:
-        body["usage"] = usage
-    return b"data: " + orjson.dumps(body) + b"\n\n"
+    return event(chat_chunk(delta, finish_reason=finish, usage=usage, model="glm-5.1"))
 
 
 def _events(data: bytes) -> list[dict]:
@@ -72,14 +63,14 @@ def _events(data: bytes) -> list[dict]:
 def _run(transform: ResponsesStreamTransform, chunks: list[bytes], *, error: str | None = None) -> list[dict]:
     out = b"".join(transform.feed(chunk) for chunk in chunks) + transform.finish(error=error)
     events = _events(out)
-    for event in events:
-        validate(event, SCHEMAS[event["type"]])
+    for sent in events:
+        validate(sent, SCHEMAS[sent["type"]])
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     return events
 
 
 TEXT = [_chunk({"role": "assistant", "content": ""}), _chunk({"content": "Hel"}), _chunk({"content": "lo"})]
-TEXT_END = [_chunk({}, finish="stop"), _chunk(usage=USAGE), b"data: [DONE]\n\n"]
+TEXT_END = [_chunk({}, finish="stop"), _chunk(usage=USAGE), DONE]
 
 
 def test_text_stream_emits_the_documented_event_sequence() -> None:

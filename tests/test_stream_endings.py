@@ -14,14 +14,13 @@ import anthropic
 import httpx
 import openai
 import pytest
-from h1_upstreams import DONE, content, event
+from completions import DONE, ROLE, chat_chunk, content, event
 from replay import ReplayScript, replay_server
 from stack import gateway, one_upstream_config
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-ROLE = event({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
-STOP = event({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-LENGTH = event({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+STOP = event(chat_chunk({}, finish_reason="stop"))
+LENGTH = event(chat_chunk({}, finish_reason="length"))
 FINISHED = ROLE + content("Hello") + content(" world") + LENGTH
 UNFINISHED = ROLE + content("Hello") + content(" world")
 
@@ -89,7 +88,7 @@ def test_close_before_the_finish_reason_is_an_error_event_and_a_failed_request(
 
 
 def test_one_of_two_choices_left_open_is_an_unfinished_stream() -> None:
-    two = event({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [{"index": 1, "delta": {"content": "B"}, "finish_reason": None}]})
+    two = event(chat_chunk({"content": "B"}, index=1))
     body = ROLE + content("A") + two + STOP
     with replay_server(ReplayScript.sse(body)) as up, gateway(one_upstream_config(up.base_url)) as gw:
         r = httpx.post(gw.v1 + "/chat/completions", json={**BODY, "n": 2}, timeout=10)

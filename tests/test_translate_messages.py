@@ -6,6 +6,7 @@ import json
 
 import orjson
 import pytest
+from completions import chat_chunk, event, usage
 
 from latgate.errors import InvalidRequest
 from latgate.proxy.exchange import Exchange
@@ -30,17 +31,15 @@ def exchange() -> Exchange:
     )
 
 
-def chunk(delta: dict | None = None, *, finish: str | None = None, **extra) -> bytes:
-    choice = {"index": 0, "delta": delta or {}, "finish_reason": finish, **extra}
-    payload = {"id": "chatcmpl-abc", "object": "chat.completion.chunk", "model": "m", "choices": [choice]}
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
+def chunk(delta: dict | None = None, *, finish: str | None = None, **choice) -> bytes:
+    return event(chat_chunk(delta or {}, finish_reason=finish, **choice))
 
 
 def usage_chunk(prompt: int, completion: int, cached: int = 0) -> bytes:
-    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    numbers = usage(prompt, completion)
     if cached:
-        usage["prompt_tokens_details"] = {"cached_tokens": cached}
-    return b"data: " + orjson.dumps({"id": "chatcmpl-abc", "choices": [], "usage": usage}) + b"\n\n"
+        numbers["prompt_tokens_details"] = {"cached_tokens": cached}
+    return event(chat_chunk(usage=numbers))
 
 
 def events(raw: bytes) -> list[tuple[str, dict]]:

@@ -11,7 +11,8 @@ import contextlib
 from collections.abc import Iterator
 
 import httpx
-from h1_upstreams import SECRET, RawUpstream, chunk, content
+from completions import content
+from h1_upstreams import SECRET, RawUpstream, chunk
 from stack import gateway
 
 STREAM = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
