@@ -195,20 +195,20 @@ def stack_on(handler: Handler, **options: float) -> Iterator[tuple[RawUpstream, 
         yield up, gw.v1, gw.app
 
 
-def h1_pool(app: object) -> H1Pool:
-    pool = app.state.gateway.client._h1  # type: ignore[attr-defined]
-    assert pool is not None
-    return pool
+def gauge_total(base_v1: str, name: str) -> float:
+    """The sum of the gateway's gauge ``name`` over its labels, read from ``/metrics``."""
+    text = httpx.get(base_v1.removesuffix("/v1") + "/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
 def in_flight(base_v1: str) -> float:
-    text = httpx.get(base_v1.removesuffix("/v1") + "/metrics").text
-    values = [
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("latgate_in_flight_requests{")
-    ]
-    return sum(values)
+    """Requests the gateway is serving (``latgate_in_flight_requests``)."""
+    return gauge_total(base_v1, "latgate_in_flight_requests")
+
+
+def pool_in_use(base_v1: str) -> float:
+    """Upstream connections busy in the gateway's pool (``latgate_upstream_pool_in_use``)."""
+    return gauge_total(base_v1, "latgate_upstream_pool_in_use")
 
 
 def assert_clean_logs(caplog: pytest.LogCaptureFixture) -> None:

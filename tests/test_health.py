@@ -124,16 +124,15 @@ open_sec = 10
 """
 
 
-def pool(clock: Clock, text: str = POOL_CONFIG) -> ProviderPool:
+def pool(clock: Clock, text: str = POOL_CONFIG, *, metrics: Metrics | None = None) -> ProviderPool:
     config = load_config_text(text, source="test.toml")
-    metrics = Metrics(providers=config.providers, models=[])
+    metrics = metrics or Metrics(providers=config.providers, models=[])
     return ProviderPool(config, metrics=metrics, env={}, clock=clock)
 
 
-def metric(p: ProviderPool, endpoint: str) -> float | None:
-    return p._metrics.registry.get_sample_value(
-        "latgate_provider_healthy", {"provider": "p", "endpoint": endpoint}
-    )
+def metric(metrics: Metrics, endpoint: str, name: str = "latgate_provider_healthy", **labels: str) -> float | None:
+    """A sample of the gauge or counter ``name`` of provider ``p``'s ``endpoint``."""
+    return metrics.registry.get_sample_value(name, {"provider": "p", "endpoint": endpoint, **labels})
 
 
 def first_tokens(p: ProviderPool, index: int, ttft_ms: float, count: int, *, tokens: int = 500) -> None:
@@ -153,24 +152,21 @@ def first_tokens(p: ProviderPool, index: int, ttft_ms: float, count: int, *, tok
 
 
 def test_errors_eject_an_endpoint_and_the_gauge_says_so() -> None:
-    p = pool(Clock())
+    metrics = Metrics(providers=["p"], models=[])
+    p = pool(Clock(), metrics=metrics)
     runtime = p["p"]
     for _ in range(5):
         p.record_outcome(runtime, runtime.endpoints[0], ok=False)
     assert not runtime.endpoints[0].healthy and not p.available(runtime.endpoints[0])
-    assert metric(p, "p-0") == 0.0 and metric(p, "p-1") == 1.0
-    assert (
-        p._metrics.registry.get_sample_value(
-            "latgate_ejections_total", {"provider": "p", "endpoint": "p-0", "reason": "errors"}
-        )
-        == 1.0
-    )
+    assert metric(metrics, "p-0") == 0.0 and metric(metrics, "p-1") == 1.0
+    assert metric(metrics, "p-0", "latgate_ejections_total", reason="errors") == 1.0
     assert p.any_healthy()
 
 
 def test_an_ejected_endpoint_gets_one_trial_after_its_time_out_and_is_back_when_it_succeeds() -> None:
     clock = Clock()
-    p = pool(clock)
+    metrics = Metrics(providers=["p"], models=[])
+    p = pool(clock, metrics=metrics)
     runtime = p["p"]
     ep = runtime.endpoints[0]
     for _ in range(5):
@@ -184,7 +180,7 @@ def test_an_ejected_endpoint_gets_one_trial_after_its_time_out_and_is_back_when_
             p.record_outcome(runtime, ep, ok=True, ticket=ticket)
 
     asyncio.run(trial())
-    assert ep.healthy and metric(p, "p-0") == 1.0
+    assert ep.healthy and metric(metrics, "p-0") == 1.0
 
 
 def test_an_endpoint_far_slower_than_its_peers_is_ejected_for_latency() -> None:

@@ -15,6 +15,7 @@ from stack import default_route_config, simulator_urls
 
 from latgate.app import create_app
 from latgate.config import load_config, load_config_text
+from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
 from latgate.reload import UpstreamClients
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -139,8 +140,18 @@ def test_upstream_client_is_kept_unless_the_default_timeouts_change() -> None:
     assert clients.client_for(same) is first
     second = clients.client_for(slower)
     assert second is not first
+    assert asyncio.run(answers(first)) and asyncio.run(answers(second))
     asyncio.run(clients.aclose())
-    assert first._client.is_closed and second._client.is_closed
+    assert not asyncio.run(answers(first)) and not asyncio.run(answers(second))
+
+
+async def answers(client: UpstreamClient) -> bool:
+    """Whether ``client`` still sends a GET (a closed one refuses)."""
+    try:
+        await client.get(url="http://127.0.0.1:9/health", headers={}, timeout_seconds=1.0)
+    except (RuntimeError, UpstreamFailure):
+        return False
+    return True
 
 
 def test_sighup_reloads_a_valid_config_and_rejects_an_invalid_one(tmp_path, sims) -> None:
