@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,9 +15,10 @@ from replay import ReplayScript, ReplayServer, replay_server
 from servers import serve_app
 
 from latgate.app import create_app
-from latgate.config import load_config_text
+from latgate.config import load_config, load_config_text
 from latgate.config.schema import Config
 from latgate.sim import SimApp, SimOptions, create_sim_app
+from latgate.tracing import Tracing
 
 FAST = {"tpot_ms": 0.5, "tpot_growth_ms": 0.0, "ttft_overhead_ms": 1.0, "default_max_tokens": 16}
 
@@ -36,11 +38,28 @@ class Stack:
 
 
 @contextlib.contextmanager
-def gateway(config_text: str, *, env: Mapping[str, str] | None = None) -> Iterator[Stack]:
-    """Serve a gateway for ``config_text`` (TOML)."""
+def gateway(
+    config_text: str, *, env: Mapping[str, str] | None = None, tracing: Tracing | None = None
+) -> Iterator[Stack]:
+    """Serve a gateway for ``config_text`` (TOML), tracing into ``tracing`` when given."""
     env = dict(env or {})
     config = load_config_text(config_text, source="test.config.toml", env=env)
-    app = create_app(config, env=env)
+    with _serve(config, env=env, tracing=tracing) as stack:
+        yield stack
+
+
+@contextlib.contextmanager
+def gateway_file(path: Path, *, env: Mapping[str, str] | None = None) -> Iterator[Stack]:
+    """Serve a gateway for the config file ``path``: ``POST /admin/reload`` (and a
+    reload of the app) read that file again, so a test may rewrite it."""
+    env = dict(env or {})
+    with _serve(load_config(path, env=env), env=env) as stack:
+        yield stack
+
+
+@contextlib.contextmanager
+def _serve(config: Config, *, env: dict[str, str], tracing: Tracing | None = None) -> Iterator[Stack]:
+    app = create_app(config, env=env, tracing=tracing)
     with serve_app(app) as url:
         yield Stack(url=url, config=config, app=app)
 

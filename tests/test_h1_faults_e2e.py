@@ -33,11 +33,8 @@ from h1_upstreams import (
     pool_in_use,
     stack_on,
 )
-from servers import serve_app
-from stack import gateway
+from stack import gateway, gateway_file
 
-from latgate.app import create_app
-from latgate.config import load_config
 from latgate.proxy import h1, h1conn
 
 
@@ -316,8 +313,8 @@ def test_streams_in_flight_finish_across_a_reload(
     with RawUpstream(gated_stream) as up:
         path = tmp_path / "config.toml"
         path.write_text(reload_config(up.base_url, timeout=10))
-        app = create_app(load_config(path, env={"UP_KEY": SECRET}), env={"UP_KEY": SECRET})
-        with serve_app(app) as url:
+        with gateway_file(path, env={"UP_KEY": SECRET}) as stack:
+            url = stack.url
             path.write_text(reload_config(up.base_url, timeout=11 if timeout_change else 10))
             status, bodies = asyncio.run(clients(url + "/v1/chat/completions", url + "/admin/reload"))
             assert status == 200
@@ -334,8 +331,8 @@ def test_a_retired_pool_lets_go_of_its_idle_connections(tmp_path) -> None:
     with RawUpstream(keep_serving(json_reply())) as up:
         path = tmp_path / "config.toml"
         path.write_text(reload_config(up.base_url, timeout=10))
-        app = create_app(load_config(path, env={"UP_KEY": SECRET}), env={"UP_KEY": SECRET})
-        with serve_app(app) as url:
+        with gateway_file(path, env={"UP_KEY": SECRET}) as stack:
+            url = stack.url
             assert httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=15).status_code == 200
             for timeout in (11, 12, 13):
                 path.write_text(reload_config(up.base_url, timeout=timeout))

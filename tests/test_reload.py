@@ -11,10 +11,9 @@ import httpx
 import pytest
 from gateway_process import GatedUpstream, GatewayProcess
 from servers import serve_app
-from stack import default_route_config, simulator_urls
+from stack import default_route_config, gateway_file, simulator_urls
 
-from latgate.app import create_app
-from latgate.config import load_config, load_config_text
+from latgate.config import load_config_text
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
 from latgate.reload import UpstreamClients
 
@@ -32,9 +31,8 @@ def served(tmp_path, sims):
     """A gateway loaded from a config file routing to ``a`` by default: (base URL, config path, app)."""
     path = tmp_path / "config.toml"
     path.write_text(default_route_config(sims, default="a"))
-    app = create_app(load_config(path), env={})
-    with serve_app(app) as url:
-        yield url, path, app
+    with gateway_file(path) as stack:
+        yield stack.url, path, stack.app
 
 
 def provider_of(url: str) -> str:
@@ -87,8 +85,8 @@ def test_a_stream_in_flight_finishes_on_the_config_it_started_with(tmp_path, sim
     with serve_app(gated) as gated_url:
         path = tmp_path / "config.toml"
         path.write_text(default_route_config({"gated": gated_url, "b": sims["b"]}, default="gated"))
-        app = create_app(load_config(path), env={})
-        with serve_app(app) as url, httpx.Client(timeout=30) as client:
+        with gateway_file(path) as stack, httpx.Client(timeout=30) as client:
+            url = stack.url
             try:
                 request = client.build_request(
                     "POST", url + "/v1/chat/completions", json={**CHAT, "stream": True}

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from redisd import redis_server
 from replay import ReplayScript, replay_server
 from servers import listening_socket
-from stack import gateway
+from stack import gateway, gateway_file
 
 from latgate.config import load_config_text
 from latgate.gateway import Gateway
@@ -224,12 +224,10 @@ def test_limits_survive_a_config_reload(flushed, tmp_path: Path) -> None:
         )
         path = tmp_path / "latgate.toml"
         path.write_text(text)
-        from servers import serve_app
 
-        from latgate.app import create_app
-        from latgate.config import load_config
 
-        with serve_app(create_app(load_config(path))) as url:
+        with gateway_file(path) as stack:
+            url = stack.url
             assert [
                 httpx.post(url + "/v1/chat/completions", json=CHAT_BODY, headers=KEY).status_code for _ in range(2)
             ] == [200, 200]

@@ -15,8 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from replay import ReplayScript, ReplayServer, load_stream, replay_server
-from servers import serve_app
-from stack import one_upstream_config
+from stack import gateway, one_upstream_config
 
 from latgate.app import create_app
 from latgate.config import load_config_text
@@ -55,13 +54,11 @@ def traced_gateway(
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         tracing = Tracing(provider=provider)
-    with replay_server(script) as upstream:
-        config = load_config_text(
-            one_upstream_config(upstream.base_url) + config_extra, source="t.toml", env=env
-        )
-        app = create_app(config, env=env, tracing=tracing)
-        with serve_app(app) as url:
-            yield upstream, url + "/v1"
+    with (
+        replay_server(script) as upstream,
+        gateway(one_upstream_config(upstream.base_url) + config_extra, env=env, tracing=tracing) as stack,
+    ):
+        yield upstream, stack.v1
 
 
 def parse_traceparent(value: str | None) -> tuple[str, str]:
