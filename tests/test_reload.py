@@ -5,6 +5,7 @@ flight finish on the config they started with."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 
 import httpx
@@ -69,6 +70,18 @@ def test_reload_endpoint_rejects_an_invalid_config_with_its_reason_and_keeps_ser
     assert 'routing.defualt_route: unknown key; did you mean "default_route"?' in error["message"]
     assert "still serving the previous one" in error["message"]
     assert app.state.gateway is before
+    assert provider_of(url) == "a"
+
+
+def test_reload_masks_a_key_pasted_into_the_config_in_its_answer_and_its_log(served, sims, caplog) -> None:
+    url, path, _ = served
+    key = "sk-proj-4eC39HqLyjWDarjtT1zdp7dcXk29"
+    path.write_text(default_route_config(sims, default="b").replace("[routing]", f'api_key_env = "{key}"\n[routing]'))
+    with caplog.at_level(logging.ERROR, logger="latgate"):
+        response = httpx.post(url + "/admin/reload")
+    assert response.status_code == 400
+    assert '"sk-***" is not an environment variable name' in response.json()["error"]["message"]
+    assert key not in response.text and key not in caplog.text and "sk-***" in caplog.text
     assert provider_of(url) == "a"
 
 
