@@ -12,6 +12,7 @@ from latgate.routing.policies.outlier import too_slow
 from latgate.routing.policies.overflow import choose_overflow
 from latgate.routing.policies.predicted_ttft import choose_power_of_two
 from latgate.routing.policies.prefix_affinity import choose_affine, endpoint_salt, keep_affinity, prefix_hash
+from latgate.routing.policies.retry import AfterFailure, after_failure
 from latgate.routing.policies.round_robin import choose_round_robin
 from latgate.routing.policies.view import EndpointView as V
 
@@ -237,3 +238,32 @@ def test_an_endpoint_far_slower_than_its_peers_is_too_slow() -> None:
     assert too_slow(400.0, [20.0, 25.0, 400.0], factor=3.0, margin_ms=50.0)
     assert not too_slow(100.0, [20.0, 25.0], factor=3.0, margin_ms=50.0)
     assert not too_slow(400.0, [], factor=3.0, margin_ms=50.0)
+
+
+def _after(**given: object) -> AfterFailure:
+    facts = {"retryable": True, "busy": False, "client_mistake": False, "retry_after_seconds": None,
+             "retries_done": 0, "max_retries": 3}  # fmt: skip
+    return after_failure(**{**facts, **given})  # type: ignore[arg-type]
+
+
+def test_a_retryable_failure_is_retried_after_a_doubling_capped_back_off() -> None:
+    assert [_after(retries_done=n, max_retries=9).delay_seconds for n in range(6)] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0]
+    assert all(_after(retries_done=n, max_retries=9).retry for n in range(6))
+
+
+def test_an_upstream_retry_after_is_waited_for_up_to_five_seconds_then_the_fallbacks_go_first() -> None:
+    assert _after(retry_after_seconds=2.5) == AfterFailure(retry=True, delay_seconds=2.5)
+    assert _after(retry_after_seconds=5.0) == AfterFailure(retry=True, delay_seconds=5.0)
+    assert _after(retry_after_seconds=5.5) == AfterFailure(retry=False)
+
+
+def test_no_retry_when_retries_are_spent_the_failure_is_not_retryable_or_the_provider_is_full() -> None:
+    assert _after(retries_done=3) == AfterFailure(retry=False)
+    assert _after(retryable=False) == AfterFailure(retry=False)
+    assert _after(busy=True, retry_after_seconds=0.1) == AfterFailure(retry=False)
+
+
+def test_the_clients_own_mistake_stops_without_trying_another_provider() -> None:
+    assert _after(retryable=False, client_mistake=True) == AfterFailure(retry=False, next_provider=False)
+    assert _after(retries_done=3, client_mistake=True).next_provider is False
+

@@ -62,6 +62,13 @@ class AttemptFailed(Exception):
         self.retry_after = retry_after
         self.busy = busy  # the provider is full now (TileRT's busy 429): on to the next candidate
 
+    @property
+    def client_mistake(self) -> bool:
+        """The request's own fault (a 4xx other than 401/403, 408 and 429): every
+        provider would refuse it alike, so no other is tried."""
+        status = self.error.status
+        return status < 500 and status not in RETRYABLE_STATUSES | PROVIDER_AUTH_STATUSES
+
 
 class Failures:
     """Records failed attempts and builds their :class:`AttemptFailed`.

@@ -1,0 +1,318 @@
+"""One attempt of a routed request at one endpoint: what it is (:class:`Attempt`) and
+how it is sent and read up to its first generated content (:class:`AttemptSender`).
+
+An attempt that fails before anything reached the client raises
+:class:`~latgate.proxy.failures.AttemptFailed` (recorded once, against the endpoint's
+health where it is the upstream's failure); the forwarder (:mod:`latgate.proxy.forward`)
+then asks :mod:`latgate.routing` where the next one goes. A stream's attempt holds
+the upstream's events until the first one carrying generated content (or the stream's
+end), under the attempt's first-token deadline, then hands the rest to a
+:class:`~latgate.proxy.relay.StreamRelay`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from latgate.config.schema import Config
+from latgate.metrics import Metrics
+from latgate.providers import EndpointRuntime, ProviderPool, ProviderRuntime, Ticket
+from latgate.proxy.answer import Answer
+from latgate.proxy.exchange import Exchange
+from latgate.proxy.failures import NO_FIRST_TOKEN, Failures, aborted_answer, provider_secrets
+from latgate.proxy.hedge import LostRace, Race
+from latgate.proxy.relay import StreamRelay
+from latgate.proxy.sse import StreamTap
+from latgate.proxy.transform import ResponseTransform
+from latgate.proxy.upstream import (
+    UpstreamClient,
+    UpstreamFailure,
+    read_at_most,
+    upstream_errors,
+    upstream_headers,
+)
+from latgate.proxy.wire import (
+    client_headers,
+    model_rewrite,
+    rejects_stream_options,
+    tap_drop,
+    upstream_payload,
+)
+from latgate.routing.plan import RoutePlan
+from latgate.routing.selection import Selector
+from latgate.routing.targets import RouteDecision, Target
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A routed request being forwarded: what every attempt of it shares.
+
+    Attributes:
+        exchange: the request's record (where it went, timings, outcome).
+        decision: the router's decision (candidates, budget, flags).
+        plan: the selector's plan (provider order, first endpoint, hedge).
+        body: the client's parsed request body.
+        path: the upstream path (``/chat/completions``, ``/completions``...).
+        transform: converts the answer into another API's wire format, or None.
+    """
+
+    exchange: Exchange
+    decision: RouteDecision
+    plan: RoutePlan
+    body: dict[str, Any]
+    path: str
+    transform: ResponseTransform | None
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One try of a routed request at one endpoint.
+
+    Attributes:
+        routed: the request.
+        target: the provider and upstream model tried, with the route reason.
+        provider / endpoint: where it goes.
+        payload: the JSON bytes sent (the body as this provider takes it).
+        last: nothing is left to try after it (its first-token deadline is then the
+            configured one alone: giving up helps nobody).
+        race: the hedge race it runs in, or None.
+    """
+
+    routed: Routed
+    target: Target
+    provider: ProviderRuntime
+    endpoint: EndpointRuntime
+    payload: bytes
+    last: bool = False
+    race: Race | None = None
+
+
+class AttemptSender:
+    """Sends attempts and reads each up to its answer or its first generated content.
+
+    Args:
+        config: the resolved config (limits, timeouts).
+        pool: the providers and their endpoints (in flight, outcomes, first tokens).
+        client: the pooled upstream client.
+        metrics: where overhead and retries are counted.
+        failures: records failed attempts and builds their errors.
+        selector: the routing strategy (each attempt's first-token deadline).
+    """
+
+    def __init__(
+        self, *, config: Config, pool: ProviderPool, client: UpstreamClient, metrics: Metrics, failures: Failures, selector: Selector
+    ) -> None:
+        self._config = config
+        self._pool = pool
+        self._client = client
+        self._metrics = metrics
+        self._failures = failures
+        self._selector = selector
+
+    async def send(self, attempt: Attempt) -> Any:
+        """Send ``attempt`` and return the client's response: an :class:`Answer`, or for
+        a stream a :class:`StreamRelay` holding everything up to the first content.
+
+        Raises:
+            AttemptFailed: it failed before anything reached the client.
+            LostRace: in a hedge race, the other attempt got content first.
+        """
+        routed, provider, endpoint, target = attempt.routed, attempt.provider, attempt.endpoint, attempt.target
+        exchange, plan = routed.exchange, routed.plan
+        exchange.provider, exchange.endpoint = provider.name, endpoint.config.id
+        exchange.upstream_model, exchange.reason = target.model, target.reason
+        exchange.attempts += 1
+        body = routed.body
+        tap = None
+        if exchange.stream:
+            tap = StreamTap(
+                drop_usage_chunk=tap_drop(body),
+                model_rewrite=model_rewrite(body, target),
+                max_event_bytes=self._config.defaults.max_event_bytes,
+                text_error=provider.connector.text_error,
+            )
+        stack = contextlib.AsyncExitStack()
+        if plan.reserved and endpoint is plan.endpoint:  # counted in flight from here on
+            plan.reserved = False
+            self._pool.release(endpoint)
+        queue_ms = endpoint.queue_ms(self._pool.clock())  # before this attempt counts in flight
+        predicted_ms = queue_ms + endpoint.predictor.predict_ms(plan.prompt_tokens)
+        ticket = self._pool.begin(provider, endpoint, prompt_tokens=plan.prompt_tokens, queue_ms=queue_ms)
+        stack.callback(self._pool.end, provider, endpoint, ticket)
+        handed_off = False
+        try:
+            headers = upstream_headers(auth=provider.auth_headers, request_id=exchange.request_id, stream=exchange.stream)
+            if exchange.trace is not None:  # W3C traceparent: the request's span is the parent
+                headers.update(exchange.trace.upstream_headers())
+            url = provider.connector.url(endpoint.config, routed.path)
+            if exchange.attempts == 1:
+                self._metrics.record_overhead(time.perf_counter() - exchange.received_at)
+            deadline = None
+            if tap is not None:
+                deadline_ms = self._selector.deadline_ms(plan, predicted_ttft_ms=predicted_ms, last_attempt=attempt.last)
+                if deadline_ms:
+                    deadline = asyncio.get_running_loop().time() + deadline_ms / 1000.0
+                    ticket.budget_deadline = deadline_ms != self._selector.configured_deadline_ms
+            try:
+                async with asyncio.timeout_at(deadline):
+                    response = await self._client.open(
+                        url=url, payload=attempt.payload, headers=headers, read_timeout_seconds=provider.config.timeout_sec,
+                        egress=provider.egress, group=provider.name,
+                        max_connections=provider.config.max_connections or self._config.defaults.max_connections,
+                    )  # fmt: skip
+            except TimeoutError:
+                ticket.censored = True
+                raise self._failures.failed(provider, endpoint, NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
+            except UpstreamFailure as failure:
+                raise self._failures.failed(provider, endpoint, failure) from None
+            stack.push_async_callback(response.aclose)
+            if response.status_code != 200:
+                failed = await self._failures.status_failure(provider, endpoint, response, deadline)
+                if tap is not None and rejects_stream_options(failed.error, provider, attempt.payload):
+                    provider.rejects_stream_options = True  # remembered: never sent to it again
+                    self._metrics.record_retry(provider=provider.name)
+                    await stack.aclose()
+                    again = upstream_payload(body, target, provider, stream=True, path=routed.path)
+                    return await self.send(dataclasses.replace(attempt, payload=again))
+                raise failed
+            if tap is None:
+                return await self._complete(attempt, response, ticket)
+            relay = await self._start_stream(attempt, response, tap, stack, deadline, ticket)
+            handed_off = True
+            return relay
+        except asyncio.CancelledError:
+            ticket.censored = True  # lost a hedge race, or the client left, before a first token
+            raise
+        finally:
+            if not handed_off:
+                await stack.aclose()
+
+    async def _start_stream(
+        self,
+        attempt: Attempt,
+        response: Any,
+        tap: StreamTap,
+        stack: contextlib.AsyncExitStack,
+        deadline: float | None,
+        ticket: Ticket,
+    ) -> StreamRelay:
+        """Read up to the first generated content (under the first-token deadline), then
+        hand the rest to a :class:`StreamRelay`. In a hedge race, only the first attempt
+        to get there goes on (the other raises :class:`LostRace`)."""
+        provider, endpoint, exchange = attempt.provider, attempt.endpoint, attempt.routed.exchange
+        content_type = response.headers.get("content-type", "")
+        if content_type.startswith(("text/html", "application/json")):  # a page, or the stream flag ignored
+            raise await self._failures.wrong_content_type(provider, endpoint, content_type, deadline)
+        body = response.aiter_raw()
+        early = exchange.early
+        head: list[bytes] = []
+        held = 0
+        units = 0
+        ended = False
+        try:
+            async with asyncio.timeout_at(deadline):
+                with upstream_errors():
+                    while True:
+                        try:
+                            data = await anext(body)
+                        except StopAsyncIteration:
+                            ended = True
+                            break
+                        out, units = tap.feed(data)
+                        if out and early is not None and not units:  # the head went out: comments go on now
+                            out = early.hold(out, tap.separator)
+                        if out:
+                            head.append(out)
+                            held += len(out)
+                            if held > self._config.defaults.max_event_bytes and not units:  # events without content: not kept unbounded
+                                raise UpstreamFailure("too_large", "the events before the first token exceeded max_event_bytes")
+                        if tap.error is not None or units or tap.done:
+                            break
+        except TimeoutError:
+            ticket.censored = True
+            raise self._failures.failed(provider, endpoint, NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
+        except UpstreamFailure as failure:
+            raise self._failures.failed(provider, endpoint, failure) from None
+        if tap.error is not None:
+            raise self._failures.error_event(provider, endpoint, tap.error, error_kind=tap.error_kind)
+        if tap.aborted and not units:
+            raise self._failures.bad_response(provider, endpoint, "aborted the stream before any content")
+        if ended and not units and not tap.done and not tap.finished:
+            failure = UpstreamFailure("read", "the stream ended before any content")
+            raise self._failures.failed(provider, endpoint, failure)
+        if units:
+            self._pool.record_first_token(provider, endpoint, ticket, ttft_ms=(time.perf_counter() - ticket.started_at) * 1000.0)
+        self._pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
+        if attempt.race is not None:
+            if not attempt.race.claim():
+                raise LostRace()
+            exchange.provider, exchange.endpoint = provider.name, endpoint.config.id
+            exchange.upstream_model, exchange.reason = attempt.target.model, attempt.target.reason
+            exchange.extra["fallback_model"] = attempt.target.fallback_model
+        stack.callback(self._record_decode, endpoint, exchange, tap)
+        handed = stack.pop_all()
+        transform = attempt.routed.transform
+        if transform is not None:
+            content_type = transform.stream_content_type
+        return StreamRelay(
+            headers=client_headers(exchange, content_type),
+            head=b"".join(head),
+            head_units=units,
+            body=body,
+            tap=tap,
+            exchange=exchange,
+            metrics=self._metrics,
+            on_close=handed.aclose,
+            on_upstream_failure=lambda kind: self._pool.record_outcome(provider, endpoint, ok=False),
+            transform=transform,
+            secrets=provider_secrets(provider),
+        )
+
+    async def _complete(self, attempt: Attempt, response: Any, ticket: Ticket) -> Answer:
+        """A non-streamed answer: read it whole, take its usage, rewrite the model name."""
+        provider, endpoint, exchange = attempt.provider, attempt.endpoint, attempt.routed.exchange
+        content_type = response.headers.get("content-type", "")
+        if content_type.startswith("text/html"):  # a login page or a proxy's notice, not an answer
+            raise await self._failures.wrong_content_type(provider, endpoint, content_type, None)
+        try:
+            with upstream_errors():
+                data = await read_at_most(response, self._config.defaults.max_response_bytes)
+        except UpstreamFailure as failure:
+            raise self._failures.failed(provider, endpoint, failure) from None
+        try:
+            parsed = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):  # an event stream, a proxy's page, a truncated body: never relayed
+            raise self._failures.bad_response(provider, endpoint, "answered a non-streamed request with a body that is not a JSON object")
+        self._pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
+        if parsed.get("error") is not None and "choices" not in parsed and "data" not in parsed:
+            error = parsed["error"]  # an OpenAI error object, or a bare string (TileRT's)
+            raise self._failures.error_event(provider, endpoint, error if isinstance(error, dict) else {"message": str(error)})
+        if aborted_answer(parsed):  # nothing reached the client yet: retried like any failure before the first byte
+            raise self._failures.bad_response(provider, endpoint, "ended its answer with finish_reason 'abort'")
+        exchange.apply_usage(parsed.get("usage"))
+        exchange.usage_estimated = not isinstance(parsed.get("usage"), dict)
+        if exchange.upstream_model != exchange.public_model and parsed.get("model") == exchange.upstream_model:
+            parsed["model"] = exchange.public_model
+            data = orjson.dumps(parsed)
+        exchange.status = 200
+        transform = attempt.routed.transform
+        if transform is not None:
+            data = transform.complete(data)
+        headers = client_headers(exchange, response.headers.get("content-type", "application/json"))
+        # Finished once the body was handed to the server (e2e includes writing it).
+        return Answer(body=data, headers=headers, on_sent=lambda: exchange.finish(self._metrics))
+
+    def _record_decode(self, endpoint: EndpointRuntime, exchange: Exchange, tap: StreamTap) -> None:
+        """After a stream: its decode speed, for the endpoint's live numbers."""
+        if exchange.first_token_at is not None and exchange.last_token_at is not None:
+            seconds = exchange.last_token_at - exchange.first_token_at
+            self._pool.record_decode(endpoint, tokens=tap.content_chunks, seconds=seconds)
