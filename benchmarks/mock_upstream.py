@@ -12,7 +12,7 @@ Answers any POST by looking at its body (after dropping spaces):
 
 GET ``/v1/models`` (peers probe it) and ``/health`` answer small JSON bodies.
 
-    python benchmarks/mock_upstream.py PORT
+    python benchmarks/mock_upstream.py PORT [PORT ...]   (one server on each port)
 """
 
 from __future__ import annotations
@@ -128,16 +128,17 @@ class MockUpstream(asyncio.Protocol):
             self.transport.write(_USAGE_C + _DONE_C + _END_C)
 
 
-def serve(port: int) -> None:
-    """Serve on 127.0.0.1:``port`` until killed."""
+def serve(*ports: int) -> None:
+    """Serve on 127.0.0.1 at each of ``ports`` until killed."""
     import uvloop
 
     async def main() -> None:
-        server = await asyncio.get_running_loop().create_server(MockUpstream, "127.0.0.1", port, backlog=4096)
-        await server.serve_forever()
+        loop = asyncio.get_running_loop()
+        servers = [await loop.create_server(MockUpstream, "127.0.0.1", port, backlog=4096) for port in ports]
+        await asyncio.gather(*(server.serve_forever() for server in servers))
 
     uvloop.run(main())
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve(*(int(arg) for arg in sys.argv[1:]))

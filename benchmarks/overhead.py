@@ -40,21 +40,35 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from agent_bodies import chat_body, messages_body
 from loadgen import pct, request_bytes, run_load
 from mock_upstream import CHUNKS, PACED_CHUNKS
-from peers import Direct, Latgate, LiteLLM, Nginx, Target, VllmRouter, cpu_seconds, rss_mb, wait_port
+from peers import Direct, Latgate, LiteLLM, Nginx, Redis, Target, VllmRouter, cpu_seconds, rss_mb, wait_port
 from peers import free_port as _free_port
 
+#: mode -> (model, stream, body kind, path): ``tiny`` is a two-word chat, ``agent`` and
+#: ``messages`` the ~100 KB agent bodies of :mod:`agent_bodies`.
 MODES = {
-    "non-stream": ("bench", False),
-    "stream-64": ("bench", True),
-    "paced": ("bench-paced", True),
+    "non-stream": ("bench", False, "tiny", "/v1/chat/completions"),
+    "stream-64": ("bench", True, "tiny", "/v1/chat/completions"),
+    "paced": ("bench-paced", True, "tiny", "/v1/chat/completions"),
+    "agent": ("bench", False, "agent", "/v1/chat/completions"),
+    "agent-stream": ("bench", True, "agent", "/v1/chat/completions"),
+    "agent-messages": ("bench", False, "messages", "/v1/messages"),
 }
+STREAMED_PER_CHUNK = {"stream-64": CHUNKS, "paced": PACED_CHUNKS}
+SUITES = ("overhead", "agent", "state", "providers")
+PROVIDER_COUNTS = (1, 10, 100)
+ENDPOINTS_PER_PROVIDER = 4
 
 
-def plan(*, quick: bool) -> list[tuple[str, int, float]]:
-    """(mode, concurrency, seconds) cells, in order."""
+def plan(*, quick: bool, suite: str = "overhead") -> list[tuple[str, int, float]]:
+    """(mode, concurrency, seconds) cells of one suite, in order."""
     t = 1.2 if quick else 4.0
+    if suite == "agent":
+        return [(mode, c, t) for mode in ("agent", "agent-messages") for c in (1, 16)] + [("agent-stream", 16, t)]
+    if suite in ("state", "providers"):
+        return [("non-stream", c, t) for c in (1, 16)] + [("agent", 1, t)]
     cells = [(mode, c, t) for mode in ("non-stream", "stream-64") for c in (1, 16, 64)]
     cells += [("paced", 1000, 2.0 if quick else 4.0)]
     if not quick:
@@ -62,7 +76,11 @@ def plan(*, quick: bool) -> list[tuple[str, int, float]]:
     return cells
 
 
-def body(model: str, stream: bool) -> bytes:
+def body(model: str, stream: bool, kind: str = "tiny") -> bytes:
+    if kind == "agent":
+        return chat_body(model, stream=stream)
+    if kind == "messages":
+        return messages_body(model, stream=stream)
     return json.dumps(
         {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream},
         separators=(",", ":"),
@@ -70,8 +88,8 @@ def body(model: str, stream: bool) -> bytes:
 
 
 def measure(target: Target, mode: str, c: int, seconds: float) -> dict:
-    model, stream = MODES[mode]
-    request = request_bytes(port=target.port, path="/v1/chat/completions", body=body(model, stream))
+    model, stream, kind, path = MODES[mode]
+    request = request_bytes(port=target.port, path=path, body=body(model, stream, kind))
     paced = mode == "paced"
     warm = 0.8 if paced else target.warm_seconds
     uvloop.run(run_load(port=target.port, request=request, concurrency=c, seconds=warm))
@@ -105,12 +123,12 @@ def derive(rows: list[dict]) -> None:
     for r in rows:
         base = index.get((r["target"], "non-stream", r["concurrency"] if r["mode"] == "stream-64" else 64))
         if (
-            r["mode"] != "non-stream"
+            r["mode"] in STREAMED_PER_CHUNK
             and base
             and r["cpu_us_per_request"] is not None
             and base["cpu_us_per_request"] is not None
         ):
-            per = CHUNKS if r["mode"] == "stream-64" else PACED_CHUNKS
+            per = STREAMED_PER_CHUNK[r["mode"]]
             r["cpu_us_per_chunk"] = (r["cpu_us_per_request"] - base["cpu_us_per_request"]) / per
         direct = index.get(("direct", r["mode"], r["concurrency"]))
         if direct and r["target"] != "direct":
@@ -148,6 +166,22 @@ def check_targets(rows: list[dict], idle: dict[str, float]) -> list[dict]:
         add("x LiteLLM requests/s per core", lite["cpu_us_per_request"] / cpu, 40, at_least=True)
         add("x LiteLLM rps (c=64)", lat("non-stream", 64).get("rps", 0) / lite["rps"], 40, at_least=True)
     add("added itl p99 ms, paced c=1000", lat("paced", 1000).get("added_itl_p99_ms"), 5)
+    router = lambda mode, c: at.get(("vllm-router", mode, c), {}).get("cpu_us_per_request")
+    ratio = lambda a, b: a / b if a is not None and b else None
+    for c in (1, 16):
+        add(f"agent cpu/request x vllm-router (c={c})", ratio(lat("agent", c).get("cpu_us_per_request"), router("agent", c)), 0.6)
+    add("agent added p50 ms, c=1", lat("agent", 1).get("added_p50_ms"), 0.5)
+    for c in (16, 64):
+        add(f"tiny cpu/request x vllm-router (c={c})", ratio(lat("non-stream", c).get("cpu_us_per_request"), router("non-stream", c)), 1.5)
+    memory = lambda c: at.get(("latgate-limits", "non-stream", c), {})
+    redis = lambda c: at.get(("latgate-limits-redis", "non-stream", c), {})
+    if redis(1) and memory(1):
+        add("redis limits: added p50 ms over in-process (c=1)", redis(1)["p50_ms"] - memory(1)["p50_ms"], 0.3)
+    for c in (1, 16):
+        add(f"redis limits: cpu/request x in-process (c={c})", ratio(redis(c).get("cpu_us_per_request"), memory(c).get("cpu_us_per_request")), 1.3)
+    many = lambda n, c: at.get((f"latgate-p{n}", "non-stream", c), {}).get("cpu_us_per_request")
+    for c in (1, 16):
+        add(f"100 providers: cpu/request x 1 provider (c={c})", ratio(many(100, c), many(1, c)), 2.0)
     for mode in ("non-stream", "stream-64"):
         two = at.get(("latgate-w2", mode, 64))
         if two and lat(mode, 64).get("rps"):
@@ -206,48 +240,78 @@ def main() -> int:
         default="latgate,nginx,vllm-router,litellm",
         help="comma-separated subset of latgate,nginx,vllm-router,litellm (direct always runs)",
     )
+    parser.add_argument(
+        "--suites",
+        default=",".join(SUITES),
+        help="comma-separated subset of overhead (two-word bodies, streams), agent (~100 KB agent bodies), "
+        "state (auth and RPM/TPM limits, in process and in Redis), providers (1, 10, 100 providers of 4 endpoints)",
+    )
     args = parser.parse_args()
     if not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2:
         print("overhead.py needs Linux and 2 cores", file=sys.stderr)
         return 2
     os.sched_setaffinity(0, {1})
     wanted = [t.strip() for t in args.targets.split(",") if t.strip()]
+    suites = [t.strip() for t in args.suites.split(",") if t.strip()]
     known = {
         "latgate": Latgate,
         "nginx": Nginx,
         "vllm-router": VllmRouter,
         "litellm": LiteLLM,
     }
-    unknown = [t for t in wanted if t not in known]
+    unknown = [t for t in wanted if t not in known] + [s for s in suites if s not in SUITES]
     if unknown:
-        print(f"unknown target(s): {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
+        print(f"unknown target(s) or suite(s): {', '.join(unknown)}; known: {', '.join([*known, *SUITES])}", file=sys.stderr)
         return 2
-    targets: list[Target] = [known[t]() for t in wanted]
-    if args.workers > 1:
-        targets.append(Latgate(cores="0,1", workers=args.workers))
-    up_port = _free_port()
+    redis = Redis()
+    redis_url = None
+    if "state" in suites and redis.available() is None:
+        redis_url = redis.start()
+    # each target with the union of its suites' cells, in plan order
+    runs: dict[str, tuple[Target, list[tuple[str, int, float]]]] = {}
+
+    def add(target: Target, suite: str) -> None:
+        _, cells = runs.setdefault(target.name, (target, []))
+        cells.extend(cell for cell in plan(quick=args.quick, suite=suite) if cell not in cells)
+
+    for suite in suites:
+        if suite in ("overhead", "agent"):
+            for name in wanted:
+                add(runs[name][0] if name in runs else known[name](), suite)
+            if suite == "overhead" and args.workers > 1:
+                add(Latgate(cores="0,1", workers=args.workers), suite)
+        elif suite == "state":
+            add(Latgate(name="latgate-limits", limits=True), suite)
+            if redis_url:
+                add(Latgate(name="latgate-limits-redis", limits=True, redis_url=redis_url), suite)
+        elif suite == "providers":
+            for n in PROVIDER_COUNTS:
+                add(Latgate(name=f"latgate-p{n}", providers=n), suite)
+    up_ports = [_free_port() for _ in range(ENDPOINTS_PER_PROVIDER)]
+    up_port = up_ports[0]
+    for target, _ in runs.values():
+        if isinstance(target, Latgate):
+            target.upstream_ports = up_ports
     mock = subprocess.Popen(
-        [
-            "taskset",
-            "-c",
-            "1",
-            sys.executable,
-            str(Path(__file__).with_name("mock_upstream.py")),
-            str(up_port),
-        ]
+        ["taskset", "-c", "1", sys.executable, str(Path(__file__).with_name("mock_upstream.py")), *map(str, up_ports)]
     )
     rows: list[dict] = []
     idle: dict[str, float] = {}
     skipped: dict[str, str] = {}
+    if "state" in suites and redis_url is None:
+        skipped["latgate-limits-redis"] = redis.available() or "redis-server did not start"
     started = time.monotonic()
     try:
-        wait_port(up_port, timeout=10, proc=mock)
+        for port in up_ports:
+            wait_port(port, timeout=10, proc=mock)
         direct = Direct()
         direct.port = up_port
-        cells = plan(quick=args.quick)
-        for mode, c, seconds in cells:
+        direct_cells: list[tuple[str, int, float]] = []
+        for _, cells in runs.values():
+            direct_cells.extend(cell for cell in cells if cell not in direct_cells)
+        for mode, c, seconds in direct_cells:
             rows.append(measure(direct, mode, c, seconds))
-        for target in targets:
+        for target, cells in runs.values():
             why = target.available()
             if why:
                 skipped[target.name] = why
@@ -273,6 +337,7 @@ def main() -> int:
     finally:
         mock.terminate()
         mock.wait(timeout=10)
+        redis.stop()
     derive(rows)
     checks = check_targets(rows, idle)
     print(

@@ -149,23 +149,89 @@ class Direct(Target):
 
 
 class Latgate(Target):
-    """``latgate serve`` with the shipped defaults (routing, metrics, access log at INFO)."""
+    """``latgate serve`` with the shipped defaults (routing, metrics, access log at INFO).
+
+    ``providers`` > 0: that many providers of ``len(upstream_ports)`` endpoints each
+    (one per mock port), the benchmark's models served by the last one only (each other
+    provider serves a model of its own), instead of one provider with one ``api_base``.
+    ``limits``: ``[auth]`` with one key (the load generator's ``sk-bench``) whose RPM and
+    TPM limits are on but never reached; ``redis_url``: ``[state] redis_url``.
+    """
 
     name = "latgate"
 
-    def __init__(self, *, cores: str = "0", workers: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        cores: str = "0",
+        workers: int = 1,
+        name: str = "latgate",
+        providers: int = 0,
+        limits: bool = False,
+        redis_url: str | None = None,
+    ) -> None:
         super().__init__(cores=cores)
         self.workers = workers
+        self.name = name
+        self.providers = providers
+        self.limits = limits
+        self.redis_url = redis_url
+        self.upstream_ports: list[int] = []
         if workers > 1:
             self.name = f"{self.name}-w{workers}"
 
-    def command(self, *, port: int, upstream_port: int, workdir: Path) -> list[str]:
+    def config_text(self, upstream_port: int) -> str:
+        """The ``config.toml`` this target runs with."""
         models = ", ".join(f'"{m}"' for m in MODELS)
-        (workdir / "config.toml").write_text(
-            f'[providers.up]\napi_base = "http://127.0.0.1:{upstream_port}/v1"\nmodels = [{models}]\n'
-        )
+        if not self.providers:
+            text = f'[providers.up]\napi_base = "http://127.0.0.1:{upstream_port}/v1"\nmodels = [{models}]\n'
+        else:
+            ports = self.upstream_ports or [upstream_port]
+            endpoints = ", ".join(f'"http://127.0.0.1:{port}/v1"' for port in ports)
+            text = ""
+            for i in range(self.providers):
+                served = models if i == self.providers - 1 else f'"other-{i}"'
+                text += f"[providers.p{i}]\nendpoints = [{endpoints}]\nmodels = [{served}]\n\n"
+        if self.limits:
+            text += '[[auth.keys]]\nname = "bench"\nkey = "sk-bench"\nrpm = 100000000\ntpm = 1000000000000\n\n'
+        if self.redis_url:
+            text += f'[state]\nredis_url = "{self.redis_url}"\n'
+        return text
+
+    def command(self, *, port: int, upstream_port: int, workdir: Path) -> list[str]:
+        (workdir / "config.toml").write_text(self.config_text(upstream_port))
         cmd = latgate_serve_command(workdir / "config.toml", port=port)
         return cmd + (["--workers", str(self.workers)] if self.workers > 1 else [])
+
+
+class Redis:
+    """A throw-away ``redis-server`` on loopback (no persistence), pinned to ``cores``."""
+
+    def __init__(self, *, cores: str = "1") -> None:
+        self.cores = cores
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+
+    @staticmethod
+    def available() -> str | None:
+        return None if shutil.which("redis-server") else "redis-server not installed"
+
+    def start(self) -> str:
+        """Start it; returns its ``redis://`` URL."""
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            ["taskset", "-c", self.cores, "redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
+             "--save", "", "--appendonly", "no", "--protected-mode", "yes"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_port(self.port, timeout=10, proc=self.proc)
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
 
 
 class Nginx(Target):
