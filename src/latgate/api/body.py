@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from latgate.api.largebody import LARGE_BODY_BYTES, parse_in_slices
 from latgate.errors import BodyTooLarge, ClientClosedRequest, GatewayError, InvalidRequest
+from latgate.proxy.splice import ClientBody
 
 T = TypeVar("T")
 
@@ -39,8 +40,10 @@ class ProxyRequest(Request):
         return headers
 
 
-async def read_json_object(request: Request, *, max_bytes: int) -> dict[str, Any]:
-    """The request body as a JSON object, read at most ``max_bytes`` bytes.
+async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
+    """The request body as a JSON object, read at most ``max_bytes`` bytes, parsed once;
+    it keeps the client's bytes, which are forwarded as they came where nothing in them
+    changes (:mod:`latgate.proxy.splice`).
 
     Raises:
         BodyTooLarge: the declared or actual size exceeds ``max_bytes`` (413).
@@ -69,7 +72,7 @@ async def read_json_object(request: Request, *, max_bytes: int) -> dict[str, Any
         raise InvalidRequest(f"request body is {reason}: {str(exc).splitlines()[0]}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
-    return body
+    return ClientBody(body, raw)
 
 
 def require(body: dict[str, Any], field: str, kind: type | tuple[type, ...], *, what: str) -> Any:

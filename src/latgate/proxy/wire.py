@@ -14,6 +14,7 @@ from latgate.api.largebody import dumps_in_slices, is_large
 from latgate.errors import GatewayError, InvalidRequest
 from latgate.providers.pool import ProviderRuntime
 from latgate.proxy.exchange import Exchange
+from latgate.proxy.splice import ClientBody, splice
 from latgate.routing.targets import Target
 
 
@@ -23,7 +24,9 @@ def upstream_payload(
     """The upstream body: the client's, with the upstream model, the provider's
     ``extra_body`` fields the client did not set, and usage asked for on streams
     whose client did not say (see :func:`ask_usage`). A provider known to reject
-    ``stream_options`` is sent none (latgate counts usage itself).
+    ``stream_options`` is sent none (latgate counts usage itself). A body read from the
+    client (:class:`~latgate.proxy.splice.ClientBody`) goes as the client's bytes with
+    only those members spliced in (:func:`~latgate.proxy.splice.splice`).
 
     Raises:
         InvalidRequest: the body was parsed but cannot be re-encoded (400).
@@ -39,6 +42,10 @@ def upstream_payload(
         options["include_usage"] = True
         out["stream_options"] = options
     try:
+        if isinstance(body, ClientBody):
+            spliced = splice(body, out)
+            if spliced is not None:
+                return spliced
         return dumps_in_slices(out) if is_large(out) else orjson.dumps(out)
     except orjson.JSONEncodeError as exc:  # parsed, but cannot be re-encoded (e.g. nested too deep)
         raise InvalidRequest(f"request body cannot be forwarded: {exc}") from None

@@ -4,9 +4,9 @@ Routing compares a request's prompt size with ``routing.long_context_threshold``
 anything is sent upstream, so the count has to be cheap and has to be right about the
 prompts that matter: long ones, in any script. :func:`estimate_text_tokens` gives every
 UTF-8 byte a weight, what BPE tokenizers of the cl100k/o200k family spend on it, and
-sums them with three C-speed calls (``bytes.translate`` to a byte whose popcount is
-the weight in tenths of a token, ``int.from_bytes``, ``int.bit_count``); no Python
-loop runs per character.
+sums them with C-speed calls (``bytes.translate`` to the weight in tenths of a token,
+then ``zlib.adler32``, whose low half is one plus the byte sum modulo 65521, over
+slices too short for the sum to wrap); no Python loop runs per character.
 
 ============================================  ===========  ==========================
 class                                         tokens each  fitted on
@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import os
 import string
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -89,11 +90,11 @@ _TEXT_FIELDS = ("text", "thinking", "refusal", "arguments", "output")
 
 
 def _weight_table() -> bytes:
-    """Maps each UTF-8 byte to a byte whose popcount is its weight in tenths of a token.
+    """Maps each UTF-8 byte to its weight in tenths of a token.
 
     A multi-byte character's weight is spread over its lead byte and its continuation
     bytes (0.4 each): 2-byte chars 0.1 + 0.4 = 0.5, 3-byte 0.2 + 0.8 = 1.0, 4-byte
-    0.8 + 1.2 = 2.0. The popcount encoding lets one ``int.bit_count`` sum a whole text.
+    0.8 + 1.2 = 2.0.
     """
     tenths = [6] * 128  # ASCII punctuation, symbols and control characters
     for letter in string.ascii_letters:
@@ -105,19 +106,33 @@ def _weight_table() -> bytes:
     tenths[ord("\r")] = 0  # "\r\n" is one token, charged to the "\n"
     tenths[ord("\n")] = 8
     tenths += [4] * 0x40 + [1] * 0x20 + [2] * 0x10 + [8] * 0x10  # 80-BF, C0-DF, E0-EF, F0-FF
-    return bytes((1 << weight) - 1 for weight in tenths)
+    return bytes(tenths)
 
 
-_WEIGHT_BITS = _weight_table()
+_WEIGHTS = _weight_table()
+#: Bytes summed per ``adler32`` call: at most 8 tenths each, the sum stays under 65521.
+_SUM_SLICE = 8000
 
 
-def _text_tokens(text: str) -> float:
-    """Estimated tokens in ``text``, unrounded; any non-empty text is at least one."""
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate from a JSON "\ud83d": count it, don't fail
-        data = text.encode("utf-8", "surrogatepass")
-    tenths = int.from_bytes(data.translate(_WEIGHT_BITS), "little").bit_count()
+def _tenths(data: bytes) -> int:
+    """The weights of ``data`` summed, in tenths of a token."""
+    weights = data.translate(_WEIGHTS)
+    if len(weights) <= _SUM_SLICE:
+        return (zlib.adler32(weights) & 0xFFFF) - 1
+    view = memoryview(weights)
+    return sum((zlib.adler32(view[i : i + _SUM_SLICE]) & 0xFFFF) - 1 for i in range(0, len(view), _SUM_SLICE))
+
+
+def _text_tokens(text: str | bytes) -> float:
+    """Estimated tokens in ``text`` (or its UTF-8 bytes), unrounded; any non-empty text is at least one."""
+    if isinstance(text, bytes):
+        data = text
+    else:
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate from a JSON "\ud83d": count it, don't fail
+            data = text.encode("utf-8", "surrogatepass")
+    tenths = _tenths(data)
     return tenths / 10 if tenths >= 10 else float(bool(data))
 
 
@@ -185,7 +200,8 @@ def _prompt_tokens(body: Mapping[str, Any], count: Callable[[str], float]) -> fl
     for key in ("tools", "functions"):
         definitions = body.get(key)
         if definitions:
-            total += count(orjson.dumps(definitions, default=str).decode())
+            encoded = orjson.dumps(definitions, default=str)
+            total += count(encoded if count is _text_tokens else encoded.decode())
     return total
 
 
@@ -231,9 +247,8 @@ def _part_tokens(part: object, count: Callable[[str], float]) -> float:
         if isinstance(value, str):
             return count(value) + _content_tokens(part.get("name"), count)
     if kind == "tool_use":
-        return _content_tokens(part.get("name"), count) + count(
-            orjson.dumps(part.get("input"), default=str).decode()
-        )
+        encoded = orjson.dumps(part.get("input"), default=str)
+        return _content_tokens(part.get("name"), count) + count(encoded if count is _text_tokens else encoded.decode())
     if kind == "tool_result":
         return _content_tokens(part.get("content"), count)
     return 0.0
