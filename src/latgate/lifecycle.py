@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 
 import uvicorn
 
+from latgate.gcpolicy import settle_heap
 from latgate.httplimits import MAX_HEAD_BYTES, ClientLimits, client_protocol
 from latgate.listen import default_max_connections
 from latgate.proxy.exchange import DRAIN_CUT
@@ -228,6 +229,7 @@ def serve(
 ) -> None:
     """Serve ``app`` on the listening ``sock`` until SIGTERM/SIGINT (blocking); the
     keyword arguments are :func:`uvicorn_config`'s and :class:`GatewayServer`'s."""
+    settle_heap()  # latgate.gcpolicy: the app as built leaves the collector's view
     config = uvicorn_config(
         app, log_level=log_level, log_format=log_format, drain_timeout_seconds=drain_timeout_seconds
     )
