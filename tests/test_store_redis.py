@@ -234,3 +234,31 @@ def test_limits_survive_a_config_reload(flushed, tmp_path: Path) -> None:
             reload = httpx.post(url + "/admin/reload", headers={"Authorization": "Bearer sk-ops"})
             assert reload.status_code == 200
             assert httpx.post(url + "/v1/chat/completions", json=CHAT_BODY, headers=KEY).status_code == 429
+
+
+def test_concurrent_calls_on_one_connection_each_get_their_own_reply(flushed) -> None:
+    async def scenario() -> list[bool]:
+        store = RedisStore(url=flushed, timeout_seconds=2)
+        # 100 keys of limit 1, each charged twice at once: exactly the first charge of each fits
+        charges = [store.acquire([Quota(key=f"k{i % 100}", limit=1, cost=1)]) for i in range(200)]
+        verdicts = await asyncio.gather(*charges)
+        await store.aclose()
+        return [v.allowed for v in verdicts]
+
+    allowed = asyncio.run(scenario())
+    assert allowed == [True] * 100 + [False] * 100
+
+
+def test_a_server_that_forgot_the_scripts_is_sent_them_again(flushed) -> None:
+    async def scenario() -> tuple[bool, bool]:
+        store = RedisStore(url=flushed, timeout_seconds=2)
+        first = await store.acquire([Quota(key="s", limit=2, cost=1)])
+        admin = Redis.from_url(flushed)
+        await admin.script_flush()
+        await admin.aclose()
+        second = await store.acquire([Quota(key="s", limit=2, cost=1)])
+        third = await store.acquire([Quota(key="s", limit=2, cost=1)])
+        await store.aclose()
+        return first.allowed and second.allowed, third.allowed
+
+    assert asyncio.run(scenario()) == (True, False)

@@ -10,8 +10,10 @@ Time is Redis's own (``TIME``), so replicas with skewed clocks agree. Keys:
 - ``latgate:health:PROVIDER:ENDPOINT``: present while that endpoint is ejected (see
   :mod:`latgate.store.health`), with a time to live.
 
-Never hanging a request: every call is bounded by ``timeout_seconds`` (socket connect
-and read, and an outer deadline), redis-py's own retries are off, and after a failure
+Calls go through :class:`~latgate.store.resp.RespClient` (one pipelined connection).
+Never hanging a request: every call is bounded by ``timeout_seconds`` (connecting, and
+an outer deadline on the reply), nothing is retried, a timed-out connection is dropped,
+and after a failure
 the store does not try again for ``backoff_seconds``: calls in that period raise
 :class:`~latgate.store.base.StoreUnavailable` at once. The rate limiter then fails
 open or closed as ``[state] fail_open`` says. Log lines name the exception type only,
@@ -26,12 +28,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from redis.asyncio import Redis
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-from redis.retry import Retry
-
 from latgate.store.base import ALLOWED, Quota, StoreUnavailable, Verdict
+from latgate.store.resp import RespClient, RespError, Script
 
 log = logging.getLogger("latgate.store")
 T = TypeVar("T")
@@ -105,21 +103,14 @@ class RedisStore:
         backoff_seconds: float = BACKOFF_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._client = Redis.from_url(
-            url,
-            socket_timeout=timeout_seconds,
-            socket_connect_timeout=timeout_seconds,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-            health_check_interval=0,
-        )
+        self._client = RespClient(url, connect_timeout_seconds=timeout_seconds)
         self._timeout = timeout_seconds
         self._backoff = backoff_seconds
         self._clock = clock
         self._down_until = 0.0
         self._down = False
-        self._acquire = self._client.register_script(_ACQUIRE)
-        self._adjust = self._client.register_script(_ADJUST)
+        self._acquire = Script(_ACQUIRE)
+        self._adjust = Script(_ADJUST)
 
     @property
     def reachable(self) -> bool:
@@ -137,7 +128,7 @@ class RedisStore:
         args: list[float] = []
         for q in quotas:
             args += (q.limit, q.cost, q.window_seconds)
-        allowed, wait = await self._call(lambda: self._acquire(keys=keys, args=args))
+        allowed, wait = await self._call(lambda: self._client.run(self._acquire, keys, args))
         if int(allowed):
             return ALLOWED
         return Verdict(allowed=False, retry_after_seconds=float(wait))
@@ -146,9 +137,7 @@ class RedisStore:
         """Correct a past charge by ``delta`` units; an unreachable Redis loses it."""
         try:
             await self._call(
-                lambda: self._adjust(
-                    keys=[PREFIX + quota.key], args=[quota.limit, delta, quota.window_seconds]
-                )
+                lambda: self._client.run(self._adjust, [PREFIX + quota.key], [quota.limit, delta, quota.window_seconds])
             )
         except StoreUnavailable:
             pass
@@ -162,9 +151,9 @@ class RedisStore:
         """
         name = PREFIX + "health:" + key
         if ejected:
-            await self._call(lambda: self._client.set(name, b"ejected", px=max(1, int(ttl_seconds * 1000))))
+            await self._call(lambda: self._client.call(b"SET", name, b"ejected", b"PX", max(1, int(ttl_seconds * 1000))))
         else:
-            await self._call(lambda: self._client.delete(name))
+            await self._call(lambda: self._client.call(b"DEL", name))
 
     async def ejected_endpoints(self, keys: Sequence[str]) -> set[str]:
         """Which of ``keys`` (``PROVIDER:ENDPOINT``) are marked ejected now.
@@ -174,7 +163,7 @@ class RedisStore:
         """
         if not keys:
             return set()
-        values = await self._call(lambda: self._client.mget([PREFIX + "health:" + k for k in keys]))
+        values = await self._call(lambda: self._client.call(b"MGET", *(PREFIX + "health:" + k for k in keys)))
         return {key for key, value in zip(keys, values, strict=True) if value is not None}
 
     async def aclose(self) -> None:
@@ -187,7 +176,9 @@ class RedisStore:
         try:
             async with asyncio.timeout(self._timeout):
                 result = await operation()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RespError, OSError, TimeoutError) as exc:
+            if isinstance(exc, TimeoutError):
+                self._client.reset()  # a hung server: the next call connects afresh
             self._down_until = self._clock() + self._backoff
             if not self._down:
                 self._down = True
@@ -204,5 +195,5 @@ class RedisStore:
 
 
 def _reason(exc: Any) -> str:
-    """The exception's type only: redis-py messages can carry host and port."""
+    """The exception's type only: a message could carry host and port."""
     return "timeout" if isinstance(exc, TimeoutError) else type(exc).__name__

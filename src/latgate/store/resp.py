@@ -1,0 +1,239 @@
+"""A lean Redis client for the few commands the shared store sends (its Lua scripts,
+``SET``, ``DEL``, ``MGET``): RESP2 (the Redis serialization protocol, "RESP protocol
+spec" in the Redis documentation) pipelined over one asyncio connection.
+
+Replies come back in the order the commands were written, so each command queues a
+future and each parsed reply resolves the oldest one; a command given up on (its
+caller's timeout) keeps its place in the queue and its reply is dropped when it comes,
+so the stream never goes out of step. One connection serves every concurrent call of
+an event loop: Redis runs commands one at a time anyway, and one write and one read per
+call cost a fraction of a general-purpose client's connection pool round.
+
+URLs: ``redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]``, ``rediss://...`` (TLS, the
+system's trust store) and ``unix://[[USER]:PASSWORD@]PATH[?db=DB]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import socket
+import ssl
+from collections import deque
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+DEFAULT_PORT = 6379
+_INCOMPLETE = object()
+
+
+class RespError(Exception):
+    """Redis could not be used: no connection, a closed one, or an error reply (the
+    message is Redis's, which names no host)."""
+
+
+class Script:
+    """A Lua script, sent by its SHA-1 (``EVALSHA``) and by its text the first time a
+    server does not know it (``NOSCRIPT``)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text.encode()
+        self.sha = hashlib.sha1(self.text).hexdigest().encode()  # noqa: S324 (Redis names scripts by SHA-1)
+
+
+class RespClient:
+    """Commands to one Redis server over one pipelined connection, opened on first use
+    and again after it is lost or :meth:`reset`.
+
+    Args:
+        url: see the module docstring.
+        connect_timeout_seconds: bound on connecting (and authenticating).
+
+    Raises (from :meth:`call` and :meth:`run`):
+        RespError: as its docstring says; timeouts are the caller's (``asyncio.timeout``).
+    """
+
+    def __init__(self, url: str, *, connect_timeout_seconds: float) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("a Redis URL starts with redis://, rediss:// or unix://")
+        self._unix = parts.path if parts.scheme == "unix" else None
+        self._host = parts.hostname or "localhost"
+        self._port = parts.port or DEFAULT_PORT
+        self._tls = ssl.create_default_context() if parts.scheme == "rediss" else None
+        self._username = unquote(parts.username) if parts.username else None
+        self._password = unquote(parts.password) if parts.password else None
+        if parts.scheme == "unix":
+            db = parse_qs(parts.query).get("db", ["0"])[0]
+        else:
+            db = parts.path.strip("/") or "0"
+        self._db = int(db)
+        self._connect_timeout = connect_timeout_seconds
+        self._protocol: _Protocol | None = None
+        self._connecting: asyncio.Future[_Protocol] | None = None
+
+    async def call(self, *args: bytes | str | int | float) -> Any:
+        """One command's reply: ``bytes`` (bulk), ``str`` (status), ``int``, ``None`` or a
+        list of those."""
+        protocol = await self._connected()
+        return _raise_error(await protocol.send(_encode(args)))
+
+    async def run(self, script: Script, keys: list[str], args: list[float]) -> Any:
+        """``script`` with ``keys`` and ``args``; its reply as :meth:`call` returns it."""
+        protocol = await self._connected()
+        reply = await protocol.send(_encode((b"EVALSHA", script.sha, len(keys), *keys, *args)))
+        if isinstance(reply, RespError) and str(reply).startswith("NOSCRIPT"):
+            reply = await protocol.send(_encode((b"EVAL", script.text, len(keys), *keys, *args)))
+        return _raise_error(reply)
+
+    def reset(self) -> None:
+        """Drop the connection (after a timeout: the server may be hung); the next call reconnects."""
+        if self._protocol is not None:
+            self._protocol.close()
+            self._protocol = None
+
+    async def aclose(self) -> None:
+        """Close the connection."""
+        self.reset()
+
+    async def _connected(self) -> _Protocol:
+        protocol = self._protocol
+        if protocol is not None and not protocol.lost:
+            return protocol
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
+            self._connecting.add_done_callback(self._connected_or_not)
+        return await asyncio.shield(self._connecting)
+
+    def _connected_or_not(self, future: asyncio.Future[_Protocol]) -> None:
+        self._connecting = None
+        if not future.cancelled() and future.exception() is None:
+            self._protocol = future.result()
+
+    async def _connect(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                if self._unix is not None:
+                    _, protocol = await loop.create_unix_connection(_Protocol, self._unix)
+                else:
+                    _, protocol = await loop.create_connection(
+                        _Protocol, self._host, self._port, ssl=self._tls
+                    )
+                    sock = protocol.transport.get_extra_info("socket")
+                    if sock is not None:
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                hello = []
+                if self._password is not None:
+                    hello.append((b"AUTH", self._username, self._password) if self._username else (b"AUTH", self._password))
+                if self._db:
+                    hello.append((b"SELECT", self._db))
+                for command in hello:
+                    _raise_error(await protocol.send(_encode(command)))
+        except OSError as exc:
+            raise RespError(f"cannot connect ({type(exc).__name__})") from None
+        return protocol
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.buffer = bytearray()
+        self.lost = False
+        self.transport: asyncio.Transport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def send(self, command: bytes) -> asyncio.Future[Any]:
+        future = asyncio.get_running_loop().create_future()
+        if self.lost:
+            future.set_exception(RespError("the connection to Redis was lost"))
+            return future
+        self.waiting.append(future)
+        self.transport.write(command)
+        return future
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        at = 0
+        while self.waiting:
+            try:
+                value, end = _parse(self.buffer, at)
+            except (RespError, ValueError):  # not RESP: nothing after it can be trusted
+                self.close()
+                return
+            if value is _INCOMPLETE:
+                break
+            at = end
+            future = self.waiting.popleft()
+            if not future.done():  # else given up on by its caller: the reply is dropped
+                future.set_result(value)
+        if at:
+            del self.buffer[:at]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        while self.waiting:
+            future = self.waiting.popleft()
+            if not future.done():
+                future.set_exception(RespError("the connection to Redis was lost"))
+
+    def close(self) -> None:
+        self.transport.close()
+        self.connection_lost(None)
+
+
+def _encode(args: tuple[Any, ...]) -> bytes:
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, bytes):
+            data = arg
+        elif isinstance(arg, str):
+            data = arg.encode()
+        elif isinstance(arg, float):
+            data = repr(arg).encode()
+        else:
+            data = str(arg).encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+def _parse(buffer: bytearray, at: int) -> tuple[Any, int]:
+    """One reply starting at ``at``: ``(value, end)``, or ``(_INCOMPLETE, at)``."""
+    eol = buffer.find(b"\r\n", at)
+    if eol < 0:
+        return _INCOMPLETE, at
+    kind, line = buffer[at], bytes(buffer[at + 1 : eol])
+    if kind == 0x2B:  # + status
+        return line.decode(), eol + 2
+    if kind == 0x2D:  # - error
+        return RespError(line.decode(errors="replace")), eol + 2
+    if kind == 0x3A:  # : integer
+        return int(line), eol + 2
+    if kind == 0x24:  # $ bulk string
+        size = int(line)
+        if size < 0:
+            return None, eol + 2
+        end = eol + 2 + size
+        if len(buffer) < end + 2:
+            return _INCOMPLETE, at
+        return bytes(buffer[eol + 2 : end]), end + 2
+    if kind == 0x2A:  # * array
+        count = int(line)
+        if count < 0:
+            return None, eol + 2
+        items, pos = [], eol + 2
+        for _ in range(count):
+            item, pos = _parse(buffer, pos)
+            if item is _INCOMPLETE:
+                return _INCOMPLETE, at
+            items.append(item)
+        return items, pos
+    raise RespError("Redis sent a reply latgate cannot read")
+
+
+def _raise_error(reply: Any) -> Any:
+    if isinstance(reply, RespError):
+        raise reply
+    return reply
