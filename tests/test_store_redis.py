@@ -262,3 +262,20 @@ def test_a_server_that_forgot_the_scripts_is_sent_them_again(flushed) -> None:
         return first.allowed and second.allowed, third.allowed
 
     assert asyncio.run(scenario()) == (True, False)
+
+
+def test_a_correction_with_no_charge_after_it_reaches_the_other_replicas_on_its_own(flushed) -> None:
+    async def scenario() -> None:
+        store, other = RedisStore(url=flushed, timeout_seconds=2), RedisStore(url=flushed, timeout_seconds=2)
+        tpm = Quota(key="rl:{c}:tpm", limit=100, cost=100)
+        assert (await store.acquire([tpm])).allowed  # the whole minute taken
+        await store.adjust(tpm, delta=-100)  # and given back, with no charge after it
+        half = Quota(key="rl:{c}:tpm", limit=100, cost=50)
+        deadline = time.monotonic() + 10
+        while not (await other.acquire([half])).allowed:  # a refused charge takes nothing
+            assert time.monotonic() < deadline, "the correction never reached Redis"
+            await asyncio.sleep(0.05)
+        await store.aclose()
+        await other.aclose()
+
+    asyncio.run(scenario())

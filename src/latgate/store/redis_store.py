@@ -36,19 +36,33 @@ T = TypeVar("T")
 PREFIX = "latgate:"
 BACKOFF_SECONDS = 1.0
 
-# KEYS: one per quota. ARGV: limit, cost, window seconds for each key in turn.
-# Returns {1, "0"} when every quota was charged, {0, "<seconds to wait>"} otherwise.
+# KEYS: the quotas to correct, then the quotas to charge. ARGV[1]: how many to correct;
+# then limit, units, window seconds for each key in turn (a correction's units may be
+# negative). Corrections are applied first, always; then every quota to charge is
+# charged, or none. Returns {1, "0"} when charged, {0, "<seconds to wait>"} otherwise.
 _ACQUIRE = """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local corrected = tonumber(ARGV[1])
+for i = 1, corrected do
+  local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if tat < now then tat = now end
+  tat = tat + tonumber(ARGV[3 * i]) * tonumber(ARGV[3 * i + 1]) / tonumber(ARGV[3 * i - 1])
+  local ttl = math.ceil((tat - now) * 1000)
+  if ttl > 0 then
+    redis.call('SET', KEYS[i], string.format('%.6f', tat), 'PX', ttl)
+  else
+    redis.call('DEL', KEYS[i])
+  end
+end
 local tats = {}
 local wait = 0
-for i, key in ipairs(KEYS) do
-  local limit = tonumber(ARGV[3 * i - 2])
-  local cost = tonumber(ARGV[3 * i - 1])
-  local window = tonumber(ARGV[3 * i])
-  local tat = tonumber(redis.call('GET', key) or '0')
+for i = corrected + 1, #KEYS do
+  local limit = tonumber(ARGV[3 * i - 1])
+  local cost = tonumber(ARGV[3 * i])
+  local window = tonumber(ARGV[3 * i + 1])
+  local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
   if tat < now then tat = now end
   tat = tat + cost * window / limit
   local over = tat - now - window
@@ -56,29 +70,23 @@ for i, key in ipairs(KEYS) do
   tats[i] = tat
 end
 if wait > 0 then return {0, string.format('%.6f', wait)} end
-for i, key in ipairs(KEYS) do
+for i = corrected + 1, #KEYS do
   local ttl = math.ceil((tats[i] - now) * 1000)
-  if ttl > 0 then redis.call('SET', key, string.format('%.6f', tats[i]), 'PX', ttl) end
+  if ttl > 0 then redis.call('SET', KEYS[i], string.format('%.6f', tats[i]), 'PX', ttl) end
 end
 return {1, '0'}
 """
 
-# KEYS[1]: the quota. ARGV: limit, delta (units, may be negative), window seconds.
-_ADJUST = """
-if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tat < now then tat = now end
-tat = tat + tonumber(ARGV[2]) * tonumber(ARGV[3]) / tonumber(ARGV[1])
-local ttl = math.ceil((tat - now) * 1000)
-if ttl > 0 then
-  redis.call('SET', KEYS[1], string.format('%.6f', tat), 'PX', ttl)
-else
-  redis.call('DEL', KEYS[1])
-end
-return 1
-"""
+#: A correction (:meth:`RedisStore.adjust`) waits at most this long for a charge of the
+#: same key to carry it; then it is sent on its own.
+CORRECTION_DELAY_SECONDS = 1.0
+
+
+def _slot_tag(key: str) -> str:
+    """The Redis Cluster hash tag of ``key`` (``{NAME}``), or the key itself."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start : end + 1] if start >= 0 and end > start + 1 else key
 
 
 class RedisStore:
@@ -110,7 +118,10 @@ class RedisStore:
         self._down_until = 0.0
         self._down = False
         self._acquire = Script(_ACQUIRE)
-        self._adjust = Script(_ADJUST)
+        # corrections not yet sent: quota key -> (quota, units); see adjust()
+        self._corrections: dict[str, tuple[Quota, float]] = {}
+        self._correction_timer: asyncio.TimerHandle | None = None
+        self._sending: set[asyncio.Task[None]] = set()
 
     @property
     def reachable(self) -> bool:
@@ -118,29 +129,61 @@ class RedisStore:
         return not self._down
 
     async def acquire(self, quotas: Sequence[Quota]) -> Verdict:
-        """Charge every quota or none, atomically across replicas.
+        """Charge every quota or none, atomically across replicas (carrying, in the same
+        script call, the corrections waiting for these quotas' slot: :meth:`adjust`).
 
         Raises:
             StoreUnavailable: Redis did not answer within the timeout, or is in its
                 back-off period.
         """
-        keys = [PREFIX + q.key for q in quotas]
-        args: list[float] = []
-        for q in quotas:
-            args += (q.limit, q.cost, q.window_seconds)
+        tags = {_slot_tag(q.key) for q in quotas}
+        carried = [key for key in self._corrections if _slot_tag(key) in tags]
+        keys, args = self._script_arguments([self._corrections.pop(key) for key in carried], quotas)
         allowed, wait = await self._call(lambda: self._client.run(self._acquire, keys, args))
         if int(allowed):
             return ALLOWED
         return Verdict(allowed=False, retry_after_seconds=float(wait))
 
     async def adjust(self, quota: Quota, *, delta: float) -> None:
-        """Correct a past charge by ``delta`` units; an unreachable Redis loses it."""
-        try:
-            await self._call(
-                lambda: self._client.run(self._adjust, [PREFIX + quota.key], [quota.limit, delta, quota.window_seconds])
-            )
-        except StoreUnavailable:
-            pass
+        """Correct a past charge by ``delta`` units, without a call of its own: the
+        correction goes with the next charge of a quota in the same slot, or on its own
+        within :data:`CORRECTION_DELAY_SECONDS`; an unreachable Redis loses it."""
+        _, units = self._corrections.get(quota.key, (quota, 0.0))
+        self._corrections[quota.key] = (quota, units + delta)
+        if self._correction_timer is None:
+            loop = asyncio.get_running_loop()
+            self._correction_timer = loop.call_later(CORRECTION_DELAY_SECONDS, self._send_corrections_soon)
+
+    def _send_corrections_soon(self) -> None:
+        self._correction_timer = None
+        task = asyncio.get_running_loop().create_task(self._send_corrections())
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send_corrections(self) -> None:
+        """Every waiting correction, one script call per slot; failures lose them."""
+        by_slot: dict[str, list[tuple[Quota, float]]] = {}
+        for key, correction in self._corrections.items():
+            by_slot.setdefault(_slot_tag(key), []).append(correction)
+        self._corrections.clear()
+        for corrections in by_slot.values():
+            keys, args = self._script_arguments(corrections, ())
+            try:
+                await self._call(lambda keys=keys, args=args: self._client.run(self._acquire, keys, args))
+            except StoreUnavailable:
+                pass
+
+    @staticmethod
+    def _script_arguments(
+        corrections: Sequence[tuple[Quota, float]], quotas: Sequence[Quota]
+    ) -> tuple[list[str], list[float]]:
+        keys = [PREFIX + q.key for q, _ in corrections] + [PREFIX + q.key for q in quotas]
+        args: list[float] = [len(corrections)]
+        for q, units in corrections:
+            args += (q.limit, units, q.window_seconds)
+        for q in quotas:
+            args += (q.limit, q.cost, q.window_seconds)
+        return keys, args
 
     async def mark_endpoint(self, key: str, *, ejected: bool, ttl_seconds: float) -> None:
         """Publish one endpoint's health: ``ejected`` sets the mark for ``ttl_seconds``,
@@ -167,7 +210,12 @@ class RedisStore:
         return {key for key, value in zip(keys, values, strict=True) if value is not None}
 
     async def aclose(self) -> None:
-        """Close Redis connections."""
+        """Send the waiting corrections, then close the connection."""
+        if self._correction_timer is not None:
+            self._correction_timer.cancel()
+            self._correction_timer = None
+        await self._send_corrections()
+        await asyncio.gather(*self._sending, return_exceptions=True)
         await self._client.aclose()
 
     async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
