@@ -2,7 +2,7 @@
 not move with the machine's load, for comparing two versions of latgate in one run.
 
     .venv/bin/python benchmarks/instructions.py [--requests 800] [--concurrency 16]
-        [--mode non-stream|stream] [--baseline-src PATH/TO/OTHER/src]
+        [--mode non-stream|stream|agent] [--baseline-src PATH/TO/OTHER/src]
 
 latgate runs under callgrind with instrumentation off while it starts and warms up
 (200 requests), on for the measured requests, then off again; the zero-delay mock
@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from agent_bodies import chat_body
 from loadgen import Conn, request_bytes
 from peers import wait_port
 from serving import free_port, latgate_serve_command
@@ -80,9 +81,12 @@ def measure(*, src: str | None, mode: str, requests: int, concurrency: int, work
     try:
         wait_port(up_port, timeout=30)
         wait_port(gw_port, timeout=600, proc=gateway)
-        body = json.dumps(
-            {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "stream": mode == "stream"}
-        ).encode()
+        if mode == "agent":  # the ~100 KB Cline-like body of agent_bodies.py
+            body = chat_body("bench", stream=False)
+        else:
+            body = json.dumps(
+                {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "stream": mode == "stream"}
+            ).encode()
         request = request_bytes(port=gw_port, path="/v1/chat/completions", body=body)
         asyncio.run(send_exactly(port=gw_port, request=request, total=WARM_UP_REQUESTS, concurrency=concurrency))
         subprocess.run(["callgrind_control", "-i", "on", str(gateway.pid)], check=True, capture_output=True)
@@ -105,7 +109,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=800)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--mode", choices=["non-stream", "stream"], default="non-stream")
+    parser.add_argument("--mode", choices=["non-stream", "stream", "agent"], default="non-stream")
     parser.add_argument("--baseline-src", help="another latgate source tree (its src/ folder) to compare")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
