@@ -154,7 +154,8 @@ def estimate_text_tokens(text: str) -> int:
 def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
     """Estimated prompt tokens of an OpenAI or Anthropic request body.
 
-    Understands, and ignores anything malformed (validation is not its job):
+    Understands, and ignores anything malformed (validation is not its job; nested
+    objects count as parsed JSON gives them, ``dict``):
 
     - chat completions ``messages`` (OpenAI API reference, "Create chat completion"):
       string content or a list of parts (``text`` counted, ``image_url`` a fixed
@@ -206,7 +207,7 @@ def _prompt_tokens(body: Mapping[str, Any], count: Callable[[str], float]) -> fl
 
 
 def _message_tokens(message: object, count: Callable[[str], float]) -> float:
-    if not isinstance(message, Mapping):
+    if not isinstance(message, dict):
         return 0.0
     total = MESSAGE_OVERHEAD_TOKENS + _content_tokens(message.get("content"), count)
     name = message.get("name")
@@ -215,8 +216,8 @@ def _message_tokens(message: object, count: Callable[[str], float]) -> float:
     tool_calls = message.get("tool_calls")
     if isinstance(tool_calls, list):
         for call in tool_calls:
-            function = call.get("function") if isinstance(call, Mapping) else None
-            if isinstance(function, Mapping):
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
                 total += MESSAGE_OVERHEAD_TOKENS + _content_tokens(function.get("name"), count)
                 total += _content_tokens(function.get("arguments"), count)
     return total
@@ -233,12 +234,12 @@ def _content_tokens(content: object, count: Callable[[str], float]) -> float:
 def _part_tokens(part: object, count: Callable[[str], float]) -> float:
     if isinstance(part, str):
         return count(part)
-    if not isinstance(part, Mapping):
+    if not isinstance(part, dict):
         return 0.0
     kind = part.get("type")
     if isinstance(kind, str) and kind in _IMAGE_PART_TYPES:
         image = part.get("image_url")
-        detail = image.get("detail") if isinstance(image, Mapping) else part.get("detail")
+        detail = image.get("detail") if isinstance(image, dict) else part.get("detail")
         return LOW_DETAIL_IMAGE_TOKENS if detail == "low" else IMAGE_TOKENS
     if "role" in part or kind == "message":  # a Responses API input item
         return _message_tokens(part, count)
