@@ -11,7 +11,8 @@ import json
 import httpx
 import orjson
 import pytest
-from h1_upstreams import DONE, OK_JSON, SECRET, SSE_HEAD, RawUpstream, chunk, content, json_reply, keep_serving
+from completions import DONE, content
+from h1_upstreams import OK_JSON, SECRET, SSE_HEAD, RawUpstream, chunk, json_reply, keep_serving
 from stack import gateway
 
 from latgate.proxy.splice import ClientBody, splice
