@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from gateway_process import GatewayProcess
+from servers import serve_app
 
 from latgate.config import load_config
 from latgate.sim import profile_for
@@ -260,8 +261,6 @@ def test_image_entrypoint_and_healthcheck_work_from_a_fresh_virtualenv(tmp_path)
 
 
 def test_healthcheck_reports_a_non_200_answer_as_unhealthy() -> None:
-    from servers import serve_app
-
     async def not_ready(scope, receive, send):
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":

@@ -19,6 +19,7 @@ from completions import (
     usage,
 )
 from replay import ReplayScript, replay_server
+from servers import listening_socket
 from stack import gateway
 
 from latgate.auth import Caller, RateLimiter, estimate_tokens
@@ -219,6 +220,4 @@ def test_unreachable_redis_fails_open_quickly_by_default_and_closed_when_configu
 
 
 def _silent_tcp_server():
-    from servers import listening_socket
-
     return listening_socket()

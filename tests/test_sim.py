@@ -637,10 +637,6 @@ def test_sim_help_exits_zero_and_bad_options_print_one_line():
 
 
 def test_openai_paths_are_served_behind_a_base_path_prefix() -> None:
-    from servers import serve_app
-
-    from latgate.sim import SimOptions, create_sim_app
-
     with serve_app(create_sim_app(SimOptions())) as url:
         r = httpx.post(url + "/api/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 200 and r.json()["object"] == "chat.completion"
