@@ -260,7 +260,7 @@ def metric_sum(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
-async def run_load(port: int, pid: int, args: argparse.Namespace) -> dict:
+async def run_load(port: int, pid: int, args: argparse.Namespace, *, upstream_port: int) -> dict:
     unloaded = await probe(port, until=time.monotonic() + 20, interval=0.05, count=60)
     opened = time.monotonic()
     idle_closes: list[float | None] = [None] * 1000
@@ -282,7 +282,10 @@ async def run_load(port: int, pid: int, args: argparse.Namespace) -> dict:
             await asyncio.sleep(0.5)
 
     sampler = asyncio.create_task(sample())
+    # the same probe sent straight to the upstream: what of the probe's time is the upstream's own
+    direct = asyncio.create_task(probe(upstream_port, until=opened + args.load_seconds, interval=0.2))
     loaded = await probe(port, until=opened + args.load_seconds, interval=0.2)
+    direct_loaded = await direct
     await asyncio.wait(streams, timeout=max(5.0, 60 - (time.monotonic() - opened)))
     unread_closed = sum(closed_by_server(sock) for sock in unread)
     sampler.cancel()
@@ -295,6 +298,7 @@ async def run_load(port: int, pid: int, args: argparse.Namespace) -> dict:
     return {
         "probe_unloaded": summary(unloaded),
         "probe_loaded": summary(loaded),
+        "probe_upstream_direct_loaded": summary(direct_loaded),
         "streams": stream_outcomes,
         "idle_closed_within_timeout": sum(1 for c in idle_closes if c is not None and c <= limit),
         "slowloris_closed_within_timeout": sum(1 for c in slow_closes if c is not None and c <= limit),
@@ -340,7 +344,7 @@ def main() -> int:
         procs.append(gateway)
         wait_ready(f"http://127.0.0.1:{port}/healthz", gateway)
         figures = asyncio.run(big_bodies(port)) if args.big_bodies else {}
-        figures.update(asyncio.run(run_load(port, gateway.pid, args)))
+        figures.update(asyncio.run(run_load(port, gateway.pid, args, upstream_port=healthy_port)))
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         figures["ejections"] = metric_sum(text, "latgate_ejections_total")
         figures["upstream_errors"] = metric_sum(text, "latgate_upstream_errors_total")
