@@ -32,6 +32,7 @@ from latgate.httplimits import MAX_HEAD_BYTES, ClientLimits, client_protocol
 from latgate.listen import default_max_connections
 from latgate.proxy.exchange import DRAIN_CUT
 from latgate.reload import Reloader
+from latgate.starts import StartGate
 
 log = logging.getLogger("latgate")
 #: after the drain timeout, how long requests cut may take to write their error ending
@@ -70,14 +71,15 @@ def uvicorn_config(
     drain_timeout_seconds: float,
 ) -> uvicorn.Config:
     """The uvicorn settings latgate serves with (uvloop and httptools when installed),
-    with ``app``'s client limits (:func:`client_limits`).
+    with ``app``'s client limits (:func:`client_limits`) and its requests begun at most
+    a few per loop turn, newest first in a burst (:class:`~latgate.starts.StartGate`).
 
     ``log_format`` ``json`` routes uvicorn's own records through latgate's JSON
     formatter (:mod:`latgate.logs`) instead of uvicorn's text handlers.
     """
     extra = {"log_config": None} if log_format == "json" else {}
     return uvicorn.Config(
-        app,
+        StartGate(app),
         log_level="warning" if log_level == "info" else log_level,
         access_log=False,
         loop="auto",
