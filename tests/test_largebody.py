@@ -55,3 +55,12 @@ def test_a_large_body_is_proxied_unchanged_but_for_the_model() -> None:
         assert sent == body
         bad = httpx.post(gw.v1 + "/chat/completions", content=orjson.dumps(body)[:-1], timeout=60)
         assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
+
+
+def test_array_elements_share_their_repeated_keys_and_short_values() -> None:
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": f"m {i}"} for i in range(3000)]})
+    body = parse_in_slices(raw)
+    assert body == orjson.loads(raw)
+    first, last = body["messages"][0], body["messages"][-1]
+    assert [id(k) for k in first] == [id(k) for k in last]  # one "role", one "content"
+    assert first["role"] is last["role"]

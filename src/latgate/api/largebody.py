@@ -23,6 +23,8 @@ import orjson
 
 #: Bodies larger than this are parsed off the event loop.
 LARGE_BODY_BYTES = 1 << 20
+#: String values up to this long are shared between array elements (roles, types).
+SHARED_VALUE_CHARS = 16
 #: Top-level arrays longer than this are encoded in slices of this many elements.
 SLICE_ITEMS = 2048
 
@@ -82,9 +84,10 @@ def _array(text: str, at: int) -> tuple[list[Any], int]:
     at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
     if text.startswith("]", at):
         return items, at + 1
+    shared: dict[str, str] = {}  # one string for each key and short value seen again
     while True:
         item, at = _DECODER.raw_decode(text, at)
-        items.append(item)
+        items.append(_share(item, shared) if type(item) is dict else item)
         at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
         if text.startswith(",", at):
             at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
@@ -92,6 +95,20 @@ def _array(text: str, at: int) -> tuple[list[Any], int]:
             return items, at + 1
         else:
             raise ValueError(f"expected ',' or ']' at char {at}")
+
+
+def _share(item: dict[str, Any], shared: dict[str, str]) -> dict[str, Any]:
+    """``item`` with its keys, and its short string values, taken from ``shared``.
+
+    The decoder shares repeated keys only within one call, and each array element is
+    its own call: 700k messages held ``"role"``, ``"content"`` and ``"user"`` 700k
+    times each (a quarter of the parsed body's memory)."""
+    out = {}
+    for key, value in item.items():
+        if type(value) is str and len(value) <= SHARED_VALUE_CHARS:
+            value = shared.setdefault(value, value)
+        out[shared.setdefault(key, key)] = value
+    return out
 
 
 def _at_end(text: str, at: int) -> None:

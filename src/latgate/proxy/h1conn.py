@@ -172,13 +172,18 @@ class H1Connection(asyncio.Protocol):
 
     # --- used by H1Pool and H1Response ---------------------------------------------------
 
-    def send(self, data: bytes, read_timeout_seconds: float | None) -> None:
+    def send(self, data: bytes | tuple[bytes, ...], read_timeout_seconds: float | None) -> None:
+        """Write a request (its bytes, or its pieces in order) and start reading its answer."""
         self._reset()
         self._parser = httptools.HttpResponseParser(self)
         self._read_timeout = read_timeout_seconds
         self._last_data_at = self._pool.loop.time()
         assert self.transport is not None
-        self.transport.write(data)
+        if isinstance(data, tuple):
+            for piece in data:
+                self.transport.write(piece)
+        else:
+            self.transport.write(data)
 
     async def wait(self) -> None:
         """Until something changes (headers, body bytes, end, failure) or the read
