@@ -18,7 +18,10 @@ Load, all at once, for ``--load-seconds``:
 - 20 streams whose client never reads (``bulk``: 4,096 tokens each);
 - 1,100 concurrent streams read to the end (``healthy``: 40 tokens, ~20 s each);
 - meanwhile a probe client sends a normal request (non-streamed, one token, a new
-  connection each) every 0.2 s.
+  connection each) every 0.2 s, from a process of its own (this one's event loop is
+  busy with the load), and a second one sends the same straight to the upstream: the
+  difference is the gateway's (the upstream simulator stalls in the burst too). Each
+  reports its three slowest probes with when they were sent.
 
 First, how long a fast stream's chunks stall while a ~30 MB body of 700k messages is
 proxied beside it and three more come from a key over its request rate (how soon they
@@ -125,14 +128,14 @@ async def exchange(port: int, data: bytes, *, timeout: float) -> tuple[str, byte
     return answer[9:12].decode(errors="replace"), answer
 
 
-async def probe(port: int, *, until: float, interval: float, count: int | None = None) -> list[tuple[float, str]]:
-    """Normal requests, one at a time: ``(seconds, outcome)`` each."""
-    results: list[tuple[float, str]] = []
+async def probe(port: int, *, until: float, interval: float, count: int | None = None) -> list[tuple[float, str, float]]:
+    """Normal requests, one at a time: ``(seconds, outcome, sent at)`` each (monotonic)."""
+    results: list[tuple[float, str, float]] = []
     data = request_bytes(port, chat("m", max_tokens=1, stream=False))
     while time.monotonic() < until and (count is None or len(results) < count):
         started = time.monotonic()
         outcome, _ = await exchange(port, data, timeout=10)
-        results.append((time.monotonic() - started, outcome))
+        results.append((time.monotonic() - started, outcome, started))
         await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
     return results
 
@@ -235,18 +238,34 @@ async def big_bodies(port: int) -> dict:
     }
 
 
+async def probe_process(port: int, *, until: float) -> list[tuple[float, str, float]]:
+    """:func:`probe` every 0.2 s until ``until`` (monotonic: one clock for every process
+    on Linux) in a child process (``abuse.py --probe PORT UNTIL``)."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--probe", str(port), repr(until), stdout=subprocess.PIPE
+    )
+    out, _ = await child.communicate()
+    return [tuple(row) for row in json.loads(out)]  # type: ignore[misc]
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def summary(results: list[tuple[float, str]]) -> dict:
-    ok = [seconds * 1000 for seconds, outcome in results if outcome == "200"]
+def summary(results: list[tuple[float, str, float]], *, origin: float | None = None) -> dict:
+    """p50/p99 of the answered probes and the errors; with ``origin`` (the load's start)
+    also the three slowest, each as ``[ms, seconds after the load began]``."""
+    ok = [seconds * 1000 for seconds, outcome, _ in results if outcome == "200"]
     errors: dict[str, int] = {}
-    for _, outcome in results:
+    for _, outcome, _ in results:
         if outcome != "200":
             errors[outcome] = errors.get(outcome, 0) + 1
-    return {"requests": len(results), "p50_ms": round(percentile(ok, 0.5), 1), "p99_ms": round(percentile(ok, 0.99), 1), "errors": errors}
+    out = {"requests": len(results), "p50_ms": round(percentile(ok, 0.5), 1), "p99_ms": round(percentile(ok, 0.99), 1), "errors": errors}
+    if origin is not None:
+        slowest = sorted(results, reverse=True)[:3]
+        out["slowest_ms_at_s"] = [[round(seconds * 1000, 1), round(at - origin, 2)] for seconds, _, at in slowest]
+    return out
 
 
 def gateway_sample(pid: int) -> tuple[float, int]:
@@ -282,10 +301,11 @@ async def run_load(port: int, pid: int, args: argparse.Namespace, *, upstream_po
             await asyncio.sleep(0.5)
 
     sampler = asyncio.create_task(sample())
-    # the same probe sent straight to the upstream: what of the probe's time is the upstream's own
-    direct = asyncio.create_task(probe(upstream_port, until=opened + args.load_seconds, interval=0.2))
-    loaded = await probe(port, until=opened + args.load_seconds, interval=0.2)
-    direct_loaded = await direct
+    # The loaded probes run in processes of their own, so that this process's loop (busy
+    # with 2,000 connections) is not in their times; the same probe sent straight to the
+    # upstream shows what of the probe's time is the upstream's own.
+    probes = [probe_process(p, until=opened + args.load_seconds) for p in (port, upstream_port)]
+    loaded, direct_loaded = (await asyncio.gather(*probes))
     await asyncio.wait(streams, timeout=max(5.0, 60 - (time.monotonic() - opened)))
     unread_closed = sum(closed_by_server(sock) for sock in unread)
     sampler.cancel()
@@ -297,8 +317,8 @@ async def run_load(port: int, pid: int, args: argparse.Namespace, *, upstream_po
     limit = CLIENT_TIMEOUT_SECONDS + 2.0
     return {
         "probe_unloaded": summary(unloaded),
-        "probe_loaded": summary(loaded),
-        "probe_upstream_direct_loaded": summary(direct_loaded),
+        "probe_loaded": summary(loaded, origin=opened),
+        "probe_upstream_direct_loaded": summary(direct_loaded, origin=opened),
         "streams": stream_outcomes,
         "idle_closed_within_timeout": sum(1 for c in idle_closes if c is not None and c <= limit),
         "slowloris_closed_within_timeout": sum(1 for c in slow_closes if c is not None and c <= limit),
@@ -315,7 +335,11 @@ def main() -> int:
     parser.add_argument("--baseline-src", help="run the gateway from this source tree (older code)")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--big-bodies", action=argparse.BooleanOptionalAction, default=True, help="measure the big-body stall first (default on)")
+    parser.add_argument("--probe", nargs=2, metavar=("PORT", "UNTIL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.probe:  # the child of probe_process
+        print(json.dumps(asyncio.run(probe(int(args.probe[0]), until=float(args.probe[1]), interval=0.2))))
+        return 0
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the clients need ~2,300 sockets
     healthy_port, bulk_port, port = free_port(), free_port(), free_port()
