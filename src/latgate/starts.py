@@ -4,8 +4,7 @@ When a thousand streams arrive at once, each request's first step (reading its b
 routing, opening the upstream connection) runs on the one event loop. asyncio runs
 every ready task once per loop turn, so a request that arrives in the burst needs its
 few turns while each turn carries the first steps of all the others: it waits for the
-whole burst's start-up work (about a second for 1,100 streams here), even though its
-own work is a millisecond.
+whole burst's start-up work, though its own is a small share of it.
 
 :class:`StartGate` lets at most :data:`STARTS_PER_TURN` requests begin per loop turn;
 the rest wait, and when more are waiting than that, the newest begins first (the

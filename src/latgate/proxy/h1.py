@@ -340,6 +340,6 @@ def _request_bytes(target: _Target, payload: bytes, headers: dict[str, str]) -> 
     head_bytes = head.encode("utf-8") + b"\r\n\r\n"
     if len(payload) <= JOIN_PAYLOAD_BYTES:
         return head_bytes + payload
-    # a large body is not copied once more on the event loop (28 MB: tens of ms, and
-    # as much again in memory): the head and the body are written one after the other
+    # a large body is not copied once more on the event loop (time every other stream
+    # waits, and its size again in memory): the head and the body are written in turn
     return (head_bytes, payload)
