@@ -9,7 +9,8 @@ gateway alone on core 0, the mock upstream and the load generator on core 1. Per
 target: CPU per stream (user+system from ``/proc``), the inter-chunk gap p50/p99 and
 what it adds over direct, and each latgate server's ratios to nginx (issue 18's
 targets: CPU per stream <= 2x nginx's, added inter-chunk p99 <= 3x nginx's). The
-servers are started by ``server_variants.py``.
+servers are started by ``server_variants.py``; ``--rounds N`` repeats the whole set
+interleaved (this machine's load moves CPU figures by a third between runs).
 """
 
 from __future__ import annotations
@@ -49,14 +50,14 @@ class LatgateOn(Latgate):
 
 def ratios(rows: list[dict]) -> list[dict]:
     """Each latgate server's CPU per stream and added inter-chunk p99 against nginx's."""
-    nginx = next((r for r in rows if r["target"] == "nginx"), None)
     out = []
     for r in rows:
+        nginx = next((n for n in rows if n["target"] == "nginx" and n.get("round") == r.get("round")), None)
         if not r["target"].startswith("latgate") or nginx is None:
             continue
         cpu = r["cpu_us_per_request"] / nginx["cpu_us_per_request"] if r["cpu_us_per_request"] and nginx["cpu_us_per_request"] else None
         itl = r["added_itl_p99_ms"] / nginx["added_itl_p99_ms"] if nginx.get("added_itl_p99_ms") else None
-        out.append({"target": r["target"], "cpu_x_nginx": cpu, "cpu_met": cpu is not None and cpu <= 2, "itl_p99_x_nginx": itl, "itl_met": itl is not None and itl <= 3})
+        out.append({"target": r["target"], "round": r.get("round"), "cpu_x_nginx": cpu, "cpu_met": cpu is not None and cpu <= 2, "itl_p99_x_nginx": itl, "itl_met": itl is not None and itl <= 3})
     return out
 
 
@@ -66,6 +67,7 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--no-nginx", action="store_true")
+    parser.add_argument("--rounds", type=int, default=1, help="run every target this many times, interleaved; the table shows each round")
     parser.add_argument("--json", metavar="OUT")
     args = parser.parse_args()
     os.sched_setaffinity(0, {1})
@@ -79,17 +81,18 @@ def main() -> int:
         direct = Direct()
         direct.port = up_port
         rows.append(measure(direct, "paced", args.streams, args.seconds))
-        for target in targets:
-            why = target.available()
-            if why:
-                print(f"skipping {target.name}: {why}", file=sys.stderr)
-                continue
-            target.start(upstream_port=up_port)
-            try:
-                rows.append(measure(target, "paced", args.streams, args.seconds))
-                print(f"  {target.name}: {rows[-1]['requests']} streams, {rows[-1]['errors']} errors", file=sys.stderr)
-            finally:
-                target.stop()
+        for round_ in range(1, args.rounds + 1):
+            for target in targets:
+                why = target.available()
+                if why:
+                    print(f"skipping {target.name}: {why}", file=sys.stderr)
+                    continue
+                target.start(upstream_port=up_port)
+                try:
+                    rows.append({**measure(target, "paced", args.streams, args.seconds), "round": round_})
+                    print(f"  {target.name}: {rows[-1]['requests']} streams, {rows[-1]['errors']} errors", file=sys.stderr)
+                finally:
+                    target.stop()
     finally:
         mock.terminate()
         mock.wait(timeout=10)
@@ -98,16 +101,16 @@ def main() -> int:
         r["added_itl_p99_ms"] = r["itl_p99_ms"] - base["itl_p99_ms"]
         r["added_p50_ms"] = r["p50_ms"] - base["p50_ms"]
     print(f"load average {os.getloadavg()[0]:.2f}; {args.streams} paced streams of {PACED_CHUNKS} chunks")
-    print(f"{'target':<22}{'streams':>8}{'err':>5}{'us/stream':>11}{'itl p50':>9}{'itl p99':>9}{'+itl p99':>10}{'+p50':>8}{'rss MB':>8}")
+    print(f"{'target':<22}{'round':>6}{'streams':>8}{'err':>5}{'us/stream':>11}{'itl p50':>9}{'itl p99':>9}{'+itl p99':>10}{'+p50':>8}{'rss MB':>8}")
     for r in rows:
         cpu = r["cpu_us_per_request"]
         print(
-            f"{r['target']:<22}{r['requests']:>8}{r['errors']:>5}{(f'{cpu:.0f}' if cpu else '-'):>11}{r['itl_p50_ms']:>9.2f}{r['itl_p99_ms']:>9.2f}"
+            f"{r['target']:<22}{r.get('round', '-'):>6}{r['requests']:>8}{r['errors']:>5}{(f'{cpu:.0f}' if cpu else '-'):>11}{r['itl_p50_ms']:>9.2f}{r['itl_p99_ms']:>9.2f}"
             f"{r.get('added_itl_p99_ms', 0):>10.2f}{r.get('added_p50_ms', 0):>8.2f}{(r['rss_mb'] or 0):>8.0f}"
         )
     checks = ratios(rows)
     for c in checks:
-        print(f"  {c['target']}: CPU {c['cpu_x_nginx']:.2f}x nginx (target <= 2), added itl p99 {c['itl_p99_x_nginx']:.2f}x nginx (target <= 3)")
+        print(f"  {c['target']} (round {c['round']}): CPU {c['cpu_x_nginx']:.2f}x nginx (target <= 2), added itl p99 {c['itl_p99_x_nginx']:.2f}x nginx (target <= 3)")
     if args.json:
         Path(args.json).write_text(json.dumps(_no_nan({"command": " ".join(sys.argv), "load_average": os.getloadavg(), "rows": rows, "ratios": checks}), indent=2))
     return 0
