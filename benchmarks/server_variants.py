@@ -33,8 +33,12 @@ def _app():
     from latgate.config import load_config
     from latgate.server import setup_logging
 
+    from latgate.gcpolicy import settle_heap
+
     setup_logging("info")  # access lines at INFO, as `latgate serve` writes them
-    return create_app(load_config(Path(os.environ[CONFIG_ENV])))
+    app = create_app(load_config(Path(os.environ[CONFIG_ENV])))
+    settle_heap()  # the collector as `latgate serve` sets it up
+    return app
 
 
 def granian_asgi_app():
