@@ -257,7 +257,7 @@ class Gateway:
         exchange.status = error.status
         exchange.error_kind = error.code or error.type
         if error.cause is not None:
-            exchange.extra["cause"] = error.cause
+            exchange.cause = error.cause
         exchange.finish(self.metrics)
         if not exchange.provider:
             return {}

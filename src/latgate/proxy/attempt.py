@@ -255,7 +255,7 @@ class AttemptSender:
                 raise LostRace()
             exchange.provider, exchange.endpoint = provider.name, endpoint.config.id
             exchange.upstream_model, exchange.reason = attempt.target.model, attempt.target.reason
-            exchange.extra["fallback_model"] = attempt.target.fallback_model
+            exchange.fallback_model = attempt.target.fallback_model
         stack.callback(self._record_decode, endpoint, exchange, tap)
         handed = stack.pop_all()
         transform = attempt.routed.transform

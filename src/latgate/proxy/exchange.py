@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -38,7 +38,7 @@ def is_drain_cut(exc: BaseException) -> bool:
 
 @dataclass(slots=True)
 class Exchange:
-    """Per-request state shared by the handler, the forwarder and the relay.
+    """One request's record, shared by the handler, the forwarder and the relay.
 
     ``provider`` / ``endpoint`` / ``upstream_model`` are those of the attempt that
     answered (or the last one tried). ``prompt_tokens`` starts as latgate's estimate and
@@ -65,7 +65,10 @@ class Exchange:
     attempts: int = 0
     finished: bool = False
     usage_estimated: bool = False  # no upstream usage: token counts are latgate's estimate
-    extra: dict[str, Any] = field(default_factory=dict)
+    cause: str | None = None  # why it failed short of an answer (no URL, no key, every endpoint out), logged
+    fallback_model: str | None = None  # the model served instead of the requested one (X-Latgate-Fallback-Model)
+    route_candidates: str | None = None  # the endpoints the plan looked at (X-Latgate-Route-Candidates, when explaining)
+    admission: str | None = None  # how admission held it (X-Latgate-Admission, when explaining)
     trace: RequestTrace | None = None  # the request's span, with tracing on (latgate.tracing)
     recent: deque[tuple] | None = None  # the /ui ring this exchange's summary joins when finished (latgate.ui)
     early: EarlyHead | None = None  # a stream that may send its head before content (latgate.proxy.keepalive)
@@ -94,7 +97,7 @@ class Exchange:
         e2e = end - self.received_at
         if self.recent is not None:
             # a tuple of atoms, not the exchange: the collector stops tracking it, and
-            # nothing else (body, trace, extra) is kept alive by the ring
+            # nothing else (body, trace) is kept alive by the ring
             self.recent.append(
                 (self.request_id, self.received_at, end, self.path, self.public_model, self.provider, self.endpoint,
                  self.reason, self.stream, self.status, self.error_kind, self.first_token_at, self.last_token_at,
@@ -136,6 +139,6 @@ class Exchange:
                 "ttft_ms": ttft,
                 "e2e_ms": round(e2e * 1000, 3),
             }
-            if "cause" in self.extra:  # why the request failed short of an answer (no URL, no key, every endpoint out)
-                line["cause"] = self.extra["cause"]
+            if self.cause is not None:
+                line["cause"] = self.cause
             access_log.write(orjson.dumps(line).decode())

@@ -129,7 +129,10 @@ class Forwarder:
     async def _planned(
         self, exchange: Exchange, decision: RouteDecision, body: dict[str, Any], path: str, transform: ResponseTransform | None
     ) -> Any:
-        decision = await self.admission.hold(decision, explain=exchange.extra if decision.explain else None)
+        notes: dict[str, str] | None = {} if decision.explain else None
+        decision = await self.admission.hold(decision, explain=notes)
+        if notes:
+            exchange.admission = notes.get("admission")
         plan = self.selector.plan(decision, body)  # at once: a slot admission held for it is free for it
         try:
             return await self._forward(Routed(exchange, decision, plan, body, path, transform))
@@ -145,7 +148,7 @@ class Forwarder:
         if plan.overflow_from is not None:
             self._metrics.record_overflow(from_provider=plan.overflow_from, to_provider=plan.targets[0].provider)
         if decision.explain:
-            exchange.extra["route_candidates"] = plan.explain_header()
+            exchange.route_candidates = plan.explain_header()
         model = self._config.models.get(exchange.public_model)
         limit = model.max_context_tokens if model is not None else None
         if limit is not None and plan.prompt_tokens > limit:
@@ -177,7 +180,7 @@ class Forwarder:
                 payload = await asyncio.to_thread(upstream_payload, body, target, provider, stream=exchange.stream, path=routed.path)
             else:
                 payload = upstream_payload(body, target, provider, stream=exchange.stream, path=routed.path)
-            exchange.extra["fallback_model"] = target.fallback_model
+            exchange.fallback_model = target.fallback_model
             for retries_done in range(max_retries + 1):
                 if retries_done:
                     self._metrics.record_retry(provider=provider.name)

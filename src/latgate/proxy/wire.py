@@ -82,15 +82,12 @@ def client_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, b
     ]
     if exchange.upstream_model != exchange.public_model:
         pairs.append(("x-latgate-upstream-model", exchange.upstream_model))
-    fallback_model = exchange.extra.get("fallback_model")
-    if fallback_model:
-        pairs.append(("x-latgate-fallback-model", fallback_model))
-    candidates = exchange.extra.get("route_candidates")
-    if candidates:
-        pairs.append(("x-latgate-route-candidates", candidates))
-    admission = exchange.extra.get("admission")
-    if admission:
-        pairs.append(("x-latgate-admission", admission))
+    if exchange.fallback_model:
+        pairs.append(("x-latgate-fallback-model", exchange.fallback_model))
+    if exchange.route_candidates:
+        pairs.append(("x-latgate-route-candidates", exchange.route_candidates))
+    if exchange.admission:
+        pairs.append(("x-latgate-admission", exchange.admission))
     return [(k.encode(), v.encode("latin-1", "replace")) for k, v in pairs]
 
 
