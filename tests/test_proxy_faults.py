@@ -38,7 +38,7 @@ def metric_lines(url: str, prefix: str) -> list[str]:
 
 @pytest.mark.parametrize("first", [b"", ROLE], ids=["empty_body", "role_chunk_only"])
 def test_a_200_stream_that_ends_before_any_content_is_retried(first: bytes) -> None:
-    """Nothing reached the client yet, so this is a failure before the first byte (README):
+    """Nothing reached the client yet, so this is a failure before the first byte (docs/routing.md):
     today the client gets a 200 with an empty (or role-only) stream, no error, no [DONE],
     and the next attempt is never made."""
     with replay_server([ReplayScript.sse(first), ReplayScript.sse(GOOD)]) as up, gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
@@ -103,7 +103,7 @@ def test_an_error_event_after_content_does_not_leak_the_provider_key_or_internal
 
 
 def test_an_error_event_after_content_is_counted_as_a_broken_stream() -> None:
-    """README: code 502 on a stream means the upstream broke after output began. An
+    """docs/metrics.md: code 502 on a stream means the upstream broke after output began. An
     in-band error event mid-stream is recorded as a clean 200 with no upstream error."""
     with replay_server(_error_after_content_stream()) as up, gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
         httpx.post(gw.v1 + "/chat/completions", json=BODY, timeout=15)

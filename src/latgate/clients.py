@@ -1,6 +1,6 @@
 """``latgate clients CLIENT``: print the exact settings a coding client needs for this gateway.
 
-Clients (each speaks its own dialect; see the README section "Clients"):
+Clients (each speaks its own dialect; see docs/clients.md):
 
 ==============  ========================================  ================================
 client          what is printed (stdout)                  base URL

@@ -1,6 +1,6 @@
 """Every Prometheus metric latgate exports, behind typed ``record_*`` methods.
 
-Names, types and labels follow DESIGN.md's table. Label values come only from
+Names, types and labels are those of docs/metrics.md's table. Label values come only from
 configured sets: provider names, endpoint ids and configured model names (any other
 model is ``other``), so cardinality is bounded whatever clients send. Call sites never
 spell a label: they call :class:`Metrics` methods, which cache the labelled children

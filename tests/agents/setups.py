@@ -1,4 +1,4 @@
-"""Each agent's set-up, as a new user would do it, pointed at latgate (see README,
+"""Each agent's set-up, as a new user would do it, pointed at latgate (see docs/clients.md,
 "Coding agents"): configuration files written into the sandbox's HOME, environment
 variables, and the non-interactive command line of one turn.
 

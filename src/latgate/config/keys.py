@@ -211,7 +211,7 @@ def _translate(error: ErrorDetails, model_cls: type[BaseModel], *, source: str, 
     kind = str(error["type"])
     if kind == "extra_forbidden":
         return ConfigError(
-            source=source, key=key, message="unknown key", fix="remove it (see README, config.toml)"
+            source=source, key=key, message="unknown key", fix="remove it (see docs/configuration.md)"
         )
     if kind == "missing":
         return ConfigError(source=source, key=key, message="missing", fix=f"add {leaf} = ...")

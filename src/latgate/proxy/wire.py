@@ -69,8 +69,8 @@ def rejects_stream_options(error: GatewayError, provider: ProviderRuntime, paylo
 
 def client_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, bytes]]:
     """The response headers latgate sends its client (encoded): the upstream's media
-    type, no caching for streams, and where the request went (DESIGN.md, "Response
-    headers")."""
+    type, no caching for streams, and where the request went (docs/routing.md,
+    "Headers")."""
     pairs = [("content-type", media_type(content_type))]
     if exchange.stream:  # no caching or proxy buffering of an event stream
         pairs += [("cache-control", "no-cache"), ("x-accel-buffering", "no")]

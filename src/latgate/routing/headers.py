@@ -1,4 +1,4 @@
-"""Parsing the request headers routing reads (DESIGN.md, "Request headers latgate reads").
+"""Parsing the request headers routing reads (docs/routing.md, "Headers").
 
 Each parser raises :class:`~latgate.errors.InvalidRequest` naming the header for a value
 that cannot mean anything, so a client learns of its mistake instead of being routed by
