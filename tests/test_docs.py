@@ -107,8 +107,8 @@ def test_every_relative_link_reaches_a_file_and_heading(page: Path) -> None:
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_cited_source_file_exists(page: Path) -> None:
     """A path in backticks ending in .py is a file of this repository, given from its root
-    or from src/latgate/ (the module paths ARCHITECTURE.md draws)."""
-    cited = set(re.findall(r"`([\w./-]+\.py)\b", page.read_text(encoding="utf-8")))
+    or from src/latgate/ (the module paths ARCHITECTURE.md draws); ``NAME`` marks a template."""
+    cited = {p for p in re.findall(r"`([\w./-]+\.py)\b", page.read_text(encoding="utf-8")) if "NAME" not in p}
     missing = sorted(
         p for p in cited - FOREIGN_FILES if not (ROOT / p).exists() and not (ROOT / "src/latgate" / p).exists()
     )
@@ -122,3 +122,16 @@ def test_no_source_file_cites_a_document_that_does_not_exist() -> None:
             if not any((base / name).exists() for base in (ROOT, path.parent, DOCS)):
                 missing.append(f"{path.relative_to(ROOT)}: {name}")
     assert not missing, missing
+
+
+def test_the_architecture_names_only_modules_that_exist() -> None:
+    """Every module and package ARCHITECTURE.md draws, in its diagrams too, is in src/latgate/."""
+    text = (DOCS / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    modules = set(re.findall(r"(?<![\w/.-])((?:[a-z_]+/)*[a-z_]+\.py)\b", text))
+    packages = set(re.findall(r"(?<![\w/.-])([a-z_]+/)(?=[\s`:),])", text))
+    missing = sorted(
+        name
+        for name in (modules | packages) - FOREIGN_FILES
+        if "name" not in name.lower() and not (ROOT / "src/latgate" / name).exists() and not (ROOT / name).exists()
+    )
+    assert modules and not missing, f"ARCHITECTURE.md names what is not in src/latgate/: {missing}"
