@@ -144,8 +144,8 @@ def test_a_file_starting_with_a_byte_order_mark_gets_a_hint(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("suffix", ["?", "#", "?x=1", "#frag"])
 def test_api_base_with_a_query_or_fragment_is_rejected(suffix: str) -> None:
-    """`http://h/v1?` was accepted and requests went to `/v1?/v1/chat/completions`
-    (or `/v1` for `#`)."""
+    """A base URL with a query or fragment (`http://h/v1?`, `http://h/v1#`) is a config
+    error naming the key: no request is sent to a mangled path."""
     err = _error(f'[providers.a]\napi_base = "http://127.0.0.1:9/v1{suffix}"\n')
     assert err.key == "providers.a.api_base" and "query or fragment" in err.message
 
@@ -199,7 +199,8 @@ def test_an_error_about_a_url_never_shows_its_password() -> None:
     ],
 )
 def test_a_timeout_that_is_not_finite_is_rejected(text: str) -> None:
-    """`connect_timeout_sec = inf` loaded, then every request was a 500 (OverflowError)."""
+    """An infinite timeout (`connect_timeout_sec = inf`) is a config error, so no request
+    can fail on it at run time."""
     assert "finite" in _error(text + PROVIDER).message
 
 
@@ -219,7 +220,8 @@ def test_a_provider_timeout_that_is_not_finite_is_rejected() -> None:
     ],
 )
 def test_a_boolean_is_not_taken_for_a_number(text: str, key: str) -> None:
-    """`port = true` was coerced to port 1."""
+    """A number key given `true`/`false` (`port = true`) is a config error naming the key,
+    never a number taken from the boolean."""
     err = _error(text)
     assert err.key == key and "not true/false" in err.message
 
@@ -353,9 +355,9 @@ def test_a_well_formed_key_gets_no_warning() -> None:
     ids=["trailing_newline", "spaces_around", "crlf", "non_ascii"],
 )
 def test_a_malformed_provider_key_is_not_a_500_on_every_request(key: str, sent: str | None) -> None:
-    """A key read from a file often ends in a newline; the header was then invalid and
-    every request was a 500. Surrounding whitespace is removed; a key a header cannot
-    carry is not sent (the start-up warning says so), so the upstream's 401 tells."""
+    """A provider key with surrounding whitespace (a file's trailing newline) is sent
+    trimmed; a key a header cannot carry is not sent (the start-up warning says so), so
+    the upstream's answer, not a 500, reaches the client."""
     with replay_server(ReplayScript.json_response(200, {"ok": 1})) as up:
         text = f'[providers.up]\napi_base = "{up.base_url}"\napi_key_env = "UP_KEY"\n'
         with gateway(text, env={"UP_KEY": key}) as gw:

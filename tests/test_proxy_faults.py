@@ -38,9 +38,9 @@ def metric_lines(url: str, prefix: str) -> list[str]:
 
 @pytest.mark.parametrize("first", [b"", ROLE], ids=["empty_body", "role_chunk_only"])
 def test_a_200_stream_that_ends_before_any_content_is_retried(first: bytes) -> None:
-    """Nothing reached the client yet, so this is a failure before the first byte (docs/routing.md):
-    today the client gets a 200 with an empty (or role-only) stream, no error, no [DONE],
-    and the next attempt is never made."""
+    """A 200 stream that ends before any content (empty, or a role chunk only) is a
+    failure before the first byte (docs/routing.md): the next attempt is made and the
+    client gets its answer, never an empty stream without an error or [DONE]."""
     with replay_server([ReplayScript.sse(first), ReplayScript.sse(GOOD)]) as up, gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
         r = httpx.post(gw.v1 + "/chat/completions", json=BODY, timeout=15)
         assert len(up.requests) == 2, f"not retried; client got {r.status_code} {r.content!r}"
@@ -172,11 +172,9 @@ def test_client_leaving_before_the_first_token_closes_the_upstream(stream: bool)
 
 
 def test_sse_tap_grows_one_buffer_in_place_for_an_event_split_over_many_reads() -> None:
-    """StreamTap.feed used to re-join the whole pending event on every read (``bytes +
-    bytes``): one 32 MiB event in 64 KiB reads cost ~5 s of event-loop time. The
-    linear form keeps the partial event in one ``bytearray`` grown in place, so this
-    checks that structurally (same buffer object, holding exactly the bytes fed so far)
-    instead of timing it, and that the event still comes out whole and unchanged."""
+    """An event split over many reads is assembled in one ``bytearray`` grown in place
+    (linear in its size, not re-joined on every read): the same buffer object holds
+    exactly the bytes fed so far, and the event comes out whole and unchanged."""
     data = b'data: {"choices":[{"delta":{"content":"' + b"x" * (4 << 20) + b'"}}]}\n\n'
     reads = [data[i : i + 65536] for i in range(0, len(data), 65536)]
     tap = StreamTap()

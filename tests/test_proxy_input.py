@@ -1,4 +1,5 @@
-"""Client input that once gave a 500 or was echoed unsanitised: each test states the expected behaviour."""
+"""Hostile or malformed client input gets a 4xx envelope, never a 500, and is never echoed
+unsanitised: each test states the behaviour guaranteed."""
 
 from __future__ import annotations
 

@@ -132,8 +132,8 @@ class AccessLog:
     else was added since (no handler or filter on the access logger, the root's
     handler still the only one), a line is formatted by that handler's formatter and
     written to its stream directly, exactly as the logging call would have, without a
-    ``LogRecord`` and the logger/handler call chain (~12 µs of a ~300 µs request, the
-    largest single item in a profile of the proxy path). Anywhere else (pytest's
+    ``LogRecord`` and the logger/handler call chain (its cost: docs/performance.md,
+    "Why the hot path is written as it is"). Anywhere else (pytest's
     capture, an embedding application's logging set-up) it is an ordinary
     ``logger.info`` call.
     """

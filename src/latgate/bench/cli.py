@@ -11,7 +11,7 @@ tokens/s, errors by kind, and which provider answered (latgate's
 Exit status: 0 when at least one request succeeded, 1 when every request failed (for
 example connection refused), 2 for bad arguments.
 
-Example (seed1's verification: one streamed request through the gateway)::
+Example (the first check of a new gateway: one streamed request through it)::
 
     latgate bench --base-url http://127.0.0.1:8000 --model glm-5.1-highspeed \\
         -n 1 --max-tokens 300 -H 'X-Latency-Sensitive: 1'

@@ -99,7 +99,7 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
 def render_report(console: Console, config: BenchConfig, result: BenchResult, summary: BenchSummary) -> None:
     """Print the metrics table, then one line each for totals, errors and providers.
 
-    A single-request run (the seeds' "stream one chat completion" check) also gets a
+    A single-request run (the "stream one chat completion" check of a new gateway) also gets a
     line with that request's TTFT, total latency, token count, tokens/s and provider.
     """
     mode = "streamed" if config.stream else "not streamed"

@@ -1,4 +1,4 @@
-"""Configuration: config.toml (canonical or either seed form) -> one frozen :class:`Config`.
+"""Configuration: config.toml (a provider table or pool sections) -> one frozen :class:`Config`.
 
 Public API:
 

@@ -40,7 +40,7 @@ SECTIONS = (
     "state",
     "health",
 )
-"""Top-level tables: the canonical ones plus the seed forms (``default``, ``upstream``,
+"""Top-level tables: the canonical ones plus those of the other spellings (``default``, ``upstream``,
 ``decode``, ``prefill``)."""
 
 PROVIDER_KEYS = (
@@ -69,7 +69,7 @@ PROVIDER_KEYS = (
     "client_key",
     "verify",
 )
-"""Keys of ``[providers.NAME]`` (and of the seed1 shorthand sections)."""
+"""Keys of ``[providers.NAME]`` (and of the pool sections ``[upstream]``, ``[decode]``, ``[prefill]``)."""
 
 ENGINE_HINT_KEYS = (
     # vLLM engine arguments
@@ -105,7 +105,7 @@ in ``ProviderConfig.hints`` (shown by ``latgate check``; latgate does not act on
 Anything else goes under an explicit ``hints = { ... }`` table."""
 
 DEFAULT_SECTION_KEYS = ("provider", "api_base", "base_url", "api_key_env")
-"""Keys seed2's ``[default]`` accepts besides the ``[defaults]`` ones."""
+"""Keys ``[default]`` accepts besides the ``[defaults]`` ones."""
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 

@@ -5,7 +5,7 @@ The pipeline, one step per module:
 1. parse with :mod:`tomllib` (a syntax error names the line);
 2. expand ``${VAR}``, ``${VAR:-default}``, ``${env:VAR}`` in every string value
    (:mod:`latgate.config.envvars`);
-3. rewrite the seed forms into canonical sections (:mod:`latgate.config.seedforms`);
+3. rewrite pool sections and ``[default]`` into canonical sections (:mod:`latgate.config.shapes`);
 4. validate each section into its frozen model: providers
    (:mod:`latgate.config.providers`), then routing, aliases, models and auth, whose
    names must resolve (:mod:`latgate.config.references`).
@@ -42,7 +42,7 @@ from latgate.config.schema import (
     ServerConfig,
     StateConfig,
 )
-from latgate.config.seedforms import Document, canonical_document
+from latgate.config.shapes import Document, canonical_document
 
 DEFAULT_CONFIG_PATH = Path("config.toml")
 CONFIG_ENV_VAR = "LATGATE_CONFIG"
@@ -114,7 +114,9 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
 def load_config_text(text: str, *, source: str, env: Mapping[str, str] | None = None) -> Config:
     """Parse and validate config TOML ``text``; ``source`` names it in messages.
 
-    Accepts the canonical form and both seed forms (see :mod:`latgate.config.seedforms`).
+    Accepts both shapes, a provider table (``[providers.NAME]``, ``[defaults]`` or
+    ``[default]``) and pool sections (``[upstream]``, ``[decode]``, ``[prefill]``; see
+    :mod:`latgate.config.shapes`).
     ``env`` defaults to :data:`os.environ`.
 
     Raises:

@@ -44,7 +44,7 @@ from latgate.config.keys import (
 )
 from latgate.config.masking import looks_like_secret
 from latgate.config.schema import EndpointConfig, ProviderConfig, versioned_base
-from latgate.config.seedforms import ProviderSection
+from latgate.config.shapes import ProviderSection
 from latgate.connectors import UnknownConnector, get_connector, known_connectors
 from latgate.proxy.egress import Proxy, tls_context
 from latgate.routing.tokens import ExactTokenizer, TokenizerError

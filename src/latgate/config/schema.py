@@ -1,7 +1,7 @@
 """The resolved configuration: frozen pydantic models every other module reads.
 
-The loader (:mod:`latgate.config.loader`) turns a TOML file, in the canonical form or
-either seed form, into one :class:`Config`. Everything here is already validated and
+The loader (:mod:`latgate.config.loader`) turns a TOML file, in either accepted shape
+(a provider table or pool sections), into one :class:`Config`. Everything here is already validated and
 normalised: provider names referenced by routing exist, connectors are known, URLs
 parse, aliases are resolved per provider. Code downstream never re-checks.
 """
@@ -88,7 +88,7 @@ class ServerConfig(Frozen):
 
 
 class DefaultsConfig(Frozen):
-    """``[defaults]`` (seed2: ``[default]``): timeouts in seconds, retry count, and the
+    """``[defaults]`` (or ``[default]``): timeouts in seconds, retry count, and the
     upstream limits: ``max_connections`` per provider (its pool; a request finding it
     full waits up to ``connect_timeout_sec``, then gets 503 ``overloaded``),
     ``max_event_bytes`` (the largest SSE event latgate assembles) and

@@ -11,9 +11,9 @@ class Answer:
     ``content-length``, ``body``; ``on_sent`` runs once the body was handed to the server
     (so e2e latency includes writing it).
 
-    Why not Starlette's ``Response`` with a background task: ~7 µs against ~1 µs per
-    request for the same two ASGI messages (ASGI spec, HTTP: ``http.response.start``
-    and ``http.response.body``).
+    Why not Starlette's ``Response`` with a background task: the same two ASGI messages
+    (ASGI spec, HTTP: ``http.response.start`` and ``http.response.body``) at a fraction
+    of its cost (docs/performance.md, "Why the hot path is written as it is").
 
     Args:
         body: the answer's bytes (JSON).

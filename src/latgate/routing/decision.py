@@ -35,8 +35,7 @@ also send a provider listing one model that model, when both name the same model
 (``llama-3-8b-instruct`` -> ``meta-llama/Meta-Llama-3-8B-Instruct``); a served name of
 another model (``qwen2.5-7b`` vs ``qwen2.5-7b-instruct``) skips the rule, with a note.
 
-Speed: 6-8 µs per decision for a short chat (CPython 3.11 on the project's 2-core
-machine, best of 7 ``timeit`` runs), of which 1.5-2.5 µs is token estimation.
+What a decision costs is measured in docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""The document: a parsed config.toml, in either seed form, as canonical sections.
+"""The document: a parsed config.toml, in either accepted shape, as canonical sections.
 
-Two older spellings are rewritten here, so the rest of the loader sees one form:
+Two spellings besides ``[defaults]`` + ``[providers.NAME]`` are rewritten here, so the
+rest of the loader sees one form:
 
-- seed1: ``[upstream]``, ``[decode]`` and ``[prefill]`` are shorthand providers.
+- pool sections: ``[upstream]``, ``[decode]`` and ``[prefill]`` are shorthand providers.
   ``[upstream]`` is the provider ``upstream`` (role ``upstream``); ``[decode]`` and
   ``[prefill]`` are named after their ``engine`` value (roles ``decode``/``prefill``),
   which is the name its ``[routing]`` refers to.
-- seed2: ``[default]`` is ``[defaults]`` plus ``provider`` (the default route) and the
+- the provider table's ``[default]``: ``[defaults]`` plus ``provider`` (the default route) and the
   ``api_base``/``api_key_env`` of that provider repeated. Those fill in what the
   provider section leaves out and must agree with what it gives; when the named
   provider has no section but ``api_base`` is given, ``[default]`` defines it.
@@ -52,7 +53,7 @@ class ProviderSection:
     ``key`` is its key path in the file (``providers.vllm``, ``decode``); ``name_key``
     the key that gave its name (``prefill.engine`` for a shorthand); ``label`` how
     messages refer to it; ``role`` the role a shorthand section implies. ``table`` may
-    be completed by seed2's ``[default]`` (see :func:`canonical_document`).
+    be completed by ``[default]`` (see :func:`canonical_document`).
     """
 
     name: str
@@ -68,7 +69,7 @@ class Document:
     """The canonical sections of one file, still plain tables (validated later).
 
     ``default_route_key`` is where ``routing.default_route`` was written
-    (``default.provider`` in seed2) and ``defaults_key`` where the defaults were;
+    (``default.provider`` when ``[default]`` names it) and ``defaults_key`` where the defaults were;
     ``seen_names`` maps each provider name to the section that defined it.
     """
 
