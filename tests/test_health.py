@@ -3,8 +3,6 @@ half-open recovery, all on an injected clock."""
 
 from __future__ import annotations
 
-import asyncio
-
 from latgate.config import load_config_text
 from latgate.config.schema import HealthConfig
 from latgate.metrics import Metrics
@@ -139,16 +137,11 @@ def first_tokens(p: ProviderPool, index: int, ttft_ms: float, count: int, *, tok
     runtime = p["p"]
     endpoint = runtime.endpoints[index]
 
-    async def one() -> None:
-        async with p.in_flight(runtime, endpoint, prompt_tokens=tokens) as ticket:
-            p.record_first_token(runtime, endpoint, ticket, ttft_ms=ttft_ms)
-            p.record_outcome(runtime, endpoint, ok=True, ticket=ticket)
-
-    async def many() -> None:
-        for _ in range(count):
-            await one()
-
-    asyncio.run(many())
+    for _ in range(count):
+        ticket = p.begin(runtime, endpoint, prompt_tokens=tokens)
+        p.record_first_token(runtime, endpoint, ticket, ttft_ms=ttft_ms)
+        p.record_outcome(runtime, endpoint, ok=True, ticket=ticket)
+        p.end(runtime, endpoint, ticket)
 
 
 def test_errors_eject_an_endpoint_and_the_gauge_says_so() -> None:
@@ -174,12 +167,10 @@ def test_an_ejected_endpoint_gets_one_trial_after_its_time_out_and_is_back_when_
     clock.now += 10.0
     assert p.available(ep)
 
-    async def trial() -> None:
-        async with p.in_flight(runtime, ep) as ticket:
-            assert ticket.trial and not p.available(ep), "one trial at a time"
-            p.record_outcome(runtime, ep, ok=True, ticket=ticket)
-
-    asyncio.run(trial())
+    ticket = p.begin(runtime, ep)
+    assert ticket.trial and not p.available(ep), "one trial at a time"
+    p.record_outcome(runtime, ep, ok=True, ticket=ticket)
+    p.end(runtime, ep, ticket)
     assert ep.healthy and metric(metrics, "p-0") == 1.0
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from latgate.config.schema import EndpointConfig, ProviderConfig
-from latgate.providers.health import CLOSED, CircuitBreaker
+from latgate.providers.health import CLOSED, OPEN, CircuitBreaker
 from latgate.providers.predictor import TtftPredictor
 
 EWMA_ALPHA = 0.1
@@ -143,6 +143,57 @@ class EndpointRuntime:
             predictor=TtftPredictor(prior_base_ms=prior_base_ms, prior_per_token_ms=PRIOR_PER_TOKEN_MS),
             capacity=configured_capacity(provider, endpoint),
         )
+
+    def describe(self, now: float) -> dict[str, object]:
+        """The endpoint's live numbers and circuit at ``now`` (``/admin/providers``, ``/ui``):
+        its id, never its URL. Times in ms unless named."""
+        record = self.breaker.store.get(self.key)
+        circuit = self.breaker.circuit(self.key)
+        predictor = self.predictor
+        return {
+            "id": self.config.id,
+            "healthy": circuit == CLOSED,
+            "circuit": circuit,
+            "circuit_reason": record.reason,
+            "reopens_in_seconds": round(max(0.0, record.opened_at + record.open_seconds - now), 3)
+            if circuit == OPEN
+            else None,
+            "ejection_evidence": self.ejection_evidence if record.reason == "latency" else None,
+            "consecutive_failures": record.consecutive_failures,
+            "in_flight": self.in_flight,
+            "requests": self.requests,
+            "failures": self.failures,
+            "error_rate": round(self.error_rate, 4),
+            "capacity": self.capacity or self.inferred_capacity,
+            "queue_ms": round(self.queue_ms(now), 1),
+            "predicted_ttft_ms_at_1k_tokens": round(self.predicted_ttft_ms(1000, now), 1),
+            "ttft_model": {
+                "base_ms": round(predictor.base_ms, 2),
+                "per_1k_tokens_ms": round(predictor.per_token_ms * 1000, 2),
+                "spread_ms": round(predictor.spread_ms, 2),
+                "observations": predictor.observations,
+                "age_seconds": None if self.observed_at is None else round(now - self.observed_at, 3),
+            },
+            "measured_ttft_ms": None if self.measured_ttft_ms is None else round(self.measured_ttft_ms, 1),
+            "weight": self.config.weight,
+            "busy": self.busy(now),
+            "slot_seconds": round(self.slot_seconds, 4),
+            "itl_ms": None if self.itl_ms is None else round(self.itl_ms, 3),
+            "engine": None
+            if self.engine_read_at is None
+            else {
+                "running": self.engine_running,
+                "waiting": self.engine_waiting,
+                "age_seconds": round(now - self.engine_read_at, 3),
+            },
+            "probe": None
+            if self.probe_at is None
+            else {
+                "ok": self.probe_ok,
+                "ms": round(self.probe_ms or 0.0, 1),
+                "age_seconds": round(now - self.probe_at, 3),
+            },
+        }
 
     # -- health (the circuit lives in the breaker's store) ------------------------------
 

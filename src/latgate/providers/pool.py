@@ -4,18 +4,17 @@ The config says what exists; this module tracks what is happening: each endpoint
 live numbers (:class:`~latgate.providers.endpoint.EndpointRuntime`: in flight, queue, TTFT
 fit, errors), its circuit (:mod:`latgate.providers.health`), and the provider's key
 read from its environment variable once at start. Which endpoint a request goes to is
-the :class:`~latgate.routing.selection.Selector`'s business; the forwarder reports
-back here what happened (:meth:`ProviderPool.in_flight`, :meth:`record_first_token`,
-:meth:`record_outcome`).
+the :class:`~latgate.routing.selection.Selector`'s business; each attempt reports
+back here what happened (:meth:`ProviderPool.begin` / :meth:`~ProviderPool.end`,
+:meth:`~ProviderPool.record_first_token`, :meth:`~ProviderPool.record_outcome`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from latgate.config.apikeys import header_key
@@ -198,77 +197,11 @@ class ProviderPool:
                 "engine": cfg.engine,
                 "models": list(cfg.models),
                 "key_configured": bool(runtime.auth_headers),
-                "endpoints": [self._describe_endpoint(ep, now) for ep in runtime.endpoints],
+                "endpoints": [ep.describe(now) for ep in runtime.endpoints],
             }
         return out
 
-    def _describe_endpoint(self, ep: EndpointRuntime, now: float) -> dict[str, object]:
-        record = self.breaker.store.get(ep.key)
-        circuit = self.breaker.circuit(ep.key)
-        predictor = ep.predictor
-        return {
-            "id": ep.config.id,
-            "healthy": circuit == CLOSED,
-            "circuit": circuit,
-            "circuit_reason": record.reason,
-            "reopens_in_seconds": round(max(0.0, record.opened_at + record.open_seconds - now), 3)
-            if circuit == OPEN
-            else None,
-            "ejection_evidence": ep.ejection_evidence if record.reason == "latency" else None,
-            "consecutive_failures": record.consecutive_failures,
-            "in_flight": ep.in_flight,
-            "requests": ep.requests,
-            "failures": ep.failures,
-            "error_rate": round(ep.error_rate, 4),
-            "capacity": ep.capacity or ep.inferred_capacity,
-            "queue_ms": round(ep.queue_ms(now), 1),
-            "predicted_ttft_ms_at_1k_tokens": round(ep.predicted_ttft_ms(1000, now), 1),
-            "ttft_model": {
-                "base_ms": round(predictor.base_ms, 2),
-                "per_1k_tokens_ms": round(predictor.per_token_ms * 1000, 2),
-                "spread_ms": round(predictor.spread_ms, 2),
-                "observations": predictor.observations,
-                "age_seconds": None if ep.observed_at is None else round(now - ep.observed_at, 3),
-            },
-            "measured_ttft_ms": None if ep.measured_ttft_ms is None else round(ep.measured_ttft_ms, 1),
-            "weight": ep.config.weight,
-            "busy": ep.busy(now),
-            "slot_seconds": round(ep.slot_seconds, 4),
-            "itl_ms": None if ep.itl_ms is None else round(ep.itl_ms, 3),
-            "engine": None
-            if ep.engine_read_at is None
-            else {
-                "running": ep.engine_running,
-                "waiting": ep.engine_waiting,
-                "age_seconds": round(now - ep.engine_read_at, 3),
-            },
-            "probe": None
-            if ep.probe_at is None
-            else {
-                "ok": ep.probe_ok,
-                "ms": round(ep.probe_ms or 0.0, 1),
-                "age_seconds": round(now - ep.probe_at, 3),
-            },
-        }
-
     # -- a request's life on an endpoint ---------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def in_flight(
-        self,
-        provider: ProviderRuntime,
-        endpoint: EndpointRuntime,
-        *,
-        prompt_tokens: int = 0,
-        queue_ms: float = 0.0,
-    ) -> AsyncIterator[Ticket]:
-        """Count a request in flight on ``endpoint`` for as long as the block runs
-        (:meth:`begin` then :meth:`end`). Yields the attempt's :class:`Ticket`."""
-        ticket = self.begin(provider, endpoint, prompt_tokens=prompt_tokens, queue_ms=queue_ms)
-        try:
-            yield ticket
-        finally:
-            self.end(provider, endpoint, ticket)
 
     def begin(self, provider: ProviderRuntime, endpoint: EndpointRuntime, *, prompt_tokens: int = 0, queue_ms: float = 0.0) -> Ticket:
         """Count an attempt in flight on ``endpoint`` from now; :meth:`end` must follow
