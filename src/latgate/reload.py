@@ -9,7 +9,7 @@ file, key, fix) is returned or logged, and the old config keeps serving.
 
 What carries over: the metrics (counters keep counting, so ``rate()`` stays continuous)
 and the pooled upstream client when the ``[defaults]`` timeouts are unchanged. What
-starts afresh: the providers' run-time state (in-flight counts, passive health). What
+starts afresh: the providers' live numbers (in-flight counts, passive health). What
 needs a restart: the listen address (``[server] host``/``port``): a reload that changes
 it says so and keeps listening where it was.
 """

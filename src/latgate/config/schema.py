@@ -186,7 +186,7 @@ class PolicyConfig(Frozen):
 
 
 STRATEGIES = ("latgate", "round_robin", "least_outstanding", "rules")
-"""``routing.strategy`` values: ``latgate`` (live state: overflow, predicted-TTFT
+"""``routing.strategy`` values: ``latgate`` (live numbers: overflow, predicted-TTFT
 endpoint choice, prefix affinity, hedging, latency ejection), or the static rules with
 ``round_robin`` or ``least_outstanding`` endpoint choice (``rules`` is the latter)."""
 

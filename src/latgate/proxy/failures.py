@@ -74,7 +74,7 @@ class Failures:
     """Records failed attempts and builds their :class:`AttemptFailed`.
 
     Args:
-        pool: providers' run-time state (passive health).
+        pool: the providers and their endpoints (passive health).
         metrics: where upstream errors are counted.
     """
 

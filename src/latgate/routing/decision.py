@@ -2,8 +2,9 @@
 
 A :class:`Router` is built once per config and is pure: :meth:`Router.decide` does no
 I/O and keeps no state between requests, so it can be unit-tested with plain
-:class:`~latgate.config.schema.Config` objects. Live endpoint state (health, in-flight,
-TTFT estimates) is the proxy's business; it walks ``RouteDecision.candidates`` in order.
+:class:`~latgate.config.schema.Config` objects. Endpoints' live numbers (health, in-flight,
+TTFT estimates) are the :class:`~latgate.routing.selection.Selector`'s business: it turns
+``RouteDecision.candidates`` into the plan the forwarder walks.
 
 Rules, first match wins (``reason`` as in the ``X-Latgate-Route-Reason`` header):
 
@@ -22,7 +23,7 @@ A rule whose provider cannot serve the requested model is skipped, and ``notes``
 why. With ``routing.strategy = "latgate"``, a request with a time-to-first-token budget
 also gets ``overflow`` candidates (reason ``overflow:FROM``): the primary's fallbacks,
 then every other provider serving the model, in file order; the selector moves the
-request to one of them when live state predicts the primary will miss the budget
+request to one of them when live numbers predict the primary will miss the budget
 (never for ``override`` or ``long_context`` decisions).
 
 Model names (:mod:`latgate.routing.models`): a provider serves a name through its

@@ -17,7 +17,7 @@ or the same model under the provider's own spelling).
 
 ``--url URL`` asks a running gateway instead (``POST URL/admin/route``, with an admin
 key when its ``[auth]`` is on: ``--api-key``, default ``$LATGATE_API_KEY``): the
-decision as the gateway would make it now, with its live state: the endpoint chosen,
+decision as the gateway would make it now, with its live numbers: the endpoint chosen,
 an overflow (reason ``overflow:FROM``), the hedge it would send, and every endpoint
 considered with its predicted time to first token, in-flight count and circuit.
 
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
         metavar="URL",
-        help="explain the decision of the gateway running at URL, with its live state (POST URL/admin/route)",
+        help="explain the decision of the gateway running at URL, with its live numbers (POST URL/admin/route)",
     )
     parser.add_argument(
         "--api-key", metavar="KEY", help=f"admin key for --url when the gateway has [auth] (default: ${API_KEY_ENV})"
