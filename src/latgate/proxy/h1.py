@@ -2,11 +2,10 @@
 protocols (each connection and its response: :mod:`latgate.proxy.h1conn`, parsed by
 httptools, the llhttp parser Node.js uses).
 
-Why not aiohttp or httpx here: measured with ``benchmarks/overhead.py`` on this
-project's 2-core machines, aiohttp's client was ~31% of a proxied request's CPU (its
-request and response objects, header multidicts, timers and stream readers), and httpx's
-default transport ~5x aiohttp's. Proxying one JSON POST and relaying its body needs far
-less: write the request head and body in one ``transport.write``, feed what arrives to
+Why not aiohttp or httpx here: their request and response objects, header multidicts,
+timers and stream readers were most of a proxied request's CPU (measured with
+``benchmarks/overhead.py``: docs/performance.md, "Why the hot path is written as it
+is"). Proxying one JSON POST and relaying its body needs far less: write the request head and body in one ``transport.write``, feed what arrives to
 llhttp, hand the body on as it comes, and keep the connection for the next request.
 
 Protocol: RFC 9112 (HTTP/1.1 message syntax: ``Content-Length`` and chunked bodies,

@@ -21,9 +21,8 @@ take the request, and a provider with none left is tried after the fallbacks tha
 have one. The choices themselves are the pure functions of
 :mod:`latgate.routing.policies`; this module only takes the snapshots.
 
-Speed: a plan costs about two thirds of ``Router.decide`` for a latency-sensitive chat
-to a two-endpoint pool with prefix affinity and hedging (timed by
-``benchmarks/routing_slo.py``, ``routing_cost_us``), less for the baselines.
+What a plan costs is timed by ``benchmarks/routing_slo.py`` (``routing_cost_us``) and
+kept in docs/performance.md.
 """
 
 from __future__ import annotations

@@ -48,13 +48,8 @@ borderline prompt to the long-context pool. A repeated common word is the extrem
 ``'测试' * 20000`` is 40,000 characters but 20,000 cl100k tokens; it is estimated at
 40,000.
 
-Speed (CPython 3.11 on the project's 2-core machine, best of 7 ``timeit`` runs; the
-spread between runs on a loaded machine is up to 2x):
-
-- a short chat body (one 19-character user message): 1.5-2.5 µs per
-  :func:`estimate_prompt_tokens`;
-- ``'请总结以下内容：' + '测试' * 20000`` (40,008 CJK characters): 0.3-0.5 ms;
-- 100 KB of Python source: 0.2-0.35 ms.
+What an estimate costs (a short chat, a 40,000-character CJK prompt, 100 KB of source)
+is measured in docs/performance.md.
 
 Chat bodies add a fixed overhead per message (:data:`MESSAGE_OVERHEAD_TOKENS`), per
 reply (:data:`REPLY_PRIMER_TOKENS`) and per image part (:data:`IMAGE_TOKENS`), as the
