@@ -73,19 +73,24 @@ def test_check_on_seed1_verbatim_names_both_missing_addresses_in_one_run():
     assert "Traceback" not in result.stderr
 
 
-def test_route_and_clients_also_name_every_missing_address(tmp_path):
+def test_route_clients_serve_and_demo_also_name_every_missing_address(tmp_path):
     config = tmp_path / "config.toml"
     config.write_text('[providers.a]\nmodels = ["m"]\n[providers.b]\napi_base = "http://127.0.0.1:9/v1"\n[providers.c]\n')
     body = tmp_path / "request.json"
     body.write_text('{"model": "m", "messages": []}')
-    for command in (["route", "--config", str(config), str(body)], ["clients", "cline", "--config", str(config)]):
+    for command in (
+        ["route", "--config", str(config), str(body)],
+        ["clients", "cline", "--config", str(config)],
+        ["serve", "--config", str(config)],
+        ["demo", "--config", str(config)],
+    ):
         result = subprocess.run(
             [sys.executable, "-m", "latgate", *command], capture_output=True, text=True, timeout=60, check=False
         )
         assert result.returncode == 1
         lines = result.stderr.splitlines()
+        assert all(line.startswith("latgate: error: ") for line in lines), (command[0], lines)
         assert [line.split(": ")[3] for line in lines] == ["providers.a.api_base", "providers.c.api_base"], lines
-        assert all(line.startswith("latgate: error: ") for line in lines)
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,8 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     except ConfigError as exc:  # found only while building the gateway
-        print(f"latgate: error: {exc}", file=sys.stderr)
+        for line in exc.lines():
+            print(f"latgate: error: {line}", file=sys.stderr)
         return 1
     return 0
 

@@ -88,7 +88,8 @@ def startup(args: argparse.Namespace, *, simulated=lambda config: set()):
         path = resolve_config_path(args.config)
         config = load_config(path)
     except ConfigError as exc:
-        print(f"latgate: error: {exc}", file=sys.stderr)
+        for line in exc.lines():  # one prefixed line per mistake, as check/route/clients print
+            print(f"latgate: error: {line}", file=sys.stderr)
         return None
     quiet = simulated(config)
     for warning in config_warnings(config):
