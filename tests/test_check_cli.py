@@ -199,3 +199,34 @@ def test_probe_of_a_closed_port_fails_with_exit_code_2(tmp_path):
     assert result.returncode == 2
     assert "failed  gone-0" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+def test_a_latency_threshold_without_a_provider_to_route_to_is_a_warning_in_check_and_serve(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[providers.bulk]\napi_base = "http://127.0.0.1:9/v1"\n[providers.fast]\napi_base = "http://127.0.0.1:9/v1"\n'
+        "[routing]\ndefault_route = \"bulk\"\nlatency_threshold_ms = 200\n[health]\nprobe_interval_sec = 0\n"
+    )
+    expected = (
+        "routing.latency_threshold_ms = 200 is set without routing.route_latency_sensitive_to: requests it marks "
+        'latency-sensitive (X-Latency-Budget-Ms <= 200) stay on default_route "bulk"; add '
+        'route_latency_sensitive_to = "fast" under [routing]'
+    )
+    result = run_check("--config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert expected in result.stdout.split("\nwarnings\n", 1)[1], result.stdout
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:  # serve warns at start, then stops at the taken port: no server left behind
+        serve = subprocess.run(
+            [sys.executable, "-m", "latgate", "serve", "--config", str(config), "--port", str(taken.getsockname()[1])],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        taken.close()
+    assert serve.returncode == 1 and expected in serve.stderr, serve.stderr
+
+    config.write_text(config.read_text().replace("[routing]\n", '[routing]\nroute_latency_sensitive_to = "fast"\n'))
+    assert "latency_threshold_ms" not in run_check("--config", str(config)).stdout.split("\nwarnings\n", 1)[1]

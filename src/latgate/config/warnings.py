@@ -24,7 +24,11 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None) -> lis
     - ``[auth]`` is absent while ``server.host`` is not a loopback address;
     - a proxy variable (``HTTPS_PROXY``...) that is not an ``http://`` URL;
     - a provider with ``verify = false`` (TLS certificates not checked);
-    - a timeout under 1 s (such timeouts cause retry storms and explode tail latency).
+    - a timeout under 1 s (such timeouts cause retry storms and explode tail latency);
+    - ``routing.latency_threshold_ms`` without ``routing.route_latency_sensitive_to``
+      while another provider than ``default_route`` exists: the requests it marks
+      latency-sensitive stay on ``default_route`` (the threshold is then only their
+      time-to-first-token budget).
 
     ``env`` defaults to :data:`os.environ`: pass the environment the gateway will run
     with. Key values are never included, nor any value that looks like a key
@@ -66,7 +70,23 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None) -> lis
                 f"{key} = {seconds} s is under 1 s: slow first tokens will time out and be retried, "
                 "inflating tail latency"
             )
+    warnings += _latency_threshold_unrouted(config)
     return [mask_secrets(warning) for warning in warnings]
+
+
+def _latency_threshold_unrouted(config: Config) -> list[str]:
+    routing = config.routing
+    others = [name for name in config.providers if name != routing.default_route]
+    if routing.latency_threshold_ms is None or routing.route_latency_sensitive_to is not None or not others:
+        return []
+    alternatives = f" (or {', '.join(others[1:])})" if others[1:] else ""
+    return [
+        f"routing.latency_threshold_ms = {routing.latency_threshold_ms} is set without "
+        f"routing.route_latency_sensitive_to: requests it marks latency-sensitive (X-Latency-Budget-Ms <= "
+        f'{routing.latency_threshold_ms}) stay on default_route "{routing.default_route}"; add '
+        f'route_latency_sensitive_to = "{others[0]}"{alternatives} under [routing] to send them to the '
+        "low-latency provider"
+    ]
 
 
 def is_loopback(host: str) -> bool:
