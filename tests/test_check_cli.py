@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from tls_upstreams import private_ca
 
 SEEDS = Path(__file__).parent / "fixtures" / "seeds"
 KEY_VARS = ("TAOTOKEN_API_KEY", "SGLANG_LOCAL_KEY", "SGLANG_TILELANG_KEY", "LATGATE_CONFIG", "POOL_KEY")
@@ -230,3 +231,24 @@ def test_a_latency_threshold_without_a_provider_to_route_to_is_a_warning_in_chec
 
     config.write_text(config.read_text().replace("[routing]\n", '[routing]\nroute_latency_sensitive_to = "fast"\n'))
     assert "latency_threshold_ms" not in run_check("--config", str(config)).stdout.split("\nwarnings\n", 1)[1]
+
+
+def test_check_shows_tls_only_for_https_endpoints_and_each_replica_s_batch_slots_and_weight(tmp_path):
+    ca_file = str(private_ca(tmp_path).ca_file)
+    config = tmp_path / "config.toml"
+    config.write_text(
+        "[providers.local]\nendpoints = [\n"
+        '  { url = "http://127.0.0.1:9/v1", max_batch_size = 2, weight = 3 },\n'
+        '  "http://127.0.0.1:10/v1",\n]\n'
+        '[providers.hosted]\napi_base = "https://api.example.test/v1"\n'
+        f'[providers.pinned]\napi_base = "http://127.0.0.1:11/v1"\nca_file = "{ca_file}"\n'
+    )
+    result = run_check("--config", str(config), env={"SSL_CERT_FILE": ca_file})
+    assert result.returncode == 0, result.stderr
+    sections = {block.split("   ", 1)[0].strip(): block for block in result.stdout.split("\n\n")}
+    local, hosted, pinned = sections["local"], sections["hosted"], sections["pinned"]
+    assert "tls" not in local and "SSL_CERT_FILE" not in local, local
+    assert re.search(r"endpoint +local-0 .*\n +replica +max_batch_size 2, weight 3\n +endpoint +local-1 ", local), local
+    assert local.count("replica") == 1, local
+    assert re.search(r"\n +tls +SSL_CERT_FILE\n", hosted), hosted
+    assert re.search(rf"\n +tls +ca_file {re.escape(ca_file)} \(unused: every endpoint is http://\)\n", pinned), pinned

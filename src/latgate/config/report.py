@@ -104,14 +104,13 @@ def _provider_lines(provider: ProviderConfig, env: Mapping[str, str]) -> list[st
     for endpoint in provider.endpoints:
         called = mask_url(endpoint.base_url) + "/chat/completions"
         lines.append(_row("endpoint", f"{endpoint.id}  {mask_url(endpoint.api_base)}  (calls {called})", indent=4))
+        share = [f"max_batch_size {endpoint.max_batch_size}"] if endpoint.max_batch_size else []
+        share += [f"weight {endpoint.weight:g}"] if endpoint.weight != 1.0 else []
+        if share:
+            lines.append(_row("replica", ", ".join(share), indent=6))
         if egress is not None and egress.proxies:
             lines.append(_row("proxy", egress.shown_proxy(endpoint.base_url), indent=6))
-    tls = [f"ca_file {provider.ca_file}"] if provider.ca_file else []
-    tls += ["SSL_CERT_FILE"] if not provider.ca_file and env.get("SSL_CERT_FILE") else []
-    tls += [f"client_cert {provider.client_cert}"] if provider.client_cert else []
-    tls += ["verify OFF (certificates not checked)"] if not provider.verify else []
-    if tls:
-        lines.append(_row("tls", ", ".join(tls), indent=4))
+    lines += _tls_lines(provider, env)
     lines.append(_row("models", ", ".join(provider.models) if provider.models else "any", indent=4))
     if len(provider.models) == 1:
         lines.append(_row("rules map", f"names of the same model -> {provider.models[0]}", indent=4))
@@ -131,6 +130,19 @@ def _provider_lines(provider: ProviderConfig, env: Mapping[str, str]) -> list[st
         extras += [f"tokenizer {provider.tokenizer}"] if provider.tokenizer else []
         lines.append(_row("other", ", ".join(extras), indent=4))
     return lines
+
+
+def _tls_lines(provider: ProviderConfig, env: Mapping[str, str]) -> list[str]:
+    """TLS settings of a provider with an https:// endpoint; for one whose endpoints
+    are all http://, only the settings its table gives, said to be unused."""
+    https = any(endpoint.api_base.startswith("https://") for endpoint in provider.endpoints)
+    tls = [f"ca_file {provider.ca_file}"] if provider.ca_file else []
+    tls += ["SSL_CERT_FILE"] if https and not provider.ca_file and env.get("SSL_CERT_FILE") else []
+    tls += [f"client_cert {provider.client_cert}"] if provider.client_cert else []
+    tls += ["verify OFF (certificates not checked)"] if not provider.verify else []
+    if not tls:
+        return []
+    return [_row("tls", ", ".join(tls) + ("" if https else " (unused: every endpoint is http://)"), indent=4)]
 
 
 def _value(value: object) -> str:
