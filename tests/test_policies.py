@@ -17,18 +17,35 @@ from latgate.routing.policies.round_robin import choose_round_robin
 from latgate.routing.policies.view import EndpointView as V
 
 
+def turns(views: list[V], count: int) -> list[int]:
+    credit: list[float] = []
+    chosen = []
+    for _ in range(count):
+        index, credit = choose_round_robin(views, credit=credit)
+        chosen.append(index)
+    return chosen
+
+
 def test_round_robin_takes_endpoints_in_turn() -> None:
-    views = [V(), V(), V()]
-    assert [choose_round_robin(views, turn=t) for t in range(6)] == [0, 1, 2, 0, 1, 2]
+    assert turns([V(), V(), V()], 6) == [0, 1, 2, 0, 1, 2]
 
 
 def test_round_robin_skips_an_endpoint_that_cannot_take_traffic() -> None:
-    views = [V(), V(available=False), V()]
-    assert [choose_round_robin(views, turn=t) for t in range(3)] == [0, 2, 2]
+    assert turns([V(), V(available=False), V()], 4) == [0, 2, 0, 2]
 
 
 def test_round_robin_uses_an_ejected_endpoint_when_none_is_left() -> None:
-    assert choose_round_robin([V(available=False), V(available=False)], turn=3) == 1
+    assert turns([V(available=False), V(available=False)], 3) == [0, 1, 0]
+
+
+def test_round_robin_gives_each_weight_its_share_interleaved() -> None:
+    assert turns([V(weight=5), V(), V()], 7) == [0, 0, 1, 0, 2, 0, 0]  # nginx's own example: a a b a c a a
+    assert turns([V(weight=0.5), V(weight=1.5)], 4) == [1, 0, 1, 1]
+
+
+def test_round_robin_starts_afresh_when_the_endpoints_change() -> None:
+    _, credit = choose_round_robin([V(), V()], credit=[])
+    assert choose_round_robin([V(), V(), V()], credit=credit)[0] == 0
 
 
 def test_least_outstanding_takes_the_endpoint_with_fewest_in_flight() -> None:

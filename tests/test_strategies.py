@@ -64,6 +64,27 @@ def test_round_robin_takes_the_endpoints_in_turn() -> None:
         assert counts(gw) == (3, 3)
 
 
+def test_round_robin_gives_each_endpoint_its_weight_s_share_in_turn() -> None:
+    """Smooth weighted round robin as nginx and Envoy do it: weight 3 against 1 is
+    three requests of every four, spread (a a b a), not three in a row."""
+    options = {name: SimOptions(name=name, **FAST) for name in ("a", "b")}
+    with simulators(options) as sims:
+        a, b = sims["a"][0], sims["b"][0]
+        text = TEMPLATE.format(a=a, b=b, strategy="round_robin", prefix_cache="false").replace(
+            f'endpoints = ["{a}/v1", "{b}/v1"]', f'endpoints = [{{ url = "{a}/v1", weight = 3 }}, "{b}/v1"]'
+        )
+        with gateway(text) as gw:
+            gw.sims = {name: app for name, (_, app) in sims.items()}
+            seen = []
+            for _ in range(4):
+                send(gw, body())
+                seen.append(counts(gw))
+            for _ in range(4):
+                send(gw, body())
+            assert seen == [(1, 0), (2, 0), (2, 1), (3, 1)]
+            assert counts(gw) == (6, 2)
+
+
 @pytest.mark.parametrize("strategy", ["least_outstanding", "rules"])
 def test_least_outstanding_avoids_the_endpoint_holding_a_long_stream(strategy: str) -> None:
     with stack(strategy, a=SimOptions(name="a", tpot_ms=50.0, tpot_growth_ms=0.0, default_max_tokens=200)) as gw:

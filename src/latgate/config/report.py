@@ -199,7 +199,7 @@ def _routing_lines(config: Config) -> list[str]:
 
 STRATEGY_TEXT = {
     "latgate": "live numbers: predicted time to first token, overflow, prefix affinity, hedging",
-    "round_robin": "the rules above, endpoints in turn",
+    "round_robin": "the rules above, endpoints in turn by weight",
     "least_outstanding": "the rules above, the endpoint with the fewest requests in flight",
     "rules": "the rules above, the endpoint with the fewest requests in flight",
 }

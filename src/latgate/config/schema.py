@@ -115,8 +115,7 @@ class EndpointConfig(Frozen):
     :func:`versioned_base`; ``exact``: the provider's ``api_base_exact``), to which
     OpenAI paths such as ``/chat/completions`` are appended. ``max_batch_size`` (batch
     slots of this replica, overriding the provider's) and ``weight`` (its share of load
-    under ``least_outstanding`` and ``latgate``, default 1) come from an ``endpoints``
-    table entry.
+    under every strategy, default 1) come from an ``endpoints`` table entry.
     """
 
     id: str

@@ -51,9 +51,11 @@ class ProviderRuntime:
 
     ``auth_headers`` holds ``Authorization: Bearer <key>`` when ``api_key_env`` is set
     in the environment, else nothing. It is never logged nor sent to a client.
-    ``turn`` counts the requests routed to it (round robin's counter; equal endpoints
-    take turns by it). ``budgeted`` / ``explored``: requests with a budget routed to it,
-    and how many of those were spent refreshing thin or stale evidence.
+    ``turn`` counts the requests routed to it (equal endpoints take turns by it);
+    ``round_robin_credit``: smooth weighted round robin's running credit per endpoint
+    (:func:`~latgate.routing.policies.round_robin.choose_round_robin`).
+    ``budgeted`` / ``explored``: requests with a budget routed to it, and how many of
+    those were spent refreshing thin or stale evidence.
     ``rejects_stream_options``: it answered a stream's ``stream_options`` with a
     client error, so it is never sent them again (learnt at run time, see
     :mod:`latgate.proxy.forward`).
@@ -64,6 +66,7 @@ class ProviderRuntime:
     endpoints: list[EndpointRuntime]
     auth_headers: dict[str, str] = field(default_factory=dict)
     turn: int = 0
+    round_robin_credit: list[float] = field(default_factory=list)
     budgeted: int = 0
     explored: int = 0
     rejects_stream_options: bool = False

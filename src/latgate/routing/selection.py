@@ -4,7 +4,8 @@
 only, no live numbers) into a :class:`RoutePlan` with ``routing.strategy``:
 
 - ``round_robin`` / ``least_outstanding`` (``rules`` is the latter): the rules'
-  provider order; endpoints in turn, or the one with the fewest in flight.
+  provider order; endpoints in turn by weight (smooth weighted round robin), or the
+  one with the fewest in flight per unit of weight.
 - ``latgate``: each endpoint's predicted time to first token (queue wait plus its
   fitted line aged towards a prior by its confidence, :mod:`latgate.routing.policies.evidence`);
   power of two choices among them with load deciding between close predictions, an
@@ -248,7 +249,10 @@ class Selector:
             if commit:
                 runtime.turn = turn + 1
             if strategy == "round_robin":
-                return choose_round_robin(views, turn=turn)
+                index, credit = choose_round_robin(views, credit=runtime.round_robin_credit)
+                if commit:
+                    runtime.round_robin_credit = credit
+                return index
             return choose_least_outstanding(views, turn=turn)
         draws = (self._rng.getrandbits(30), self._rng.getrandbits(30)) if len(views) > 2 else (0, 0)
         compare_all = plan.budget_ms is not None
