@@ -281,6 +281,7 @@ def metric_sum(text: str, name: str) -> float:
 
 async def run_load(port: int, pid: int, args: argparse.Namespace, *, upstream_port: int) -> dict:
     unloaded = await probe(port, until=time.monotonic() + 20, interval=0.05, count=60)
+    rss_before_load, _ = gateway_sample(pid)  # what the earlier big bodies left
     opened = time.monotonic()
     idle_closes: list[float | None] = [None] * 1000
     slow_closes: list[float | None] = [None] * 50
@@ -323,6 +324,7 @@ async def run_load(port: int, pid: int, args: argparse.Namespace, *, upstream_po
         "idle_closed_within_timeout": sum(1 for c in idle_closes if c is not None and c <= limit),
         "slowloris_closed_within_timeout": sum(1 for c in slow_closes if c is not None and c <= limit),
         "unread_streams_closed": unread_closed,
+        "gateway_rss_mb_before_load": round(rss_before_load, 1),
         "gateway_peak_rss_mb": round(peak_rss, 1),
         "gateway_peak_fds": peak_fds,
     }

@@ -64,3 +64,16 @@ def test_array_elements_share_their_repeated_keys_and_short_values() -> None:
     first, last = body["messages"][0], body["messages"][-1]
     assert [id(k) for k in first] == [id(k) for k in last]  # one "role", one "content"
     assert first["role"] is last["role"]
+
+
+def test_slicing_offers_the_gil_more_often_and_restores_the_interval() -> None:
+    import sys
+
+    from latgate.api.largebody import SLICING_SWITCH_INTERVAL_SECONDS, prompt_switching
+
+    before = sys.getswitchinterval()
+    with prompt_switching():
+        with prompt_switching():
+            assert sys.getswitchinterval() == pytest.approx(SLICING_SWITCH_INTERVAL_SECONDS)
+        assert sys.getswitchinterval() == pytest.approx(SLICING_SWITCH_INTERVAL_SECONDS)
+    assert sys.getswitchinterval() == pytest.approx(before)
