@@ -16,6 +16,7 @@ interleaved (this machine's load moves CPU figures by a third between runs).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -39,6 +40,11 @@ class LatgateOn(Latgate):
     def __init__(self, server: str) -> None:
         super().__init__(name=f"latgate-{server}")
         self.server = server
+
+    def available(self) -> str | None:
+        if self.server.startswith("granian") and importlib.util.find_spec("granian") is None:
+            return "granian is not installed (pip install granian)"
+        return None
 
     def command(self, *, port: int, upstream_port: int, workdir: Path) -> list[str]:
         models = ", ".join(f'"{m}"' for m in MODELS)
