@@ -12,7 +12,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from stack import FAST, gateway, simulators
 
-from latgate.api.openapi_doc import openapi_document
+from latgate.api.routes import openapi_document
 from latgate.app import create_app
 from latgate.config import load_config_text
 from latgate.sim import SimOptions

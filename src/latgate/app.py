@@ -1,7 +1,8 @@
 """``create_app``: builds one gateway app from a config. No singletons, no import-time
 state, so tests run many configs in one process.
 
-One request: ``api/openai.py`` handler -> ``Gateway.handle`` (``gateway.py``): body ->
+One request: the route table (``api/routes.py``) -> ``serve`` (``api/serve.py``: key,
+request rate, body, the API's ``prepare``) -> ``Gateway.proxy`` (``gateway.py``) ->
 ``Router.decide`` (``routing/decision.py``) -> ``Forwarder.forward``
 (``proxy/forward.py``: retries, fallback, first-token deadline) -> ``StreamRelay``
 (``proxy/relay.py``, SSE tap in ``proxy/sse.py``) -> metrics and access log
@@ -18,37 +19,36 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, get_args
 
 import httpx
+import orjson
 from fastapi import FastAPI
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from latgate import __version__
-from latgate.api import admin, anthropic, openai, responses
 from latgate.api.body import ProxyRequest, error_response
-from latgate.api.openapi_doc import openapi_endpoint
+from latgate.api.routes import api_at, framework_routes, hot_routes, openapi_document
+from latgate.api.serve import Api, serve
 from latgate.auth import AuthGuard
 from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
-from latgate.gateway import Gateway, drain_cut_error, request_id
+from latgate.gateway import Gateway, request_id
 from latgate.metrics import Metrics
 from latgate.providers.health import OpenReason
 from latgate.providers.monitor import run_monitor
-from latgate.proxy.exchange import CLIENT_CLOSED, is_drain_cut
-from latgate.reload import Reloader, UpstreamClients, reload_endpoint
+from latgate.reload import Reloader, UpstreamClients
 from latgate.store import SharedStores, run_health_sync
 from latgate.tracing import Tracing, tracing_from_env
 from latgate.ui import Activity
 from latgate.ui import authorize as ui_authorize
-from latgate.ui import routes as ui_routes
 
 log = logging.getLogger("latgate")
 
 
 class LatgateApp:
-    """The ASGI app: proxied OpenAI POSTs go straight to their handler; everything else
+    """The ASGI app: proxied POSTs go straight to :func:`~latgate.api.serve.serve` with
+    their API's description (:mod:`latgate.api.routes`); everything else
     (operator routes, 404/405, lifespan) goes through FastAPI.
 
     Why: FastAPI's middleware stack (error, exception, exit-stack, body-limit and
@@ -64,7 +64,7 @@ class LatgateApp:
         state: the FastAPI app's state (``state.gateway`` is the :class:`Gateway`).
     """
 
-    def __init__(self, fastapi: FastAPI, hot_routes: dict[str, Any]) -> None:
+    def __init__(self, fastapi: FastAPI, hot_routes: dict[str, Api]) -> None:
         self.fastapi = fastapi
         self.state = fastapi.state
         self._hot = hot_routes
@@ -72,21 +72,11 @@ class LatgateApp:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]
-            handler = self._hot.get(path if path[-1:] != "/" else path.rstrip("/"))
-            if handler is not None:
+            api = self._hot.get(path if path[-1:] != "/" else path.rstrip("/"))
+            if api is not None:
                 request = ProxyRequest(scope, receive)
                 request.scope["app"] = self.fastapi
-                try:
-                    response = await handler(request)
-                except ClientDisconnect:  # the client left while sending its body
-                    response = Response(status_code=CLIENT_CLOSED)
-                except asyncio.CancelledError as exc:  # cut at the drain deadline: an answer, not a traceback
-                    if not is_drain_cut(exc):
-                        raise
-                    asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                    response = error_response(drain_cut_error(), request_id="-")
-                except Exception as exc:  # noqa: BLE001  # a bug: a 500 envelope, never a traceback to the client
-                    response = await _unexpected(request, exc)
+                response = await serve(self.state.gateway, api, request)
                 await response(scope, receive, send)
                 return
         if scope["type"] == "http" and self.state.gateway.guard is not None:
@@ -174,25 +164,23 @@ def create_app(
     app.state.gateway = build_gateway(config)
     app.state.activity = activity
     app.state.reloader = Reloader(state=app.state, build_gateway=build_gateway, env=env)
-    app.router.routes.extend(openai.routes())
-    app.router.routes.extend(anthropic.routes())
-    app.router.routes.extend(admin.routes())
-    app.router.routes.extend(ui_routes())  # /ui: the live routing page (an admin key when [auth] is on)
-    # /admin/*: operator routes (an admin key when [auth] is on).
-    app.router.routes.append(Route("/admin/reload", reload_endpoint, methods=["POST"]))
-    app.router.routes.append(Route("/openapi.json", openapi_endpoint(version=__version__), methods=["GET"]))
+    app.state.openapi_json = orjson.dumps(openapi_document(version=__version__))
+    # every route from the one table; /admin/* and /ui need an admin key when [auth] is on
+    app.router.routes.extend(framework_routes())
     app.add_exception_handler(HTTPException, _http_exception)
     app.add_exception_handler(Exception, _unexpected)
-    return LatgateApp(app, {**openai.hot_routes(), **responses.hot_routes(), **anthropic.hot_routes()})
+    return LatgateApp(app, hot_routes())
 
 
 async def _http_exception(request: Request, exc: HTTPException) -> Response:
-    """Starlette's 404/405 in the OpenAI envelope."""
+    """Starlette's 404/405 in the envelope of the API at that path (OpenAI's elsewhere)."""
     if exc.status_code == 404:
         error: GatewayError = NotFound(f"no route for {request.method} {request.url.path}")
     else:
         error = InvalidRequest(str(exc.detail), status=exc.status_code, code="method_not_allowed" if exc.status_code == 405 else None)
-    return error_response(error, request_id=request_id(request.headers.get("x-request-id")), extra_headers=exc.headers)
+    api = api_at(request.url.path)
+    render = error_response if api is None else api.envelope
+    return render(error, request_id=request_id(request.headers.get("x-request-id")), extra_headers=exc.headers)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -1,14 +1,14 @@
-"""The gateway's run-time core: one request from parsed body to ASGI response.
+"""The gateway's run-time core: one request from a prepared body to ASGI response.
 
-``Gateway.handle`` is the whole path of a proxied request and reads top to bottom:
-authenticate (with ``[auth]`` only) -> read body -> validate -> ``Router.decide`` ->
-key checks and limits (with ``[auth]`` only) -> ``Forwarder.forward`` (retries,
-fallback, stream relay) -> metrics and access log via the request's :class:`Exchange`.
+Every API's request enters through :func:`latgate.api.serve.serve` (key, request rate,
+body, the API's own check), which hands ``Gateway.proxy`` what goes upstream:
+``Router.decide`` -> key allow-list and token limits (with ``[auth]`` only) ->
+``Forwarder.forward`` (retries, fallback, stream relay) -> metrics and access log via
+the request's :class:`Exchange`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -17,18 +17,17 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
-from latgate.api.body import error_response, read_json_object, require, until_client_leaves
+from latgate.api.body import error_response
 from latgate.auth import AuthGuard, Caller, forward_within_limits
 from latgate.config.schema import Config
-from latgate.errors import GatewayError, InvalidRequest
-from latgate.httplimits import TIMEOUT_SCOPE_KEY
+from latgate.errors import GatewayError, InvalidRequest, NotFound
 from latgate.metrics import Metrics
 from latgate.providers import ProviderPool
 from latgate.providers.catalog import public_model_object
-from latgate.proxy.exchange import CLIENT_CLOSED, DRAIN_CUT_STATUS, Exchange, is_drain_cut
+from latgate.proxy.exchange import DRAIN_CUT_STATUS, Exchange
 from latgate.proxy.forward import Forwarder
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
@@ -38,14 +37,7 @@ from latgate.tracing import Tracing
 
 log = logging.getLogger("latgate")
 
-#: What each proxied path requires in its body: (field, type, description).
-REQUIRED_FIELDS: dict[str, tuple[str, type | tuple[type, ...], str]] = {
-    "/chat/completions": ("messages", list, "an array of messages"),
-    "/completions": ("prompt", (str, list), "a string or an array"),
-    "/embeddings": ("input", (str, list), "a string or an array"),
-}
 MAX_REQUEST_ID_LENGTH = 128
-REQUEST_TIMEOUT = 408
 
 
 MAX_LOGGED_MODEL_CHARS = 128
@@ -104,39 +96,6 @@ class Gateway:
             }
         )
 
-    async def handle(self, request: Request, *, path: str) -> Any:
-        """Proxy one OpenAI request (``path`` is ``/chat/completions``, ``/completions`` or
-        ``/embeddings``). Never raises: errors become envelopes."""
-        exchange = self.new_exchange(request, path=path)
-        try:
-            # cheap checks first: the key and its request rate before the body is read,
-            # its model allow-list before the body is counted
-            caller = None if self.guard is None else self.guard.authenticate(request.headers)
-            if caller is not None and caller.rpm is not None:
-                await self.guard.admit_request(caller)  # type: ignore[union-attr]
-            body = await read_json_object(request, max_bytes=self.config.server.max_body_bytes)
-            field, kind, what = REQUIRED_FIELDS[path]
-            require(body, field, kind, what=what)
-            if caller is not None and isinstance(body.get("model"), str):
-                self.guard.check_model(caller, body["model"])  # type: ignore[union-attr]
-            return await until_client_leaves(
-                request,
-                self.proxy(exchange, body=body, headers=request.headers, path=path, caller=caller, requests_charged=True),
-            )
-        except GatewayError as error:
-            return self.fail(exchange, error)
-        except asyncio.CancelledError as exc:
-            if not is_drain_cut(exc):
-                raise
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            return self.fail(exchange, drain_cut_error())
-        except ClientDisconnect:  # gone (or timed out) while sending its body: nothing went upstream
-            timed_out = request.scope.get(TIMEOUT_SCOPE_KEY)
-            exchange.status = REQUEST_TIMEOUT if timed_out else CLIENT_CLOSED
-            exchange.error_kind = timed_out or "client_closed"
-            exchange.finish(self.metrics)
-            return Response(status_code=exchange.status)
-
     async def proxy(
         self,
         exchange: Exchange,
@@ -147,17 +106,15 @@ class Gateway:
         transform: ResponseTransform | None = None,
         caller: Caller | None = None,
         decision: RouteDecision | None = None,
-        requests_charged: bool = False,
     ) -> Any:
-        """Route and forward an OpenAI-shaped ``body``; the entry point for translated
-        APIs too (they pass a ``transform`` for the answer). ``decision``: one the
-        handler already made with :meth:`decide` (the Responses handler, which picks
-        the upstream path from its candidates); else it is made here.
+        """Route and forward an OpenAI-shaped ``body`` (translated APIs pass a
+        ``transform`` for the answer). ``decision``: one the API already made with
+        :meth:`decide` (the Responses API, which picks the upstream path from its
+        candidates); else it is made here.
 
-        With ``[auth]``, the key in ``headers`` is checked here unless the handler
-        already did (``caller``, from :meth:`authenticate`); the key's policy is the
-        default route policy, its allow-list and RPM/TPM limits apply (the RPM unit
-        only when the handler has not charged it, ``requests_charged``).
+        ``caller``: the key :func:`latgate.api.serve.serve` authenticated and charged
+        its request unit (with ``[auth]``; ``None`` without): its policy is the default
+        route policy, its allow-list and token limits apply here.
 
         Returns:
             an ASGI response.
@@ -179,11 +136,6 @@ class Gateway:
             raise InvalidRequest("'stream_options' must be an object", param="stream_options", code="invalid_type")
         exchange.stream = stream and path != "/embeddings"
         guard = self.guard
-        if guard is not None and caller is None:
-            caller = guard.authenticate(headers)
-        requested = body.get("model")
-        if isinstance(requested, str):  # named in the access line even when routing refuses it
-            exchange.public_model = requested[:MAX_LOGGED_MODEL_CHARS]
         if decision is None:
             decision = self.decide(body, headers, key_policy=None if caller is None else caller.policy)
         exchange.public_model = decision.public_model
@@ -194,8 +146,8 @@ class Gateway:
         if "model" not in body:
             body["model"] = decision.public_model
         if caller is not None and caller.limited:
-            reservation = await guard.admit(
-                caller, body=body, prompt_tokens=decision.prompt_tokens, requests_charged=requests_charged
+            reservation = await guard.admit(  # type: ignore[union-attr]
+                caller, body=body, prompt_tokens=decision.prompt_tokens, requests_charged=True
             )
             if reservation is not None:
                 return await forward_within_limits(
@@ -215,19 +167,8 @@ class Gateway:
                 body is nested too deeply to estimate its tokens.
             NotFound: no provider serves the model.
         """
-        try:
+        with REFUSING_DEEP_NESTING:
             return self.router.decide(body, headers, key_policy=key_policy)
-        except (RecursionError, orjson.JSONEncodeError):  # the client's nesting defeats the token estimate
-            raise InvalidRequest("request body is nested too deeply", code="nesting_too_deep") from None
-
-    def authenticate(self, headers: Mapping[str, str]) -> Caller | None:
-        """The caller's key for handlers that do not go through :meth:`proxy` (or want
-        to refuse before reading a body); ``None`` when ``[auth]`` is absent.
-
-        Raises:
-            AuthenticationFailed: 401, no key or an unknown one.
-        """
-        return None if self.guard is None else self.guard.authenticate(headers)
 
     def new_exchange(self, request: Request, *, path: str) -> Exchange:
         """A request record started now, with the client's or a new request id (and,
@@ -242,13 +183,6 @@ class Gateway:
         if self.tracing is not None:
             exchange.trace = self.tracing.start(path=path, headers=request.headers)
         return exchange
-
-    def fail(self, exchange: Exchange, error: GatewayError) -> Response:
-        """Record a request that ended in ``error`` and render its OpenAI envelope (see
-        :meth:`record_failure`)."""
-        return error_response(
-            error, request_id=exchange.request_id, extra_headers=self.record_failure(exchange, error)
-        )
 
     def record_failure(self, exchange: Exchange, error: GatewayError) -> dict[str, str]:
         """Record a request that ended in ``error`` (metrics, access log); returns the
@@ -285,8 +219,6 @@ class Gateway:
         """``GET /v1/models/{id}``: one model object, or a 404 envelope."""
         if model_id in self.config.public_models() or self.router.serves(model_id):
             return Response(orjson.dumps(self._model_object(model_id, self._catalogs())), media_type="application/json")
-        from latgate.errors import NotFound
-
         error = NotFound(self.router.not_found_message(model_id), param="model", code="model_not_found")
         return error_response(error, request_id=request_id(None))
 
@@ -298,6 +230,23 @@ class Gateway:
     def _model_object(self, public: str, catalogs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         served = [public, *self.config.aliases.get(public, {}).values()]
         return public_model_object(public, served, catalogs)
+
+
+class _RefusingDeepNesting:
+    """``with REFUSING_DEEP_NESTING:`` turns the ``RecursionError`` (or orjson's
+    encode error) of a body nested too deeply to count into ``InvalidRequest`` 400,
+    code ``nesting_too_deep``."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if kind is not None and issubclass(kind, (RecursionError, orjson.JSONEncodeError)):
+            raise InvalidRequest("request body is nested too deeply", code="nesting_too_deep") from None
+        return False
+
+
+REFUSING_DEEP_NESTING = _RefusingDeepNesting()
 
 
 def drain_cut_error() -> GatewayError:

@@ -1,12 +1,11 @@
 """Operator routes: ``/``, ``/healthz``, ``/readyz``, ``/metrics``, ``/admin/providers``,
-``/admin/route``."""
+``/admin/route``, ``/openapi.json`` (routed by :mod:`latgate.api.routes`)."""
 
 from __future__ import annotations
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from latgate import __version__
 from latgate.api.body import error_response, read_json_object
@@ -92,12 +91,7 @@ async def route(request: Request) -> Response:
     return Response(orjson.dumps(decision_json(decision, gateway.config, plan)), media_type="application/json")
 
 
-def routes() -> list[Route]:
-    return [
-        Route("/", root, methods=["GET", "HEAD"]),
-        Route("/healthz", healthz, methods=["GET", "HEAD"]),
-        Route("/readyz", readyz, methods=["GET", "HEAD"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/admin/providers", providers, methods=["GET"]),
-        Route("/admin/route", route, methods=["POST"]),
-    ]
+async def openapi(request: Request) -> Response:
+    """``GET /openapi.json``: the document :func:`latgate.api.routes.openapi_document`
+    built, serialised once per app."""
+    return Response(request.app.state.openapi_json, media_type="application/json")

@@ -90,16 +90,22 @@ def require(body: dict[str, Any], field: str, kind: type | tuple[type, ...], *, 
 
 
 def error_response(error: GatewayError, *, request_id: str, extra_headers: dict[str, str] | None = None) -> Response:
-    """The OpenAI error envelope for ``error`` with its status and retry hints.
+    """The OpenAI error envelope for ``error`` with its status and retry hints
+    (:func:`error_headers`)."""
+    headers = error_headers(error, request_id=request_id, extra_headers=extra_headers)
+    return Response(content=error.body(), status_code=error.status, headers=headers, media_type="application/json")
 
-    ``x-should-retry`` tells the openai SDKs whether retrying can help (they read it
-    before their own status rules): true for 408/409/429/5xx, false otherwise.
-    """
+
+def error_headers(error: GatewayError, *, request_id: str, extra_headers: dict[str, str] | None) -> dict[str, str]:
+    """The headers of an error answer in any envelope: ``x-request-id``, the error's own
+    (``retry-after`` when the upstream gave one), ``extra_headers``, and
+    ``x-should-retry``, which the openai and anthropic SDKs read before their own status
+    rules: true for 408/409/429/5xx, false otherwise."""
     headers = {"x-request-id": request_id, **error.headers}
     headers["x-should-retry"] = "true" if error.status in (408, 409, 429) or error.status >= 500 else "false"
     if extra_headers:
         headers.update(extra_headers)
-    return Response(content=error.body(), status_code=error.status, headers=headers, media_type="application/json")
+    return headers
 
 
 #: The disconnect watch starts this long after the work: most of a request's wait is the

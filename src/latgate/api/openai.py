@@ -1,58 +1,80 @@
-"""OpenAI-compatible routes: chat completions, completions, embeddings, models.
+"""The OpenAI APIs latgate proxies as sent (chat completions, completions, embeddings)
+and the model list.
 
 Each path is served with and without the ``/v1`` prefix, since clients differ on
-whether their base URL includes it.
+whether their base URL includes it. A body must carry the API's required field
+(``messages``, ``prompt``, ``input``; 400 naming it otherwise); everything else passes
+through to the provider.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from starlette.requests import Request
-from starlette.routing import Route
+from starlette.responses import Response
 
+from latgate.api.body import error_response, require
+from latgate.api.serve import Api, Forward, Prepare
+from latgate.auth import Caller
 from latgate.gateway import Gateway
+from latgate.proxy.exchange import Exchange
+
+PREFIXES = ("/v1", "")
 
 
-def _gateway(request: Request) -> Gateway:
-    return request.app.state.gateway
+def _requiring(path: str, field: str, kind: type | tuple[type, ...], what: str) -> Prepare:
+    """A ``prepare`` that forwards the body to ``path`` once ``body[field]`` is a ``kind``."""
+
+    def prepare(
+        gateway: Gateway, exchange: Exchange, body: dict[str, Any], headers: Mapping[str, str], caller: Caller | None
+    ) -> Forward:
+        require(body, field, kind, what=what)
+        return Forward(body=body, path=path)
+
+    return prepare
 
 
-async def chat_completions(request: Request):
-    return await _gateway(request).handle(request, path="/chat/completions")
+def _openai_api(path: str, prepare: Prepare, *, summary: str, request_schema: str, streams: bool = True) -> Api:
+    return Api(
+        name=path,
+        paths=tuple(prefix + path for prefix in PREFIXES),
+        prepare=prepare,
+        envelope=error_response,
+        envelope_schema="ErrorResponse",
+        summary=summary,
+        request_schema=request_schema,
+        streams=streams,
+    )
 
 
-async def completions(request: Request):
-    return await _gateway(request).handle(request, path="/completions")
+CHAT_COMPLETIONS = _openai_api(
+    "/chat/completions",
+    _requiring("/chat/completions", "messages", list, "an array of messages"),
+    summary="Chat completion, routed",
+    request_schema="ChatCompletionRequest",
+)
+COMPLETIONS = _openai_api(
+    "/completions",
+    _requiring("/completions", "prompt", (str, list), "a string or an array"),
+    summary="Text completion, routed",
+    request_schema="CompletionRequest",
+)
+EMBEDDINGS = _openai_api(
+    "/embeddings",
+    _requiring("/embeddings", "input", (str, list), "a string or an array"),
+    summary="Embeddings, routed",
+    request_schema="EmbeddingRequest",
+    streams=False,
+)
 
 
-async def embeddings(request: Request):
-    return await _gateway(request).handle(request, path="/embeddings")
+async def list_models(request: Request) -> Response:
+    """``GET /v1/models``: see :meth:`Gateway.models`."""
+    return request.app.state.gateway.models()
 
 
-async def list_models(request: Request):
-    return _gateway(request).models()
-
-
-async def get_model(request: Request):
-    return _gateway(request).model(request.path_params["model_id"])
-
-
-def hot_routes() -> dict[str, object]:
-    """Path -> handler for the proxied POSTs, dispatched without the framework's routing."""
-    table = {"/chat/completions": chat_completions, "/completions": completions, "/embeddings": embeddings}
-    return {prefix + path: handler for prefix in ("/v1", "") for path, handler in table.items()}
-
-
-def routes() -> list[Route]:
-    """The OpenAI routes, each at ``/v1/...`` and at ``/...``."""
-    table = [
-        ("/chat/completions", chat_completions, ["POST"]),
-        ("/completions", completions, ["POST"]),
-        ("/embeddings", embeddings, ["POST"]),
-        ("/models", list_models, ["GET"]),
-        ("/models/{model_id:path}", get_model, ["GET"]),
-    ]
-    out = []
-    for prefix in ("/v1", ""):
-        for path, endpoint, methods in table:
-            out.append(Route(prefix + path, endpoint, methods=methods))
-    return out
+async def get_model(request: Request) -> Response:
+    """``GET /v1/models/{id}``: see :meth:`Gateway.model`."""
+    return request.app.state.gateway.model(request.path_params["model_id"])

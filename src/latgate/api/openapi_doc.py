@@ -1,4 +1,7 @@
-"""latgate's own OpenAPI document, served at ``GET /openapi.json``.
+"""The pieces of latgate's own OpenAPI document (served at ``GET /openapi.json``): the
+schemas and one builder per kind of operation. The route table
+(:mod:`latgate.api.routes`) gives each route its operation and assembles the document
+with :func:`document`.
 
 Hand-written: the proxied routes are dispatched outside FastAPI (see
 :class:`latgate.app.LatgateApp`), so FastAPI cannot describe them, and request bodies
@@ -14,12 +17,10 @@ through to the provider.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import orjson
-from starlette.requests import Request
-from starlette.responses import Response
+if TYPE_CHECKING:
+    from latgate.api.serve import Api
 
 OPENAPI_VERSION = "3.1.0"
 _REF = "#/components/schemas/"
@@ -46,33 +47,101 @@ def _errors(envelope: str) -> dict[str, Any]:
     }
 
 
-def _proxied(
-    summary: str, request: str, *, envelope: str = "ErrorResponse", streams: bool = True
-) -> dict[str, Any]:
-    ok: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
-    if streams:
+def proxied(api: Api) -> dict[str, Any]:
+    """The ``post`` operation of a proxied API (:class:`latgate.api.serve.Api`)."""
+    ok: dict[str, Any] = {"application/json": {"schema": api.answer_schema or {"type": "object"}}}
+    if api.streams:
         ok["text/event-stream"] = {"schema": {"type": "string"}}
+    answered = "the count" if api.answer_schema else "the provider's answer, relayed"
     return {
         "post": {
-            "summary": summary,
-            "requestBody": {"required": True, "content": _json(request)},
-            "responses": {
-                "200": {"description": "the provider's answer, relayed", "content": ok},
-                **_errors(envelope),
-            },
+            "summary": api.summary,
+            "requestBody": {"required": True, "content": _json(api.request_schema)},
+            "responses": {"200": {"description": answered, "content": ok}, **_errors(api.envelope_schema)},
         }
     }
 
 
-def _get(
-    summary: str, *, schema: dict[str, Any] | None = None, media: str = "application/json"
-) -> dict[str, Any]:
+def probe(summary: str, *, schema: dict[str, Any] | None = None, media: str = "application/json") -> dict[str, Any]:
+    """A ``get`` open to everyone (probes and scrapers)."""
     content = {media: {"schema": schema or {"type": "object"}}}
     return {
         "get": {
             "summary": summary,
             "security": [],
             "responses": {"200": {"description": summary, "content": content}},
+        }
+    }
+
+
+def admin_page(summary: str, *, media: str = "application/json") -> dict[str, Any]:
+    """A ``get`` that needs an admin key with ``[auth]``."""
+    schema = {"type": "object"} if media == "application/json" else {"type": "string"}
+    return {
+        "get": {
+            "summary": summary,
+            "responses": {
+                "200": {"description": summary, "content": {media: {"schema": schema}}},
+                "401": {"description": "no key", "content": _json("ErrorResponse")},
+                "403": {"description": "not an admin key", "content": _json("ErrorResponse")},
+            },
+        }
+    }
+
+
+def models() -> dict[str, Any]:
+    """``GET /v1/models``."""
+    return {
+        "get": {
+            "summary": "Served models and aliases",
+            "responses": {
+                "200": {"description": "models", "content": _json("ModelList")},
+                "401": {"description": "no gateway key", "content": _json("ErrorResponse")},
+            },
+        }
+    }
+
+
+def model() -> dict[str, Any]:
+    """``GET /v1/models/{model_id}``."""
+    return {
+        "get": {
+            "summary": "One model",
+            "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {
+                "200": {"description": "the model", "content": _json("Model")},
+                "401": {"description": "no gateway key", "content": _json("ErrorResponse")},
+                "404": {"description": "not served", "content": _json("ErrorResponse")},
+            },
+        }
+    }
+
+
+def dry_run() -> dict[str, Any]:
+    """``POST /admin/route``."""
+    return {
+        "post": {
+            "summary": "The decision latgate would make now for this body, with live predictions (admin key with [auth])",
+            "requestBody": {"required": True, "content": _json("ChatCompletionRequest")},
+            "responses": {
+                "200": {"description": "the decision", "content": {"application/json": {"schema": {"type": "object"}}}},
+                **{s: r for s, r in _errors("ErrorResponse").items() if s in ("400", "401", "403", "404", "413")},
+            },
+        }
+    }
+
+
+def reload_config() -> dict[str, Any]:
+    """``POST /admin/reload``."""
+    return {
+        "post": {
+            "summary": "Reload the config file (admin key with [auth])",
+            "responses": {
+                "200": {"description": "reloaded", "content": {"application/json": {"schema": {"type": "object"}}}},
+                "400": {"description": "config rejected; the old one serves on", "content": _json("ErrorResponse")},
+                "401": {"description": "no key", "content": _json("ErrorResponse")},
+                "403": {"description": "not an admin key", "content": _json("ErrorResponse")},
+            },
         }
     }
 
@@ -212,129 +281,9 @@ _SCHEMAS: dict[str, Any] = {
 }
 
 
-def openapi_document(*, version: str) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of latgate's HTTP API (``version``: latgate's)."""
-    paths: dict[str, Any] = {}
-    for prefix in ("/v1", ""):
-        paths[prefix + "/chat/completions"] = _proxied("Chat completion, routed", "ChatCompletionRequest")
-        paths[prefix + "/completions"] = _proxied("Text completion, routed", "CompletionRequest")
-        paths[prefix + "/embeddings"] = _proxied("Embeddings, routed", "EmbeddingRequest", streams=False)
-        paths[prefix + "/responses"] = _proxied("OpenAI Responses API, translated", "ResponsesRequest")
-        models = {
-            "get": {
-                "summary": "Served models and aliases",
-                "responses": {
-                    "200": {"description": "models", "content": _json("ModelList")},
-                    "401": {"description": "no gateway key", "content": _json("ErrorResponse")},
-                },
-            }
-        }
-        paths[prefix + "/models"] = models
-        paths[prefix + "/models/{model_id}"] = {
-            "get": {
-                "summary": "One model",
-                "parameters": [
-                    {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
-                ],
-                "responses": {
-                    "200": {"description": "the model", "content": _json("Model")},
-                    "401": {"description": "no gateway key", "content": _json("ErrorResponse")},
-                    "404": {"description": "not served", "content": _json("ErrorResponse")},
-                },
-            }
-        }
-    paths["/v1/messages"] = _proxied(
-        "Anthropic Messages API, translated", "MessagesRequest", envelope="AnthropicError"
-    )
-    paths["/v1/messages/count_tokens"] = {
-        "post": {
-            "summary": "Anthropic token count (latgate's estimate)",
-            "requestBody": {"required": True, "content": _json("CountTokensRequest")},
-            "responses": {
-                "200": {
-                    "description": "the count",
-                    "content": {
-                        "application/json": {
-                            "schema": {
-                                "type": "object",
-                                "required": ["input_tokens"],
-                                "properties": {"input_tokens": {"type": "integer"}},
-                            }
-                        }
-                    },
-                },
-                **_errors("AnthropicError"),
-            },
-        }
-    }
-    paths["/"] = _get("Service probe")
-    paths["/healthz"] = _get("Liveness: the process is up")
-    paths["/readyz"] = _get("Readiness: a provider can take traffic (503 when none)")
-    paths["/metrics"] = _get("Prometheus metrics", schema={"type": "string"}, media="text/plain")
-    paths["/admin/providers"] = {
-        "get": {
-            "summary": "Providers' live state (admin key with [auth])",
-            "responses": {
-                "200": {
-                    "description": "providers",
-                    "content": {"application/json": {"schema": {"type": "object"}}},
-                },
-                "401": {"description": "no key", "content": _json("ErrorResponse")},
-                "403": {"description": "not an admin key", "content": _json("ErrorResponse")},
-            },
-        }
-    }
-    for path, summary, media in (
-        ("/ui", "The live routing page (admin key with [auth]; HTTP Basic accepted)", "text/html"),
-        ("/ui/ui.js", "The live routing page's script", "text/javascript"),
-        ("/ui/ui.css", "The live routing page's style sheet", "text/css"),
-        ("/ui/state", "What the live routing page shows: providers, recent requests, events", "application/json"),
-    ):
-        schema = {"type": "object"} if media == "application/json" else {"type": "string"}
-        paths[path] = {
-            "get": {
-                "summary": summary,
-                "responses": {
-                    "200": {"description": summary, "content": {media: {"schema": schema}}},
-                    "401": {"description": "no key", "content": _json("ErrorResponse")},
-                    "403": {"description": "not an admin key", "content": _json("ErrorResponse")},
-                },
-            }
-        }
-    paths["/admin/route"] = {
-        "post": {
-            "summary": "The decision latgate would make now for this body, with live predictions (admin key with [auth])",
-            "requestBody": {"required": True, "content": _json("ChatCompletionRequest")},
-            "responses": {
-                "200": {
-                    "description": "the decision",
-                    "content": {"application/json": {"schema": {"type": "object"}}},
-                },
-                **{
-                    s: r
-                    for s, r in _errors("ErrorResponse").items()
-                    if s in ("400", "401", "403", "404", "413")
-                },
-            },
-        }
-    }
-    paths["/admin/reload"] = {
-        "post": {
-            "summary": "Reload the config file (admin key with [auth])",
-            "responses": {
-                "200": {
-                    "description": "reloaded",
-                    "content": {"application/json": {"schema": {"type": "object"}}},
-                },
-                "400": {
-                    "description": "config rejected; the old one serves on",
-                    "content": _json("ErrorResponse"),
-                },
-                "401": {"description": "no key", "content": _json("ErrorResponse")},
-                "403": {"description": "not an admin key", "content": _json("ErrorResponse")},
-            },
-        }
-    }
+def document(paths: dict[str, Any], *, version: str) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of latgate's HTTP API: ``paths`` (path -> path item)
+    with the shared schemas and security schemes (``version``: latgate's)."""
     return {
         "openapi": OPENAPI_VERSION,
         "info": {
@@ -352,13 +301,3 @@ def openapi_document(*, version: str) -> dict[str, Any]:
         },
         "security": [{}, {"bearer": []}, {"apiKey": []}],
     }
-
-
-def openapi_endpoint(*, version: str) -> Callable[[Request], Awaitable[Response]]:
-    """A Starlette endpoint serving :func:`openapi_document`, serialised once."""
-    body = orjson.dumps(openapi_document(version=version))
-
-    async def serve(request: Request) -> Response:
-        return Response(body, media_type="application/json")
-
-    return serve

@@ -13,8 +13,9 @@ Then one of two paths:
 - translation: otherwise the chat body goes to ``/chat/completions`` with a
   :class:`~latgate.translate.responses_stream.ResponsesStreamTransform` for the answer.
 
-Either way the request routes, falls back and is measured like any chat completion;
-with ``[auth]`` the key is checked before the body is read. Errors use the OpenAI
+Either way the request routes, falls back and is measured like any chat completion,
+served by :func:`latgate.api.serve.serve` like every API (with ``[auth]`` the key is
+checked before the body is read). Errors use the OpenAI
 envelope, which the Responses API shares. Fields that need stored state (``store:
 true``, ``previous_response_id``...) are refused on both paths: a later turn may be
 routed to another provider or endpoint, which would not have it.
@@ -25,51 +26,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from starlette.requests import Request
-
-from latgate.api.body import read_json_object, until_client_leaves
+from latgate.api.body import error_response
+from latgate.api.serve import Api, Forward
+from latgate.auth import Caller
 from latgate.config.schema import ProviderConfig
-from latgate.errors import GatewayError
 from latgate.gateway import Gateway
+from latgate.proxy.exchange import Exchange
 from latgate.routing.decision import RouteDecision
 from latgate.translate.responses_request import responses_to_chat
 from latgate.translate.responses_stream import ResponsesStreamTransform
 
 
-async def create_response(request: Request) -> Any:
-    """Serve one Responses API request; never raises (errors become envelopes)."""
-    gateway: Gateway = request.app.state.gateway
-    exchange = gateway.new_exchange(request, path="/responses")
-    try:
-        caller = gateway.authenticate(request.headers)
-        body = await read_json_object(request, max_bytes=gateway.config.server.max_body_bytes)
-        translation = responses_to_chat(body)
-        decision = gateway.decide(
-            translation.chat_body, request.headers, key_policy=None if caller is None else caller.policy
-        )
-        if serves_responses(gateway.config.providers, decision):
-            forwarded = gateway.proxy(
-                exchange,
-                body=body,
-                headers=request.headers,
-                path="/responses",
-                caller=caller,
-                decision=decision,
-            )
-        else:
-            transform = ResponsesStreamTransform(echo=translation.echo, namespaced=translation.namespaced)
-            forwarded = gateway.proxy(
-                exchange,
-                body=translation.chat_body,
-                headers=request.headers,
-                path="/chat/completions",
-                transform=transform,
-                caller=caller,
-                decision=decision,
-            )
-        return await until_client_leaves(request, forwarded)
-    except GatewayError as error:
-        return gateway.fail(exchange, error)
+def _create_response(
+    gateway: Gateway, exchange: Exchange, body: dict[str, Any], headers: Mapping[str, str], caller: Caller | None
+) -> Forward:
+    """One Responses API request: routed on its chat translation, then passed through
+    or translated (see the module docstring)."""
+    translation = responses_to_chat(body)
+    decision = gateway.decide(translation.chat_body, headers, key_policy=None if caller is None else caller.policy)
+    if serves_responses(gateway.config.providers, decision):
+        return Forward(body=body, path="/responses", decision=decision)
+    transform = ResponsesStreamTransform(echo=translation.echo, namespaced=translation.namespaced)
+    return Forward(body=translation.chat_body, path="/chat/completions", transform=transform, decision=decision)
 
 
 def serves_responses(providers: Mapping[str, ProviderConfig], decision: RouteDecision) -> bool:
@@ -80,6 +58,12 @@ def serves_responses(providers: Mapping[str, ProviderConfig], decision: RouteDec
     )
 
 
-def hot_routes() -> dict[str, Any]:
-    """Path -> handler for the Responses POSTs (dispatched without the framework's routing)."""
-    return {"/v1/responses": create_response, "/responses": create_response}
+RESPONSES = Api(
+    name="/responses",
+    paths=("/v1/responses", "/responses"),
+    prepare=_create_response,
+    envelope=error_response,
+    envelope_schema="ErrorResponse",
+    summary="OpenAI Responses API, translated",
+    request_schema="ResponsesRequest",
+)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import base64
 import binascii
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from latgate import __version__
 from latgate.api.body import error_response
@@ -48,7 +48,7 @@ def authorize(guard: AuthGuard, scope: dict) -> Response | None:
     return None
 
 
-def _static(name: str):
+def _static(name: str) -> Callable[[Request], Awaitable[Response]]:
     body = (STATIC / name).read_bytes()
     media_type = _FILES[name]
 
@@ -72,10 +72,11 @@ async def state(request: Request) -> Response:
     return Response(orjson.dumps(body), media_type="application/json", headers=_NO_STORE)
 
 
-def routes() -> list[Route]:
-    return [
-        Route("/ui", _static("index.html"), methods=["GET"]),
-        Route("/ui/ui.js", _static("ui.js"), methods=["GET"]),
-        Route("/ui/ui.css", _static("ui.css"), methods=["GET"]),
-        Route("/ui/state", state, methods=["GET"]),
-    ]
+def endpoints() -> dict[str, Callable[[Request], Awaitable[Response]]]:
+    """Path -> ``GET`` endpoint of the page and what it polls (routed by :mod:`latgate.api.routes`)."""
+    return {
+        "/ui": _static("index.html"),
+        "/ui/ui.js": _static("ui.js"),
+        "/ui/ui.css": _static("ui.css"),
+        "/ui/state": state,
+    }

@@ -1,0 +1,130 @@
+"""Every route latgate serves, listed once.
+
+The table gives each route its methods, endpoint and OpenAPI operation; from it come
+the three views of the HTTP API:
+
+- :func:`hot_routes`: path -> :class:`~latgate.api.serve.Api` for the proxied POSTs,
+  which :class:`latgate.app.LatgateApp` dispatches without the framework's routing;
+- :func:`framework_routes`: every route for the framework (FastAPI), so the operator
+  routes are served and other methods on any path get a 405;
+- :func:`openapi_document`: ``GET /openapi.json``.
+
+An API's 405 and 404 answers use its envelope (:func:`api_at`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from latgate.api import admin, openapi_doc
+from latgate.api.anthropic import COUNT_TOKENS, MESSAGES
+from latgate.api.openai import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, PREFIXES, get_model, list_models
+from latgate.api.responses import RESPONSES
+from latgate.api.serve import Api
+from latgate.reload import reload_endpoint
+from latgate.ui import endpoints as ui_endpoints
+
+#: Every proxied API, in the order the document lists them.
+APIS: tuple[Api, ...] = (CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, COUNT_TOKENS)
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteEntry:
+    """One route: ``path`` (Starlette's syntax, e.g. ``/models/{model_id:path}``), the
+    ``methods`` it answers, its ``endpoint`` and its OpenAPI path item (``doc``, method ->
+    operation; ``None``: not in the document)."""
+
+    path: str
+    methods: tuple[str, ...]
+    endpoint: Endpoint
+    doc: dict[str, Any] | None
+
+
+def _operator_routes() -> list[RouteEntry]:
+    ui = ui_endpoints()
+    ui_pages = {
+        "/ui": ("The live routing page (admin key with [auth]; HTTP Basic accepted)", "text/html"),
+        "/ui/ui.js": ("The live routing page's script", "text/javascript"),
+        "/ui/ui.css": ("The live routing page's style sheet", "text/css"),
+        "/ui/state": ("What the live routing page shows: providers, recent requests, events", "application/json"),
+    }
+    entries = [
+        *(
+            RouteEntry(prefix + path, ("GET",), endpoint, doc)
+            for prefix in PREFIXES
+            for path, endpoint, doc in (
+                ("/models", list_models, openapi_doc.models()),
+                ("/models/{model_id:path}", get_model, openapi_doc.model()),
+            )
+        ),
+        RouteEntry("/", ("GET", "HEAD"), admin.root, openapi_doc.probe("Service probe")),
+        RouteEntry("/healthz", ("GET", "HEAD"), admin.healthz, openapi_doc.probe("Liveness: the process is up")),
+        RouteEntry(
+            "/readyz",
+            ("GET", "HEAD"),
+            admin.readyz,
+            openapi_doc.probe("Readiness: a provider can take traffic (503 when none)"),
+        ),
+        RouteEntry(
+            "/metrics",
+            ("GET",),
+            admin.metrics,
+            openapi_doc.probe("Prometheus metrics", schema={"type": "string"}, media="text/plain"),
+        ),
+        RouteEntry(
+            "/admin/providers",
+            ("GET",),
+            admin.providers,
+            openapi_doc.admin_page("Providers' live state (admin key with [auth])"),
+        ),
+        RouteEntry("/admin/route", ("POST",), admin.route, openapi_doc.dry_run()),
+        RouteEntry("/admin/reload", ("POST",), reload_endpoint, openapi_doc.reload_config()),
+        *(
+            RouteEntry(path, ("GET",), ui[path], openapi_doc.admin_page(summary, media=media))
+            for path, (summary, media) in ui_pages.items()
+        ),
+        RouteEntry("/openapi.json", ("GET",), admin.openapi, None),
+    ]
+    return entries
+
+
+def route_table() -> list[RouteEntry]:
+    """Every route: the proxied APIs at each of their paths, then the operator routes."""
+    proxied = [
+        RouteEntry(path, ("POST",), api.endpoint, openapi_doc.proxied(api)) for api in APIS for path in api.paths
+    ]
+    return [*proxied, *_operator_routes()]
+
+
+def hot_routes() -> dict[str, Api]:
+    """Path -> API for the proxied POSTs (no trailing slash)."""
+    return {path: api for api in APIS for path in api.paths}
+
+
+def api_at(path: str) -> Api | None:
+    """The API served at ``path`` (a trailing slash ignored), else ``None``."""
+    return _BY_PATH.get(path.rstrip("/") or path)
+
+
+def framework_routes() -> list[Route]:
+    """The table as Starlette routes."""
+    return [Route(entry.path, entry.endpoint, methods=list(entry.methods)) for entry in route_table()]
+
+
+def openapi_document(*, version: str) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of every route in the table (``version``: latgate's)."""
+    paths = {
+        entry.path.replace(":path}", "}"): entry.doc for entry in route_table() if entry.doc is not None
+    }
+    return openapi_doc.document(paths, version=version)
+
+
+_BY_PATH = hot_routes()
