@@ -179,7 +179,7 @@ async def _http_exception(request: Request, exc: HTTPException) -> Response:
     else:
         error = InvalidRequest(str(exc.detail), status=exc.status_code, code="method_not_allowed" if exc.status_code == 405 else None)
     api = api_at(request.url.path)
-    render = error_response if api is None else api.envelope
+    render = error_response if api is None else api.envelope.render
     return render(error, request_id=request_id(request.headers.get("x-request-id")), extra_headers=exc.headers)
 
 

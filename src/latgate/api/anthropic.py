@@ -24,7 +24,7 @@ import orjson
 from starlette.responses import Response
 
 from latgate.api.body import error_headers
-from latgate.api.serve import Api, Forward
+from latgate.api.serve import Api, Envelope, Forward
 from latgate.auth import Caller
 from latgate.errors import GatewayError
 from latgate.gateway import REFUSING_DEEP_NESTING, Gateway
@@ -66,12 +66,12 @@ def error_response(
     return Response(content=body, status_code=error.status, headers=headers, media_type="application/json")
 
 
+ANTHROPIC_ENVELOPE = Envelope(render=error_response, schema="AnthropicError")
 MESSAGES = Api(
     name="/messages",
     paths=("/v1/messages",),
     prepare=_messages,
-    envelope=error_response,
-    envelope_schema="AnthropicError",
+    envelope=ANTHROPIC_ENVELOPE,
     summary="Anthropic Messages API, translated",
     request_schema="MessagesRequest",
 )
@@ -79,8 +79,7 @@ COUNT_TOKENS = Api(
     name="/messages/count_tokens",
     paths=("/v1/messages/count_tokens",),
     prepare=_count_tokens,
-    envelope=error_response,
-    envelope_schema="AnthropicError",
+    envelope=ANTHROPIC_ENVELOPE,
     summary="Anthropic token count (latgate's estimate)",
     request_schema="CountTokensRequest",
     streams=False,

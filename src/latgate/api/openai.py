@@ -15,7 +15,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from latgate.api.body import error_response, require
+from latgate.api.body import require
 from latgate.api.serve import Api, Forward, Prepare
 from latgate.auth import Caller
 from latgate.gateway import Gateway
@@ -41,8 +41,6 @@ def _openai_api(path: str, prepare: Prepare, *, summary: str, request_schema: st
         name=path,
         paths=tuple(prefix + path for prefix in PREFIXES),
         prepare=prepare,
-        envelope=error_response,
-        envelope_schema="ErrorResponse",
         summary=summary,
         request_schema=request_schema,
         streams=streams,

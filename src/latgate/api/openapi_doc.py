@@ -57,7 +57,7 @@ def proxied(api: Api) -> dict[str, Any]:
         "post": {
             "summary": api.summary,
             "requestBody": {"required": True, "content": _json(api.request_schema)},
-            "responses": {"200": {"description": answered, "content": ok}, **_errors(api.envelope_schema)},
+            "responses": {"200": {"description": answered, "content": ok}, **_errors(api.envelope.schema)},
         }
     }
 

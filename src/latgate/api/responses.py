@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from latgate.api.body import error_response
 from latgate.api.serve import Api, Forward
 from latgate.auth import Caller
 from latgate.config.schema import ProviderConfig
@@ -62,8 +61,6 @@ RESPONSES = Api(
     name="/responses",
     paths=("/v1/responses", "/responses"),
     prepare=_create_response,
-    envelope=error_response,
-    envelope_schema="ErrorResponse",
     summary="OpenAI Responses API, translated",
     request_schema="ResponsesRequest",
 )

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from latgate.api.body import read_json_object, until_client_leaves
+from latgate.api.body import error_response, read_json_object, until_client_leaves
 from latgate.auth import Caller
 from latgate.errors import GatewayError
 from latgate.gateway import MAX_LOGGED_MODEL_CHARS, Gateway, drain_cut_error
@@ -78,8 +78,17 @@ class Prepare(Protocol):
     ) -> Forward | Response: ...
 
 
-#: Renders a refusal: ``(error, request_id=..., extra_headers=...)`` -> the response.
-Envelope = Callable[..., Response]
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """An error envelope: ``render(error, request_id=..., extra_headers=...)`` -> the
+    response, and ``schema``, the OpenAPI component describing it."""
+
+    render: Callable[..., Response]
+    schema: str
+
+
+#: OpenAI's ``{"error": {"message", "type", "param", "code"}}`` (the Responses API's too).
+OPENAI_ENVELOPE = Envelope(render=error_response, schema="ErrorResponse")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +100,7 @@ class Api:
             ``/v1``), e.g. ``/chat/completions``, ``/messages``.
         paths: the routes it is served at, e.g. ``("/v1/chat/completions", "/chat/completions")``.
         prepare: checks the parsed body and says what goes upstream (:class:`Prepare`).
-        envelope: renders its errors (:func:`latgate.api.body.error_response` for the
-            OpenAI envelope).
-        envelope_schema: the OpenAPI component of that envelope.
+        envelope: how its errors are rendered (:data:`OPENAI_ENVELOPE` by default).
         summary: one line for the OpenAPI document.
         request_schema: the OpenAPI component of its request body.
         streams: whether it may answer with an SSE stream.
@@ -103,10 +110,9 @@ class Api:
     name: str
     paths: tuple[str, ...]
     prepare: Prepare
-    envelope: Envelope
-    envelope_schema: str
     summary: str
     request_schema: str
+    envelope: Envelope = OPENAI_ENVELOPE
     streams: bool = True
     answer_schema: dict[str, Any] | None = None
 
@@ -167,4 +173,4 @@ async def serve(gateway: Gateway, api: Api, request: Request) -> Any:
 def refuse(gateway: Gateway, api: Api, exchange: Exchange, error: GatewayError) -> Response:
     """Record a request that ended in ``error`` and render it in ``api``'s envelope."""
     headers = gateway.record_failure(exchange, error)
-    return api.envelope(error, request_id=exchange.request_id, extra_headers=headers)
+    return api.envelope.render(error, request_id=exchange.request_id, extra_headers=headers)
