@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import ssl
 import struct
@@ -209,6 +210,28 @@ def in_flight(base_v1: str) -> float:
 def pool_in_use(base_v1: str) -> float:
     """Upstream connections busy in the gateway's pool (``latgate_upstream_pool_in_use``)."""
     return gauge_total(base_v1, "latgate_upstream_pool_in_use")
+
+
+def requests_with(port: int, code: int) -> float:
+    """``latgate_requests_total`` of the gateway on ``port`` for status ``code``, summed
+    over providers and models."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    prefix = "latgate_requests_total{"
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix) and f'code="{code}"' in line
+    )
+
+
+def access_lines(caplog: pytest.LogCaptureFixture) -> list[dict]:
+    """The access lines logged so far (``latgate.access`` at INFO must be captured)."""
+    return [json.loads(r.getMessage()) for r in caplog.records if r.name == "latgate.access"]
+
+
+def access_errors(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    """``(status, error)`` of each access line logged so far."""
+    return [(line["status"], line["error"]) for line in access_lines(caplog)]
 
 
 def assert_clean_logs(caplog: pytest.LogCaptureFixture) -> None:

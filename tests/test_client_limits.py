@@ -15,11 +15,22 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from apis import APIS, body_for, error_type, post_head
 from completions import content
-from h1_upstreams import SECRET, RawUpstream, chunk, json_reply, keep_serving
+from h1_upstreams import (
+    SECRET,
+    RawUpstream,
+    access_errors,
+    access_lines,
+    chunk,
+    json_reply,
+    keep_serving,
+    requests_with,
+)
 from h1_upstreams import config as upstream_config
 from servers import serve_like_latgate_serve
 
+from latgate.api.serve import Api
 from latgate.app import create_app
 from latgate.config import load_config_text
 
@@ -57,21 +68,6 @@ def envelope_of(answer: bytes) -> tuple[bytes, dict]:
     return status_line, json.loads(rest.partition(b"\r\n\r\n")[2])
 
 
-def requests_with(port: int, code: int) -> float:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    prefix = "latgate_requests_total{"
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(prefix) and f'code="{code}"' in line
-    )
-
-
-def access_errors(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
-    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "latgate.access"]
-    return [(line["status"], line["error"]) for line in lines]
-
-
 @pytest.fixture
 def access_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     caplog.set_level(logging.INFO, logger="latgate.access")
@@ -91,15 +87,17 @@ def test_a_connection_without_a_whole_head_in_time_gets_408_and_is_closed(sent: 
         assert up.total == 0
 
 
-def test_a_body_that_stalls_gets_408_and_nothing_goes_upstream(access_log) -> None:
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+@pytest.mark.parametrize("api", APIS)
+def test_a_body_that_stalls_gets_408_and_nothing_goes_upstream(api: Api, access_log) -> None:
     with RawUpstream(keep_serving(json_reply())) as up, latgate_on(up) as port:
         with socket.create_connection(("127.0.0.1", port)) as conn:
-            conn.sendall(head + b'{"model": "m", "messages": [')
+            conn.sendall(post_head(api, content_length=100_000) + b'{"model": "m", "messages": [')
             status_line, body = envelope_of(read_until_closed(conn))
         assert status_line == b"HTTP/1.1 408 Request Timeout"
         assert "stalled" in body["error"]["message"]
-        assert (408, "body_timeout") in access_errors(access_log)
+        assert [(line["path"], line["status"], line["error"]) for line in access_lines(access_log)] == [
+            (api.name, 408, "body_timeout")
+        ]
         assert requests_with(port, 408) == 1
         assert up.total == 0
 
@@ -173,24 +171,35 @@ def test_stream_null_is_an_answer_not_a_stream() -> None:
         assert b'"stream":false' in up.requests[0]
 
 
-def test_a_key_over_its_request_rate_is_refused_before_its_body_is_read() -> None:
+def read_answer(conn: socket.socket, *, timeout: float = 10.0) -> tuple[bytes, dict]:
+    """One whole answer with a ``content-length`` (its status line and JSON body),
+    without waiting for the connection to close."""
+    conn.settimeout(timeout)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += conn.recv(65536)
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = next(int(f.split(b":", 1)[1]) for f in head.split(b"\r\n") if f.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head.partition(b"\r\n")[0], json.loads(body)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_key_over_its_request_rate_is_refused_before_its_body_is_read(api: Api) -> None:
     auth = '[auth]\n[[auth.keys]]\nname = "small"\nkey = "sk-small"\nrpm = 1\n'
     with RawUpstream(keep_serving(json_reply())) as up:
         text = LIMITS.format(head=5, body=30, send=5, cap=100) + upstream_config(up.base_url) + auth
         config = load_config_text(text, source="t.toml", env={"UP_KEY": SECRET})
         with serve_like_latgate_serve(create_app(config, env={"UP_KEY": SECRET})) as port:
             first = httpx.post(
-                f"http://127.0.0.1:{port}/v1/chat/completions",
-                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-                headers={"authorization": "Bearer sk-small"},
+                f"http://127.0.0.1:{port}{api.paths[0]}", json=body_for(api), headers={"authorization": "Bearer sk-small"}
             )
             assert first.status_code == 200
-            head = (
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-small\r\n"
-                b"Content-Type: application/json\r\nContent-Length: 30000000\r\n\r\n"
-            )
+            key = b"Authorization: Bearer sk-small\r\n"
             with socket.create_connection(("127.0.0.1", port)) as conn:
-                conn.sendall(head + b'{"model": "m", "messages": [')  # 30 MB announced, a few bytes sent
-                conn.settimeout(10)
-                answer = conn.recv(65536)  # answered at once, not after the body (or its timeout)
-            assert answer.startswith(b"HTTP/1.1 429 ")
+                # 30 MB announced, a few bytes sent: answered at once, not after the body (or its timeout)
+                conn.sendall(post_head(api, content_length=30_000_000, headers=key) + b'{"model": "m", "messages": [')
+                status_line, body = read_answer(conn)
+            assert status_line.startswith(b"HTTP/1.1 429 ")
+            assert error_type(api, body) == "rate_limit_error"
