@@ -28,7 +28,7 @@ from starlette.responses import Response
 
 from latgate import __version__
 from latgate.api.body import ProxyRequest, error_response
-from latgate.api.routes import api_at, framework_routes, hot_routes, openapi_document
+from latgate.api.routes import envelope_at, framework_routes, hot_routes, openapi_document
 from latgate.api.serve import Api, serve
 from latgate.auth import AuthGuard
 from latgate.config.schema import Config
@@ -178,9 +178,7 @@ async def _http_exception(request: Request, exc: HTTPException) -> Response:
         error: GatewayError = NotFound(f"no route for {request.method} {request.url.path}")
     else:
         error = InvalidRequest(str(exc.detail), status=exc.status_code, code="method_not_allowed" if exc.status_code == 405 else None)
-    api = api_at(request.url.path)
-    render = error_response if api is None else api.envelope.render
-    return render(error, request_id=request_id(request.headers.get("x-request-id")), extra_headers=exc.headers)
+    return envelope_at(request.url.path).render(error, request_id=request_id(request.headers.get("x-request-id")), extra_headers=exc.headers)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -66,6 +66,15 @@ def _ignore(status: int, kind: str, path: str) -> None:
     return None
 
 
+def openai_error_body(path: str, status: int, message: str, code: str) -> bytes:
+    """The OpenAI error envelope as JSON bytes (for any ``path``)."""
+    return _openai_error(message, kind="invalid_request_error", code=code)
+
+
+def _openai_error(message: str, *, kind: str, code: str) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+
 @dataclass(frozen=True)
 class ClientLimits:
     """What :func:`client_protocol` enforces (seconds; ``None``: no limit).
@@ -78,6 +87,9 @@ class ClientLimits:
         on_refused: ``(status, kind, path)`` for a refusal the app never saw
             (``header_timeout`` 408, ``connection_limit`` 503, ``malformed_head`` 400,
             ``head_too_large`` 431); records the access line and metric.
+        error_body: ``(path, status, message, code)`` -> the JSON error body a
+            request to ``path`` gets when its body stalls (the envelope of the API
+            there: Anthropic's on ``/v1/messages``); OpenAI's by default.
     """
 
     header_timeout_sec: float | None = None
@@ -85,12 +97,16 @@ class ClientLimits:
     send_timeout_sec: float | None = None
     max_connections: int | None = None
     on_refused: Callable[[int, str, str], None] = _ignore
+    error_body: Callable[[str, int, str, str], bytes] = openai_error_body
 
 
-def envelope(status: int, reason: str, message: str, *, code: str, kind: str = "invalid_request_error") -> bytes:
-    """A whole HTTP/1.1 response: ``status reason``, an OpenAI error envelope as JSON
-    body, ``connection: close``."""
-    body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+def envelope(
+    status: int, reason: str, message: str, *, code: str, kind: str = "invalid_request_error", body: bytes | None = None
+) -> bytes:
+    """A whole HTTP/1.1 response: ``status reason``, ``body`` (by default an OpenAI error
+    envelope) as JSON, ``connection: close``."""
+    if body is None:
+        body = _openai_error(message, kind=kind, code=code)
     head = (
         b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
         % (status, reason.encode(), len(body))
@@ -266,9 +282,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return
         cycle.scope[TIMEOUT_SCOPE_KEY] = "body_timeout"  # type: ignore[literal-required]
         if not cycle.response_started:
-            self.transport.write(
-                envelope(408, "Request Timeout", f"request body stalled for {seconds:g} s", code="request_timeout")
-            )
+            message = f"request body stalled for {seconds:g} s"
+            body = self.limits.error_body(cycle.scope["path"], 408, message, "request_timeout")
+            self.transport.write(envelope(408, "Request Timeout", message, code="request_timeout", body=body))
         cycle.disconnected = True
         cycle.message_event.set()
         self.transport.close()

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 
 import uvicorn
 
+from latgate.api.routes import envelope_at
+from latgate.errors import InvalidRequest
 from latgate.gcpolicy import settle_heap
 from latgate.httplimits import MAX_HEAD_BYTES, ClientLimits, client_protocol
 from latgate.listen import default_max_connections
@@ -54,7 +56,12 @@ def client_limits(app: object) -> ClientLimits:
     def on_refused(status: int, kind: str, path: str) -> None:
         state.gateway.record_refusal(status=status, kind=kind, path=path)
 
+    def error_body(path: str, status: int, message: str, code: str) -> bytes:
+        error = InvalidRequest(message, status=status, code=code)
+        return bytes(envelope_at(path).render(error, request_id="-").body)
+
     return ClientLimits(
+        error_body=error_body,
         header_timeout_sec=server.header_timeout_sec or None,
         body_timeout_sec=server.body_timeout_sec or None,
         send_timeout_sec=server.send_timeout_sec or None,

@@ -9,7 +9,7 @@ the three views of the HTTP API:
   routes are served and other methods on any path get a 405;
 - :func:`openapi_document`: ``GET /openapi.json``.
 
-An API's 405 and 404 answers use its envelope (:func:`api_at`).
+An API's 405 answers and stalled-body 408s use its envelope (:func:`envelope_at`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from latgate.api import admin, openapi_doc
 from latgate.api.anthropic import COUNT_TOKENS, MESSAGES
 from latgate.api.openai import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, PREFIXES, get_model, list_models
 from latgate.api.responses import RESPONSES
-from latgate.api.serve import Api
+from latgate.api.serve import OPENAI_ENVELOPE, Api, Envelope
 from latgate.reload import reload_endpoint
 from latgate.ui import endpoints as ui_endpoints
 
@@ -109,9 +109,11 @@ def hot_routes() -> dict[str, Api]:
     return {path: api for api in APIS for path in api.paths}
 
 
-def api_at(path: str) -> Api | None:
-    """The API served at ``path`` (a trailing slash ignored), else ``None``."""
-    return _BY_PATH.get(path.rstrip("/") or path)
+def envelope_at(path: str) -> Envelope:
+    """The error envelope of the API served at ``path`` (a trailing slash ignored);
+    OpenAI's elsewhere."""
+    api = _BY_PATH.get(path.rstrip("/") or path)
+    return OPENAI_ENVELOPE if api is None else api.envelope
 
 
 def framework_routes() -> list[Route]:
