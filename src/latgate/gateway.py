@@ -121,8 +121,8 @@ class Gateway:
 
         Raises:
             GatewayError: bad request, no route, or every candidate failed; with
-                ``[auth]`` also 401, 403 and 429 (see :mod:`latgate.auth`). The caller
-                renders it in its API's envelope and calls :meth:`fail`.
+                ``[auth]`` also 403 and 429 (see :mod:`latgate.auth`). The caller
+                records it (:meth:`record_failure`) and renders it in its API's envelope.
         """
         stream = body.get("stream")
         if stream is None:  # absent, or null (the openai SDK's stream=None): not streamed
