@@ -24,7 +24,7 @@ import orjson
 from starlette.responses import Response
 
 from latgate.api.body import error_headers
-from latgate.api.serve import Api, Envelope, Forward
+from latgate.api.serve import Api, Envelope, Forward, Prepare
 from latgate.auth import Caller
 from latgate.errors import GatewayError
 from latgate.gateway import REFUSING_DEEP_NESTING, Gateway
@@ -67,22 +67,33 @@ def error_response(
 
 
 ANTHROPIC_ENVELOPE = Envelope(render=error_response, schema="AnthropicError")
-MESSAGES = Api(
-    name="/messages",
-    paths=("/v1/messages",),
-    prepare=_messages,
-    envelope=ANTHROPIC_ENVELOPE,
-    summary="Anthropic Messages API, translated",
-    request_schema="MessagesRequest",
+
+
+def _anthropic_api(
+    name: str, prepare: Prepare, *, summary: str, request_schema: str, answer_schema: dict[str, Any] | None = None
+) -> Api:
+    """An API at ``/v1{name}`` in the Anthropic envelope; streamed unless latgate answers it
+    (``answer_schema``)."""
+    return Api(
+        name=name,
+        paths=("/v1" + name,),
+        prepare=prepare,
+        summary=summary,
+        request_schema=request_schema,
+        envelope=ANTHROPIC_ENVELOPE,
+        streams=answer_schema is None,
+        answer_schema=answer_schema,
+    )
+
+
+MESSAGES = _anthropic_api(
+    "/messages", _messages, summary="Anthropic Messages API, translated", request_schema="MessagesRequest"
 )
-COUNT_TOKENS = Api(
-    name="/messages/count_tokens",
-    paths=("/v1/messages/count_tokens",),
-    prepare=_count_tokens,
-    envelope=ANTHROPIC_ENVELOPE,
+COUNT_TOKENS = _anthropic_api(
+    "/messages/count_tokens",
+    _count_tokens,
     summary="Anthropic token count (latgate's estimate)",
     request_schema="CountTokensRequest",
-    streams=False,
     answer_schema={
         "type": "object",
         "required": ["input_tokens"],

@@ -42,9 +42,15 @@ def _json(schema_name: str) -> dict[str, Any]:
 
 
 def _errors(envelope: str) -> dict[str, Any]:
-    return {
-        status: {"description": text, "content": _json(envelope)} for status, text in _ERROR_STATUSES.items()
-    }
+    return _refusals(_ERROR_STATUSES, envelope=envelope)
+
+
+def _refusals(descriptions: dict[str, str], *, envelope: str = "ErrorResponse") -> dict[str, Any]:
+    """Status -> response object, each in ``envelope``."""
+    return {status: {"description": text, "content": _json(envelope)} for status, text in descriptions.items()}
+
+
+_ADMIN_REFUSALS = _refusals({"401": "no key", "403": "not an admin key"})
 
 
 def proxied(api: Api) -> dict[str, Any]:
@@ -82,8 +88,7 @@ def admin_page(summary: str, *, media: str = "application/json") -> dict[str, An
             "summary": summary,
             "responses": {
                 "200": {"description": summary, "content": {media: {"schema": schema}}},
-                "401": {"description": "no key", "content": _json("ErrorResponse")},
-                "403": {"description": "not an admin key", "content": _json("ErrorResponse")},
+                **_ADMIN_REFUSALS,
             },
         }
     }
@@ -96,7 +101,7 @@ def models() -> dict[str, Any]:
             "summary": "Served models and aliases",
             "responses": {
                 "200": {"description": "models", "content": _json("ModelList")},
-                "401": {"description": "no gateway key", "content": _json("ErrorResponse")},
+                **_refusals({"401": "no gateway key"}),
             },
         }
     }
@@ -110,8 +115,7 @@ def model() -> dict[str, Any]:
             "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
             "responses": {
                 "200": {"description": "the model", "content": _json("Model")},
-                "401": {"description": "no gateway key", "content": _json("ErrorResponse")},
-                "404": {"description": "not served", "content": _json("ErrorResponse")},
+                **_refusals({"401": "no gateway key", "404": "not served"}),
             },
         }
     }
@@ -138,9 +142,8 @@ def reload_config() -> dict[str, Any]:
             "summary": "Reload the config file (admin key with [auth])",
             "responses": {
                 "200": {"description": "reloaded", "content": {"application/json": {"schema": {"type": "object"}}}},
-                "400": {"description": "config rejected; the old one serves on", "content": _json("ErrorResponse")},
-                "401": {"description": "no key", "content": _json("ErrorResponse")},
-                "403": {"description": "not an admin key", "content": _json("ErrorResponse")},
+                **_refusals({"400": "config rejected; the old one serves on"}),
+                **_ADMIN_REFUSALS,
             },
         }
     }
