@@ -13,11 +13,23 @@ import logging
 import socket
 from collections.abc import Iterator
 
+import anthropic
 import httpx
+import openai
 import pytest
 from apis import APIS, RELAYED, STREAMED, body_for, error_type, post_head
 from completions import content
-from h1_upstreams import SECRET, SSE_HEAD, Handler, RawUpstream, access_lines, chunk, requests_with
+from h1_upstreams import (
+    SECRET,
+    SSE_HEAD,
+    Handler,
+    RawUpstream,
+    access_lines,
+    chunk,
+    json_reply,
+    keep_serving,
+    requests_with,
+)
 from h1_upstreams import config as upstream_config
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -148,3 +160,39 @@ def test_a_body_over_the_limit_is_413_in_its_envelope(api: Api, declared: bool, 
     anthropic = api.envelope.schema == "AnthropicError"
     assert error_type(api, answer.json()) == ("request_too_large" if anthropic else "invalid_request_error")
     assert [(line["path"], line["status"]) for line in access_lines(access_log)] == [(api.name, 413)]
+
+
+def _chat(url: str) -> None:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="sk-small", max_retries=0)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+
+
+def _responses(url: str) -> None:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="sk-small", max_retries=0)
+    client.responses.create(model="m", input="hi", store=False)
+
+
+def _messages(url: str) -> None:
+    client = anthropic.Anthropic(base_url=url, api_key="sk-small", max_retries=0)
+    client.messages.create(model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize(
+    ("ask", "refused"),
+    [
+        pytest.param(_chat, openai.RateLimitError, id="chat-completions"),
+        pytest.param(_responses, openai.RateLimitError, id="responses"),
+        pytest.param(_messages, anthropic.RateLimitError, id="messages"),
+    ],
+)
+def test_a_key_over_its_request_rate_gets_each_sdks_rate_limit_error(ask, refused: type[Exception]) -> None:
+    auth = '[auth]\n[[auth.keys]]\nname = "small"\nkey = "sk-small"\nrpm = 1\n'
+    with (
+        RawUpstream(keep_serving(json_reply())) as up,
+        gateway(upstream_config(up.base_url) + auth, env={"UP_KEY": SECRET}) as gw,
+    ):
+        ask(gw.url)
+        with pytest.raises(refused) as caught:
+            ask(gw.url)
+        assert caught.value.response.headers["retry-after"].isdigit()
+        assert len(up.requests) == 1
