@@ -94,10 +94,11 @@ class Attempt:
     race: Race | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptSender:
     """Sends attempts and reads each up to its answer or its first generated content.
 
-    Args:
+    Attributes:
         config: the resolved config (limits, timeouts).
         pool: the providers and their endpoints (in flight, outcomes, first tokens).
         client: the pooled upstream client.
@@ -106,15 +107,12 @@ class AttemptSender:
         selector: the routing strategy (each attempt's first-token deadline).
     """
 
-    def __init__(
-        self, *, config: Config, pool: ProviderPool, client: UpstreamClient, metrics: Metrics, failures: Failures, selector: Selector
-    ) -> None:
-        self._config = config
-        self._pool = pool
-        self._client = client
-        self._metrics = metrics
-        self._failures = failures
-        self._selector = selector
+    config: Config
+    pool: ProviderPool
+    client: UpstreamClient
+    metrics: Metrics
+    failures: Failures
+    selector: Selector
 
     async def send(self, attempt: Attempt) -> Any:
         """Send ``attempt`` and return the client's response: an :class:`Answer`, or for
@@ -135,17 +133,17 @@ class AttemptSender:
             tap = StreamTap(
                 drop_usage_chunk=tap_drop(body),
                 model_rewrite=model_rewrite(body, target),
-                max_event_bytes=self._config.defaults.max_event_bytes,
+                max_event_bytes=self.config.defaults.max_event_bytes,
                 text_error=provider.connector.text_error,
             )
         stack = contextlib.AsyncExitStack()
         if plan.reserved and endpoint is plan.endpoint:  # counted in flight from here on
             plan.reserved = False
-            self._pool.release(endpoint)
-        queue_ms = endpoint.queue_ms(self._pool.clock())  # before this attempt counts in flight
+            self.pool.release(endpoint)
+        queue_ms = endpoint.queue_ms(self.pool.clock())  # before this attempt counts in flight
         predicted_ms = queue_ms + endpoint.predictor.predict_ms(plan.prompt_tokens)
-        ticket = self._pool.begin(provider, endpoint, prompt_tokens=plan.prompt_tokens, queue_ms=queue_ms)
-        stack.callback(self._pool.end, provider, endpoint, ticket)
+        ticket = self.pool.begin(provider, endpoint, prompt_tokens=plan.prompt_tokens, queue_ms=queue_ms)
+        stack.callback(self.pool.end, provider, endpoint, ticket)
         handed_off = False
         try:
             headers = upstream_headers(auth=provider.auth_headers, request_id=exchange.request_id, stream=exchange.stream)
@@ -153,31 +151,31 @@ class AttemptSender:
                 headers.update(exchange.trace.upstream_headers())
             url = provider.connector.url(endpoint.config, routed.path)
             if exchange.attempts == 1:
-                self._metrics.record_overhead(time.perf_counter() - exchange.received_at)
+                self.metrics.record_overhead(time.perf_counter() - exchange.received_at)
             deadline = None
             if tap is not None:
-                deadline_ms = self._selector.deadline_ms(plan, predicted_ttft_ms=predicted_ms, last_attempt=attempt.last)
+                deadline_ms = self.selector.deadline_ms(plan, predicted_ttft_ms=predicted_ms, last_attempt=attempt.last)
                 if deadline_ms:
                     deadline = asyncio.get_running_loop().time() + deadline_ms / 1000.0
-                    ticket.budget_deadline = deadline_ms != self._selector.configured_deadline_ms
+                    ticket.budget_deadline = deadline_ms != self.selector.configured_deadline_ms
             try:
                 async with asyncio.timeout_at(deadline):
-                    response = await self._client.open(
+                    response = await self.client.open(
                         url=url, payload=attempt.payload, headers=headers, read_timeout_seconds=provider.config.timeout_sec,
                         egress=provider.egress, group=provider.name,
-                        max_connections=provider.config.max_connections or self._config.defaults.max_connections,
+                        max_connections=provider.config.max_connections or self.config.defaults.max_connections,
                     )  # fmt: skip
             except TimeoutError:
                 ticket.censored = True
-                raise self._failures.failed(provider, endpoint, NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
+                raise self.failures.failed(provider, endpoint, NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
             except UpstreamFailure as failure:
-                raise self._failures.failed(provider, endpoint, failure) from None
+                raise self.failures.failed(provider, endpoint, failure) from None
             stack.push_async_callback(response.aclose)
             if response.status_code != 200:
-                failed = await self._failures.status_failure(provider, endpoint, response, deadline)
+                failed = await self.failures.status_failure(provider, endpoint, response, deadline)
                 if tap is not None and rejects_stream_options(failed.error, provider, attempt.payload):
                     provider.rejects_stream_options = True  # remembered: never sent to it again
-                    self._metrics.record_retry(provider=provider.name)
+                    self.metrics.record_retry(provider=provider.name)
                     await stack.aclose()
                     again = upstream_payload(body, target, provider, stream=True, path=routed.path)
                     return await self.send(dataclasses.replace(attempt, payload=again))
@@ -209,7 +207,7 @@ class AttemptSender:
         provider, endpoint, exchange = attempt.provider, attempt.endpoint, attempt.routed.exchange
         content_type = response.headers.get("content-type", "")
         if content_type.startswith(("text/html", "application/json")):  # a page, or the stream flag ignored
-            raise await self._failures.wrong_content_type(provider, endpoint, content_type, deadline)
+            raise await self.failures.wrong_content_type(provider, endpoint, content_type, deadline)
         body = response.aiter_raw()
         early = exchange.early
         head: list[bytes] = []
@@ -231,25 +229,25 @@ class AttemptSender:
                         if out:
                             head.append(out)
                             held += len(out)
-                            if held > self._config.defaults.max_event_bytes and not units:  # events without content: not kept unbounded
+                            if held > self.config.defaults.max_event_bytes and not units:  # events without content: not kept unbounded
                                 raise UpstreamFailure("too_large", "the events before the first token exceeded max_event_bytes")
                         if tap.error is not None or units or tap.done:
                             break
         except TimeoutError:
             ticket.censored = True
-            raise self._failures.failed(provider, endpoint, NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
+            raise self.failures.failed(provider, endpoint, NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
         except UpstreamFailure as failure:
-            raise self._failures.failed(provider, endpoint, failure) from None
+            raise self.failures.failed(provider, endpoint, failure) from None
         if tap.error is not None:
-            raise self._failures.error_event(provider, endpoint, tap.error, error_kind=tap.error_kind)
+            raise self.failures.error_event(provider, endpoint, tap.error, error_kind=tap.error_kind)
         if tap.aborted and not units:
-            raise self._failures.bad_response(provider, endpoint, "aborted the stream before any content")
+            raise self.failures.bad_response(provider, endpoint, "aborted the stream before any content")
         if ended and not units and not tap.done and not tap.finished:
             failure = UpstreamFailure("read", "the stream ended before any content")
-            raise self._failures.failed(provider, endpoint, failure)
+            raise self.failures.failed(provider, endpoint, failure)
         if units:
-            self._pool.record_first_token(provider, endpoint, ticket, ttft_ms=(time.perf_counter() - ticket.started_at) * 1000.0)
-        self._pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
+            self.pool.record_first_token(provider, endpoint, ticket, ttft_ms=(time.perf_counter() - ticket.started_at) * 1000.0)
+        self.pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
         if attempt.race is not None:
             if not attempt.race.claim():
                 raise LostRace()
@@ -268,9 +266,9 @@ class AttemptSender:
             body=body,
             tap=tap,
             exchange=exchange,
-            metrics=self._metrics,
+            metrics=self.metrics,
             on_close=handed.aclose,
-            on_upstream_failure=lambda kind: self._pool.record_outcome(provider, endpoint, ok=False),
+            on_upstream_failure=lambda kind: self.pool.record_outcome(provider, endpoint, ok=False),
             transform=transform,
             secrets=provider_secrets(provider),
         )
@@ -280,24 +278,24 @@ class AttemptSender:
         provider, endpoint, exchange = attempt.provider, attempt.endpoint, attempt.routed.exchange
         content_type = response.headers.get("content-type", "")
         if content_type.startswith("text/html"):  # a login page or a proxy's notice, not an answer
-            raise await self._failures.wrong_content_type(provider, endpoint, content_type, None)
+            raise await self.failures.wrong_content_type(provider, endpoint, content_type, None)
         try:
             with upstream_errors():
-                data = await read_at_most(response, self._config.defaults.max_response_bytes)
+                data = await read_at_most(response, self.config.defaults.max_response_bytes)
         except UpstreamFailure as failure:
-            raise self._failures.failed(provider, endpoint, failure) from None
+            raise self.failures.failed(provider, endpoint, failure) from None
         try:
             parsed = orjson.loads(data)
         except orjson.JSONDecodeError:
             parsed = None
         if not isinstance(parsed, dict):  # an event stream, a proxy's page, a truncated body: never relayed
-            raise self._failures.bad_response(provider, endpoint, "answered a non-streamed request with a body that is not a JSON object")
-        self._pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
+            raise self.failures.bad_response(provider, endpoint, "answered a non-streamed request with a body that is not a JSON object")
+        self.pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
         if parsed.get("error") is not None and "choices" not in parsed and "data" not in parsed:
             error = parsed["error"]  # an OpenAI error object, or a bare string (TileRT's)
-            raise self._failures.error_event(provider, endpoint, error if isinstance(error, dict) else {"message": str(error)})
+            raise self.failures.error_event(provider, endpoint, error if isinstance(error, dict) else {"message": str(error)})
         if aborted_answer(parsed):  # nothing reached the client yet: retried like any failure before the first byte
-            raise self._failures.bad_response(provider, endpoint, "ended its answer with finish_reason 'abort'")
+            raise self.failures.bad_response(provider, endpoint, "ended its answer with finish_reason 'abort'")
         exchange.apply_usage(parsed.get("usage"))
         exchange.usage_estimated = not isinstance(parsed.get("usage"), dict)
         if exchange.upstream_model != exchange.public_model and parsed.get("model") == exchange.upstream_model:
@@ -309,10 +307,10 @@ class AttemptSender:
             data = transform.complete(data)
         headers = client_headers(exchange, response.headers.get("content-type", "application/json"))
         # Finished once the body was handed to the server (e2e includes writing it).
-        return Answer(body=data, headers=headers, on_sent=lambda: exchange.finish(self._metrics))
+        return Answer(body=data, headers=headers, on_sent=lambda: exchange.finish(self.metrics))
 
     def _record_decode(self, endpoint: EndpointRuntime, exchange: Exchange, tap: StreamTap) -> None:
         """After a stream: its decode speed, for the endpoint's live numbers."""
         if exchange.first_token_at is not None and exchange.last_token_at is not None:
             seconds = exchange.last_token_at - exchange.first_token_at
-            self._pool.record_decode(endpoint, tokens=tap.content_chunks, seconds=seconds)
+            self.pool.record_decode(endpoint, tokens=tap.content_chunks, seconds=seconds)
