@@ -52,8 +52,9 @@ class LatgateApp:
     (operator routes, 404/405, lifespan) goes through FastAPI.
 
     Why: FastAPI's middleware stack (error, exception, exit-stack, body-limit and
-    telemetry layers, the last reading ``os.environ`` on every request) cost about 10%
-    of a proxied request's CPU in a profile; a dict lookup on the path costs nothing.
+    telemetry layers, the last reading ``os.environ`` on every request) is a measurable
+    share of a proxied request's CPU (docs/performance.md); a dict lookup on the path
+    costs next to nothing.
 
     With ``[auth]``, ``/admin/*`` needs an admin key and the model list a valid key
     (proxied routes check keys in :class:`Gateway`); ``/``, ``/healthz``, ``/readyz``,

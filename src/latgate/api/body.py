@@ -24,7 +24,8 @@ class ProxyRequest(Request):
 
     Why: routing, auth and the request id look up about ten headers per proxied
     request, most of them absent; Starlette's ``Headers`` finds each by a linear scan
-    and an absent one through a ``KeyError`` (~1 µs each), a dict in ~0.05 µs.
+    and an absent one through a ``KeyError``, a dict by one hash lookup (the costs:
+    docs/performance.md).
     """
 
     @property
@@ -110,7 +111,7 @@ def error_headers(error: GatewayError, *, request_id: str, extra_headers: dict[s
 
 #: The disconnect watch starts this long after the work: most of a request's wait is the
 #: upstream's (seconds), and a request answered sooner does without the watcher task
-#: (~5% of a fast proxied request's instructions); a client that left is still noticed
+#: (its cost: docs/performance.md); a client that left is still noticed
 #: within this time of starting to wait.
 WATCH_AFTER_SECONDS = 0.02
 
