@@ -80,13 +80,14 @@ def _latency_threshold_unrouted(config: Config) -> list[str]:
     if routing.latency_threshold_ms is None or routing.route_latency_sensitive_to is not None or not others:
         return []
     alternatives = f" (or {', '.join(others[1:])})" if others[1:] else ""
-    return [
+    warning = (
         f"routing.latency_threshold_ms = {routing.latency_threshold_ms} is set without "
         f"routing.route_latency_sensitive_to: requests it marks latency-sensitive (X-Latency-Budget-Ms <= "
         f'{routing.latency_threshold_ms}) stay on default_route "{routing.default_route}"; add '
         f'route_latency_sensitive_to = "{others[0]}"{alternatives} under [routing] to send them to the '
         "low-latency provider"
-    ]
+    )
+    return [warning]
 
 
 def is_loopback(host: str) -> bool:
