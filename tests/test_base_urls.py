@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import httpx
 import pytest
@@ -107,6 +108,50 @@ def test_a_second_redirect_is_not_followed() -> None:
         response = httpx.post(gw.v1 + "/chat/completions", json=CHAT, timeout=15)
     assert response.status_code == 502 and "HTTP 307" in response.json()["error"]["message"]
     assert len(up.requests) == 2
+
+
+@pytest.mark.parametrize("status", [b"307 Temporary Redirect", b"308 Permanent Redirect"])
+@pytest.mark.parametrize("absolute", [False, True], ids=["relative", "absolute"])
+def test_a_redirect_to_its_own_path_is_a_refused_loop_named_by_path(
+    status: bytes, absolute: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An upstream that answers a 307/308 naming the URL it was sent to, then closes
+    the connection as many redirectors do: a redirect loop, not followed, with the
+    Location's path (never its host) in the client's error and the access line."""
+
+    async def handler(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await up.request(reader)
+        where = b"/v1/chat/completions"
+        if absolute:
+            where = b"http://127.0.0.1:%d%s" % (up.port, where)
+        writer.write(b"HTTP/1.1 %s\r\nlocation: %s\r\ncontent-length: 0\r\n\r\n" % (status, where))
+        await writer.drain()
+        writer.close()
+
+    caplog.set_level(logging.INFO, logger="latgate.access")
+    with RawUpstream(handler) as up, gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
+        response = httpx.post(gw.v1 + "/chat/completions", json=CHAT, timeout=15)
+        port = up.port
+    assert response.status_code == 502
+    message = response.json()["error"]["message"]
+    assert f"redirect loop (HTTP {status[:3].decode()} to /v1/chat/completions" in message, message
+    assert str(port) not in message and "127.0.0.1" not in message
+    (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == "latgate.access"]
+    assert line["status"] == 502 and line["cause"] == f"redirect loop: HTTP {status[:3].decode()} to /v1/chat/completions"
+    assert len(up.requests) == 1
+
+
+def test_a_refused_redirect_names_the_location_s_path_not_its_host(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="latgate.access")
+    with RawUpstream(keep_serving(json_reply())) as other:
+        elsewhere = b"https://127.0.0.1:%d/openai/v1/chat/completions?k=1" % other.port
+        with RawUpstream(redirecting(b"302 Found", elsewhere)) as up, gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
+            response = httpx.post(gw.v1 + "/chat/completions", json=CHAT, timeout=15)
+    message = response.json()["error"]["message"]
+    assert response.status_code == 502 and "HTTP 302 to /openai/v1/chat/completions)" in message, message
+    assert str(other.port) not in message and "k=1" not in message
+    (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == "latgate.access"]
+    assert line["cause"] == "redirect refused: HTTP 302 to /openai/v1/chat/completions"
 
 
 @pytest.mark.parametrize("status", [b"307 Temporary Redirect", b"308 Permanent Redirect", b"302 Found", b"301 Moved"])

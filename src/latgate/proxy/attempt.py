@@ -172,7 +172,7 @@ class AttemptSender:
                 raise self.failures.failed(provider, endpoint, failure) from None
             stack.push_async_callback(response.aclose)
             if response.status_code != 200:
-                failed = await self.failures.status_failure(provider, endpoint, response, deadline)
+                failed = await self.failures.status_failure(provider, endpoint, response, deadline, url=url)
                 if tap is not None and rejects_stream_options(failed.error, provider, attempt.payload):
                     provider.rejects_stream_options = True  # remembered: never sent to it again
                     self.metrics.record_retry(provider=provider.name)

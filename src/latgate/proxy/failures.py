@@ -21,9 +21,11 @@ import contextlib
 import logging
 import math
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 import orjson
 
+from latgate.config.masking import mask_secrets
 from latgate.errors import (
     GatewayError,
     InvalidRequest,
@@ -36,7 +38,12 @@ from latgate.errors import (
 from latgate.metrics import Metrics
 from latgate.providers import EndpointRuntime, ProviderPool, ProviderRuntime
 from latgate.proxy.redact import redact, redact_text
-from latgate.proxy.upstream import UpstreamFailure, upstream_errors
+from latgate.proxy.upstream import (
+    SAME_ORIGIN_REDIRECTS,
+    UpstreamFailure,
+    same_origin_location,
+    upstream_errors,
+)
 
 log = logging.getLogger("latgate.upstream")
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -107,19 +114,22 @@ class Failures:
         return AttemptFailed(error, retryable=True)
 
     async def status_failure(
-        self, provider: ProviderRuntime, endpoint: EndpointRuntime, response: Any, deadline: float | None
+        self,
+        provider: ProviderRuntime,
+        endpoint: EndpointRuntime,
+        response: Any,
+        deadline: float | None,
+        *,
+        url: str = "",
     ) -> AttemptFailed:
-        """A non-200 answer. 4xx/5xx: the upstream's error (an OpenAI error object or
-        a bare string ``{"error": "MESSAGE"}``), redacted, with its status (retried
-        where :data:`RETRYABLE_STATUSES` says; ``busy`` when the connector says the
-        provider is full). Any other status (a 204, a
+        """A non-200 answer to a request sent to ``url``. 4xx/5xx: the upstream's error
+        (an OpenAI error object or a bare string ``{"error": "MESSAGE"}``), redacted,
+        with its status (retried where :data:`RETRYABLE_STATUSES` says; ``busy`` when
+        the connector says the provider is full). Any other status (a 204, a
         redirect): not an answer to a completion, so the provider's failure (502)."""
         status = response.status_code
-        if 300 <= status < 400:  # a same-origin 307/308 was followed already (upstream.py)
-            return self.bad_response(
-                provider, endpoint, f"answered with a redirect (HTTP {status}) latgate does not follow: "
-                "only one 307/308 to the same host is followed; set api_base to the address it names",
-            )  # fmt: skip
+        if 300 <= status < 400:  # a same-origin 307/308 elsewhere was followed already (upstream.py)
+            return self.redirect_refused(provider, endpoint, status, response.headers.get("location"), url)
         if status < 400:
             return self.bad_response(provider, endpoint, f"answered with status {status}")
         data = b""
@@ -171,6 +181,27 @@ class Failures:
         shown = content_type.split(";")[0].strip()[:64] or "none"
         return self.bad_response(provider, endpoint, f"answered with content type {shown!r}")
 
+    def redirect_refused(
+        self, provider: ProviderRuntime, endpoint: EndpointRuntime, status: int, location: str | None, url: str
+    ) -> AttemptFailed:
+        """A redirect not followed (:meth:`bad_response`): a loop when it names ``url``
+        itself, else one latgate does not follow. The client's message and the access
+        line's cause name the ``Location``'s path, never its host, port or query (they
+        may be internal addresses or carry a key)."""
+        shown = f"HTTP {status} to {redirect_path(url, location)}" if location else f"HTTP {status} without a Location"
+        if location and status in SAME_ORIGIN_REDIRECTS and same_origin_location(url, location) == url:
+            what = f"a redirect loop ({shown}, the URL it was sent): not followed; check that api_base names the address the engine serves"
+            cause = f"redirect loop: {shown}"
+        else:
+            what = (
+                f"a redirect ({shown}) latgate does not follow: only one 307/308 to the same host is followed; "
+                "set api_base to the address it names"
+            )
+            cause = f"redirect refused: {shown}"
+        failed = self.bad_response(provider, endpoint, f"answered with {what}")
+        failed.error.cause = cause
+        return failed
+
     def bad_response(self, provider: ProviderRuntime, endpoint: EndpointRuntime, what: str) -> AttemptFailed:
         """An answer latgate cannot relay (wrong status, type or encoding): the provider's
         failure (counted as ``bad_response``), retried elsewhere, shown as a 502
@@ -178,6 +209,12 @@ class Failures:
         self.pool.record_outcome(provider, endpoint, ok=False)
         self.metrics.record_upstream_error(provider=provider.name, kind="bad_response")
         return AttemptFailed(UpstreamError(f"provider {provider.name!r} {what}"), retryable=True)
+
+
+def redirect_path(url: str, location: str) -> str:
+    """The path ``location`` names, resolved against ``url`` (no scheme, host, port,
+    query or fragment), masked where it looks like a key."""
+    return mask_secrets(urlsplit(urljoin(url, location.strip())).path or "/")
 
 
 def aborted_answer(answer: dict[str, Any]) -> bool:

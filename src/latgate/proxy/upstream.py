@@ -221,10 +221,11 @@ class UpstreamClient:
         slot: tuple[str, int | None],
     ) -> Any:
         """A same-origin 307/308 followed once (method and body kept, RFC 9110 section
-        15.4.8/15.4.9); a compressed body decoded (:mod:`latgate.proxy.decoding`)."""
+        15.4.8/15.4.9), unless it names ``url`` itself (a loop: returned as it is, for
+        the caller to report); a compressed body decoded (:mod:`latgate.proxy.decoding`)."""
         if response.status_code in SAME_ORIGIN_REDIRECTS:
             location = same_origin_location(url, response.headers.get("location"))
-            if location is not None:
+            if location is not None and location != url:
                 await response.aclose()
                 response = await self._send(location, payload, headers, read_timeout_seconds, egress, slot)
         encoding = response.headers.get("content-encoding")
