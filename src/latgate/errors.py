@@ -80,6 +80,14 @@ class BodyTooLarge(InvalidRequest):
     code = "request_too_large"
 
 
+class UnsupportedMediaType(InvalidRequest):
+    """A request body latgate cannot read: compressed (``Content-Encoding``) or of a
+    type that is not JSON (RFC 9110 section 15.5.16)."""
+
+    status = 415
+    code = "unsupported_media_type"
+
+
 class ContextLengthExceeded(InvalidRequest):
     """The prompt fits no candidate's context window (``[models.X] max_context_tokens``,
     or the windows the engines report): answered before any upstream call. OpenAI's

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
 import orjson
@@ -11,7 +11,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from latgate.api.largebody import LARGE_BODY_BYTES, parse_in_slices
-from latgate.errors import BodyTooLarge, ClientClosedRequest, GatewayError, InvalidRequest
+from latgate.errors import (
+    BodyTooLarge,
+    ClientClosedRequest,
+    GatewayError,
+    InvalidRequest,
+    UnsupportedMediaType,
+)
 from latgate.proxy.splice import ClientBody
 
 T = TypeVar("T")
@@ -41,15 +47,47 @@ class ProxyRequest(Request):
         return headers
 
 
+#: Body types read as JSON besides ``application/json`` and ``*/*+json`` (RFC 6839):
+#: ``curl -d`` sends ``application/x-www-form-urlencoded`` when no type is given, and a
+#: quick ``curl -d '{...}'`` means JSON.
+JSON_READ_TYPES = frozenset({"application/json", "application/x-www-form-urlencoded"})
+#: How much of a refused Content-Type or Content-Encoding the 415 repeats.
+MAX_SHOWN_MEDIA_CHARS = 64
+
+
+def media_problem(headers: Mapping[str, str]) -> str | None:
+    """Why a body sent with these request headers cannot be read as JSON, or None: a
+    ``Content-Encoding`` other than ``identity`` (latgate does not decompress request
+    bodies), or a ``Content-Type`` that is not JSON (:data:`JSON_READ_TYPES`, a
+    ``+json`` type, or none at all)."""
+    encoding = headers.get("content-encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        shown = encoding.strip()[:MAX_SHOWN_MEDIA_CHARS]
+        return f"request body Content-Encoding {shown!r} is not supported; send the JSON body uncompressed"
+    content_type = headers.get("content-type")
+    if content_type is None:
+        return None
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if not media_type or media_type in JSON_READ_TYPES or media_type.endswith("+json"):
+        return None
+    shown = content_type.split(";", 1)[0].strip()[:MAX_SHOWN_MEDIA_CHARS]
+    return f"request body Content-Type {shown!r} is not supported; send a JSON object as application/json"
+
+
 async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
     """The request body as a JSON object, read at most ``max_bytes`` bytes, parsed once;
     it keeps the client's bytes, which are forwarded as they came where nothing in them
     changes (:mod:`latgate.proxy.splice`).
 
     Raises:
+        UnsupportedMediaType: compressed, or not sent as JSON (:func:`media_problem`;
+            415, before anything is read).
         BodyTooLarge: the declared or actual size exceeds ``max_bytes`` (413).
         InvalidRequest: not valid UTF-8 JSON, or not an object (400).
     """
+    problem = media_problem(request.headers)
+    if problem is not None:
+        raise UnsupportedMediaType(problem)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise BodyTooLarge(f"request body of {int(declared)} bytes exceeds the limit of {max_bytes} bytes")

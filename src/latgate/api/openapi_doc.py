@@ -30,6 +30,7 @@ _ERROR_STATUSES = {
     "403": "model not on the key's allow-list (with [auth])",
     "404": "no provider serves the model",
     "413": "body larger than server.max_body_bytes",
+    "415": "body compressed (Content-Encoding) or of a type that is not JSON",
     "429": "the key's RPM/TPM limit, or the provider's, was reached; see Retry-After",
     "502": "no provider could answer",
     "503": "rate-limit state unavailable and fail_open = false",
@@ -129,7 +130,7 @@ def dry_run() -> dict[str, Any]:
             "requestBody": {"required": True, "content": _json("ChatCompletionRequest")},
             "responses": {
                 "200": {"description": "the decision", "content": {"application/json": {"schema": {"type": "object"}}}},
-                **{s: r for s, r in _errors("ErrorResponse").items() if s in ("400", "401", "403", "404", "413")},
+                **{s: r for s, r in _errors("ErrorResponse").items() if s in ("400", "401", "403", "404", "413", "415")},
             },
         }
     }
