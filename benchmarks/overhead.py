@@ -12,8 +12,16 @@ access log here: off).
 
 Modes: ``non-stream`` (one chat completion object), ``stream-64`` (64 content chunks
 written back to back, each its own write), ``paced`` (32 chunks 20 ms apart, at high
-concurrency: what a busy gateway in front of real engines sees). Each cell runs for a
-fixed time with ``c`` connections sending one request after another.
+concurrency: what a busy gateway in front of real engines sees); ``agent``,
+``agent-stream`` and ``agent-messages`` send the ~100 KB agent bodies of
+``agent_bodies.py`` (chat completions, streamed or not, and ``/v1/messages``). Each cell
+runs for a fixed time with ``c`` connections sending one request after another.
+
+Suites (``--suites``, all by default): ``overhead`` (the two-word modes, every target),
+``agent`` (the agent modes, every target), ``state`` (latgate with ``[auth]`` and RPM/TPM
+limits, in process and with ``[state] redis_url`` on a local ``redis-server``) and
+``providers`` (latgate with 1, 10 and 100 providers of 4 endpoints, one per mock port,
+active probes off).
 
 Per target, mode and concurrency it records ``rps``, ``p50_ms``, ``p99_ms``,
 ``ttfc_p50_ms`` (time to first body byte), ``itl_p99_ms`` (gaps between reads, paced

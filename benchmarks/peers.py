@@ -153,7 +153,9 @@ class Latgate(Target):
 
     ``providers`` > 0: that many providers of ``len(upstream_ports)`` endpoints each
     (one per mock port), the benchmark's models served by the last one only (each other
-    provider serves a model of its own), instead of one provider with one ``api_base``.
+    provider serves a model of its own), instead of one provider with one ``api_base``;
+    active health probes are off there (``probe_interval_sec = 0``: 400 idle endpoints
+    probed every 5 s would be measured instead of routing).
     ``limits``: ``[auth]`` with one key (the load generator's ``sk-bench``) whose RPM and
     TPM limits are on but never reached; ``redis_url``: ``[state] redis_url``.
     """
@@ -192,6 +194,7 @@ class Latgate(Target):
             for i in range(self.providers):
                 served = models if i == self.providers - 1 else f'"other-{i}"'
                 text += f"[providers.p{i}]\nendpoints = [{endpoints}]\nmodels = [{served}]\n\n"
+            text += "[health]\nprobe_interval_sec = 0\n\n"
         if self.limits:
             text += '[[auth.keys]]\nname = "bench"\nkey = "sk-bench"\nrpm = 100000000\ntpm = 1000000000000\n\n'
         if self.redis_url:
