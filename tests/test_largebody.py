@@ -3,6 +3,8 @@ bytes as orjson, the same refusals; and a large body proxied end to end."""
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import orjson
 import pytest
@@ -10,6 +12,7 @@ from h1_upstreams import SECRET, RawUpstream, json_reply, keep_serving
 from h1_upstreams import config as upstream_config
 from stack import gateway
 
+from latgate.api import largebody
 from latgate.api.largebody import LARGE_BODY_BYTES, SLICE_ITEMS, dumps_in_slices, is_large, parse_in_slices
 
 BODIES = [
@@ -77,3 +80,16 @@ def test_slicing_offers_the_gil_more_often_and_restores_the_interval() -> None:
             assert sys.getswitchinterval() == pytest.approx(SLICING_SWITCH_INTERVAL_SECONDS)
         assert sys.getswitchinterval() == pytest.approx(SLICING_SWITCH_INTERVAL_SECONDS)
     assert sys.getswitchinterval() == pytest.approx(before)
+
+
+
+def test_a_proxied_large_body_hands_the_freed_heap_back_once_the_request_ends(monkeypatch) -> None:
+    trimmed = threading.Event()
+    monkeypatch.setattr(largebody, "_TRIM", lambda pad: trimmed.set())
+    body = {"model": "m", "messages": [{"role": "user", "content": f"m {i}"} for i in range(LARGE_BODY_BYTES // 20)]}
+    with (
+        RawUpstream(keep_serving(json_reply())) as up,
+        gateway(upstream_config(up.base_url), env={"UP_KEY": SECRET}) as gw,
+    ):
+        assert httpx.post(gw.v1 + "/chat/completions", json=body, timeout=30).status_code == 200
+        assert trimmed.wait(5), "the large body's memory was never handed back"

@@ -10,7 +10,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from latgate.api.largebody import LARGE_BODY_BYTES, parse_in_slices
+from latgate.api.largebody import LARGE_BODY_BYTES, parse_in_slices, trim_when_freed
 from latgate.errors import (
     BodyTooLarge,
     ClientClosedRequest,
@@ -111,7 +111,10 @@ async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
         raise InvalidRequest(f"request body is {reason}: {str(exc).splitlines()[0]}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
-    return ClientBody(body, raw)
+    parsed = ClientBody(body, raw)
+    if len(raw) > LARGE_BODY_BYTES:
+        trim_when_freed(parsed)
+    return parsed
 
 
 def require(body: dict[str, Any], field: str, kind: type | tuple[type, ...], *, what: str) -> Any:

@@ -16,10 +16,13 @@ The JSON grammar is RFC 8259's, as orjson reads it: ``NaN``/``Infinity`` are ref
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import re
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +34,54 @@ LARGE_BODY_BYTES = 1 << 20
 SHARED_VALUE_CHARS = 16
 #: Top-level arrays longer than this are encoded in slices of this many elements.
 SLICE_ITEMS = 2048
+
+
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim`` (``None`` elsewhere: musl, macOS)."""
+    with contextlib.suppress(OSError, AttributeError):
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    return None
+
+
+_TRIM = _malloc_trim()
+_trim_lock = threading.Lock()
+_trim_state = {"running": False, "again": False}
+
+
+def trim_when_freed(body: Any) -> None:
+    """Once ``body`` (a :class:`~latgate.proxy.splice.ClientBody`) is freed, hand the
+    freed heap back to the operating system.
+
+    Why: a large body parses into hundreds of thousands of small objects; when the
+    request ends they are freed, but glibc keeps the freed pages of its heap mapped,
+    so the gateway's resident memory stays at its peak (per ``malloc_trim(3)``, the
+    allocator returns memory only at the top of the heap unless asked). The trim runs
+    in a thread (``ctypes`` releases the GIL for the call), one at a time; a body freed
+    during a trim gets one more after it. A no-op where the C library has no
+    ``malloc_trim``.
+    """
+    if _TRIM is not None:
+        weakref.finalize(body, _trim_soon)
+
+
+def _trim_soon() -> None:
+    with _trim_lock:
+        if _trim_state["running"]:
+            _trim_state["again"] = True
+            return
+        _trim_state["running"] = True
+    threading.Thread(target=_trimming, name="latgate-malloc-trim", daemon=True).start()
+
+
+def _trimming() -> None:
+    while True:
+        _TRIM(0)
+        with _trim_lock:
+            if not _trim_state["again"]:
+                _trim_state["running"] = False
+                return
+            _trim_state["again"] = False
+
 
 _SPACE = re.compile(r"[ \t\n\r]*")
 

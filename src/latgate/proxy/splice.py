@@ -37,9 +37,10 @@ _SCALAR = re.compile(rb"-?[0-9][0-9.eE+-]*|true|false|null")
 class ClientBody(dict):
     """A request body parsed from JSON (a plain ``dict`` of its members) that keeps the
     client's bytes (``raw``) and its top-level members as parsed (``sent``), so that
-    :func:`splice` can tell what changed since."""
+    :func:`splice` can tell what changed since. Weakly referable (a large body's
+    memory is handed back when it is freed: :func:`latgate.api.largebody.trim_when_freed`)."""
 
-    __slots__ = ("raw", "sent")
+    __slots__ = ("__weakref__", "raw", "sent")
 
     def __init__(self, parsed: dict[str, Any], raw: bytes) -> None:
         super().__init__(parsed)
