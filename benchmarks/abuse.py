@@ -3,11 +3,14 @@
     .venv/bin/python benchmarks/abuse.py [--load-seconds 25] [--soft-nofile 1024]
         [--baseline-src /tmp/before/src] [--json OUT]
 
-Set-up: two engine simulators (``latgate sim``): ``healthy`` (the probe's and the
-concurrent streams' upstream: 500 ms per token, no batching limit) and ``bulk`` (fast,
-long answers, for the streams nobody reads), and the gateway (``latgate serve``, access
-log off) started with a soft descriptor limit of ``--soft-nofile`` (1,024 is a common
-default; the hard limit stays). With ``--baseline-src`` the gateway runs that source
+Set-up (2 cores): the gateway (``latgate serve``, access log off) alone on core 0
+(``taskset``), started with a soft descriptor limit of ``--soft-nofile`` (1,024 is a
+common default; the hard limit stays); on core 1 the clients, the probes and two
+upstreams: ``healthy``, the probe's and the concurrent streams' upstream, is the uvloop
+mock (``mock_upstream.py``: a paced stream of 40 chunks 500 ms apart, a one-token
+answer at once), light enough that the burst does not make the upstream itself the
+bottleneck; ``bulk``, an engine simulator (``latgate sim``: fast, long answers, for the
+streams nobody reads and the stall measurement). With ``--baseline-src`` the gateway runs that source
 tree instead (e.g. ``git worktree add /tmp/before main``), with a config the older code
 accepts (no ``[server]`` client limits); simulators and clients are this tree's.
 
@@ -16,16 +19,18 @@ Load, all at once, for ``--load-seconds``:
 - 1,000 idle connections that never send a byte;
 - 50 slowloris clients sending a request head one byte a second;
 - 20 streams whose client never reads (``bulk``: 4,096 tokens each);
-- 1,100 concurrent streams read to the end (``healthy``: 40 tokens, ~20 s each);
+- 1,100 concurrent streams read to the end (``healthy``: 40 chunks, 20 s each);
 - meanwhile a probe client sends a normal request (non-streamed, one token, a new
   connection each) every 0.2 s, from a process of its own (this one's event loop is
-  busy with the load), and a second one sends the same straight to the upstream: the
-  difference is the gateway's (the upstream simulator stalls in the burst too). Each
-  reports its three slowest probes with when they were sent.
+  busy with the load), and a second one sends the same straight to the upstream at the
+  same time. Each reports its three slowest probes with when they were sent; latgate's
+  share is its p99 over the direct probe's (``latgate_added_p99_ms``) and over the
+  unloaded run's.
 
 First, how long a fast stream's chunks stall while a ~30 MB body of 700k messages is
 proxied beside it and three more come from a key over its request rate (how soon they
-get their 429). Then, before the load, the same probe runs unloaded. Reported: the probe's p50/p99 and
+get their 429), and the gateway's RSS once those requests ended. Then, before the
+load, the same probes run unloaded. Reported: the probe's p50/p99 and
 errors (unloaded and loaded), the streams' outcomes, how many abusive connections the
 gateway closed and how soon, the gateway's peak RSS and descriptors (``/proc``), and
 from ``/metrics`` after the load: ejections, upstream errors, retries. The gateway's
@@ -64,7 +69,7 @@ max_retries = 1
 
 [providers.healthy]
 api_base = "http://127.0.0.1:{healthy}/v1"
-models = ["m"]
+models = ["m", "bench-paced"]
 
 [providers.bulk]
 api_base = "http://127.0.0.1:{bulk}/v1"
@@ -89,7 +94,7 @@ header_timeout_sec = {CLIENT_TIMEOUT_SECONDS}
 body_timeout_sec = {CLIENT_TIMEOUT_SECONDS}
 send_timeout_sec = {CLIENT_TIMEOUT_SECONDS}
 """
-HEALTHY = ["--tpot-ms", "500", "--tpot-growth-ms", "0", "--ttft-overhead-ms", "2", "--max-batch-size", "4096"]
+HEALTHY = ["--pace-ms", "500", "--paced-chunks", "40"]
 BULK = ["--tpot-ms", "1", "--tpot-growth-ms", "0", "--max-batch-size", "64", "--max-output-tokens", "4096"]
 
 
@@ -188,7 +193,7 @@ def closed_by_server(sock: socket.socket) -> bool:
 
 
 async def stream(port: int, outcomes: dict[str, int]) -> None:
-    outcome, answer = await exchange(port, request_bytes(port, chat("m", max_tokens=40, stream=True)), timeout=90)
+    outcome, answer = await exchange(port, request_bytes(port, chat("bench-paced", max_tokens=40, stream=True)), timeout=90)
     if outcome == "200" and (b"[DONE]" not in answer or b'"error"' in answer):
         outcome = "200 incomplete"
     outcomes[outcome] = outcomes.get(outcome, 0) + 1
@@ -281,6 +286,7 @@ def metric_sum(text: str, name: str) -> float:
 
 async def run_load(port: int, pid: int, args: argparse.Namespace, *, upstream_port: int) -> dict:
     unloaded = await probe(port, until=time.monotonic() + 20, interval=0.05, count=60)
+    direct_unloaded = await probe(upstream_port, until=time.monotonic() + 20, interval=0.05, count=60)
     rss_before_load, _ = gateway_sample(pid)  # what the earlier big bodies left
     opened = time.monotonic()
     idle_closes: list[float | None] = [None] * 1000
@@ -316,10 +322,17 @@ async def run_load(port: int, pid: int, args: argparse.Namespace, *, upstream_po
     for sock in unread:
         sock.close()
     limit = CLIENT_TIMEOUT_SECONDS + 2.0
+    through, direct = summary(loaded, origin=opened), summary(direct_loaded, origin=opened)
+    alone = summary(unloaded)
     return {
-        "probe_unloaded": summary(unloaded),
-        "probe_loaded": summary(loaded, origin=opened),
-        "probe_upstream_direct_loaded": summary(direct_loaded, origin=opened),
+        "probe_unloaded": alone,
+        "probe_upstream_direct_unloaded": summary(direct_unloaded),
+        "probe_loaded": through,
+        "probe_upstream_direct_loaded": direct,
+        "latgate_added_p99_ms": {
+            "over_direct_loaded": round(through["p99_ms"] - direct["p99_ms"], 1),
+            "over_unloaded": round(through["p99_ms"] - alone["p99_ms"], 1),
+        },
         "streams": stream_outcomes,
         "idle_closed_within_timeout": sum(1 for c in idle_closes if c is not None and c <= limit),
         "slowloris_closed_within_timeout": sum(1 for c in slow_closes if c is not None and c <= limit),
@@ -342,6 +355,9 @@ def main() -> int:
     if args.probe:  # the child of probe_process
         print(json.dumps(asyncio.run(probe(int(args.probe[0]), until=float(args.probe[1]), interval=0.2))))
         return 0
+    if not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2:
+        print("abuse.py needs Linux and 2 cores", file=sys.stderr)
+        return 2
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the clients need ~2,300 sockets
     healthy_port, bulk_port, port = free_port(), free_port(), free_port()
@@ -349,10 +365,14 @@ def main() -> int:
     load = os.getloadavg()
     log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed at exit)  the gateway's stderr (a pipe could fill and block it)
     try:
-        for sim_port, options in ((healthy_port, HEALTHY), (bulk_port, BULK)):
-            command = [sys.executable, "-m", "latgate", "sim", "--port", str(sim_port), *options]
+        os.sched_setaffinity(0, {1})  # this process, its probes and the upstreams: core 1
+        mock = str(Path(__file__).with_name("mock_upstream.py"))
+        for up_port, command in (
+            (healthy_port, [sys.executable, mock, *HEALTHY, str(healthy_port)]),
+            (bulk_port, [sys.executable, "-m", "latgate", "sim", "--port", str(bulk_port), *BULK]),
+        ):
             procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            wait_ready(f"http://127.0.0.1:{sim_port}/health", procs[-1])
+            wait_ready(f"http://127.0.0.1:{up_port}/health", procs[-1])
         config = Path(tempfile.mkdtemp(prefix="latgate-abuse-")) / "config.toml"
         config.write_text(CONFIG.format(healthy=healthy_port, bulk=bulk_port) + ("" if args.baseline_src else LIMITS))
         env = dict(os.environ)
@@ -361,7 +381,7 @@ def main() -> int:
         # the gateway inherits the soft limit it starts with; this process takes its own back
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(args.soft_nofile, hard), hard))
         gateway = subprocess.Popen(
-            latgate_serve_command(config, port=port, log_level="warning"),
+            ["taskset", "-c", "0", *latgate_serve_command(config, port=port, log_level="warning")],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=log,
@@ -370,6 +390,7 @@ def main() -> int:
         procs.append(gateway)
         wait_ready(f"http://127.0.0.1:{port}/healthz", gateway)
         figures = asyncio.run(big_bodies(port)) if args.big_bodies else {}
+        figures["gateway_rss_mb_after_big_bodies"] = round(gateway_sample(gateway.pid)[0], 1)
         figures.update(asyncio.run(run_load(port, gateway.pid, args, upstream_port=healthy_port)))
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         figures["ejections"] = metric_sum(text, "latgate_ejections_total")

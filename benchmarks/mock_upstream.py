@@ -10,17 +10,19 @@ Answers any POST by looking at its body (after dropping spaces):
   and ``[DONE]`` last;
 - anything else: one chat completion object (``content-length``).
 
-GET ``/v1/models`` (peers probe it) and ``/health`` answer small JSON bodies.
+GET ``/v1/models`` (peers probe it) and ``/health`` answer small JSON bodies. A request
+with ``connection: close`` has its connection closed after its answer.
 
-    python benchmarks/mock_upstream.py PORT [PORT ...]   (one server on each port)
+    python benchmarks/mock_upstream.py [--pace-ms MS] [--paced-chunks N] PORT [PORT ...]
+    (one server on each port; the paced stream's pace and length, default 20 ms, 32)
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import socket
-import sys
 
 CHUNKS = 64
 PACED_CHUNKS = 32
@@ -76,8 +78,9 @@ class MockUpstream(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
-        self.buf = b""
+        self.buf = bytearray()
         self.closed = False
+        self.close_after = False
         transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -97,10 +100,12 @@ class MockUpstream(asyncio.Protocol):
                 length = int(head[at + 15 : eol if eol > 0 else len(head)])
             if len(self.buf) < head_end + 4 + length:
                 return
-            body = self.buf[head_end + 4 : head_end + 4 + length].replace(b" ", b"")
-            self.buf = self.buf[head_end + 4 + length :]
+            body = bytes(self.buf[head_end + 4 : head_end + 4 + length]).replace(b" ", b"")
+            del self.buf[: head_end + 4 + length]
+            self.close_after = b"connection: close" in head
             if head.startswith(b"get"):
                 self.transport.write(_MODELS_RESPONSE)
+                self._answered()
             elif b'"stream":true' in body:
                 if b'"bench-paced"' in body:
                     self.transport.write(STREAM_HEAD + _ROLE_C)
@@ -109,6 +114,11 @@ class MockUpstream(asyncio.Protocol):
                     asyncio.get_running_loop().create_task(self._burst())
             else:
                 self.transport.write(_JSON_RESPONSE)
+                self._answered()
+
+    def _answered(self) -> None:
+        if self.close_after:
+            self.transport.close()
 
     async def _burst(self) -> None:
         write = self.transport.write
@@ -117,6 +127,7 @@ class MockUpstream(asyncio.Protocol):
             await asyncio.sleep(0)  # one write per event, each its own loop turn
             write(_CHUNK_C)
         write(_USAGE_C + _DONE_C + _END_C)
+        self._answered()
 
     def _pace(self, left: int) -> None:
         if self.closed:
@@ -126,6 +137,7 @@ class MockUpstream(asyncio.Protocol):
             asyncio.get_running_loop().call_later(PACE_MS / 1000, self._pace, left - 1)
         else:
             self.transport.write(_USAGE_C + _DONE_C + _END_C)
+            self._answered()
 
 
 def serve(*ports: int) -> None:
@@ -141,4 +153,10 @@ def serve(*ports: int) -> None:
 
 
 if __name__ == "__main__":
-    serve(*(int(arg) for arg in sys.argv[1:]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pace-ms", type=float, default=PACE_MS)
+    parser.add_argument("--paced-chunks", type=int, default=PACED_CHUNKS)
+    parser.add_argument("ports", type=int, nargs="+")
+    options = parser.parse_args()
+    PACE_MS, PACED_CHUNKS = options.pace_ms, options.paced_chunks
+    serve(*options.ports)
