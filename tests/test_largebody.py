@@ -14,6 +14,7 @@ from stack import gateway
 
 from latgate.api import largebody
 from latgate.api.largebody import LARGE_BODY_BYTES, SLICE_ITEMS, dumps_in_slices, is_large, parse_in_slices
+from latgate.proxy.splice import ClientBody
 
 BODIES = [
     {"model": "m", "messages": [{"role": "user", "content": f"hi {i} é 😀 \\\" \n"} for i in range(3 * SLICE_ITEMS + 7)]},
@@ -93,3 +94,15 @@ def test_a_proxied_large_body_hands_the_freed_heap_back_once_the_request_ends(mo
     ):
         assert httpx.post(gw.v1 + "/chat/completions", json=body, timeout=30).status_code == 200
         assert trimmed.wait(5), "the large body's memory was never handed back"
+
+
+def test_a_freed_body_leaves_an_array_still_held_elsewhere_intact_then_trims(monkeypatch) -> None:
+    trimmed = threading.Event()
+    monkeypatch.setattr(largebody, "_TRIM", lambda pad: trimmed.set())
+    messages = [{"role": "user", "content": str(i)} for i in range(3 * SLICE_ITEMS)]
+    body = ClientBody({"messages": messages}, b"{}")
+    largebody.release_when_freed(body)
+    assert not trimmed.is_set()
+    del body
+    assert trimmed.wait(5)
+    assert len(messages) == 3 * SLICE_ITEMS and messages[-1] == {"role": "user", "content": str(3 * SLICE_ITEMS - 1)}

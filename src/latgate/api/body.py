@@ -10,7 +10,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from latgate.api.largebody import LARGE_BODY_BYTES, parse_in_slices, trim_when_freed
+from latgate.api.largebody import LARGE_BODY_BYTES, parse_in_slices, release_when_freed
 from latgate.errors import (
     BodyTooLarge,
     ClientClosedRequest,
@@ -113,7 +113,7 @@ async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
         raise InvalidRequest("request body must be a JSON object")
     parsed = ClientBody(body, raw)
     if len(raw) > LARGE_BODY_BYTES:
-        trim_when_freed(parsed)
+        release_when_freed(parsed)
     return parsed
 
 

@@ -19,9 +19,11 @@ import contextlib
 import ctypes
 import ctypes.util
 import json
+import queue
 import re
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -44,43 +46,58 @@ def _malloc_trim() -> Any:
 
 
 _TRIM = _malloc_trim()
-_trim_lock = threading.Lock()
-_trim_state = {"running": False, "again": False}
+_released: queue.SimpleQueue[list[list[Any]]] = queue.SimpleQueue()
+_releaser_lock = threading.Lock()
+_releaser: list[threading.Thread] = []
+#: How long the releasing thread waits for a freed body's lists to lose their last
+#: other reference (the body's own dealloc finishing on the event loop), in seconds.
+RELEASE_WAIT_SECONDS = 0.01
 
 
-def trim_when_freed(body: Any) -> None:
-    """Once ``body`` (a :class:`~latgate.proxy.splice.ClientBody`) is freed, hand the
-    freed heap back to the operating system.
+def release_when_freed(body: Any) -> None:
+    """Once ``body`` (a :class:`~latgate.proxy.splice.ClientBody`) is freed, free its
+    long top-level arrays a slice at a time in a worker thread, then hand the freed heap
+    back to the operating system.
 
-    Why: a large body parses into hundreds of thousands of small objects; when the
-    request ends they are freed, but glibc keeps the freed pages of its heap mapped,
-    so the gateway's resident memory stays at its peak (per ``malloc_trim(3)``, the
-    allocator returns memory only at the top of the heap unless asked). The trim runs
-    in a thread (``ctypes`` releases the GIL for the call), one at a time; a body freed
-    during a trim gets one more after it. A no-op where the C library has no
-    ``malloc_trim``.
+    Why: freeing a body of hundreds of thousands of messages is one C call holding the
+    GIL (every element's dealloc) on whichever thread drops the last reference, the
+    event loop's; sliced in a worker the interpreter can switch between slices. And when
+    they are freed, glibc keeps the freed pages of its heap mapped, so the process's
+    resident memory stays at its peak unless asked (``malloc_trim(3)``; ``ctypes``
+    releases the GIL for the call; a no-op where the C library has none). An array
+    some other object still holds after the body is gone is only let go of, untouched.
     """
-    if _TRIM is not None:
-        weakref.finalize(body, _trim_soon)
+    arrays = [value for value in body.values() if type(value) is list and len(value) > 2 * SLICE_ITEMS]
+    if arrays or _TRIM is not None:
+        weakref.finalize(body, _release_soon, arrays).atexit = False
 
 
-def _trim_soon() -> None:
-    with _trim_lock:
-        if _trim_state["running"]:
-            _trim_state["again"] = True
-            return
-        _trim_state["running"] = True
-    threading.Thread(target=_trimming, name="latgate-malloc-trim", daemon=True).start()
+def _release_soon(arrays: list[list[Any]]) -> None:
+    _released.put(arrays)
+    with _releaser_lock:
+        if not _releaser:
+            _releaser.append(threading.Thread(target=_releasing, name="latgate-body-release", daemon=True))
+            _releaser[0].start()
 
 
-def _trimming() -> None:
+def _releasing() -> None:
     while True:
-        _TRIM(0)
-        with _trim_lock:
-            if not _trim_state["again"]:
-                _trim_state["running"] = False
-                return
-            _trim_state["again"] = False
+        arrays = _released.get()
+        with prompt_switching():
+            while arrays:
+                items = arrays.pop()
+                waited = 0.0
+                # 2: ``items`` and getrefcount's argument; more while the body's dealloc
+                # has not finished, or while something else keeps the array
+                while sys.getrefcount(items) > 2 and waited < RELEASE_WAIT_SECONDS:
+                    time.sleep(0.001)
+                    waited += 0.001
+                if sys.getrefcount(items) == 2:
+                    while items:
+                        del items[-SLICE_ITEMS:]
+                del items
+        if _released.empty() and _TRIM is not None:
+            _TRIM(0)
 
 
 _SPACE = re.compile(r"[ \t\n\r]*")

@@ -38,7 +38,7 @@ class ClientBody(dict):
     """A request body parsed from JSON (a plain ``dict`` of its members) that keeps the
     client's bytes (``raw``) and its top-level members as parsed (``sent``), so that
     :func:`splice` can tell what changed since. Weakly referable (a large body's
-    memory is handed back when it is freed: :func:`latgate.api.largebody.trim_when_freed`)."""
+    memory is released off the event loop: :func:`latgate.api.largebody.release_when_freed`)."""
 
     __slots__ = ("__weakref__", "raw", "sent")
 
