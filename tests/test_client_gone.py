@@ -5,14 +5,17 @@ request is recorded as 499, for small bodies and for large ones (parsed off the 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import socket
+import threading
 import time
 
 import pytest
 from h1_upstreams import SECRET, RawUpstream, config, json_reply
 from servers import serve_like_latgate_serve
 
+from latgate.api import largebody
 from latgate.app import create_app
 from latgate.config import load_config_text
 
@@ -76,3 +79,32 @@ def test_a_client_leaving_during_a_failing_attempt_gets_no_retry_and_a_499(
             assert metric(port, 499) == 1
             assert len(up.requests) == leaves_in, "an attempt was sent for a client that had gone"
             assert metric(port, 503) == 0 and metric(port, 504) == 0
+
+
+@pytest.mark.parametrize("leaves_in", [1, 2], ids=["first attempt", "retry"])
+def test_a_large_body_is_freed_when_its_client_leaves_without_the_cyclic_collector(
+    leaves_in: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Freed by reference counting as the request ends (a failed attempt's traceback
+    once tied the body into a cycle: held until a full collection, at its peak RSS)."""
+    freed = threading.Event()
+    monkeypatch.setattr(largebody, "_TRIM", lambda pad: freed.set())
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": f"m {i}"} for i in range(60_000)]}
+    ).encode()
+    text = config("{base}", retries=3, ftt=1, timeout=1)
+    with RawUpstream(fail_slowly) as up:
+        app = create_app(
+            load_config_text(text.format(base=up.base_url), source="t.toml", env={"UP_KEY": SECRET}),
+            env={"UP_KEY": SECRET},
+        )
+        with serve_like_latgate_serve(app) as port:
+            gc.disable()
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+                    client.sendall(request_bytes(body))
+                    up.wait_until(lambda: len(up.requests) == leaves_in)
+                assert freed.wait(10), "the body outlived its request"
+            finally:
+                gc.enable()
+            assert metric(port, 499) == 1

@@ -34,6 +34,13 @@ class UpstreamFailure(Exception):
         super().__init__(message)
         self.kind = kind
 
+    def fresh(self) -> UpstreamFailure:
+        """A new failure like this one, to raise where this one is kept (an upstream
+        connection's ``error``): raising the kept one would give it a traceback of the
+        raising frames, which hold the connection, and so tie them, and the request
+        body they reference, into a cycle only the cyclic collector frees."""
+        return UpstreamFailure(self.kind, str(self))
+
 
 #: OpenSSL verification codes (``X509_V_ERR_*``) and the reason latgate names.
 _VERIFY_REASONS = {

@@ -165,7 +165,7 @@ class H1Pool:
                 conn.send(request, read_timeout_seconds)
                 while not conn.headers_done:
                     if conn.error is not None:
-                        raise conn.error
+                        raise conn.error.fresh()
                     await conn.wait()
             except UpstreamFailure as failure:
                 conn.close()

@@ -338,7 +338,7 @@ class H1Response:
             if conn.complete:
                 raise StopAsyncIteration
             if conn.error is not None:
-                raise conn.error
+                raise conn.error.fresh()
             await conn.wait()
 
     async def aread(self) -> bytes:
