@@ -39,7 +39,7 @@ test-engines: $(VENV)/.installed  ## real vLLM behind latgate (first run install
 check: $(VENV)/.installed
 	$(BIN)/latgate check --config $(CONFIG)
 
-# ruff is not in the dev extra yet: fetched on first use (pinned: the rule set changes between versions).
+# ruff comes with the dev extra, pinned (the rule set changes between versions); .ci/run runs this.
 # No `ruff format --check`: ~48 files predate the formatter and the tree is not reformatted wholesale.
 lint: $(VENV)/.installed  ## lint src, tests and benchmarks with ruff (config: pyproject.toml [tool.ruff])
 	$(BIN)/python -m ruff check src tests benchmarks

@@ -31,9 +31,8 @@ CONFIG_ENV = "LATGATE_BENCH_CONFIG"
 def _app():
     from latgate.app import create_app
     from latgate.config import load_config
-    from latgate.server import setup_logging
-
     from latgate.gcpolicy import settle_heap
+    from latgate.server import setup_logging
 
     setup_logging("info")  # access lines at INFO, as `latgate serve` writes them
     app = create_app(load_config(Path(os.environ[CONFIG_ENV])))
@@ -275,8 +274,8 @@ def serve_own(port: int) -> None:
 
 
 def serve_uvicorn(port: int) -> None:
-    from latgate.listen import bind_socket
     from latgate.lifecycle import serve
+    from latgate.listen import bind_socket
 
     app = _app()
     serve(app, sock=bind_socket("127.0.0.1", port), reloader=None, log_level="warning", log_format="text", drain_timeout_seconds=1.0)

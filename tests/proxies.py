@@ -10,6 +10,7 @@ import base64
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Self
 from urllib.parse import urlsplit
 
 
@@ -30,7 +31,7 @@ class ConnectProxy:
     def url(self) -> str:
         return f"http://{self._credentials}127.0.0.1:{self.port}"
 
-    def __enter__(self) -> ConnectProxy:
+    def __enter__(self) -> Self:
         self._thread.start()
         assert self._ready.wait(5)
         return self

@@ -157,9 +157,11 @@ def test_readyz_waits_for_the_default_route_to_answer() -> None:
     with gateway(config(f"http://127.0.0.1:{port}/v1"), env={"UP_KEY": SECRET}) as gw:
         ready = httpx.get(gw.url + "/readyz", timeout=15)
     assert ready.status_code == 503 and ready.json()["status"] == "default route not reached yet"
-    with RawUpstream(keep_serving(json_reply(b'{"object":"list","data":[]}'))) as up:
-        with gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
-            ready = httpx.get(gw.url + "/readyz", timeout=15)
-            again = httpx.get(gw.url + "/readyz", timeout=15)
+    with (
+        RawUpstream(keep_serving(json_reply(b'{"object":"list","data":[]}'))) as up,
+        gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw,
+    ):
+        ready = httpx.get(gw.url + "/readyz", timeout=15)
+        again = httpx.get(gw.url + "/readyz", timeout=15)
     assert ready.status_code == 200 and again.status_code == 200
     assert [r.split(b" ", 2)[:2] for r in up.requests] == [[b"GET", b"/v1/models"]]  # probed once, then known

@@ -198,8 +198,10 @@ def test_client_disconnecting_mid_request_sends_nothing_upstream_and_logs_no_int
 def test_an_upstream_retry_after_is_passed_on_within_bounds(sent: str, passed_on: str | None) -> None:
     """As sent when it is 0 .. 3600 s, else bounded; a value that is not a finite number is dropped."""
     fault = Fault(json_error(429, retry_after=sent), 429, "error", fallback=False, retries=0)
-    with replay_server(ReplayScript.sse(STREAM)) as backup, replay_server(fault.scripts) as primary:
-        with gateway(fault_config(fault, primary.base_url, backup.base_url)) as gw:
-            r = httpx.post(gw.v1 + "/chat/completions", json=BODY, timeout=15)
+    with (
+        replay_server(ReplayScript.sse(STREAM)) as backup, replay_server(fault.scripts) as primary,
+        gateway(fault_config(fault, primary.base_url, backup.base_url)) as gw,
+    ):
+        r = httpx.post(gw.v1 + "/chat/completions", json=BODY, timeout=15)
     assert r.status_code == 429
     assert r.headers.get("retry-after") == passed_on

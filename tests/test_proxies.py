@@ -54,9 +54,11 @@ def test_proxy_credentials_are_sent_as_basic_and_a_407_is_named(tmp_path) -> Non
 
 
 def test_an_http_upstream_goes_through_http_proxy_in_absolute_form() -> None:
-    with RawUpstream(keep_serving(json_reply())) as up, ConnectProxy(user="u", password="p") as proxy:
-        with gateway(config(up.base_url), env={"UP_KEY": SECRET, "HTTP_PROXY": proxy.url}) as gw:
-            assert ask(gw.v1).status_code == 200
+    with (
+        RawUpstream(keep_serving(json_reply())) as up, ConnectProxy(user="u", password="p") as proxy,
+        gateway(config(up.base_url), env={"UP_KEY": SECRET, "HTTP_PROXY": proxy.url}) as gw,
+    ):
+        assert ask(gw.v1).status_code == 200
     assert proxy.seen == [(f"POST http://127.0.0.1:{up.port}/v1/chat/completions HTTP/1.1", proxy.expected)]
     assert b"proxy-authorization" not in up.requests[0].lower()
 
@@ -81,22 +83,26 @@ def test_a_provider_proxy_overrides_the_environment_and_false_goes_direct() -> N
 
 
 def test_check_shows_the_proxy_masked_and_probes_through_it() -> None:
-    with RawUpstream(keep_serving(json_reply(b'{"object":"list","data":[]}'))) as up:
-        with ConnectProxy(user="bob", password="hunter2") as proxy:
-            env = {"UP_KEY": SECRET, "HTTP_PROXY": proxy.url}
-            loaded = load_config_text(config(up.base_url), source="t.toml", env=env)
-            report = "\n".join(report_lines(loaded, warnings=[], env=env))
-            out = io.StringIO()
-            assert probe(loaded, env=env, out=out)
+    with (
+        RawUpstream(keep_serving(json_reply(b'{"object":"list","data":[]}'))) as up,
+        ConnectProxy(user="bob", password="hunter2") as proxy,
+    ):
+        env = {"UP_KEY": SECRET, "HTTP_PROXY": proxy.url}
+        loaded = load_config_text(config(up.base_url), source="t.toml", env=env)
+        report = "\n".join(report_lines(loaded, warnings=[], env=env))
+        out = io.StringIO()
+        assert probe(loaded, env=env, out=out)
     assert f"http://bob:***@127.0.0.1:{proxy.port}" in report
     assert "hunter2" not in report and "hunter2" not in out.getvalue()
     assert proxy.seen[0][0] == f"GET http://127.0.0.1:{up.port}/v1/models HTTP/1.1"
 
 
 def test_the_gateways_own_health_probes_go_through_the_proxy() -> None:
-    with RawUpstream(keep_serving(json_reply(b'{"object":"list","data":[]}'))) as up, ConnectProxy() as proxy:
-        with gateway(config(up.base_url), env={"UP_KEY": SECRET, "HTTP_PROXY": proxy.url}) as gw:
-            assert httpx.get(gw.url + "/readyz", timeout=15).status_code == 200  # probes the default route
+    with (
+        RawUpstream(keep_serving(json_reply(b'{"object":"list","data":[]}'))) as up, ConnectProxy() as proxy,
+        gateway(config(up.base_url), env={"UP_KEY": SECRET, "HTTP_PROXY": proxy.url}) as gw,
+    ):
+        assert httpx.get(gw.url + "/readyz", timeout=15).status_code == 200  # probes the default route
     assert proxy.seen == [(f"GET http://127.0.0.1:{up.port}/v1/models HTTP/1.1", None)]
 
 
@@ -106,8 +112,10 @@ def test_an_unusable_proxy_variable_is_warned_about_and_requests_go_direct() -> 
         assert ask(gw.v1).status_code == 200
         warnings = config_warnings(gw.config, env)
     assert [w for w in warnings if w.startswith("HTTP_PROXY: ")] == [
-        "HTTP_PROXY: proxy 'socks5://carol:***@127.0.0.1:1080' is not an http://HOST:PORT URL "
-        "(only http proxies are spoken); http upstreams are reached directly"
+        (
+            "HTTP_PROXY: proxy 'socks5://carol:***@127.0.0.1:1080' is not an http://HOST:PORT URL "
+            "(only http proxies are spoken); http upstreams are reached directly"
+        )
     ]
     assert len(up.requests) == 1
 

@@ -43,9 +43,11 @@ def test_an_upstream_client_error_reaches_the_client_as_written(status: int, str
 def test_a_provider_rejecting_latgates_key_stays_a_gateway_error(status: int, caplog: pytest.LogCaptureFixture) -> None:
     """Not a 401/403: the client's own key is fine, and an SDK would report it as invalid."""
     upstream_says = {"error": {"message": "Invalid API key sk-123", "type": "invalid_request_error", "code": "invalid_api_key"}}
-    with caplog.at_level("WARNING", logger="latgate.upstream"):
-        with replay_gateway(ReplayScript.json_response(status, upstream_says)) as (_, stack):
-            answer = httpx.post(stack.v1 + "/chat/completions", json=CHAT, timeout=10)
+    with (
+        caplog.at_level("WARNING", logger="latgate.upstream"),
+        replay_gateway(ReplayScript.json_response(status, upstream_says)) as (_, stack),
+    ):
+        answer = httpx.post(stack.v1 + "/chat/completions", json=CHAT, timeout=10)
     assert answer.status_code == 502
     error = answer.json()["error"]
     assert error["message"] == f"provider 'up' rejected latgate's credentials (HTTP {status})"

@@ -22,9 +22,11 @@ def ask(v1: str) -> httpx.Response:
 
 def test_a_private_ca_is_trusted_through_ca_file(tmp_path) -> None:
     authority = private_ca(tmp_path)
-    with RawUpstream(keep_serving(json_reply()), tls=authority.server()) as up:
-        with gateway(config(up.base_url, extra=f'ca_file = "{authority.ca_file}"\n'), env={"UP_KEY": SECRET}) as gw:
-            assert ask(gw.v1).status_code == 200
+    with (
+        RawUpstream(keep_serving(json_reply()), tls=authority.server()) as up,
+        gateway(config(up.base_url, extra=f'ca_file = "{authority.ca_file}"\n'), env={"UP_KEY": SECRET}) as gw,
+    ):
+        assert ask(gw.v1).status_code == 200
     assert up.requests
 
 

@@ -22,7 +22,7 @@ class PrivateCA:
         """A server context with a certificate for ``names`` (default ``127.0.0.1``)."""
         kwargs = {}
         if expired:
-            now = datetime.datetime.now(datetime.timezone.utc)
+            now = datetime.datetime.now(datetime.UTC)
             kwargs = {"not_before": now - datetime.timedelta(days=30), "not_after": now - datetime.timedelta(days=1)}
         cert = self.ca.issue_cert(*(names or ("127.0.0.1",)), **kwargs)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -38,7 +38,7 @@ class Script:
 
     def __init__(self, text: str) -> None:
         self.text = text.encode()
-        self.sha = hashlib.sha1(self.text).hexdigest().encode()  # noqa: S324 (Redis names scripts by SHA-1)
+        self.sha = hashlib.sha1(self.text).hexdigest().encode()  # Redis names scripts by SHA-1
 
 
 class RespClient:
@@ -72,7 +72,7 @@ class RespClient:
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None
 
-    async def call(self, *args: bytes | str | int | float) -> Any:
+    async def call(self, *args: bytes | str | float) -> Any:
         """One command's reply: ``bytes`` (bulk), ``str`` (status), ``int``, ``None`` or a
         list of those."""
         protocol = await self._connected()
