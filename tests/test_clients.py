@@ -270,3 +270,61 @@ def test_settings_example_matches_the_bundled_config() -> None:
         {"model": models["fallback"], "messages": ASK}, {k.lower(): v for k, v in api["headers"].items()}
     )
     assert with_header.provider == "tile-rt"
+
+
+# -- the real CLI, as a user runs it ------------------------------------------------
+
+
+def latgate_clients(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "latgate", "clients", *args], check=False, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_anthropic_program_runs_as_printed(config_file: str, demo: Stack) -> None:
+    printed_ = latgate_clients("anthropic", "--config", config_file, "--base-url", demo.url, "--latency-sensitive")
+    assert printed_.returncode == 0, printed_.stderr
+    assert '"X-Latency-Sensitive": "1"' in printed_.stdout and "/v1" not in printed_.stdout
+    ran = subprocess.run(
+        [sys.executable, "-c", printed_.stdout], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr
+
+
+def test_qwen_code_exports_reach_the_gateway(config_file: str, demo: Stack) -> None:
+    printed_ = latgate_clients("qwen-code", "--config", config_file, "--base-url", demo.url)
+    assert printed_.returncode == 0, printed_.stderr
+    env = {}
+    for line in printed_.stdout.splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        env[name] = shlex.split(value)[0]
+    assert set(env) == {"OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL"}
+    client = openai.OpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0)
+    assert client.chat.completions.create(model=env["OPENAI_MODEL"], messages=ASK).choices[0].message.content
+    refused = latgate_clients("qwen-code", "--config", config_file, "--policy", "interactive")
+    assert refused.returncode == 1 and "Qwen Code cannot send X-Route-Policy" in refused.stderr
+
+
+OWN_VLLM = """
+[providers.vllm]
+endpoints = ["http://127.0.0.1:9/v1"]
+models = ["meta-llama/Meta-Llama-3-8B-Instruct"]
+{timeout}
+[aliases]
+"llama-3-8b" = "meta-llama/Meta-Llama-3-8B-Instruct"   # the name clients may use
+
+[routing]
+default_route = "vllm"
+"""
+
+
+def test_settings_name_the_alias_clients_use_and_the_longest_upstream_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "my.toml"
+    path.write_text(OWN_VLLM.format(timeout="timeout_sec = 900"))
+    printed_ = latgate_clients("claude-code", "--config", str(path))
+    assert printed_.returncode == 0, printed_.stderr
+    env = json.loads(printed_.stdout)["env"]
+    assert {env[name] for name in env if name.endswith("_MODEL")} == {"llama-3-8b"}
+    assert env["API_TIMEOUT_MS"] == "900000"  # the provider's own timeout_sec, over the 600 s default
+    path.write_text(OWN_VLLM.format(timeout=""))
+    assert json.loads(latgate_clients("claude-code", "--config", str(path)).stdout)["env"]["API_TIMEOUT_MS"] == "600000"

@@ -12,11 +12,13 @@ codex           ``~/.codex/config.toml`` (Responses API)   with ``/v1``
 continue        a ``config.yaml`` ``models:`` list         with ``/v1``
 cursor          the values for Settings > Models          with ``/v1``; public HTTPS only
 openai          shell exports for the openai SDKs         with ``/v1``
+anthropic       a Python program for the anthropic SDK    without ``/v1``
+qwen-code       shell exports Qwen Code reads             with ``/v1``
 ==============  ========================================  ================================
 
 Latency marking: ``--latency-sensitive`` adds ``X-Latency-Sensitive: 1`` and
 ``--policy NAME`` adds ``X-Route-Policy: NAME`` for clients that can send headers;
-Cursor cannot, so it is given a model alias marked ``latency_sensitive`` in
+Cursor and Qwen Code (from these settings) cannot, so they are given a model alias marked ``latency_sensitive`` in
 ``[models."NAME"]`` instead (a key's ``policy`` in ``[[auth.keys]]`` also works).
 Advice that is not part of the settings (where to put them, known limits) goes to
 stderr as ``latgate: note: ...`` lines, so stdout can be redirected into a file.
@@ -37,11 +39,14 @@ from urllib.parse import urlsplit
 
 from latgate.config.errors import ConfigError
 from latgate.config.loader import load_config, resolve_config_path
-from latgate.config.schema import Config
+from latgate.config.schema import CATCH_ALL, Config
 from latgate.errors import GatewayError
 from latgate.routing.decision import Router
 
 KEY_PLACEHOLDER = "<your latgate key>"
+#: clients whose settings carry no request headers, by display name: latency marking
+#: comes from a latency-sensitive model alias instead
+NO_HEADERS = {"cursor": "Cursor", "qwen-code": "Qwen Code"}
 NO_AUTH_KEY = "latgate"
 
 
@@ -59,8 +64,8 @@ class ClientSettings:
         model: the model name the client asks for.
         fast_model: a model alias marked latency-sensitive, or ``model`` when none is.
         headers: request headers for clients that can send them.
-        timeout_ms: how long a client should wait, in milliseconds (the gateway's own
-            upstream timeout, so the client never gives up first).
+        timeout_ms: how long a client should wait, in milliseconds (the gateway's
+            longest upstream read timeout, so the client never gives up first).
     """
 
     origin: str
@@ -100,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--latency-sensitive",
         action="store_true",
-        help="mark every request latency-sensitive (a header, or for Cursor a latency-sensitive model alias)",
+        help="mark every request latency-sensitive (a header, or for Cursor and Qwen Code a latency-sensitive model alias)",
     )
 
 
@@ -155,21 +160,22 @@ def settings_for(
         if policy not in config.routing.policies:
             known = ", ".join(config.routing.policies) or "none"
             raise _UsageError(f"--policy {policy!r} is not in [routing.policies] (known: {known})")
-        if client == "cursor":
+        if client in NO_HEADERS:
             raise _UsageError(
-                "Cursor cannot send X-Route-Policy; give its key a policy in [[auth.keys]] or use --latency-sensitive"
+                f"{NO_HEADERS[client]} cannot send X-Route-Policy; give its key a policy in [[auth.keys]] "
+                "or use --latency-sensitive"
             )
         headers["X-Route-Policy"] = policy
-    if latency_sensitive and client == "cursor":
+    if latency_sensitive and client in NO_HEADERS:
         if fast is None:
             raise _UsageError(
-                "Cursor cannot send headers: mark a model alias latency-sensitive in the config "
+                f"{NO_HEADERS[client]} cannot send headers: mark a model alias latency-sensitive in the config "
                 '([models."NAME-highspeed"] latency_sensitive = true) and pass it with --model'
             )
         model = model or fast
     elif latency_sensitive:
         headers["X-Latency-Sensitive"] = "1"
-    chosen = model or config.routing.default_model or next(iter(config.public_models()), None)
+    chosen = model or config.routing.default_model or _client_name(config, next(iter(config.public_models()), None))
     if chosen is None:
         raise _UsageError(
             "the config names no model (routing.default_model or a provider's models); pass --model NAME"
@@ -188,8 +194,27 @@ def settings_for(
         model=chosen,
         fast_model=fast or chosen,
         headers=headers,
-        timeout_ms=int(config.defaults.timeout_sec * 1000),
+        timeout_ms=int(upstream_timeout_seconds(config) * 1000),
     )
+
+
+def _client_name(config: Config, model: str | None) -> str | None:
+    """The name clients are meant to ask for: the first ``[aliases]`` name that maps to
+    ``model`` (an upstream's name) and is not a latency-sensitive alias, else ``model``."""
+    if model is None or model in config.aliases:
+        return model
+    for public, served in config.aliases.items():
+        marked = config.models.get(public)
+        if public != CATCH_ALL and model in served.values() and not (marked and marked.latency_sensitive):
+            return public
+    return model
+
+
+def upstream_timeout_seconds(config: Config) -> float:
+    """The longest silence latgate waits for between two upstream reads, in seconds: the
+    largest of ``[defaults] timeout_sec`` and every provider's own ``timeout_sec``
+    (a client waiting that long never gives up before the gateway does)."""
+    return max([config.defaults.timeout_sec, *(p.timeout_sec for p in config.providers.values() if p.timeout_sec)])
 
 
 def _check_served(config: Config, model: str) -> None:
@@ -333,6 +358,35 @@ def openai_sdk(s: ClientSettings) -> tuple[str, list[str]]:
     return "\n".join(lines), []
 
 
+def anthropic_sdk(s: ClientSettings) -> tuple[str, list[str]]:
+    """A Python program for the anthropic SDK; its ``base_url`` is the origin without
+    ``/v1`` (the SDK appends ``/v1/messages``; anthropic-sdk-python ``Anthropic``)."""
+    arguments = [f"base_url={json.dumps(s.origin)}", f"api_key={json.dumps(s.key)}"]
+    if s.headers:
+        arguments.append(f"default_headers={json.dumps(s.headers)}")
+    message = json.dumps([{"role": "user", "content": "hello"}])
+    lines = [
+        "from anthropic import Anthropic",
+        "",
+        f"client = Anthropic({', '.join(arguments)}, timeout={s.timeout_ms / 1000:g})",
+        f"reply = client.messages.create(model={json.dumps(s.model)}, max_tokens=256, messages={message})",
+        "print(reply.content[0].text)",
+    ]
+    return "\n".join(lines), ["save as a .py file and run it with python (pip install anthropic)"]
+
+
+def qwen_code(s: ClientSettings) -> tuple[str, list[str]]:
+    """Shell exports for Qwen Code, which reads an OpenAI-compatible base URL, key and
+    model from ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``OPENAI_MODEL``."""
+    lines = [
+        f"export OPENAI_BASE_URL={shlex.quote(s.v1)}",
+        f"export OPENAI_API_KEY={shlex.quote(s.key)}",
+        f"export OPENAI_MODEL={shlex.quote(s.model)}",
+    ]
+    notes = ['then: qwen "..." (--approval-mode yolo runs tools unattended)']
+    return "\n".join(lines), notes
+
+
 CODEX_KEY_ENV = "LATGATE_API_KEY"
 
 
@@ -373,4 +427,6 @@ RENDERERS: dict[str, Callable[[ClientSettings], tuple[str, list[str]]]] = {
     "continue": continue_,
     "cursor": cursor,
     "openai": openai_sdk,
+    "anthropic": anthropic_sdk,
+    "qwen-code": qwen_code,
 }
