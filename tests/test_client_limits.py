@@ -96,7 +96,7 @@ def test_a_body_that_stalls_gets_408_and_nothing_goes_upstream(api: Api, access_
         assert status_line == b"HTTP/1.1 408 Request Timeout"
         assert "stalled" in body["error"]["message"]
         assert [(line["path"], line["status"], line["error"]) for line in access_lines(access_log)] == [
-            (api.name, 408, "body_timeout")
+            (api.paths[0], 408, "body_timeout")
         ]
         assert requests_with(port, 408) == 1
         assert up.total == 0

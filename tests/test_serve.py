@@ -83,7 +83,7 @@ def assert_recorded_as_client_closed(
     """One access line (the last thing a request's finish writes) with 499 for ``api``,
     a 499 in the metrics and, for a traced API, its span ended with 499."""
     lines = poll(
-        lambda: [line for line in access_lines(caplog) if line["path"] == api.name],
+        lambda: [line for line in access_lines(caplog) if line["path"] == api.paths[0]],
         timeout=10,
         what=f"the access line of {api.name}",
     )
@@ -159,7 +159,7 @@ def test_a_body_over_the_limit_is_413_in_its_envelope(api: Api, declared: bool, 
     assert answer.status_code == 413
     anthropic = api.envelope.schema == "AnthropicError"
     assert error_type(api, answer.json()) == ("request_too_large" if anthropic else "invalid_request_error")
-    assert [(line["path"], line["status"]) for line in access_lines(access_log)] == [(api.name, 413)]
+    assert [(line["path"], line["status"]) for line in access_lines(access_log)] == [(api.paths[0], 413)]
 
 
 def _chat(url: str) -> None:
@@ -196,3 +196,15 @@ def test_a_key_over_its_request_rate_gets_each_sdks_rate_limit_error(ask, refuse
             ask(gw.url)
         assert caught.value.response.headers["retry-after"].isdigit()
         assert len(up.requests) == 1
+
+
+def test_the_access_line_records_the_path_as_the_client_sent_it(access_log) -> None:
+    """``/v1/chat/completions`` and ``/chat/completions`` each as sent (operators grep for them)."""
+    sent = [(param.values[0], path) for param in RELAYED for path in param.values[0].paths]
+    with RawUpstream(keep_serving(json_reply())) as up, gateway(one_upstream_config(up.base_url)) as gw:
+        for api, path in sent:
+            httpx.post(gw.url + path, json=body_for(api), timeout=10)
+        lines = poll(lambda: len(access_lines(access_log)) == len(sent) and access_lines(access_log), timeout=10,
+                     what="one access line per request")  # fmt: skip
+    assert [line["path"] for line in lines] == [path for _, path in sent]
+    assert "/v1/chat/completions" in [line["path"] for line in lines]

@@ -171,12 +171,14 @@ class Gateway:
             return self.router.decide(body, headers, key_policy=key_policy)
 
     def new_exchange(self, request: Request, *, path: str) -> Exchange:
-        """A request record started now, with the client's or a new request id (and,
-        with tracing on, its span started from the client's ``traceparent``)."""
+        """A request record started now, with the client's or a new request id, the path
+        as the client sent it (``/v1/chat/completions``: what operators grep the access
+        log for) and, with tracing on, its span (route ``path``, the API's name) started
+        from the client's ``traceparent``."""
         exchange = Exchange(
             request_id=request_id(request.headers.get("x-request-id")),
             received_at=time.perf_counter(),
-            path=path,
+            path=request.scope["path"],
             stream=False,
             recent=self.recent,
         )
