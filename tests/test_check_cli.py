@@ -51,15 +51,32 @@ def test_check_on_seed2_shows_providers_routes_and_warns_for_unset_key_variables
         "sglang_local",
         "sglang_tilelang",
         "https://taotoken.net/api",
-        "names of the same model -> meta-llama/Meta-Llama-3-8B-Instruct",
         "top_k, repetition_penalty",
         "prompt > 16384 tokens -> sglang_tilelang",
     ):
         assert text in out
     assert re.search(r"default +-> taotoken", out)
+    aliases = out.split("\naliases\n", 1)[1].split("\n\n", 1)[0]  # the name mapping is where users look
+    assert re.fullmatch(
+        r"  llama-3-8b-instruct +sglang_local: meta-llama/Meta-Llama-3-8B-Instruct, "
+        r"sglang_tilelang: meta-llama/Meta-Llama-3-8B-Instruct \(its own name for the same model, .*\)",
+        aliases,
+    ), aliases
+    assert "rules map" not in out and "names of the same model" not in out
     assert 'provider "taotoken": api_key_env TAOTOKEN_API_KEY is not set' in out
     assert 'provider "sglang_tilelang": api_key_env SGLANG_TILELANG_KEY is not set' in out
     assert 'provider "sglang_local": api_key_env' not in out
+
+
+def test_check_says_where_a_failed_request_goes_when_no_fallbacks_are_set():
+    result = run_check("--config", str(SEEDS.parent / "seed1.with-addresses.config.toml"))
+    assert result.returncode == 0, result.stderr
+    (fallbacks,) = [line for line in result.stdout.splitlines() if line.lstrip().startswith("fallbacks ")]
+    assert "retried on its own provider (max_retries 1), then with its [models] fallback_model" in fallbacks
+    assert "no other provider is tried ([routing] fallbacks unset)" in fallbacks
+    assert 'fallbacks = { "vllm" = ["upstream"] }' in result.stdout
+    bundled = run_check("--config", str(Path(__file__).parent.parent / "config.toml"))
+    assert "then: tile-rt -> vllm -> taotoken; vllm -> taotoken" in bundled.stdout
 
 
 def test_check_on_seed1_verbatim_names_both_missing_addresses_in_one_run():

@@ -33,6 +33,7 @@ from latgate.config.warnings import config_warnings
 from latgate.connectors import get_connector
 from latgate.proxy.egress import Egress, egress_for
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
+from latgate.routing.models import same_model
 
 PROBE_TIMEOUT_SECONDS = 3.0
 _LABEL_WIDTH = 21
@@ -79,7 +80,7 @@ def report_lines(config: Config, *, warnings: list[str], env: Mapping[str, str] 
     lines += [
         _row(public, ", ".join(f"{p}: {served}" for p, served in targets.items()))
         for public, targets in config.aliases.items()
-    ] or ["  (none)"]
+    ] + _same_model_rows(config) or ["  (none)"]
     lines += ["", "models"]
     lines += [_row(public, _model_text(config, public)) for public in config.models] or ["  (none)"]
     lines += ["", "routing (first matching rule wins)"]
@@ -87,6 +88,42 @@ def report_lines(config: Config, *, warnings: list[str], env: Mapping[str, str] 
     lines += ["", "warnings"]
     lines += [f"  {warning}" for warning in warnings] or ["  (none)"]
     return [mask_secrets(line) for line in lines]  # a key pasted into any value is not printed
+
+
+def _same_model_rows(config: Config) -> list[str]:
+    """A row for each model name a provider listing one model is sent under its own
+    spelling of the same model (``llama-3-8b-instruct`` -> ``meta-llama/Meta-Llama-3-8B-Instruct``,
+    :func:`latgate.routing.models.same_model`) when a rule sends the request there."""
+    rows = []
+    for public in config.public_models():
+        if public in config.aliases:
+            continue
+        targets = [
+            f"{p.name}: {p.models[0]}"
+            for p in config.providers.values()
+            if len(p.models) == 1 and not p.serves(public) and same_model(public, p.models[0])
+        ]
+        if targets:
+            rows.append(_row(public, ", ".join(targets) + " (its own name for the same model, when a rule sends the request there)"))
+    return rows
+
+
+def _fallback_rows(config: Config) -> list[str]:
+    """Where a request goes when its provider fails before the first byte: its retries,
+    then ``[routing] fallbacks`` in order (or, unset, no other provider)."""
+    routing, retries = config.routing, config.defaults.max_retries
+    retried = f"a failed request is retried on its own provider (max_retries {retries})"
+    if any(m.fallback_model for m in config.models.values()):
+        retried += ", then with its [models] fallback_model where one is set"
+    if routing.fallbacks:
+        chains = "; ".join(f"{origin} -> {' -> '.join(nexts)}" for origin, nexts in routing.fallbacks.items())
+        return [_row("fallbacks", f"{retried}, then: {chains}")]
+    rows = [_row("fallbacks", f"{retried}, then fails: no other provider is tried ([routing] fallbacks unset)")]
+    others = [name for name in config.providers if name != routing.default_route]
+    if others:
+        upstream = next((p.name for p in config.providers.values() if p.role == "upstream"), others[0])
+        rows.append(_row("", f'to fail over, e.g. fallbacks = {{ "{routing.default_route}" = ["{upstream}"] }}'))
+    return rows
 
 
 def _row(label: str, value: str, *, indent: int = 2) -> str:
@@ -112,8 +149,6 @@ def _provider_lines(provider: ProviderConfig, env: Mapping[str, str]) -> list[st
             lines.append(_row("proxy", egress.shown_proxy(endpoint.base_url), indent=6))
     lines += _tls_lines(provider, env)
     lines.append(_row("models", ", ".join(provider.models) if provider.models else "any", indent=4))
-    if len(provider.models) == 1:
-        lines.append(_row("rules map", f"names of the same model -> {provider.models[0]}", indent=4))
     if provider.api_key_env:
         lines.append(_row("api key", f"${provider.api_key_env}", indent=4))
     if provider.extra_body:
@@ -190,8 +225,7 @@ def _routing_lines(config: Config) -> list[str]:
     rules.append(("model", "a model only some providers serve goes to those providers"))
     rules.append(("default", f"-> {routing.default_route}"))
     lines = [_row(f"{i}. {name}", text) for i, (name, text) in enumerate(rules, start=1)]
-    fallbacks = "; ".join(f"{origin} -> {' -> '.join(nexts)}" for origin, nexts in routing.fallbacks.items())
-    lines.append(_row("fallbacks", fallbacks or "none"))
+    lines += _fallback_rows(config)
     lines.append(_row("default model", routing.default_model or "none (the client's model is required)"))
     lines.append(_row("strategy", f"{routing.strategy}: {STRATEGY_TEXT[routing.strategy]}"))
     return lines
