@@ -206,3 +206,21 @@ def test_route_example_request_routes_on_the_demo_config_as_printed() -> None:
         "latency_sensitive",
         "glm-5.1-highspeed",
     )
+
+
+def test_route_example_request_with_another_config_names_the_models_it_serves() -> None:
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, "-m", "latgate", "route", "examples/REQUEST.json",
+         "--config", "tests/fixtures/seeds/seed2.config.toml"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=root,
+    )  # fmt: skip
+    assert result.returncode == 1 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("latgate: error: 404: model 'glm-5.1-highspeed' is not served here; available models: ")
+    assert "llama-3-8b-instruct, qwen2.5-72b-instruct" in line
+    assert line.endswith('set "model" in examples/REQUEST.json to one of them (it is written for the bundled config.toml)')
+    help_text = subprocess.run(
+        [sys.executable, "-m", "latgate", "route", "--help"], capture_output=True, text=True, timeout=60, check=False
+    ).stdout
+    assert "bundled" in help_text and "config.toml" in help_text

@@ -48,6 +48,10 @@ URL_TIMEOUT_SECONDS = 10.0
 API_KEY_ENV = "LATGATE_API_KEY"
 
 
+#: the example request body in the repository (its model is one the bundled config.toml serves)
+EXAMPLE = "examples/REQUEST.json"
+
+
 class _UsageError(Exception):
     """A bad argument or input file; the message is the whole error line."""
 
@@ -66,7 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="'NAME: VALUE'",
         help="a request header, e.g. -H 'X-Latency-Sensitive: 1' (repeatable)",
     )
-    parser.add_argument("request", metavar="REQUEST.json", help="the request body as JSON ('-' reads stdin)")
+    parser.add_argument(
+        "request",
+        metavar="REQUEST.json",
+        help=f"the request body as JSON ('-' reads stdin); {EXAMPLE} asks for a model of the bundled "
+        "config.toml: with another config, set its \"model\" to one that config serves",
+    )
     parser.add_argument(
         "--url",
         metavar="URL",
@@ -91,7 +100,12 @@ def main(args: argparse.Namespace) -> int:
             print(f"latgate: error: {line}", file=sys.stderr)
         return 1
     except GatewayError as exc:
-        print(f"latgate: error: {exc.status}: {exc.message}", file=sys.stderr)
+        hint = ""
+        if exc.status == 404 and isinstance(body, dict) and isinstance(body.get("model"), str):
+            where = "the request body" if args.request == "-" else args.request
+            written = " (it is written for the bundled config.toml)" if args.request.endswith(EXAMPLE) else ""
+            hint = f'; set "model" in {where} to one of them{written}'
+        print(f"latgate: error: {exc.status}: {exc.message}{hint}", file=sys.stderr)
         return 1
     print(json.dumps(decision_json(decision, config), ensure_ascii=False, indent=2))
     return 0
