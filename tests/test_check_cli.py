@@ -269,3 +269,17 @@ def test_check_shows_tls_only_for_https_endpoints_and_each_replica_s_batch_slots
     assert local.count("replica") == 1, local
     assert re.search(r"\n +tls +SSL_CERT_FILE\n", hosted), hosted
     assert re.search(rf"\n +tls +ca_file {re.escape(ca_file)} \(unused: every endpoint is http://\)\n", pinned), pinned
+
+
+def test_every_subcommand_with_a_config_option_calls_its_value_path():
+    from latgate.cli import COMMANDS
+
+    shown = {}
+    for command in COMMANDS:
+        help_text = subprocess.run(
+            [sys.executable, "-m", "latgate", command, "--help"], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+        if "--config" in help_text:
+            shown[command] = re.findall(r"--config ([A-Z]+)", help_text)
+    assert {"serve", "check", "route", "demo", "clients"} <= set(shown)
+    assert all(set(values) == {"PATH"} for values in shown.values()), shown

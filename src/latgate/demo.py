@@ -24,7 +24,9 @@ LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="config file (default: $LATGATE_CONFIG, else ./config.toml)")
+    parser.add_argument(
+        "--config", metavar="PATH", help="config file (default: $LATGATE_CONFIG, else ./config.toml)"
+    )
     parser.add_argument("--host", help="gateway listen address (default: [server] host)")
     parser.add_argument("--port", type=int, help="gateway listen port (default: [server] port)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")

@@ -22,7 +22,9 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="config file (default: $LATGATE_CONFIG, else ./config.toml)")
+    parser.add_argument(
+        "--config", metavar="PATH", help="config file (default: $LATGATE_CONFIG, else ./config.toml)"
+    )
     parser.add_argument("--host", help="listen address (default: [server] host)")
     parser.add_argument("--port", type=int, help="listen port (default: [server] port)")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
