@@ -39,7 +39,7 @@ def refused(api: Api, answer: httpx.Response, access_log: pytest.LogCaptureFixtu
     assert error_type(api, answer.json()) == "invalid_request_error"
     assert answer.headers["x-should-retry"] == "false"
     lines = [json.loads(r.getMessage()) for r in access_log.records if r.name == "latgate.access"]
-    assert [(line["path"], line["status"]) for line in lines] == [(api.name, 415)]
+    assert [(line["path"], line["status"]) for line in lines] == [(api.paths[0], 415)]
     body = answer.json()
     return body["error"]["message"]
 
