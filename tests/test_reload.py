@@ -184,3 +184,16 @@ def test_sighup_reloads_a_valid_config_and_rejects_an_invalid_one(tmp_path, sims
     finally:
         gw.stop()
     assert not any("Traceback" in line for line in gw.lines)
+
+
+def test_reload_to_a_malformed_redis_url_is_rejected_masked_and_keeps_serving(served, sims, caplog) -> None:
+    url, path = served
+    bad = "redis://:hunter2-s3cret@127.0.0.1:16399/abc"
+    path.write_text(default_route_config(sims, default="b") + f'\n[state]\nredis_url = "{bad}"\n')
+    with caplog.at_level(logging.ERROR, logger="latgate"):
+        response = httpx.post(url + "/admin/reload")
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert "state.redis_url" in message and "database" in message and "redis://:***@127.0.0.1" in message
+    assert "hunter2" not in response.text + caplog.text and "Traceback" not in caplog.text
+    assert provider_of(url) == "a"

@@ -43,11 +43,11 @@ from latgate.config.schema import (
     StateConfig,
 )
 from latgate.config.shapes import Document, canonical_document
+from latgate.store.resp import RedisAddress
 
 DEFAULT_CONFIG_PATH = Path("config.toml")
 CONFIG_ENV_VAR = "LATGATE_CONFIG"
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def resolve_config_path(cli_path: str | None, *, env: Mapping[str, str] | None = None) -> Path:
@@ -147,6 +147,19 @@ def _parse_toml(text: str, *, source: str) -> dict[str, object]:
         ) from None
 
 
+def _check_redis_url(url: str, *, source: str) -> None:
+    """A ConfigError unless ``url`` is a Redis URL the store can connect with."""
+    try:
+        RedisAddress.parse(url)
+    except ValueError as exc:
+        raise ConfigError(
+            source=source,
+            key="state.redis_url",
+            message=f"{show(url)} is not a Redis URL: {exc}",
+            fix='write it like "redis://HOST:6379/0" (or rediss://, unix://PATH?db=0); remove it for in-process state',
+        ) from None
+
+
 def _build(document: Document, *, source: str) -> Config:
     sections = document.sections
     server = _section(ServerConfig, sections["server"], source=source, key="server")
@@ -169,13 +182,8 @@ def _build(document: Document, *, source: str) -> Config:
     models = build_models(sections["models"], servable, source=source)
     auth = build_auth(sections["auth"], routing, servable, source=source) if document.auth_given else None
     state = _section(StateConfig, sections["state"], source=source, key="state")
-    if state.redis_url is not None and not state.redis_url.startswith(_REDIS_SCHEMES):
-        raise ConfigError(
-            source=source,
-            key="state.redis_url",
-            message=f"{show(state.redis_url)} is not a Redis URL",
-            fix='write it like "redis://HOST:6379/0" (or rediss://, unix://); remove it for in-process state',
-        )
+    if state.redis_url is not None:
+        _check_redis_url(state.redis_url, source=source)
     health = _section(HealthConfig, sections["health"], source=source, key="health")
     if health.max_open_sec < health.open_sec:
         raise ConfigError(

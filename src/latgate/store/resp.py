@@ -20,6 +20,7 @@ import hashlib
 import socket
 import ssl
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -30,6 +31,54 @@ _INCOMPLETE = object()
 class RespError(Exception):
     """Redis could not be used: no connection, a closed one, or an error reply (the
     message is Redis's, which names no host)."""
+
+
+@dataclass(frozen=True)
+class RedisAddress:
+    """Where a Redis URL (see the module docstring) points and how to log in."""
+
+    host: str
+    port: int
+    db: int
+    tls: bool
+    unix_path: str | None
+    username: str | None
+    password: str | None
+
+    @classmethod
+    def parse(cls, url: str) -> RedisAddress:
+        """``url`` read as the module docstring says.
+
+        Raises:
+            ValueError: what is wrong with it, in words that never repeat the URL
+                (it may carry a password).
+        """
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("a Redis URL starts with redis://, rediss:// or unix://")
+        try:
+            port = parts.port
+        except ValueError:
+            port = 0
+        if port == 0:
+            raise ValueError("its port is not a number from 1 to 65535")
+        if parts.scheme == "unix":
+            if not parts.path:
+                raise ValueError("a unix:// URL needs the socket's path")
+            db = parse_qs(parts.query).get("db", ["0"])[0]
+        else:
+            db = parts.path.strip("/") or "0"
+        if not db.isascii() or not db.isdigit():
+            raise ValueError("its database (the part after the port's /) is not a number")
+        return cls(
+            host=parts.hostname or "localhost",
+            port=port or DEFAULT_PORT,
+            db=int(db),
+            tls=parts.scheme == "rediss",
+            unix_path=parts.path if parts.scheme == "unix" else None,
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+        )
 
 
 class Script:
@@ -54,20 +103,14 @@ class RespClient:
     """
 
     def __init__(self, url: str, *, connect_timeout_seconds: float) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError("a Redis URL starts with redis://, rediss:// or unix://")
-        self._unix = parts.path if parts.scheme == "unix" else None
-        self._host = parts.hostname or "localhost"
-        self._port = parts.port or DEFAULT_PORT
-        self._tls = ssl.create_default_context() if parts.scheme == "rediss" else None
-        self._username = unquote(parts.username) if parts.username else None
-        self._password = unquote(parts.password) if parts.password else None
-        if parts.scheme == "unix":
-            db = parse_qs(parts.query).get("db", ["0"])[0]
-        else:
-            db = parts.path.strip("/") or "0"
-        self._db = int(db)
+        address = RedisAddress.parse(url)
+        self._unix = address.unix_path
+        self._host = address.host
+        self._port = address.port
+        self._tls = ssl.create_default_context() if address.tls else None
+        self._username = address.username
+        self._password = address.password
+        self._db = address.db
         self._connect_timeout = connect_timeout_seconds
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None
