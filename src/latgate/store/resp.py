@@ -25,6 +25,9 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 DEFAULT_PORT = 6379
+#: deepest array nesting a reply may have: the store's commands answer with flat
+#: arrays (``MGET``, its scripts' lists), so anything deeper is not theirs
+MAX_REPLY_DEPTH = 4
 _INCOMPLETE = object()
 
 
@@ -242,8 +245,13 @@ def _encode(args: tuple[Any, ...]) -> bytes:
     return b"".join(parts)
 
 
-def _parse(buffer: bytearray, at: int) -> tuple[Any, int]:
-    """One reply starting at ``at``: ``(value, end)``, or ``(_INCOMPLETE, at)``."""
+def _parse(buffer: bytearray, at: int, depth: int = 0) -> tuple[Any, int]:
+    """One reply starting at ``at``: ``(value, end)``, or ``(_INCOMPLETE, at)``.
+
+    Raises:
+        RespError: not RESP, or arrays nested deeper than :data:`MAX_REPLY_DEPTH`.
+        ValueError: a length or integer that is not a number.
+    """
     eol = buffer.find(b"\r\n", at)
     if eol < 0:
         return _INCOMPLETE, at
@@ -266,9 +274,11 @@ def _parse(buffer: bytearray, at: int) -> tuple[Any, int]:
         count = int(line)
         if count < 0:
             return None, eol + 2
+        if depth >= MAX_REPLY_DEPTH:
+            raise RespError("Redis sent a reply nested deeper than the store's commands answer")
         items, pos = [], eol + 2
         for _ in range(count):
-            item, pos = _parse(buffer, pos)
+            item, pos = _parse(buffer, pos, depth + 1)
             if item is _INCOMPLETE:
                 return _INCOMPLETE, at
             items.append(item)
