@@ -32,8 +32,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    """Run ``redis-server`` on loopback; yields ``redis://127.0.0.1:PORT/0``."""
+def redis_server(*options: str) -> Iterator[str]:
+    """Run ``redis-server`` on loopback with ``options`` added to its command line
+    (``"--requirepass", "pw"``); yields ``redis://127.0.0.1:PORT/0``."""
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip(
@@ -52,6 +53,7 @@ def redis_server() -> Iterator[str]:
         "no",
         "--protected-mode",
         "no",
+        *options,
     ]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ready = threading.Event()

@@ -10,7 +10,8 @@ password of a URL's ``user:password@`` part, nor any value that looks like a key
 
 Exit codes: 0 ok, 1 config error (a ``latgate: error: ...`` line per mistake on stderr),
 2 an endpoint failed its probe (``--probe``: ``GET`` the connector's health path on
-every endpoint, with the provider's key when its variable is set).
+every endpoint, with the provider's key when its variable is set; ``PING`` the shared
+store of ``[state] redis_url`` after logging in).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from latgate.connectors import get_connector
 from latgate.proxy.egress import Egress, egress_for
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
 from latgate.routing.models import same_model
+from latgate.store.resp import RespAuthError, RespClient, RespError
 
 PROBE_TIMEOUT_SECONDS = 3.0
 _LABEL_WIDTH = 21
@@ -45,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--config", metavar="PATH", help="config file (default: $LATGATE_CONFIG, else ./config.toml)"
     )
     parser.add_argument(
-        "--probe", action="store_true", help="also GET each endpoint's health path (exit 2 if any fails)"
+        "--probe", action="store_true", help="also GET each endpoint's health path and PING the shared store (exit 2 if any fails)"
     )
 
 
@@ -71,6 +73,7 @@ def report_lines(config: Config, *, warnings: list[str], env: Mapping[str, str] 
     lines = [
         f"config   {config.source}",
         f"server   {config.server.host}:{config.server.port}   auth: {auth}",
+        f"state    {_state_text(config)}",
         "",
     ]
     lines.append(f"providers ({len(config.providers)})")
@@ -124,6 +127,14 @@ def _fallback_rows(config: Config) -> list[str]:
         upstream = next((p.name for p in config.providers.values() if p.role == "upstream"), others[0])
         rows.append(_row("", f'to fail over, e.g. fallbacks = {{ "{routing.default_route}" = ["{upstream}"] }}'))
     return rows
+
+
+def _state_text(config: Config) -> str:
+    state = config.state
+    if state.redis_url is None:
+        return "in-process (each process counts its own rate limits)"
+    on_failure = "admit without limits" if state.fail_open else "refuse with 503"
+    return f"shared store {mask_url(state.redis_url)}   fail_open: {str(state.fail_open).lower()} ({on_failure} when Redis fails)"
 
 
 def _row(label: str, value: str, *, indent: int = 2) -> str:
@@ -252,7 +263,8 @@ def probe(config: Config, *, env: Mapping[str, str], out: TextIO) -> bool:
     Bearer`` when set, and never printed.
     """
     out.write("\nprobe\n")
-    return asyncio.run(_probe_all(config, env=env, out=out))
+    endpoints_ok = asyncio.run(_probe_all(config, env=env, out=out))
+    return asyncio.run(_probe_store(config, out=out)) and endpoints_ok
 
 
 async def _probe_all(config: Config, *, env: Mapping[str, str], out: TextIO) -> bool:
@@ -276,6 +288,27 @@ async def _probe_all(config: Config, *, env: Mapping[str, str], out: TextIO) -> 
     finally:
         await client.aclose()
     return all_ok
+
+
+async def _probe_store(config: Config, *, out: TextIO) -> bool:
+    """``PING`` the shared store (after its ``AUTH``) when ``[state]`` names Redis."""
+    url = config.state.redis_url
+    if url is None:
+        return True
+    client = RespClient(url, connect_timeout_seconds=PROBE_TIMEOUT_SECONDS)
+    started = time.perf_counter()
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_SECONDS):
+            await client.call(b"PING")
+        ok, detail = True, f"PING in {(time.perf_counter() - started) * 1000:.0f} ms"
+    except RespAuthError as exc:
+        ok, detail = False, f"authentication failed ({exc})"
+    except (RespError, TimeoutError) as exc:
+        ok, detail = False, "unreachable (timeout)" if isinstance(exc, TimeoutError) else f"unreachable ({exc})"
+    finally:
+        await client.aclose()
+    out.write(f"  {'ok' if ok else 'failed':<7} {'shared store':<{_LABEL_WIDTH}} {mask_url(url)}  {detail}\n")
+    return ok
 
 
 async def _probe_one(

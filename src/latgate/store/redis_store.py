@@ -16,8 +16,9 @@ an outer deadline on the reply), nothing is retried, a timed-out connection is d
 and after a failure
 the store does not try again for ``backoff_seconds``: calls in that period raise
 :class:`~latgate.store.base.StoreUnavailable` at once. The rate limiter then fails
-open or closed as ``[state] fail_open`` says. Log lines name the exception type only,
-never the URL (it can carry a password and an internal host name).
+open or closed as ``[state] fail_open`` says. Log lines name the exception type only
+(a refused login: Redis's ``NOAUTH`` / ``WRONGPASS`` and what it means), never the URL
+(it can carry a password and an internal host name).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from latgate.store.base import ALLOWED, Quota, StoreUnavailable, Verdict
-from latgate.store.resp import RespClient, RespError, Script
+from latgate.store.resp import RespAuthError, RespClient, RespError, Script
 
 log = logging.getLogger("latgate.store")
 T = TypeVar("T")
@@ -230,11 +231,19 @@ class RedisStore:
             self._down_until = self._clock() + self._backoff
             if not self._down:
                 self._down = True
-                log.warning(
-                    "the shared store (Redis) is unreachable (%s); retrying every %.1f s",
-                    _reason(exc),
-                    self._backoff,
-                )
+                if isinstance(exc, RespAuthError):
+                    log.warning(
+                        "the shared store (Redis) refused latgate's login: authentication failed (%s); "
+                        "retrying every %.1f s",
+                        exc,
+                        self._backoff,
+                    )
+                else:
+                    log.warning(
+                        "the shared store (Redis) is unreachable (%s); retrying every %.1f s",
+                        _reason(exc),
+                        self._backoff,
+                    )
             raise StoreUnavailable("the shared store (Redis) is unreachable") from None
         if self._down:
             self._down = False

@@ -84,6 +84,20 @@ class RedisAddress:
         )
 
 
+class RespAuthError(RespError):
+    """Redis refused latgate's login: it wants a password the URL lacks (``NOAUTH``),
+    or refused the URL's user name or password (``WRONGPASS``, or an ``AUTH`` error such
+    as a password sent to a server that has none). The message names the cause, never
+    the password."""
+
+
+#: the first word of Redis's error reply -> what a log line says of it
+_AUTH_CODES = {
+    "NOAUTH": "Redis requires a password and [state] redis_url gives none",
+    "WRONGPASS": "Redis refused the user name or password in [state] redis_url",
+}
+
+
 class Script:
     """A Lua script, sent by its SHA-1 (``EVALSHA``) and by its text the first time a
     server does not know it (``NOSCRIPT``)."""
@@ -169,16 +183,27 @@ class RespClient:
                     sock = protocol.transport.get_extra_info("socket")
                     if sock is not None:
                         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                hello = []
-                if self._password is not None:
-                    hello.append((b"AUTH", self._username, self._password) if self._username else (b"AUTH", self._password))
-                if self._db:
-                    hello.append((b"SELECT", self._db))
-                for command in hello:
-                    _raise_error(await protocol.send(_encode(command)))
+                await self._hello(protocol)
         except OSError as exc:
             raise RespError(f"cannot connect ({type(exc).__name__})") from None
         return protocol
+
+    async def _hello(self, protocol: _Protocol) -> None:
+        """Log in and select the database; a refusal closes the connection."""
+        hello = []
+        if self._password is not None:
+            hello.append((b"AUTH", self._username, self._password) if self._username else (b"AUTH", self._password))
+        if self._db:
+            hello.append((b"SELECT", self._db))
+        try:
+            for command in hello:
+                reply = await protocol.send(_encode(command))
+                if isinstance(reply, RespError) and command[0] == b"AUTH":
+                    raise _auth_error(reply, default="Redis refused the AUTH of [state] redis_url")
+                _raise_error(reply)
+        except BaseException:
+            protocol.close()
+            raise
 
 
 class _Protocol(asyncio.Protocol):
@@ -286,7 +311,14 @@ def _parse(buffer: bytearray, at: int, depth: int = 0) -> tuple[Any, int]:
     raise RespError("Redis sent a reply latgate cannot read")
 
 
+def _auth_error(reply: RespError, *, default: str) -> RespAuthError:
+    code = str(reply).split(" ", 1)[0]
+    return RespAuthError(f"{code}: {_AUTH_CODES.get(code, default)}")
+
+
 def _raise_error(reply: Any) -> Any:
     if isinstance(reply, RespError):
+        if str(reply).split(" ", 1)[0] in _AUTH_CODES:
+            raise _auth_error(reply, default="")
         raise reply
     return reply
