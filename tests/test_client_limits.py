@@ -68,6 +68,11 @@ def envelope_of(answer: bytes) -> tuple[bytes, dict]:
     return status_line, json.loads(rest.partition(b"\r\n\r\n")[2])
 
 
+def head_fields(answer: bytes) -> dict[str, str]:
+    head = answer.partition(b"\r\n\r\n")[0].decode().split("\r\n")[1:]
+    return {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in head)}
+
+
 @pytest.fixture
 def access_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     caplog.set_level(logging.INFO, logger="latgate.access")
@@ -79,25 +84,36 @@ def test_a_connection_without_a_whole_head_in_time_gets_408_and_is_closed(sent: 
     with RawUpstream(keep_serving(json_reply())) as up, latgate_on(up) as port:
         with socket.create_connection(("127.0.0.1", port)) as conn:
             conn.sendall(sent)  # idle (nothing at all), or a head that stops halfway (slowloris)
-            status_line, body = envelope_of(read_until_closed(conn))
+            answer = read_until_closed(conn)
+            status_line, body = envelope_of(answer)
         assert status_line == b"HTTP/1.1 408 Request Timeout"
         assert body["error"]["code"] == "request_timeout"
         assert requests_with(port, 408) == 1
         assert (408, "header_timeout") in access_errors(access_log)
+        logged = [line["request_id"] for line in access_lines(access_log) if line["error"] == "header_timeout"]
+        assert head_fields(answer)["x-request-id"] == logged[0]  # the answer names its access line
         assert up.total == 0
 
 
+@pytest.mark.parametrize("given", [None, "client-id-7"])
 @pytest.mark.parametrize("api", APIS)
-def test_a_body_that_stalls_gets_408_and_nothing_goes_upstream(api: Api, access_log) -> None:
+def test_a_body_that_stalls_gets_408_and_nothing_goes_upstream(api: Api, given, access_log) -> None:
+    extra = b"X-Request-Id: %s\r\n" % given.encode() if given else b""
     with RawUpstream(keep_serving(json_reply())) as up, latgate_on(up) as port:
         with socket.create_connection(("127.0.0.1", port)) as conn:
-            conn.sendall(post_head(api, content_length=100_000) + b'{"model": "m", "messages": [')
-            status_line, body = envelope_of(read_until_closed(conn))
+            conn.sendall(post_head(api, content_length=100_000, headers=extra) + b'{"model": "m", "messages": [')
+            answer = read_until_closed(conn)
+            status_line, body = envelope_of(answer)
         assert status_line == b"HTTP/1.1 408 Request Timeout"
         assert "stalled" in body["error"]["message"]
-        assert [(line["path"], line["status"], line["error"]) for line in access_lines(access_log)] == [
-            (api.paths[0], 408, "body_timeout")
-        ]
+        error_type(api, body)  # in the API's envelope
+        lines = access_lines(access_log)
+        assert [(line["path"], line["status"], line["error"]) for line in lines] == [(api.paths[0], 408, "body_timeout")]
+        logged = lines[0]["request_id"]
+        assert logged not in ("-", "") and (given is None or logged == given)
+        assert head_fields(answer)["x-request-id"] == logged  # the answer names the request the log line does
+        if api.envelope.schema == "AnthropicError":  # its envelope carries it in the body too
+            assert body["request_id"] == logged and head_fields(answer)["request-id"] == logged
         assert requests_with(port, 408) == 1
         assert up.total == 0
 

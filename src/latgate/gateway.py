@@ -24,6 +24,7 @@ from latgate.api.body import error_response
 from latgate.auth import AuthGuard, Caller, forward_within_limits
 from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
+from latgate.httplimits import REQUEST_ID_SCOPE_KEY
 from latgate.metrics import Metrics
 from latgate.providers import ProviderPool
 from latgate.providers.catalog import public_model_object
@@ -182,6 +183,7 @@ class Gateway:
             stream=False,
             recent=self.recent,
         )
+        request.scope[REQUEST_ID_SCOPE_KEY] = exchange.request_id  # a stalled body's 408 names it too
         if self.tracing is not None:
             exchange.trace = self.tracing.start(path=path, headers=request.headers)
         return exchange
@@ -199,13 +201,15 @@ class Gateway:
             return {}
         return {"x-latgate-provider": exchange.provider, "x-latgate-route-reason": exchange.reason}
 
-    def record_refusal(self, *, status: int, kind: str, path: str) -> None:
+    def record_refusal(self, *, status: int, kind: str, path: str) -> str:
         """Record a connection the server refused before any request reached the app
         (:mod:`latgate.httplimits`: a head timeout, the connection cap, a malformed or
-        oversized head): a metric (provider ``none``) and an access line."""
+        oversized head): a metric (provider ``none``) and an access line. Returns the
+        access line's request id (the refusal's ``x-request-id``)."""
         exchange = Exchange(request_id=request_id(None), received_at=time.perf_counter(), path=path, stream=False)
         exchange.status, exchange.error_kind = status, kind
         exchange.finish(self.metrics)
+        return exchange.request_id
 
     def models(self) -> Response:
         """``GET /v1/models``: the union of providers' models and aliases (OpenAI list

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import httptools
@@ -56,19 +56,26 @@ MAX_FIELDS = 100
 #: Where a client timeout met during a request is noted: ``header_timeout``,
 #: ``body_timeout`` or ``send_timeout``.
 TIMEOUT_SCOPE_KEY = "latgate.client_timeout"
+#: where the app puts the request id it logs (:meth:`Gateway.new_exchange`), so a 408
+#: written here carries the id of the request's access line
+REQUEST_ID_SCOPE_KEY = "latgate.request_id"
 #: At most one "connection limit reached" warning per this many seconds.
 CAP_LOG_INTERVAL_SECONDS = 1.0
 
 log = logging.getLogger("latgate")
 
 
-def _ignore(status: int, kind: str, path: str) -> None:
+def _ignore(status: int, kind: str, path: str) -> str | None:
     return None
 
 
-def openai_error_body(path: str, status: int, message: str, code: str) -> bytes:
-    """The OpenAI error envelope as JSON bytes (for any ``path``)."""
-    return _openai_error(message, kind="invalid_request_error", code=code)
+#: an error answer's JSON body and its extra header fields
+ErrorAnswer = tuple[bytes, list[tuple[bytes, bytes]]]
+
+
+def openai_error_body(path: str, status: int, message: str, code: str, request_id: str) -> ErrorAnswer:
+    """The OpenAI error envelope as JSON bytes (for any ``path``), with ``x-request-id``."""
+    return _openai_error(message, kind="invalid_request_error", code=code), [(b"x-request-id", request_id.encode())]
 
 
 def _openai_error(message: str, *, kind: str, code: str) -> bytes:
@@ -86,30 +93,41 @@ class ClientLimits:
         max_connections: client connections served at once; more are refused (503).
         on_refused: ``(status, kind, path)`` for a refusal the app never saw
             (``header_timeout`` 408, ``connection_limit`` 503, ``malformed_head`` 400,
-            ``head_too_large`` 431); records the access line and metric.
-        error_body: ``(path, status, message, code)`` -> the JSON error body a
-            request to ``path`` gets when its body stalls (the envelope of the API
-            there: Anthropic's on ``/v1/messages``); OpenAI's by default.
+            ``head_too_large`` 431); records the access line and metric and returns
+            its request id, which the answer carries as ``x-request-id`` (``None``: no
+            id).
+        error_body: ``(path, status, message, code, request_id)`` -> the JSON error
+            body and the header fields (``x-request-id``...) a request to ``path``
+            gets when its body stalls (the envelope of the API there: Anthropic's on
+            ``/v1/messages``); OpenAI's by default.
     """
 
     header_timeout_sec: float | None = None
     body_timeout_sec: float | None = None
     send_timeout_sec: float | None = None
     max_connections: int | None = None
-    on_refused: Callable[[int, str, str], None] = _ignore
-    error_body: Callable[[str, int, str, str], bytes] = openai_error_body
+    on_refused: Callable[[int, str, str], str | None] = _ignore
+    error_body: Callable[[str, int, str, str, str], ErrorAnswer] = openai_error_body
 
 
 def envelope(
-    status: int, reason: str, message: str, *, code: str, kind: str = "invalid_request_error", body: bytes | None = None
+    status: int,
+    reason: str,
+    message: str,
+    *,
+    code: str,
+    kind: str = "invalid_request_error",
+    body: bytes | None = None,
+    headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> bytes:
-    """A whole HTTP/1.1 response: ``status reason``, ``body`` (by default an OpenAI error
-    envelope) as JSON, ``connection: close``."""
+    """A whole HTTP/1.1 response: ``status reason``, ``headers``, ``body`` (by default an
+    OpenAI error envelope) as JSON, ``connection: close``."""
     if body is None:
         body = _openai_error(message, kind=kind, code=code)
+    fields = b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers)
     head = (
-        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-        % (status, reason.encode(), len(body))
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%sconnection: close\r\n\r\n"
+        % (status, reason.encode(), len(body), fields)
     )
     return head + body
 
@@ -283,8 +301,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         cycle.scope[TIMEOUT_SCOPE_KEY] = "body_timeout"  # type: ignore[literal-required]
         if not cycle.response_started:
             message = f"request body stalled for {seconds:g} s"
-            body = self.limits.error_body(cycle.scope["path"], 408, message, "request_timeout")
-            self.transport.write(envelope(408, "Request Timeout", message, code="request_timeout", body=body))
+            request_id = cycle.scope.get(REQUEST_ID_SCOPE_KEY, "-")
+            body, headers = self.limits.error_body(cycle.scope["path"], 408, message, "request_timeout", request_id)
+            answer = envelope(408, "Request Timeout", message, code="request_timeout", body=body, headers=headers)
+            self.transport.write(answer)
         cycle.disconnected = True
         cycle.message_event.set()
         self.transport.close()
@@ -341,7 +361,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         status, kind, response = self._refusal
         path = self.scope.get("path", "") if self.scope is not None else ""
         self._cancel_timers()
-        self.limits.on_refused(status, kind, path or "-")  # recorded before the client can see the answer
+        request_id = self.limits.on_refused(status, kind, path or "-")  # recorded before the client sees it
+        if request_id is not None:  # the id of its access line
+            status_line, _, rest = response.partition(b"\r\n")
+            response = b"%s\r\nx-request-id: %s\r\n%s" % (status_line, request_id.encode(), rest)
         self.transport.write(response)
         self.transport.close()
 

@@ -30,13 +30,15 @@ import uvicorn
 from latgate.api.routes import envelope_at
 from latgate.errors import InvalidRequest
 from latgate.gcpolicy import settle_heap
-from latgate.httplimits import MAX_HEAD_BYTES, ClientLimits, client_protocol
+from latgate.httplimits import MAX_HEAD_BYTES, ClientLimits, ErrorAnswer, client_protocol
 from latgate.listen import default_max_connections
 from latgate.proxy.exchange import DRAIN_CUT
 from latgate.reload import Reloader
 from latgate.starts import StartGate
 
 log = logging.getLogger("latgate")
+#: header fields :func:`~latgate.httplimits.envelope` writes itself
+_FRAMING = (b"content-type", b"content-length", b"connection")
 #: after the drain timeout, how long requests cut may take to write their error ending
 CUT_GRACE_SECONDS = 1.0
 
@@ -53,12 +55,14 @@ def client_limits(app: object) -> ClientLimits:
     server = gateway.config.server
     cap = server.max_connections or default_max_connections(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
-    def on_refused(status: int, kind: str, path: str) -> None:
-        state.gateway.record_refusal(status=status, kind=kind, path=path)
+    def on_refused(status: int, kind: str, path: str) -> str:
+        return state.gateway.record_refusal(status=status, kind=kind, path=path)
 
-    def error_body(path: str, status: int, message: str, code: str) -> bytes:
+    def error_body(path: str, status: int, message: str, code: str, request_id: str) -> ErrorAnswer:
         error = InvalidRequest(message, status=status, code=code)
-        return bytes(envelope_at(path).render(error, request_id="-").body)
+        answer = envelope_at(path).render(error, request_id=request_id)
+        headers = [(name, value) for name, value in answer.raw_headers if name not in _FRAMING]
+        return bytes(answer.body), headers
 
     return ClientLimits(
         error_body=error_body,
