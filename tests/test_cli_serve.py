@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from servers import listening_socket
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,3 +113,50 @@ def test_serve_answers_and_stops_on_sigterm(tmp_path) -> None:
         proc.send_signal(signal.SIGTERM)
         # uvicorn shuts down, then re-raises SIGTERM: the conventional "killed by TERM" status
         assert proc.wait(timeout=20) in (0, -signal.SIGTERM)
+
+
+LIMITED_KEYS = (
+    '[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n\n'
+    '[[auth.keys]]\nname = "team-a"\nkey = "sk-a"\nrpm = 60\n\n'
+    '[[auth.keys]]\nname = "team-b"\nkey = "sk-b"\ntpm = 1000\n\n'
+    '[[auth.keys]]\nname = "ops"\nkey = "sk-ops"\n'
+)
+
+
+def lines_until_listening(args: list[str], port: int) -> list[str]:
+    """Start ``latgate serve ARGS``, return its stderr lines up to "listening on", stop it."""
+    proc = start(["serve", *args, "--port", str(port)])
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if f"listening on http://127.0.0.1:{port}" in line:
+                return seen
+        raise AssertionError("serve ended without listening:\n" + "".join(seen))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
+def test_serve_with_workers_warns_that_in_process_limits_multiply(tmp_path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(LIMITED_KEYS)
+    (port,) = free_ports(1)
+    seen = lines_until_listening(["--config", str(cfg), "--workers", "2"], port)
+    warned = [line for line in seen if "--workers 2" in line]
+    assert len(warned) == 1, warned
+    assert "keys team-a, team-b get up to 2x their rpm/tpm" in warned[0] and "ops" not in warned[0]
+    assert "[state] redis_url" in warned[0]
+
+
+@pytest.mark.parametrize(
+    ("extra", "workers"),
+    [("", "1"), ('\n[state]\nredis_url = "redis://127.0.0.1:9/0"\n', "2")],
+    ids=["one-worker", "shared-state"],
+)
+def test_serve_does_not_warn_of_multiplied_limits_when_they_hold(tmp_path, extra, workers) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(LIMITED_KEYS + extra)
+    (port,) = free_ports(1)
+    seen = lines_until_listening(["--config", str(cfg), "--workers", workers], port)
+    assert not [line for line in seen if "rpm/tpm" in line], seen

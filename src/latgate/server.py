@@ -13,6 +13,7 @@ import os
 import sys
 
 from latgate.config import ConfigError, config_warnings, load_config, resolve_config_path
+from latgate.config.warnings import per_worker_limits_warning
 from latgate.logs import LOG_FORMATS, configure_logging
 
 DEFAULT_DRAIN_TIMEOUT_SECONDS = 25.0  # inside Kubernetes' default 30 s termination grace period
@@ -116,6 +117,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     for line in describe(config):
         log.info(line)
+    limits_warning = per_worker_limits_warning(config, workers=args.workers)
+    if limits_warning is not None:
+        log.warning(limits_warning)
     return run(
         config,
         host=host,

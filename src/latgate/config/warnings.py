@@ -98,3 +98,20 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def per_worker_limits_warning(config: Config, *, workers: int) -> str | None:
+    """The warning for ``latgate serve --workers N`` (N > 1) when keys have ``rpm`` /
+    ``tpm`` limits and ``[state]`` has no ``redis_url``: each worker process counts
+    them on its own, so a key gets up to N times its limit. ``None`` otherwise."""
+    if workers < 2 or config.state.redis_url is not None or config.auth is None:
+        return None
+    limited = [key.name for key in config.auth.keys if key.rpm is not None or key.tpm is not None]
+    if not limited:
+        return None
+    return (
+        f"--workers {workers} without [state] redis_url: each worker counts rate limits on its own, "
+        f"so {'keys' if len(limited) > 1 else 'key'} {', '.join(mask_secrets(name) for name in limited)} "
+        f"{'get' if len(limited) > 1 else 'gets'} up to {workers}x their rpm/tpm; "
+        'set [state] redis_url = "redis://HOST:6379/0" to share the counters across workers'
+    )
