@@ -1,0 +1,226 @@
+"""What each coding client is given by ``latgate clients CLIENT``: one renderer per
+client, from :class:`ClientSettings` to the text printed on stdout and the notes printed
+on stderr. The command itself (options, config, model and key choice) is
+:mod:`latgate.clients`; each client's dialect is described in docs/clients.md.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """What every client's settings are made of.
+
+    Attributes:
+        origin: the gateway's URL without ``/v1`` (``https://gw.example.com``).
+        key: the gateway key to present (or a placeholder).
+        model: the model name the client asks for.
+        fast_model: a model alias marked latency-sensitive, or ``model`` when none is.
+        headers: request headers for clients that can send them.
+        timeout_ms: how long a client should wait, in milliseconds (the gateway's
+            longest upstream read timeout, so the client never gives up first).
+    """
+
+    origin: str
+    key: str
+    model: str
+    fast_model: str
+    headers: dict[str, str]
+    timeout_ms: int
+
+    @property
+    def v1(self) -> str:
+        return self.origin + "/v1"
+
+
+def is_public_https(origin: str) -> bool:
+    """True for an ``https`` URL whose host is not loopback, private or ``localhost``-like."""
+    parts = urlsplit(origin)
+    host = parts.hostname or ""
+    if parts.scheme != "https" or host == "localhost" or host.endswith((".local", ".internal", ".localhost")):
+        return False
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return "." in host
+    return address.is_global
+
+
+# -- one renderer per client: settings -> (stdout text, notes) -----------------------
+
+
+def claude_code(s: ClientSettings) -> tuple[str, list[str]]:
+    env = {
+        "ANTHROPIC_BASE_URL": s.origin,
+        "ANTHROPIC_AUTH_TOKEN": s.key,
+        "ANTHROPIC_MODEL": s.model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": s.model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": s.model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": s.fast_model,
+        "ANTHROPIC_SMALL_FAST_MODEL": s.fast_model,
+        "API_TIMEOUT_MS": str(s.timeout_ms),
+    }
+    if s.headers:
+        env["ANTHROPIC_CUSTOM_HEADERS"] = "\n".join(f"{name}: {value}" for name, value in s.headers.items())
+    notes = [
+        "save as ~/.claude/settings.json (or merge its env block); leave ANTHROPIC_API_KEY unset",
+        "Claude Code asks for max_tokens up to 32000: set CLAUDE_CODE_MAX_OUTPUT_TOKENS if the engine's context is smaller",
+    ]
+    return json.dumps({"env": env}, indent=2), notes
+
+
+def cline(s: ClientSettings) -> tuple[str, list[str]]:
+    settings: dict[str, object] = {
+        "cline.apiProvider": "openai",
+        "cline.openai.baseUrl": s.v1,
+        "cline.openai.apiKey": s.key,
+        "cline.openai.model": s.model,
+        "cline.openai.timeout": s.timeout_ms,
+    }
+    if s.headers:
+        settings["cline.customHeaders"] = s.headers
+    notes = [
+        'in the Cline panel: API Provider "OpenAI Compatible", the same base URL, key, model ID and custom headers'
+    ]
+    return json.dumps(settings, indent=2), notes
+
+
+def continue_(s: ClientSettings) -> tuple[str, list[str]]:
+    def entry(name: str, model: str, roles: str, headers: dict[str, str]) -> list[str]:
+        lines = [
+            f"  - name: {_yaml(name)}",
+            "    provider: openai",
+            f"    model: {_yaml(model)}",
+            f"    apiBase: {_yaml(s.v1)}",
+            f"    apiKey: {_yaml(s.key)}",
+            f"    roles: [{roles}]",
+        ]
+        if headers:
+            lines += ["    requestOptions:", "      headers:"]
+            lines += [f"        {header}: {_yaml(value)}" for header, value in headers.items()]
+        return lines
+
+    lines = ["models:"]
+    lines += entry(f"latgate {s.model}", s.model, "chat, edit, apply", s.headers)
+    # Autocomplete waits on every keystroke: always latency-sensitive.
+    lines += entry(
+        f"latgate {s.fast_model} autocomplete",
+        s.fast_model,
+        "autocomplete",
+        {**s.headers, "X-Latency-Sensitive": "1"},
+    )
+    return "\n".join(lines), ["merge into ~/.continue/config.yaml"]
+
+
+def cursor(s: ClientSettings) -> tuple[str, list[str]]:
+    lines = [
+        "Cursor > Settings > Models",
+        f"  OpenAI API Key:            {s.key}",
+        f"  Override OpenAI Base URL:  {s.v1}",
+        f"  Add model:                 {s.model}",
+    ]
+    notes = [
+        "Cursor cannot send custom headers: latency marking comes from the model name or the key's policy"
+    ]
+    if not is_public_https(s.origin):
+        notes.insert(
+            0,
+            f"Cursor sends requests from its own servers, which cannot reach {s.origin}: put latgate behind "
+            "a public HTTPS address (reverse proxy or tunnel) and pass it with --base-url",
+        )
+    return "\n".join(lines), notes
+
+
+def openai_sdk(s: ClientSettings) -> tuple[str, list[str]]:
+    lines = [f"export OPENAI_BASE_URL={shlex.quote(s.v1)}", f"export OPENAI_API_KEY={shlex.quote(s.key)}"]
+    arguments = f"default_headers={json.dumps(s.headers)}" if s.headers else ""
+    message = json.dumps([{"role": "user", "content": "hello"}])
+    lines += [
+        "# Python (base URL and key from the environment):",
+        "#   from openai import OpenAI",
+        f"#   client = OpenAI({arguments})",
+        f"#   reply = client.chat.completions.create(model={json.dumps(s.model)}, messages={message})",
+        "#   print(reply.choices[0].message.content)",
+    ]
+    return "\n".join(lines), []
+
+
+def anthropic_sdk(s: ClientSettings) -> tuple[str, list[str]]:
+    """A Python program for the anthropic SDK; its ``base_url`` is the origin without
+    ``/v1`` (the SDK appends ``/v1/messages``; anthropic-sdk-python ``Anthropic``)."""
+    arguments = [f"base_url={json.dumps(s.origin)}", f"api_key={json.dumps(s.key)}"]
+    if s.headers:
+        arguments.append(f"default_headers={json.dumps(s.headers)}")
+    message = json.dumps([{"role": "user", "content": "hello"}])
+    lines = [
+        "from anthropic import Anthropic",
+        "",
+        f"client = Anthropic({', '.join(arguments)}, timeout={s.timeout_ms / 1000:g})",
+        f"reply = client.messages.create(model={json.dumps(s.model)}, max_tokens=256, messages={message})",
+        "print(reply.content[0].text)",
+    ]
+    return "\n".join(lines), ["save as a .py file and run it with python (pip install anthropic)"]
+
+
+def qwen_code(s: ClientSettings) -> tuple[str, list[str]]:
+    """Shell exports for Qwen Code, which reads an OpenAI-compatible base URL, key and
+    model from ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``OPENAI_MODEL``."""
+    lines = [
+        f"export OPENAI_BASE_URL={shlex.quote(s.v1)}",
+        f"export OPENAI_API_KEY={shlex.quote(s.key)}",
+        f"export OPENAI_MODEL={shlex.quote(s.model)}",
+    ]
+    notes = ['then: qwen "..." (--approval-mode yolo runs tools unattended)']
+    return "\n".join(lines), notes
+
+
+CODEX_KEY_ENV = "LATGATE_API_KEY"
+
+
+def codex(s: ClientSettings) -> tuple[str, list[str]]:
+    """``~/.codex/config.toml``: a ``[model_providers.latgate]`` on the Responses API
+    (Codex speaks no other), its key read from ``$LATGATE_API_KEY`` (Codex config
+    reference: ``model_providers``, ``env_key``, ``wire_api``, ``http_headers``)."""
+    lines = [
+        f"model = {json.dumps(s.model)}",
+        'model_provider = "latgate"',
+        "",
+        "[model_providers.latgate]",
+        'name = "latgate"',
+        f"base_url = {json.dumps(s.v1)}",
+        f'env_key = "{CODEX_KEY_ENV}"',
+        'wire_api = "responses"',
+        f"stream_idle_timeout_ms = {s.timeout_ms}",
+    ]
+    if s.headers:
+        pairs = ", ".join(f"{json.dumps(name)} = {json.dumps(value)}" for name, value in s.headers.items())
+        lines.append(f"http_headers = {{ {pairs} }}")
+    notes = [
+        "save as ~/.codex/config.toml (or $CODEX_HOME/config.toml), or merge its lines",
+        f"then: {CODEX_KEY_ENV}={shlex.quote(s.key)} codex exec \"...\" (or codex for the TUI)",
+    ]
+    return "\n".join(lines), notes
+
+
+def _yaml(value: str) -> str:
+    """A YAML double-quoted scalar (JSON string escapes are valid YAML ones)."""
+    return json.dumps(value)
+
+
+RENDERERS: dict[str, Callable[[ClientSettings], tuple[str, list[str]]]] = {
+    "claude-code": claude_code,
+    "cline": cline,
+    "codex": codex,
+    "continue": continue_,
+    "cursor": cursor,
+    "openai": openai_sdk,
+    "anthropic": anthropic_sdk,
+    "qwen-code": qwen_code,
+}
