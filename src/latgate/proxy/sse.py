@@ -492,3 +492,18 @@ def data_payloads(events: bytes) -> Iterator[bytes]:
         lines = [line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
         if lines:
             yield b"\n".join(lines)
+
+
+def chat_chunks(events: bytes) -> Iterator[dict[str, Any]]:
+    """Each JSON-object chunk of an OpenAI chat stream in ``events`` (complete events,
+    as :func:`data_payloads` reads them), skipping ``[DONE]`` and any ``data`` that is
+    not a JSON object. For the transforms that translate chat chunks to another API."""
+    for data in data_payloads(events):
+        if data == b"[DONE]":
+            continue
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(chunk, dict):
+            yield chunk

@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 
 from latgate.proxy.exchange import Exchange
-from latgate.proxy.sse import data_payloads
+from latgate.proxy.sse import chat_chunks
 from latgate.translate.errors import anthropic_error_event
 from latgate.translate.messages_response import (
     anthropic_usage,
@@ -107,17 +107,10 @@ class MessagesStream:
     def feed(self, events: bytes) -> bytes:
         """Anthropic events for complete upstream SSE events (possibly ``b""``)."""
         out: list[bytes] = []
-        for data in data_payloads(events):
+        for chunk in chat_chunks(events):
             if self._ended:
                 break
-            if data == b"[DONE]":
-                continue
-            try:
-                chunk = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(chunk, dict):
-                self._chunk(chunk, out)
+            self._chunk(chunk, out)
         return b"".join(out)
 
     def finish(self, *, error: str | None) -> bytes:

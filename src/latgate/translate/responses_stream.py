@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from latgate.proxy.sse import data_payloads
+from latgate.proxy.sse import chat_chunks
 from latgate.translate.responses_output import (
     INCOMPLETE_REASONS,
     chat_to_response,
@@ -127,15 +127,10 @@ class ResponsesStreamTransform:
         out: list[bytes] = []
         if not self._started:
             self._start(out)
-        for data in data_payloads(events):
-            if self._ended or data == b"[DONE]":
-                continue
-            try:
-                chunk = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(chunk, dict):
-                self._chunk(chunk, out)
+        for chunk in chat_chunks(events):
+            if self._ended:
+                break
+            self._chunk(chunk, out)
         return b"".join(out)
 
     def finish(self, *, error: str | None) -> bytes:
