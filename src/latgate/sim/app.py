@@ -42,7 +42,7 @@ from latgate.sim.options import SimOptions
 from latgate.sim.prefix_cache import prefix_digests
 from latgate.sim.replies import ChoicePlan
 from latgate.sim.responses import ResponsesSend
-from latgate.sim.stats import ReceivedRequest, SimStats, prometheus_text
+from latgate.sim.stats import SimStats, prometheus_text
 from latgate.sim.tilert import TileRtApp
 from latgate.translate.responses_request import responses_to_chat
 from latgate.translate.responses_stream import ResponsesStreamTransform
@@ -335,12 +335,7 @@ class SimApp:
     # -- helpers -------------------------------------------------------------------
 
     def _parse(self, scope: Scope, raw: bytes) -> dict[str, Any]:
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = None
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        self.stats.received.append(ReceivedRequest(scope["method"], scope["path"], headers, body))
+        body = self.stats.record_request(scope, raw)
         if not isinstance(body, dict):
             raise InvalidRequest("the request body must be a JSON object")
         return body

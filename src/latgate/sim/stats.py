@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 RECENT_REQUESTS = 256
 
@@ -64,6 +67,25 @@ class SimStats:
     def last_request(self) -> ReceivedRequest | None:
         """The newest received request, if any."""
         return self.received[-1] if self.received else None
+
+    def record_request(self, scope: Mapping[str, Any], raw: bytes) -> Any:
+        """Parse ``raw`` as JSON and append the request to :attr:`received`.
+
+        Args:
+            scope: the ASGI HTTP scope (``method``, ``path``, ``headers``).
+            raw: the whole request body.
+
+        Returns:
+            The parsed body, or ``None`` when it is not JSON (any JSON value otherwise:
+            the caller decides what an object-less body is worth).
+        """
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        self.received.append(ReceivedRequest(scope["method"], scope["path"], headers, body))
+        return body
 
     def record_disconnect(self) -> None:
         self.disconnects += 1

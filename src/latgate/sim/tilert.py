@@ -53,7 +53,7 @@ from latgate.sim.clock import Clock
 from latgate.sim.engine import Engine, Generation
 from latgate.sim.faults import FaultInjector, FaultPlan
 from latgate.sim.options import SimOptions
-from latgate.sim.stats import ReceivedRequest, SimStats
+from latgate.sim.stats import SimStats
 from latgate.sim.tilert_wire import (
     BUSY_MESSAGE,
     STREAMED_COMPLETIONS_MESSAGE,
@@ -303,12 +303,7 @@ class TileRtApp:
         return Outcome.COMPLETED
 
     def _parse(self, scope: Scope, raw: bytes) -> dict[str, Any] | None:
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = None
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        self.stats.received.append(ReceivedRequest(scope["method"], scope["path"], headers, body))
+        body = self.stats.record_request(scope, raw)
         return body if isinstance(body, dict) else None
 
 

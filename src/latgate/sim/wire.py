@@ -55,10 +55,13 @@ def _event(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def _chat_chunk(envelope: Envelope, choices: list[dict[str, Any]]) -> dict[str, Any]:
+def _stream_chunk(envelope: Envelope, object_type: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """One streamed chunk of ``object_type`` (``chat.completion.chunk`` or
+    ``text_completion``): the envelope's fields, ``choices``, and ``usage: null`` when
+    usage was asked for."""
     chunk: dict[str, Any] = {
         "id": envelope.id,
-        "object": "chat.completion.chunk",
+        "object": object_type,
         "created": envelope.created,
         "model": envelope.model,
         "choices": choices,
@@ -66,6 +69,10 @@ def _chat_chunk(envelope: Envelope, choices: list[dict[str, Any]]) -> dict[str, 
     if envelope.include_usage:
         chunk["usage"] = None
     return chunk
+
+
+def _chat_chunk(envelope: Envelope, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    return _stream_chunk(envelope, "chat.completion.chunk", choices)
 
 
 def _chat_delta(index: int, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
@@ -136,16 +143,7 @@ def chat_body(plans: Sequence[ChoicePlan], envelope: Envelope) -> bytes:
 
 
 def _completion_chunk(envelope: Envelope, choices: list[dict[str, Any]]) -> dict[str, Any]:
-    chunk: dict[str, Any] = {
-        "id": envelope.id,
-        "object": "text_completion",
-        "created": envelope.created,
-        "model": envelope.model,
-        "choices": choices,
-    }
-    if envelope.include_usage:
-        chunk["usage"] = None
-    return chunk
+    return _stream_chunk(envelope, "text_completion", choices)
 
 
 def _completion_choice(index: int, text: str, finish_reason: str | None = None) -> dict[str, Any]:
