@@ -58,7 +58,7 @@ import orjson
 from peers import PEERS, wait_port
 from routing_report import LATGATE_SYSTEMS, gateway_numbers, summarize, table
 from routing_slo import ROOT, Arrival, Result, send, wait_until_up
-from serving import free_port, latgate_serve_command
+from serving import free_port, latgate_serve_command, serve_apps
 
 PEER_SYSTEMS = ("litellm", "vllm-router")
 MODEL = "m"
@@ -185,8 +185,6 @@ def serve_controlled_sims(spec: dict[str, Any]) -> None:
     ``GET /bench/arrivals`` (monotonic times of its chat requests) and ``POST
     /bench/options`` (JSON fields to set on its engine); ``slow_first`` delays its
     first N chat requests by the given ms before they reach the engine."""
-    import uvicorn
-
     from latgate.sim import SimOptions, create_sim_app
 
     def controlled(app: Any, slow_first: tuple[int, float] | None) -> Any:
@@ -218,20 +216,13 @@ def serve_controlled_sims(spec: dict[str, Any]) -> None:
 
         return wrapped
 
-    async def main() -> None:
-        servers = []
-        for name, (port, fields) in spec.items():
-            fields = dict(fields)
-            slow_first = fields.pop("slow_first", None)
-            fields.pop("slow_window", None)
-            app = create_sim_app(SimOptions(name=name, seed=1, **fields))
-            config = uvicorn.Config(
-                controlled(app, slow_first), host="127.0.0.1", port=port, log_level="warning", lifespan="off", access_log=False
-            )
-            servers.append(uvicorn.Server(config))
-        await asyncio.gather(*(server.serve() for server in servers))
-
-    asyncio.run(main())
+    apps = {}
+    for name, (port, fields) in spec.items():
+        fields = dict(fields)
+        slow_first = fields.pop("slow_first", None)
+        fields.pop("slow_window", None)
+        apps[port] = controlled(create_sim_app(SimOptions(name=name, seed=1, **fields)), slow_first)
+    serve_apps(apps)
 
 
 @contextlib.contextmanager

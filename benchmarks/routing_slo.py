@@ -70,7 +70,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from serving import free_port, latgate_serve_command
+from serving import free_port, latgate_serve_command, serve_apps
 
 BUDGET_MS = 200
 STRATEGIES = ("latgate", "round_robin", "least_outstanding")
@@ -256,8 +256,6 @@ def make_trace(*, seed: int, duration_s: float) -> list[Arrival]:
 def serve_sims(spec: dict[str, Any]) -> None:
     """Child process: every simulator of ``spec`` on one event loop; ``POST /bench/slow``
     on the slow endpoint's port makes it slow."""
-    import uvicorn
-
     from latgate.sim import SimOptions, create_sim_app
 
     def slow_switch(app: Any) -> Any:
@@ -271,19 +269,11 @@ def serve_sims(spec: dict[str, Any]) -> None:
 
         return wrapped
 
-    async def main() -> None:
-        servers = []
-        for name, (port, options) in spec.items():
-            app: Any = create_sim_app(SimOptions(name=name, seed=1, **options))
-            if name == SLOW_ENDPOINT:
-                app = slow_switch(app)
-            config = uvicorn.Config(
-                app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", access_log=False
-            )
-            servers.append(uvicorn.Server(config))
-        await asyncio.gather(*(server.serve() for server in servers))
-
-    asyncio.run(main())
+    apps: dict[int, Any] = {}
+    for name, (port, options) in spec.items():
+        app: Any = create_sim_app(SimOptions(name=name, seed=1, **options))
+        apps[port] = slow_switch(app) if name == SLOW_ENDPOINT else app
+    serve_apps(apps)
 
 
 def wait_until_up(url: str, *, seconds: float = 20.0) -> None:
@@ -302,27 +292,46 @@ def wait_until_up(url: str, *, seconds: float = 20.0) -> None:
 @contextlib.contextmanager
 def running_stack(strategy: str):
     """The simulators and a gateway for ``strategy``; yields (gateway URL, sim URLs)."""
-    spec = {name: (free_port(), options) for name, options in SIMS.items()}
+    with sims_and_gateway(SIMS, CONFIG.replace("{strategy}", strategy), script=__file__) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def sims_and_gateway(sims: dict[str, dict[str, Any]], config: str, *, script: str):
+    """Fresh simulators and a ``latgate serve`` in front of them, killed on exit.
+
+    Args:
+        sims: ``{name: SimOptions fields}``; each gets a free port.
+        config: the gateway's TOML with ``{name}`` where a simulator's base URL goes
+            (``{{``/``}}`` for literal braces).
+        script: the benchmark whose ``--serve-sims SPEC`` runs the simulators (SPEC:
+            JSON ``{name: [port, fields]}``).
+
+    Yields:
+        (gateway base URL, ``{name: simulator base URL}``), once every ``/health`` and
+        the gateway's ``/readyz`` answer 200.
+    """
+    spec = {name: (free_port(), options) for name, options in sims.items()}
     urls = {name: f"http://127.0.0.1:{port}" for name, (port, _) in spec.items()}
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    sims = subprocess.Popen([sys.executable, __file__, "--serve-sims", json.dumps(spec)], env=env)
+    sims_process = subprocess.Popen([sys.executable, script, "--serve-sims", json.dumps(spec)], env=env)
     gateway = None
     with tempfile.TemporaryDirectory() as tmp:
         try:
             for url in urls.values():
                 wait_until_up(url + "/health")
-            config = Path(tmp) / "config.toml"
-            text = CONFIG
+            text = config
             for name, url in urls.items():
                 text = text.replace("{" + name + "}", url)
-            config.write_text(text.replace("{strategy}", strategy).replace("{{", "{").replace("}}", "}"))
+            config_path = Path(tmp) / "config.toml"
+            config_path.write_text(text.replace("{{", "{").replace("}}", "}"))
             port = free_port()
-            gateway = subprocess.Popen(latgate_serve_command(config, port=port, log_level="warning"), env=env)
+            gateway = subprocess.Popen(latgate_serve_command(config_path, port=port, log_level="warning"), env=env)
             base = f"http://127.0.0.1:{port}"
             wait_until_up(base + "/readyz")
             yield base, urls
         finally:
-            for process in (gateway, sims):
+            for process in (gateway, sims_process):
                 if process is not None:
                     process.kill()
                     process.wait()

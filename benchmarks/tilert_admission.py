@@ -37,18 +37,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
-from routing_slo import ROOT, Arrival, Result, percentile, send, wait_until_up
-from serving import free_port, latgate_serve_command
+from routing_slo import Arrival, Result, percentile, send, sims_and_gateway
+from serving import serve_apps
 
 BUDGET_MS = 200
 SYSTEMS = {
@@ -137,50 +134,18 @@ def _arrival(kind: str, at_s: float, rng: random.Random) -> Arrival:
 
 def serve_sims(spec: dict[str, Any]) -> None:
     """Child process: every simulator of ``spec`` on one event loop."""
-    import uvicorn
-
     from latgate.sim import SimOptions, create_sim_app
 
-    async def main() -> None:
-        servers = []
-        for name, (port, options) in spec.items():
-            app = create_sim_app(SimOptions(name=name, seed=1, **options))
-            config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", access_log=False)
-            servers.append(uvicorn.Server(config))
-        await asyncio.gather(*(server.serve() for server in servers))
-
-    asyncio.run(main())
+    serve_apps({port: create_sim_app(SimOptions(name=name, seed=1, **options)) for name, (port, options) in spec.items()})
 
 
 @contextlib.contextmanager
 def running(system: str):
     """Fresh simulators and a gateway for ``system``; yields the gateway URL."""
     strategy, admission = SYSTEMS[system]
-    spec = {name: (free_port(), options) for name, options in SIMS.items()}
-    urls = {name: f"http://127.0.0.1:{port}" for name, (port, _) in spec.items()}
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    sims = subprocess.Popen([sys.executable, __file__, "--serve-sims", json.dumps(spec)], env=env)
-    gateway = None
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            for url in urls.values():
-                wait_until_up(url + "/health")
-            text = CONFIG
-            for name, url in urls.items():
-                text = text.replace("{" + name + "}", url)
-            text = text.replace("{strategy}", strategy).replace("{admission}", "true" if admission else "false")
-            config = Path(tmp) / "config.toml"
-            config.write_text(text.replace("{{", "{").replace("}}", "}"))
-            port = free_port()
-            gateway = subprocess.Popen(latgate_serve_command(config, port=port, log_level="warning"), env=env)
-            base = f"http://127.0.0.1:{port}"
-            wait_until_up(base + "/readyz")
-            yield base
-        finally:
-            for process in (gateway, sims):
-                if process is not None:
-                    process.kill()
-                    process.wait()
+    config = CONFIG.replace("{strategy}", strategy).replace("{admission}", "true" if admission else "false")
+    with sims_and_gateway(SIMS, config, script=__file__) as (base, _):
+        yield base
 
 
 async def run_trace(base: str, trace: list[Arrival]) -> list[Result]:
