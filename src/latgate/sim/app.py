@@ -29,10 +29,10 @@ from latgate.sim.asgi import (
     Receive,
     Scope,
     Send,
-    lifespan,
     read_body,
     request_id,
     send_bytes,
+    serve_non_http,
     until_disconnect,
 )
 from latgate.sim.clock import Clock, MonotonicClock
@@ -104,10 +104,7 @@ class SimApp:
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send)
-            return
-        if scope["type"] != "http":
+        if await serve_non_http(scope, receive, send):
             return
         path = scope["path"].rstrip("/")
         version = path.find("/v1/")

@@ -82,6 +82,16 @@ async def until_disconnect(receive: Receive, work: Coroutine[Any, Any, Outcome])
         return Outcome.DISCONNECTED
 
 
+async def serve_non_http(scope: Scope, receive: Receive, send: Send) -> bool:
+    """Answer a scope that is not an HTTP request: the lifespan protocol (nothing to
+    start or stop) or any other type (ignored). Returns ``True`` when it did, ``False``
+    for an HTTP scope, which the caller answers."""
+    if scope["type"] == "lifespan":
+        await lifespan(receive, send)
+        return True
+    return scope["type"] != "http"
+
+
 async def lifespan(receive: Receive, send: Send) -> None:
     """Answer the ASGI lifespan protocol (nothing to start or stop)."""
     while True:

@@ -44,9 +44,9 @@ from latgate.sim.asgi import (
     Receive,
     Scope,
     Send,
-    lifespan,
     read_body,
     send_bytes,
+    serve_non_http,
     until_disconnect,
 )
 from latgate.sim.clock import Clock
@@ -116,10 +116,7 @@ class TileRtApp:
         return self.busy.count(False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send)
-            return
-        if scope["type"] != "http":
+        if await serve_non_http(scope, receive, send):
             return
         self.paths[(scope["method"], scope["path"])] += 1
         route = self._routes.get(scope["path"])
