@@ -6,6 +6,7 @@ import asyncio
 import math
 
 import pytest
+from clocks import ManualClock
 
 from latgate.config import load_config_text
 from latgate.metrics import Metrics
@@ -36,17 +37,9 @@ LATENCY = {"x-latency-sensitive": "1"}
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def setup(*, admission: bool = True, slot_seconds: float = 0.3):
     config = load_config_text(CONFIG, source="test.toml")
-    clock = Clock()
+    clock = ManualClock(0.0)
     metrics = Metrics(providers=config.providers, models=["m"])
     pool = ProviderPool(config, metrics=metrics, env={}, clock=clock)
     for ep in pool["tile-rt"].endpoints:

@@ -11,6 +11,8 @@ import collections
 import random
 from collections.abc import Callable
 
+from clocks import ManualClock
+
 from latgate.config import load_config_text
 from latgate.metrics import Metrics
 from latgate.providers import ProviderPool
@@ -132,14 +134,6 @@ route_latency_sensitive_to = "decode"
 """
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Rig:
     """A pool, router and selector for CONFIG; ``send`` routes one request and reports
     its first token as ``ttft_ms(endpoint_id)`` says (or holds it in flight)."""
@@ -150,7 +144,7 @@ class Rig:
 
         text = CONFIG.format(decode=urls("d", decode), vllm=urls("v", vllm)) + extra
         self.config = load_config_text(text, source="test.toml")
-        self.clock = Clock()
+        self.clock = ManualClock()
         metrics = Metrics(providers=self.config.providers, models=[])
         self.pool = ProviderPool(self.config, metrics=metrics, env={}, clock=self.clock)
         self.router = Router(self.config)

@@ -3,6 +3,8 @@ half-open recovery, all on an injected clock."""
 
 from __future__ import annotations
 
+from clocks import ManualClock
+
 from latgate.config import load_config_text
 from latgate.config.schema import HealthConfig
 from latgate.metrics import Metrics
@@ -10,20 +12,12 @@ from latgate.providers import ProviderPool
 from latgate.providers.health import CircuitBreaker, MemoryCircuitStore
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def breaker(clock: Clock, **settings: float) -> CircuitBreaker:
+def breaker(clock: ManualClock, **settings: float) -> CircuitBreaker:
     return CircuitBreaker(settings=HealthConfig(**settings), store=MemoryCircuitStore(), clock=clock)
 
 
 def test_five_failures_in_a_row_open_the_circuit() -> None:
-    b = breaker(Clock())
+    b = breaker(ManualClock())
     for _ in range(4):
         assert b.on_failure("p:p-0") is None
     transition = b.on_failure("p:p-0")
@@ -32,7 +26,7 @@ def test_five_failures_in_a_row_open_the_circuit() -> None:
 
 
 def test_a_success_in_between_resets_the_count() -> None:
-    b = breaker(Clock())
+    b = breaker(ManualClock())
     for _ in range(4):
         b.on_failure("k")
     b.on_success("k")
@@ -42,7 +36,7 @@ def test_a_success_in_between_resets_the_count() -> None:
 
 
 def test_an_open_circuit_turns_half_open_after_open_sec() -> None:
-    clock = Clock()
+    clock = ManualClock()
     b = breaker(clock, open_sec=5.0)
     for _ in range(5):
         b.on_failure("k")
@@ -53,7 +47,7 @@ def test_an_open_circuit_turns_half_open_after_open_sec() -> None:
 
 
 def test_a_successful_trial_closes_the_circuit() -> None:
-    clock = Clock()
+    clock = ManualClock()
     b = breaker(clock, open_sec=5.0)
     for _ in range(5):
         b.on_failure("k")
@@ -63,7 +57,7 @@ def test_a_successful_trial_closes_the_circuit() -> None:
 
 
 def test_a_failed_trial_opens_it_again_for_twice_as_long_up_to_the_maximum() -> None:
-    clock = Clock()
+    clock = ManualClock()
     b = breaker(clock, open_sec=5.0, max_open_sec=15.0)
     for _ in range(5):
         b.on_failure("k")
@@ -77,7 +71,7 @@ def test_a_failed_trial_opens_it_again_for_twice_as_long_up_to_the_maximum() -> 
 
 
 def test_failed_probes_open_the_circuit_and_good_probes_bring_it_back_before_the_time_out() -> None:
-    clock = Clock()
+    clock = ManualClock()
     b = breaker(clock, open_sec=60.0)
     b.on_probe("k", ok=False)
     assert b.circuit("k") == "closed"
@@ -90,7 +84,7 @@ def test_failed_probes_open_the_circuit_and_good_probes_bring_it_back_before_the
 
 
 def test_an_engine_answering_its_load_gauges_gives_an_errored_endpoint_its_trial_at_once() -> None:
-    b = breaker(Clock(), open_sec=60.0)
+    b = breaker(ManualClock(), open_sec=60.0)
     for _ in range(5):
         b.on_failure("k")
     assert b.circuit("k") == "open"
@@ -101,7 +95,7 @@ def test_an_engine_answering_its_load_gauges_gives_an_errored_endpoint_its_trial
 
 
 def test_a_latency_ejection_is_ended_by_a_fast_trial_not_by_a_probe_or_a_success() -> None:
-    clock = Clock()
+    clock = ManualClock()
     b = breaker(clock, open_sec=5.0)
     b.judge_latency("k", too_slow=True)
     clock.now += 5.0
@@ -122,7 +116,7 @@ open_sec = 10
 """
 
 
-def pool(clock: Clock, text: str = POOL_CONFIG, *, metrics: Metrics | None = None) -> ProviderPool:
+def pool(clock: ManualClock, text: str = POOL_CONFIG, *, metrics: Metrics | None = None) -> ProviderPool:
     config = load_config_text(text, source="test.toml")
     metrics = metrics or Metrics(providers=config.providers, models=[])
     return ProviderPool(config, metrics=metrics, env={}, clock=clock)
@@ -146,7 +140,7 @@ def first_tokens(p: ProviderPool, index: int, ttft_ms: float, count: int, *, tok
 
 def test_errors_eject_an_endpoint_and_the_gauge_says_so() -> None:
     metrics = Metrics(providers=["p"], models=[])
-    p = pool(Clock(), metrics=metrics)
+    p = pool(ManualClock(), metrics=metrics)
     runtime = p["p"]
     for _ in range(5):
         p.record_outcome(runtime, runtime.endpoints[0], ok=False)
@@ -157,7 +151,7 @@ def test_errors_eject_an_endpoint_and_the_gauge_says_so() -> None:
 
 
 def test_an_ejected_endpoint_gets_one_trial_after_its_time_out_and_is_back_when_it_succeeds() -> None:
-    clock = Clock()
+    clock = ManualClock()
     metrics = Metrics(providers=["p"], models=[])
     p = pool(clock, metrics=metrics)
     runtime = p["p"]
@@ -175,7 +169,7 @@ def test_an_ejected_endpoint_gets_one_trial_after_its_time_out_and_is_back_when_
 
 
 def test_an_endpoint_far_slower_than_its_peers_is_ejected_for_latency() -> None:
-    p = pool(Clock())
+    p = pool(ManualClock())
     first_tokens(p, 0, 20.0, 10)
     first_tokens(p, 1, 25.0, 10)
     first_tokens(p, 2, 400.0, 9)
@@ -190,7 +184,7 @@ def test_an_endpoint_far_slower_than_its_peers_is_ejected_for_latency() -> None:
 
 
 def test_a_slow_endpoint_comes_back_after_a_fast_trial_with_a_fresh_prediction() -> None:
-    clock = Clock()
+    clock = ManualClock()
     p = pool(clock)
     first_tokens(p, 0, 20.0, 10)
     first_tokens(p, 1, 25.0, 10)
@@ -206,7 +200,7 @@ def test_a_slow_endpoint_comes_back_after_a_fast_trial_with_a_fresh_prediction()
 
 
 def test_latency_ejection_needs_the_latgate_strategy() -> None:
-    p = pool(Clock(), POOL_CONFIG + '[routing]\nstrategy = "round_robin"\n')
+    p = pool(ManualClock(), POOL_CONFIG + '[routing]\nstrategy = "round_robin"\n')
     first_tokens(p, 0, 20.0, 5)
     first_tokens(p, 1, 25.0, 5)
     first_tokens(p, 2, 400.0, 5)
@@ -214,14 +208,14 @@ def test_latency_ejection_needs_the_latgate_strategy() -> None:
 
 
 def test_a_lone_endpoint_is_never_ejected_for_latency() -> None:
-    p = pool(Clock(), '[providers.p]\napi_base = "http://a:1"\n')
+    p = pool(ManualClock(), '[providers.p]\napi_base = "http://a:1"\n')
     first_tokens(p, 0, 5000.0, 10)
     assert p["p"].endpoints[0].healthy
 
 
 def test_replicas_share_health_through_the_healthy_attribute() -> None:
     """The shared-state sync (latgate.store.health) sets and reads ``healthy``."""
-    p = pool(Clock())
+    p = pool(ManualClock())
     ep = p["p"].endpoints[1]
     ep.healthy = False
     assert not p.available(ep) and p.breaker.store.get(ep.key).reason == "shared"
@@ -233,7 +227,7 @@ def test_a_half_open_endpoint_gets_one_trial_even_when_requests_are_routed_toget
     from latgate.routing.decision import Router
     from latgate.routing.selection import Selector
 
-    clock = Clock()
+    clock = ManualClock()
     p = pool(clock, '[providers.p]\nendpoints = ["http://a:1", "http://b:1"]\n[health]\nopen_sec = 10\n')
     router, selector = Router(p.config), Selector(config=p.config, pool=p)
     p.breaker.eject("p:p-1", reason="latency")

@@ -7,6 +7,7 @@ import asyncio
 
 import httpx
 import pytest
+from clocks import ManualClock
 from completions import (
     CHAT_BODY,
     DONE,
@@ -25,14 +26,6 @@ from stack import gateway
 from latgate.auth import Caller, RateLimiter, estimate_tokens
 from latgate.errors import GatewayError, RateLimited
 from latgate.store import MemoryStore, Quota, StoreUnavailable
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def stream_with_usage(prompt_tokens: int, completion_tokens: int) -> bytes:
@@ -58,7 +51,7 @@ def run(coro):
 
 
 def test_rpm_admits_a_burst_of_the_limit_then_refuses_with_the_wait_until_one_frees() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     limiter = RateLimiter(store=MemoryStore(clock=clock), fail_open=True)
     caller = Caller(name="a", rpm=3)
     for _ in range(3):
@@ -72,7 +65,7 @@ def test_rpm_admits_a_burst_of_the_limit_then_refuses_with_the_wait_until_one_fr
 
 
 def test_tpm_charges_the_estimate_then_the_reported_usage() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     store = MemoryStore(clock=clock)
     limiter = RateLimiter(store=store, fail_open=True)
     caller = Caller(name="a", tpm=100)
@@ -84,7 +77,7 @@ def test_tpm_charges_the_estimate_then_the_reported_usage() -> None:
 
 
 def test_a_request_that_used_nothing_gives_its_estimate_back() -> None:
-    limiter = RateLimiter(store=MemoryStore(clock=FakeClock()), fail_open=True)
+    limiter = RateLimiter(store=MemoryStore(clock=ManualClock()), fail_open=True)
     caller = Caller(name="a", tpm=100)
     for _ in range(5):
         reservation = run(limiter.admit(caller, body={"max_tokens": 80}, prompt_tokens=10))
@@ -92,7 +85,7 @@ def test_a_request_that_used_nothing_gives_its_estimate_back() -> None:
 
 
 def test_refusal_by_tpm_does_not_spend_rpm() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     store = MemoryStore(clock=clock)
     limiter = RateLimiter(store=store, fail_open=True)
     caller = Caller(name="a", rpm=2, tpm=100)
@@ -113,7 +106,7 @@ def test_estimate_adds_the_completion_cap_and_never_exceeds_the_limit() -> None:
 
 
 def test_one_request_larger_than_the_limit_is_still_admitted_on_an_idle_minute() -> None:
-    limiter = RateLimiter(store=MemoryStore(clock=FakeClock()), fail_open=True)
+    limiter = RateLimiter(store=MemoryStore(clock=ManualClock()), fail_open=True)
     run(limiter.admit(Caller(name="a", tpm=100), body={"max_tokens": 5000}, prompt_tokens=900))
 
 
@@ -139,7 +132,7 @@ def test_unreachable_state_fails_open_or_closed_as_configured() -> None:
 
 
 def test_memory_state_charges_all_quotas_or_none() -> None:
-    store = MemoryStore(clock=FakeClock())
+    store = MemoryStore(clock=ManualClock())
     a, b = Quota(key="a", limit=10, cost=6), Quota(key="b", limit=10, cost=6)
     assert run(store.acquire([a])).allowed
     verdict = run(store.acquire([b, a]))
