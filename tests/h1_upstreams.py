@@ -23,7 +23,7 @@ from typing import Self
 
 import httpx
 import pytest
-from stack import gateway
+from stack import gateway, requests_total
 
 from latgate.proxy.h1 import H1Pool
 
@@ -215,13 +215,7 @@ def pool_in_use(base_v1: str) -> float:
 def requests_with(port: int, code: int) -> float:
     """``latgate_requests_total`` of the gateway on ``port`` for status ``code``, summed
     over providers and models."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    prefix = "latgate_requests_total{"
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(prefix) and f'code="{code}"' in line
-    )
+    return requests_total(f"http://127.0.0.1:{port}", code)
 
 
 def access_lines(caplog: pytest.LogCaptureFixture) -> list[dict]:

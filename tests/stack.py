@@ -37,6 +37,17 @@ class Stack:
         return self.url + "/v1"
 
 
+def requests_total(base_url: str, code: str | int) -> float:
+    """``latgate_requests_total`` for HTTP status ``code``, summed over providers and
+    models, read from the gateway's ``/metrics`` at ``base_url`` (no ``/v1``)."""
+    text = httpx.get(base_url + "/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("latgate_requests_total{") and f'code="{code}"' in line
+    )
+
+
 @contextlib.contextmanager
 def gateway(
     config_text: str, *, env: Mapping[str, str] | None = None, tracing: Tracing | None = None

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from completions import chat_completion
 from replay import ReplayScript, replay_server, split_bytes, split_points
-from stack import gateway, replay_gateway
+from stack import gateway, replay_gateway, requests_total
 
 from latgate.proxy.sse import StreamTap
 
@@ -112,15 +112,6 @@ def test_an_explicit_include_usage_false_is_sent_as_written_and_counted_as_an_es
     assert line["completion_tokens"] > 0
 
 
-def _latgate_requests(stack, code: str) -> float:
-    text = httpx.get(stack.url + "/metrics", timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("latgate_requests_total{") and f'code="{code}"' in line
-    )
-
-
 def _aborted_stream() -> bytes:
     """vLLM's no-usage stream with its last chunk ending in ``abort`` (as vLLM ends an
     in-flight stream on shutdown)."""
@@ -132,8 +123,8 @@ def test_a_stream_the_engine_aborted_is_relayed_as_written_and_counted_failed(ca
     caplog.set_level(logging.INFO, logger="latgate.access")
     with replay_gateway(ReplayScript.sse(_aborted_stream())) as (_, stack):
         out = _post_stream(stack.v1 + "/chat/completions", {**CHAT, "stream_options": {"include_usage": False}})
-        assert _latgate_requests(stack, "502") == 1
-        assert _latgate_requests(stack, "200") == 0
+        assert requests_total(stack.url, "502") == 1
+        assert requests_total(stack.url, "200") == 0
     assert out == _aborted_stream()
     line = next(orjson.loads(r.getMessage()) for r in caplog.records if r.name == "latgate.access")
     assert line["error"] == "aborted"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import httpx
 import orjson
 import pytest
-from stack import Stack, gateway, leave_after_first_content
+from stack import Stack, gateway, leave_after_first_content, requests_total
 from vllm_server import SERVED_MODEL, VllmReplica, engine_config
 
 pytestmark = pytest.mark.timeout(420)
@@ -37,15 +37,6 @@ def vllm_counter(replica: VllmReplica, name: str, **labels: str) -> float:
         if line.startswith(name + "{") and all(w in line for w in want):
             total += float(line.rsplit(" ", 1)[1])
     return total
-
-
-def latgate_requests(stack: Stack, code: str) -> float:
-    text = httpx.get(stack.url + "/metrics", timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("latgate_requests_total{") and f'code="{code}"' in line
-    )
 
 
 def wait_until(condition: Callable[[], bool], *, what: str, timeout: float = 60.0) -> None:
@@ -83,7 +74,7 @@ def test_client_disconnect_reaches_vllm_as_an_abort(stack: Stack, both_ready: li
     wait_until(lambda: all(r.running_requests() == 0 for r in both_ready), what="vLLM no longer runs the request")
     assert sum(vllm_counter(r, "vllm:request_success_total", finished_reason="length") for r in both_ready) == finished
     assert sum(vllm_counter(r, "vllm:generation_tokens_total") for r in both_ready) - generated < LONG["max_tokens"]
-    wait_until(lambda: latgate_requests(stack, "499") == 1, what="latgate records the client gone (499)")
+    wait_until(lambda: requests_total(stack.url, "499") == 1, what="latgate records the client gone (499)")
 
 
 class StreamReader:
@@ -127,7 +118,7 @@ def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_and_the_next_
     assert reader.error is None
     assert "[DONE]" not in events
     assert isinstance(events[-1], dict) and "error" in events[-1]
-    wait_until(lambda: latgate_requests(stack, "502") == 1, what="latgate records the stream failed")
+    wait_until(lambda: requests_total(stack.url, "502") == 1, what="latgate records the stream failed")
     survivor = next(r for r in both_ready if r is not victim)
     for _ in range(2):  # wherever routing tries first, the answer comes from the live replica
         answer = httpx.post(stack.v1 + "/chat/completions", json={**LONG, "max_tokens": 4}, timeout=120)
@@ -152,8 +143,8 @@ def test_a_replica_stopped_with_sigterm_mid_stream_and_mid_request(both_ready: l
             victim.signal(signal.SIGTERM)
             events = reader.join()
             answer = pending.result(timeout=300)
-            wait_until(lambda: latgate_requests(one, "502") == 1, what="the stopped stream counted failed")
-            assert latgate_requests(one, "200") == 0
+            wait_until(lambda: requests_total(one.url, "502") == 1, what="the stopped stream counted failed")
+            assert requests_total(one.url, "200") == 0
     assert reader.error is None
     finishes = [c["choices"][0].get("finish_reason") for c in events if isinstance(c, dict) and c.get("choices")]
     ended_in_error = isinstance(events[-1], dict) and "error" in events[-1]
