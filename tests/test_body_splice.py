@@ -1,8 +1,9 @@
-"""The upstream receives the client's own bytes: unchanged when latgate changes nothing,
-with only the changed members spliced in when it does (an alias's upstream model,
+"""A body orjson parses but cannot encode again (nested past its depth limit) reaches the
+upstream as the client's own bytes: unchanged when latgate changes nothing, with only
+the changed members spliced in when it does (an alias's upstream model,
 ``stream_options.include_usage`` on a stream, a null ``stream``, a provider's
-``extra_body``), and the whole body re-encoded only where a member cannot be located
-unambiguously. Through a real gateway and a raw upstream on loopback."""
+``extra_body``). Every other body is encoded from its parse (tests/test_duplicate_keys.py).
+Through a real gateway and a raw upstream on loopback."""
 
 from __future__ import annotations
 
@@ -43,9 +44,11 @@ def _forwarded(raw: bytes, *, extra: str = "", reply: bytes = json_reply(OK_JSON
         return up.requests[0].split(b"\r\n\r\n", 1)[1]
 
 
+#: nested past orjson's encoding depth (~254): such a body is forwarded as its bytes
+DEEP = b"[" * 300 + b"]" * 300
 # the client's own spelling: spaces, escapes, a non-ASCII text, members in its order
 PLAIN = (
-    b'{ "messages" : [ {"role":"user", "content":"say \\"model\\": \\u4e2d\\u6587 \xc3\xa9"} ],\n'
+    b'{ "messages" : [ {"role":"user", "content":"say \\"model\\": \\u4e2d\\u6587 \xc3\xa9", "meta": ' + DEEP + b"} ],\n"
     b'  "temperature": 0.50, "model": "m" }'
 )
 
@@ -62,6 +65,7 @@ def test_an_agent_sized_body_reaches_the_upstream_byte_for_byte() -> None:
     ]  # fmt: skip
     history = [{"role": "user", "content": f"step {i}: " + "def f(x):\n    return x\n" * 150} for i in range(25)]
     raw = json.dumps({"model": "m", "messages": history, "tools": tools}, ensure_ascii=True).encode()
+    raw = raw.replace(b'{"role": "user"', b'{"meta": ' + DEEP + b', "role": "user"', 1)
     assert len(raw) > 90_000
     assert _forwarded(raw) == raw
 

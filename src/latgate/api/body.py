@@ -76,8 +76,8 @@ def media_problem(headers: Mapping[str, str]) -> str | None:
 
 async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
     """The request body as a JSON object, read at most ``max_bytes`` bytes, parsed once;
-    it keeps the client's bytes, which are forwarded as they came where nothing in them
-    changes (:mod:`latgate.proxy.splice`).
+    it keeps the client's bytes, forwarded (with the changed members spliced in) only
+    when the parse cannot be encoded again (:mod:`latgate.proxy.splice`).
 
     Raises:
         UnsupportedMediaType: compressed, or not sent as JSON (:func:`media_problem`;

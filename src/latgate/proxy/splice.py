@@ -1,21 +1,25 @@
-"""The upstream body as the client's own bytes, with only what latgate changes spliced in.
+"""The upstream body as the client's own bytes, with only what latgate changes spliced
+in: for a body ``orjson`` parsed but cannot encode again (nested past its depth limit),
+which would otherwise be refused; every other body is encoded from its parse
+(:func:`latgate.proxy.wire.upstream_payload`).
 
-A proxied request usually reaches the upstream with a few top-level members changed
-(the upstream model name of an alias, ``stream_options.include_usage`` on a stream, a
-provider's ``extra_body`` fields) and the rest (messages, tools: nearly all the bytes)
-as the client sent them. Re-encoding the whole parsed body for that costs time
-proportional to its size; :func:`splice` instead copies the client's bytes and
-replaces, inserts or removes only the members whose value differs from what was parsed.
+:func:`splice` copies the client's bytes and replaces, inserts or removes only the
+members whose value differs from what was parsed (the upstream model name of an alias,
+``stream_options.include_usage`` on a stream, a provider's ``extra_body`` fields).
+
+The client's bytes go at all only when their top-level members are exactly the parsed
+body's keys (:func:`members_verified`): JSON allows duplicate names (RFC 8259 section 4
+leaves their meaning open), the parser keeps the last, and an upstream that keeps the
+first would otherwise act on another model, stream flag or prompt than the one latgate
+routed, limited and counted. Checking that costs more than encoding the parsed body
+(docs/performance.md), hence the order.
 
 A member is replaced or removed in place only when it can be found unambiguously: its
-key, spelled as ``orjson`` spells it, occurs exactly once as an object key anywhere in
-the body (a quote preceded by an even number of backslashes is structural, RFC 8259
-section 7, so a key cannot hide inside a string), the body has no ``\\u00`` or ``\\/``
-escape (the only ways to spell an ASCII key otherwise), and the value found there reads
-back as the parsed value. A tool schema with a property of the same name, a duplicated
-key, such an escape anywhere: :func:`splice` returns ``None`` and the caller encodes
-the body whole, as before. New members go right after the opening brace (member order
-carries no meaning in a JSON object, RFC 8259 section 4).
+key, spelled as ``orjson`` spells it, occurs exactly once in the body (a quote preceded
+by an even number of backslashes is structural, RFC 8259 section 7, so a key cannot
+hide inside a string) and the value found there reads back as the parsed value.
+Otherwise :func:`splice` returns ``None``. New members go right after the opening brace
+(member order carries no meaning in a JSON object, RFC 8259 section 4).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ MAX_KEY_OCCURRENCES = 16
 MAX_SPLICED_VALUE_BYTES = 4096
 
 _WS = b" \t\n\r"
+_KEY_ESCAPE = re.compile(rb"\\(?:u00|/)")  # the only escapes that may spell an ASCII key
 _SCALAR = re.compile(rb"-?[0-9][0-9.eE+-]*|true|false|null")
 
 
@@ -58,6 +63,8 @@ def splice(body: ClientBody, out: dict[str, Any]) -> bytes | None:
         orjson.JSONEncodeError: a new value cannot be encoded.
     """
     sent, raw = body.sent, body.raw
+    if not members_verified(raw, sent):
+        return None
     edits: list[tuple[int, int, bytes]] = []  # (start, end, replacement) in raw
     inserted: list[bytes] = []
     removed = [key for key in sent if key not in out]
@@ -93,6 +100,22 @@ def splice(body: ClientBody, out: dict[str, Any]) -> bytes | None:
         at = end
     parts.append(raw[at:])
     return b"".join(parts)
+
+
+def members_verified(raw: bytes, sent: dict[str, Any]) -> bool:
+    """True when the top-level members of the JSON object ``raw`` are exactly the keys
+    of ``sent`` (its parse), each once: every key's ``orjson`` spelling occurs exactly
+    once anywhere in ``raw``, every key is ASCII and ``raw`` has no ``\\u00`` or
+    ``\\/`` escape (the only other ways to spell an ASCII key). False is conservative:
+    a key's name also nested or quoted in a text fails it too."""
+    if _KEY_ESCAPE.search(raw) is not None:
+        return False
+    for key in sent:  # searched backwards: much faster than forwards on text full of quotes
+        needle = orjson.dumps(key)
+        last = raw.rfind(needle)
+        if last < 0 or not key.isascii() or raw.rfind(needle, 0, last + len(needle) - 1) >= 0:
+            return False
+    return True
 
 
 def _member(raw: bytes, key: str, value: Any) -> tuple[int, int, int] | None:

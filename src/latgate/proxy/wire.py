@@ -4,6 +4,7 @@ on the client's behalf, the model name rewritten back to an alias)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from typing import Any
@@ -24,12 +25,15 @@ def upstream_payload(
     """The upstream body: the client's, with the upstream model, the provider's
     ``extra_body`` fields the client did not set, and usage asked for on streams
     whose client did not say (see :func:`ask_usage`). A provider known to reject
-    ``stream_options`` is sent none (latgate counts usage itself). A body read from the
-    client (:class:`~latgate.proxy.splice.ClientBody`) goes as the client's bytes with
-    only those members spliced in (:func:`~latgate.proxy.splice.splice`).
+    ``stream_options`` is sent none (latgate counts usage itself). The body is encoded
+    from what latgate parsed (and routed, authorized and counted on): a key the client
+    sent twice reaches the upstream once, as parsed. Only a body ``orjson`` cannot encode
+    (nested past its depth limit) goes as the client's bytes with the changed members
+    spliced in, and only when their top-level members are the parsed keys
+    (:func:`~latgate.proxy.splice.splice`).
 
     Raises:
-        InvalidRequest: the body was parsed but cannot be re-encoded (400).
+        InvalidRequest: the body was parsed but cannot be encoded or spliced (400).
     """
     out = dict(body)
     out["model"] = target.model
@@ -42,13 +46,15 @@ def upstream_payload(
         options["include_usage"] = True
         out["stream_options"] = options
     try:
-        if isinstance(body, ClientBody):
-            spliced = splice(body, out)
-            if spliced is not None:
-                return spliced
         return dumps_in_slices(out) if is_large(out) else orjson.dumps(out)
     except orjson.JSONEncodeError as exc:  # parsed, but cannot be re-encoded (e.g. nested too deep)
-        raise InvalidRequest(f"request body cannot be forwarded: {exc}") from None
+        spliced = None
+        if isinstance(body, ClientBody):
+            with contextlib.suppress(orjson.JSONEncodeError):
+                spliced = splice(body, out)
+        if spliced is None:
+            raise InvalidRequest(f"request body cannot be forwarded: {exc}") from None
+        return spliced
 
 
 #: statuses with which an upstream may refuse a field it does not know (422: FastAPI-style servers)
