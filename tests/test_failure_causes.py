@@ -117,7 +117,8 @@ async def stalls_mid_body(up: RawUpstream, reader: asyncio.StreamReader, writer:
     [
         (reset_after_request, CHAT, 502, "upstream closed the connection: connection reset"),
         (silent, CHAT, 504, "upstream timed out: no first byte"),
-        (stalls_mid_body, CHAT, 504, "upstream timed out: between reads"),
+        # a non-streamed answer must be whole within timeout_sec of sending (docs/configuration.md)
+        (stalls_mid_body, CHAT, 504, "no whole answer within timeout_sec (1 s)"),
     ],
     ids=["reset", "first-byte", "between-reads"],
 )

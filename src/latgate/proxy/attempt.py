@@ -153,7 +153,10 @@ class AttemptSender:
             if exchange.attempts == 1:
                 self.metrics.record_overhead(time.perf_counter() - exchange.received_at)
             deadline = None
-            if tap is not None:
+            whole_by = None  # a non-streamed answer: whole within timeout_sec of sending (docs/configuration.md)
+            if tap is None:
+                whole_by = asyncio.get_running_loop().time() + self._timeout_seconds(provider)
+            else:
                 deadline_ms = self.selector.deadline_ms(plan, predicted_ttft_ms=predicted_ms, last_attempt=attempt.last)
                 if deadline_ms:
                     deadline = asyncio.get_running_loop().time() + deadline_ms / 1000.0
@@ -181,7 +184,7 @@ class AttemptSender:
                     return await self.send(dataclasses.replace(attempt, payload=again))
                 raise failed
             if tap is None:
-                return await self._complete(attempt, response, ticket)
+                return await self._complete(attempt, response, ticket, whole_by)
             relay = await self._start_stream(attempt, response, tap, stack, deadline, ticket)
             handed_off = True
             return relay
@@ -273,15 +276,20 @@ class AttemptSender:
             secrets=provider_secrets(provider),
         )
 
-    async def _complete(self, attempt: Attempt, response: Any, ticket: Ticket) -> Answer:
-        """A non-streamed answer: read it whole, take its usage, rewrite the model name."""
+    async def _complete(self, attempt: Attempt, response: Any, ticket: Ticket, deadline: float | None) -> Answer:
+        """A non-streamed answer: read it whole by ``deadline`` (event-loop time), take
+        its usage, rewrite the model name. An event stream (the request's ``stream:
+        false`` ignored) or an HTML page is refused unread, as the provider's failure."""
         provider, endpoint, exchange = attempt.provider, attempt.endpoint, attempt.routed.exchange
         content_type = response.headers.get("content-type", "")
-        if content_type.startswith("text/html"):  # a login page or a proxy's notice, not an answer
+        if content_type.startswith(("text/html", "text/event-stream")):  # a page, or a stream nobody asked for
             raise await self.failures.wrong_content_type(provider, endpoint, content_type, None)
         try:
-            with upstream_errors():
-                data = await read_at_most(response, self.config.defaults.max_response_bytes)
+            async with asyncio.timeout_at(deadline):
+                with upstream_errors():
+                    data = await read_at_most(response, self.config.defaults.max_response_bytes)
+        except TimeoutError:
+            raise self.failures.failed(provider, endpoint, self._late_answer(provider)) from None
         except UpstreamFailure as failure:
             raise self.failures.failed(provider, endpoint, failure) from None
         try:
@@ -314,3 +322,12 @@ class AttemptSender:
         if exchange.first_token_at is not None and exchange.last_token_at is not None:
             seconds = exchange.last_token_at - exchange.first_token_at
             self.pool.record_decode(endpoint, tokens=tap.content_chunks, seconds=seconds)
+
+    def _timeout_seconds(self, provider: ProviderRuntime) -> float:
+        """The provider's ``timeout_sec`` (else ``[defaults]``'s): the longest upstream
+        silence, and the whole of a non-streamed answer."""
+        return provider.config.timeout_sec or self.config.defaults.timeout_sec
+
+    def _late_answer(self, provider: ProviderRuntime) -> UpstreamFailure:
+        """The failure of a non-streamed answer not whole within :meth:`_timeout_seconds`."""
+        return UpstreamFailure("timeout", f"no whole answer within timeout_sec ({self._timeout_seconds(provider):g} s)")
