@@ -273,7 +273,7 @@ def upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> Gatew
     if isinstance(parsed, dict):
         err = parsed.get("error", parsed)
         if status in PASSTHROUGH_STATUSES and isinstance(err, dict) and isinstance(err.get("message"), str):
-            return UpstreamClientError(err, status=status)
+            return UpstreamClientError({**err, "message": redact_text(err["message"])}, status=status)
         if isinstance(err, dict):
             message = err.get("message") or err.get("detail")
             err_type = str(err.get("type") or err_type)
@@ -292,7 +292,7 @@ def upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> Gatew
     elif not message:
         message = f"provider {provider.name!r} returned HTTP {status}"
     else:
-        message = f"provider {provider.name!r}: {message}"
+        message = f"provider {provider.name!r}: {redact_text(str(message))}"
     if status == 429:
         err_type = "rate_limit_error"
     error = UpstreamError(message, status=status, code=code, param=param)
