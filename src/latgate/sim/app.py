@@ -234,8 +234,7 @@ class SimApp:
         reply: Callable[[dict[str, Any]], Awaitable[Outcome]],
     ) -> None:
         """Count, parse and answer one generation request; a disconnect is counted after cleanup."""
-        self.stats.requests_total += 1
-        self.stats.in_flight += 1
+        self.stats.request_started()
         outcome = None
         try:
             raw = await read_body(receive)
@@ -244,12 +243,8 @@ class SimApp:
                 return
             body = self._parse(scope, raw)
             outcome = await reply(body)
-            if outcome is Outcome.COMPLETED:
-                self.stats.completed += 1
         finally:
-            self.stats.in_flight -= 1
-            if outcome is Outcome.DISCONNECTED:
-                self.stats.record_disconnect()
+            self.stats.request_ended(outcome)
 
     async def _generate(
         self,

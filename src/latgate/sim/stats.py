@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from latgate.sim.asgi import Outcome
+
 RECENT_REQUESTS = 256
 
 
@@ -86,6 +88,21 @@ class SimStats:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         self.received.append(ReceivedRequest(scope["method"], scope["path"], headers, body))
         return body
+
+    def request_started(self) -> None:
+        """Count a generation request arriving (``requests_total``, ``in_flight``)."""
+        self.requests_total += 1
+        self.in_flight += 1
+
+    def request_ended(self, outcome: Outcome | None) -> None:
+        """Count a generation request leaving: ``completed`` when ``outcome`` is
+        :attr:`Outcome.COMPLETED`, out of ``in_flight``, then a disconnect when it is
+        :attr:`Outcome.DISCONNECTED` (``None``: refused or failed, counted elsewhere)."""
+        if outcome is Outcome.COMPLETED:
+            self.completed += 1
+        self.in_flight -= 1
+        if outcome is Outcome.DISCONNECTED:
+            self.record_disconnect()
 
     def record_disconnect(self) -> None:
         self.disconnects += 1

@@ -145,8 +145,7 @@ class TileRtApp:
         await self._generation(scope, receive, send, chat=False)
 
     async def _generation(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
-        self.stats.requests_total += 1
-        self.stats.in_flight += 1
+        self.stats.request_started()
         outcome: Outcome | None = None
         node: int | None = None
         try:
@@ -168,14 +167,10 @@ class TileRtApp:
                 await _error(send, 429, BUSY_MESSAGE)
                 return
             outcome = await self._answer(scope, receive, send, body, chat=chat, stream=stream)
-            if outcome is Outcome.COMPLETED:
-                self.stats.completed += 1
         finally:
             if node is not None:
                 self.busy[node] = False
-            self.stats.in_flight -= 1
-            if outcome is Outcome.DISCONNECTED:
-                self.stats.record_disconnect()
+            self.stats.request_ended(outcome)
 
     def _acquire(self) -> int | None:
         for index, busy in enumerate(self.busy):
