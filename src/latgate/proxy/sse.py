@@ -36,7 +36,6 @@ framing on every token) is counted from the bytes, without a JSON parse (see
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -481,29 +480,3 @@ def _data_of(event: bytes, sep: bytes) -> bytes | None:
     if not parts:
         return None
     return b"\n".join(parts)
-
-
-def data_payloads(events: bytes) -> Iterator[bytes]:
-    """The ``data`` of each SSE event in ``events`` (complete events, as
-    :meth:`StreamTap.feed` forwards them; LF or CRLF lines, one optional space after
-    ``data:``, several ``data`` lines joined by LF). For the translating transforms,
-    which read every event; the tap itself stays on its cheaper one-line path."""
-    for event in events.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = [line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
-        if lines:
-            yield b"\n".join(lines)
-
-
-def chat_chunks(events: bytes) -> Iterator[dict[str, Any]]:
-    """Each JSON-object chunk of an OpenAI chat stream in ``events`` (complete events,
-    as :func:`data_payloads` reads them), skipping ``[DONE]`` and any ``data`` that is
-    not a JSON object. For the transforms that translate chat chunks to another API."""
-    for data in data_payloads(events):
-        if data == b"[DONE]":
-            continue
-        try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(chunk, dict):
-            yield chunk

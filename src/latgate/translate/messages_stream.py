@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 
 from latgate.proxy.exchange import Exchange
-from latgate.proxy.sse import chat_chunks
+from latgate.translate.chat_events import chat_chunks
 from latgate.translate.errors import anthropic_error_event
 from latgate.translate.messages_response import (
     anthropic_usage,

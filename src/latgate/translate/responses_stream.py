@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from latgate.proxy.sse import chat_chunks
+from latgate.translate.chat_events import chat_chunks
 from latgate.translate.responses_output import (
     INCOMPLETE_REASONS,
     chat_to_response,
