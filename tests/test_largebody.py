@@ -43,6 +43,33 @@ def test_slices_refuse_what_orjson_refuses(raw: bytes) -> None:
         parse_in_slices(raw)
 
 
+@pytest.mark.parametrize("slice_bytes", [4, 5, 7, 64])
+def test_a_body_decoded_a_slice_at_a_time_parses_and_refuses_as_one_decode(monkeypatch, slice_bytes) -> None:
+    monkeypatch.setattr(largebody, "DECODE_SLICE_BYTES", slice_bytes)
+    for body in [*BODIES, {"a": 12345678901, "b": [True, None, -0.5e3], "é😀": "ü" * 9}]:
+        raw = orjson.dumps(body)
+        assert parse_in_slices(raw) == body
+        assert parse_in_slices(b" \n" + orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n") == body
+    valid = orjson.dumps({"m": ["é😀" * 40]})
+    for cut in range(1, len(valid) - 1):  # a stray byte, and a character cut short, anywhere
+        with pytest.raises(UnicodeDecodeError):
+            parse_in_slices(valid[:cut] + b"\xff" + valid[cut:])
+    for raw in [b'{"a": [1 2]}', b'{"a":[1,2,]}', b'{"a":1} x', b'{"a": 12', b'{"a": "x']:
+        with pytest.raises(ValueError):
+            parse_in_slices(raw)
+
+
+def test_a_large_body_that_is_not_utf8_is_refused_with_400_before_the_upstream() -> None:
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": f"m {i}"} for i in range(LARGE_BODY_BYTES // 20)]})
+    middle = raw.index(b"m 30000")
+    raw = raw[:middle] + b"\xc3(" + raw[middle:]  # a two-byte sequence cut short
+    with RawUpstream(keep_serving(json_reply())) as up, gateway(upstream_config(up.base_url), env={"UP_KEY": SECRET}) as gw:
+        answer = httpx.post(gw.v1 + "/chat/completions", content=raw, headers={"content-type": "application/json"}, timeout=60)
+        assert answer.status_code == 400
+        assert "not valid UTF-8" in answer.json()["error"]["message"]
+        assert up.requests == []
+
+
 def test_only_long_top_level_arrays_are_large() -> None:
     assert is_large({"messages": [{}] * (2 * SLICE_ITEMS + 1)})
     assert not is_large({"messages": [{}] * SLICE_ITEMS, "x": "y" * 10})

@@ -10,7 +10,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from latgate.api.largebody import LARGE_BODY_BYTES, parse_in_slices, release_when_freed
+from latgate.api.largebody import LARGE_BODY_BYTES, join_and_parse, release_when_freed
 from latgate.errors import (
     BodyTooLarge,
     ClientClosedRequest,
@@ -98,13 +98,13 @@ async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
         if size > max_bytes:
             raise BodyTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
         chunks.append(chunk)
-    raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    if not raw:
+    if not size:
         raise InvalidRequest("request body is empty; expected a JSON object")
     try:
-        if len(raw) > LARGE_BODY_BYTES:  # off the event loop, in slices (latgate.api.largebody)
-            body = await asyncio.to_thread(parse_in_slices, raw)
+        if size > LARGE_BODY_BYTES:  # joined and parsed off the event loop, in slices (latgate.api.largebody)
+            raw, body = await asyncio.to_thread(join_and_parse, chunks)
         else:
+            raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             body = orjson.loads(raw)
     except (orjson.JSONDecodeError, ValueError, RecursionError) as exc:
         reason = "not valid UTF-8" if "utf-8" in str(exc).lower() else "not valid JSON"

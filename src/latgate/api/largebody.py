@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 import json
 import queue
 import re
@@ -144,63 +145,162 @@ def parse_in_slices(raw: bytes) -> Any:
         return _parse_in_slices(raw)
 
 
+def join_and_parse(chunks: list[bytes]) -> tuple[bytes, Any]:
+    """The received ``chunks`` joined (``chunks`` emptied), and parsed as
+    :func:`parse_in_slices` does. Meant for a worker thread.
+
+    Why: joining tens of megabytes is one copy, which ``bytes.join`` makes without the
+    GIL; on the event loop it is still the loop's time, in a worker the loop runs
+    meanwhile.
+
+    Returns:
+        ``(raw, value)``: the joined bytes and the parsed value.
+
+    Raises:
+        ValueError: as :func:`parse_in_slices`.
+    """
+    raw = b"".join(chunks)
+    chunks.clear()
+    return raw, parse_in_slices(raw)
+
+
+#: Bytes decoded from UTF-8 at a time while a large body is parsed (cut back to a
+#: character boundary).
+DECODE_SLICE_BYTES = 1 << 20
+
+
+_LOOKAHEAD_CHARS = 8
+
+
+class _Window:
+    """The text of ``raw`` decoded a slice at a time as the parse reaches it: ``text``
+    holds what is not yet consumed, ``base`` the character offset of ``text[0]``.
+
+    Why: decoding a whole body of tens of megabytes is one C call holding the GIL, and
+    the str it makes is as large again; a slice at a time, the interpreter can switch
+    between slices. Every slice ends before a byte that starts a character, so the
+    slices decode exactly when the whole body does."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = memoryview(raw)
+        self.decoded = 0  # bytes of raw decoded so far
+        self.base = 0
+        self.text = ""
+        self.extend(0)
+
+    @property
+    def more(self) -> bool:
+        return self.decoded < len(self.raw)
+
+    def extend(self, at: int) -> int:
+        """Drop ``text[:at]`` and append the next slice (at least as long as what is
+        left, so that an element longer than a slice costs linear time); ``at``'s
+        position in the new ``text`` (0).
+
+        Raises:
+            UnicodeDecodeError: the slice is not valid UTF-8.
+        """
+        raw, start = self.raw, self.decoded
+        stop = min(len(raw), start + max(DECODE_SLICE_BYTES, len(self.text) - at))
+        while stop < len(raw) and stop > start + 1 and raw[stop] & 0xC0 == 0x80:  # a continuation byte
+            stop -= 1
+        self.decoded = stop
+        self.text = self.text[at:] + str(raw[start:stop], "utf-8")
+        self.base += at
+        return 0
+
+    def space(self, at: int) -> int:
+        """``at`` past any whitespace; below ``len(text)`` unless the body ends there."""
+        while True:
+            at = _SPACE.match(self.text, at).end()  # type: ignore[union-attr]
+            if at < len(self.text) or not self.more:
+                return at
+            at = self.extend(at)
+
+    def value(self, at: int) -> tuple[Any, int]:
+        """The JSON value at ``at`` and the position after it, followed by at least
+        :data:`_LOOKAHEAD_CHARS` characters unless the body ends sooner: a number cut
+        by a slice's end reads as a shorter one (``-0.5`` of ``-0.5e+3``)."""
+        while True:
+            try:
+                value, end = _DECODER.raw_decode(self.text, at)
+            except json.JSONDecodeError as exc:
+                if self.more:
+                    at = self.extend(at)
+                    continue
+                raise ValueError(f"{exc.msg} at char {self.base + exc.pos}") from None
+            if end + _LOOKAHEAD_CHARS <= len(self.text) or not self.more:
+                return value, end
+            at = self.extend(at)
+
+    def expected(self, what: str, at: int) -> ValueError:
+        return ValueError(f"expected {what} at char {self.base + at}")
+
+
 def _parse_in_slices(raw: bytes) -> Any:
     """``raw`` parsed as JSON: a top-level object's array values element by element,
-    anything else whole. Meant for a worker thread.
+    anything else whole, decoded from UTF-8 a slice at a time (:class:`_Window`).
+    Meant for a worker thread.
 
     Raises:
         ValueError: not UTF-8 (``UnicodeDecodeError``) or not valid JSON (message
             with the position).
     """
-    text = raw.decode("utf-8")
-    at = _SPACE.match(text, 0).end()  # type: ignore[union-attr]
-    if not text.startswith("{", at):
-        value, end = _DECODER.raw_decode(text, at)
-        _at_end(text, end)
+    window = _Window(raw)
+    at = window.space(0)
+    if not window.text.startswith("{", at):
+        value, at = window.value(at)
+        _at_end(window, at)
         return value
     out: dict[str, Any] = {}
-    at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
-    if text.startswith("}", at):
-        _at_end(text, at + 1)
+    at = window.space(at + 1)
+    if window.text.startswith("}", at):
+        _at_end(window, at + 1)
         return out
     while True:
-        key, at = _DECODER.raw_decode(text, at)
+        key, at = window.value(at)
         if not isinstance(key, str):
-            raise ValueError(f"expected a string key at char {at}")  # noqa: TRY004 (invalid JSON, like the others)
-        at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
-        if not text.startswith(":", at):
-            raise ValueError(f"expected ':' at char {at}")
-        at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
-        if text.startswith("[", at):
-            out[key], at = _array(text, at + 1)
+            raise window.expected("a string key", at)
+        at = window.space(at)
+        if not window.text.startswith(":", at):
+            raise window.expected("':'", at)
+        at = window.space(at + 1)
+        if window.text.startswith("[", at):
+            out[key], at = _array(window, at + 1)
         else:
-            out[key], at = _DECODER.raw_decode(text, at)
-        at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
-        if text.startswith(",", at):
-            at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+            out[key], at = window.value(at)
+        at = window.space(at)
+        if window.text.startswith(",", at):
+            at = window.space(at + 1)
             continue
-        if text.startswith("}", at):
-            _at_end(text, at + 1)
+        if window.text.startswith("}", at):
+            _at_end(window, at + 1)
             return out
-        raise ValueError(f"expected ',' or '}}' at char {at}")
+        raise window.expected("',' or '}'", at)
 
 
-def _array(text: str, at: int) -> tuple[list[Any], int]:
+def _array(window: _Window, at: int) -> tuple[list[Any], int]:
     items: list[Any] = []
-    at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
-    if text.startswith("]", at):
+    at = window.space(at)
+    if window.text.startswith("]", at):
         return items, at + 1
     shared: dict[str, str] = {}  # one string for each key and short value seen again
     while True:
-        item, at = _DECODER.raw_decode(text, at)
+        item, at = window.value(at)
         items.append(_share(item, shared) if type(item) is dict else item)
-        at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
-        if text.startswith(",", at):
-            at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
-        elif text.startswith("]", at):
+        if len(items) == SLICE_ITEMS:
+            # a young list is traversed, every element, by each young collection until
+            # one promotes it; a long array traversed while holding the GIL stalls the
+            # event loop. Promoted to the oldest generation while it is short, it is
+            # left to full collections.
+            gc.collect(1)
+        at = window.space(at)
+        if window.text.startswith(",", at):
+            at = window.space(at + 1)
+        elif window.text.startswith("]", at):
             return items, at + 1
         else:
-            raise ValueError(f"expected ',' or ']' at char {at}")
+            raise window.expected("',' or ']'", at)
 
 
 def _share(item: dict[str, Any], shared: dict[str, str]) -> dict[str, Any]:
@@ -217,9 +317,9 @@ def _share(item: dict[str, Any], shared: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def _at_end(text: str, at: int) -> None:
-    if _SPACE.match(text, at).end() != len(text):  # type: ignore[union-attr]
-        raise ValueError(f"extra data at char {at}")
+def _at_end(window: _Window, at: int) -> None:
+    if window.space(at) != len(window.text):
+        raise ValueError(f"extra data at char {window.base + at}")
 
 
 def is_large(body: dict[str, Any]) -> bool:
