@@ -314,3 +314,14 @@ def test_exact_tokenizer_without_the_package_says_how_to_install_it(
     monkeypatch.setitem(sys.modules, "tokenizers", None)
     with pytest.raises(TokenizerError, match=r"latgate\[tokenizers\]"):
         ExactTokenizer(tmp_path / "tokenizer.json")
+
+
+def test_a_body_of_more_messages_than_are_counted_is_estimated_from_a_sample_within_two_percent(monkeypatch) -> None:
+    from latgate.routing import tokens
+
+    words = ["short", "a longer message about the build", "def f(x):\n    return x * 2\n" * 3, "测试" * 20]
+    body = {"messages": [{"role": "user", "content": words[i % 7 % 4] + str(i)} for i in range(20 * tokens.MAX_COUNTED_MESSAGES)]}
+    sampled = tokens.estimate_prompt_tokens(body)
+    monkeypatch.setattr(tokens, "MAX_COUNTED_MESSAGES", len(body["messages"]))
+    walked = tokens.estimate_prompt_tokens(body)
+    assert abs(sampled - walked) <= 0.02 * walked

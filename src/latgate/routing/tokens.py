@@ -172,7 +172,7 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
 #: Beyond this many messages the estimate counts an evenly spaced sample of this many
 #: and scales it: walking every message of a huge body would hold the event loop for
 #: most of a second, and routing needs the size, not the last token.
-MAX_COUNTED_MESSAGES = 4096
+MAX_COUNTED_MESSAGES = 1024
 
 
 def _prompt_tokens(body: Mapping[str, Any], count: Callable[[str], float]) -> float:
