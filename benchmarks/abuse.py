@@ -27,9 +27,9 @@ Load, all at once, for ``--load-seconds``:
   share is its p99 over the direct probe's (``latgate_added_p99_ms``) and over the
   unloaded run's.
 
-First, how long a fast stream's chunks stall while a ~30 MB body of 700k messages is
-proxied beside it and three more come from a key over its request rate (how soon they
-get their 429), and the gateway's RSS once those requests ended. Then, before the
+First, how long a fast stream's chunks stall (read from a process of its own) while a
+~30 MB body of 700k messages is proxied beside it and three more come from a key over
+its request rate (how soon they get their 429), and the gateway's RSS once those requests ended. Then, before the
 load, the same probes run unloaded. Reported: the probe's p50/p99 and
 errors (unloaded and loaded), the streams' outcomes, how many abusive connections the
 gateway closed and how soon, the gateway's peak RSS and descriptors (``/proc``), and
@@ -219,28 +219,39 @@ async def stream_gaps(port: int) -> float:
 async def big_bodies(port: int) -> dict:
     """The longest stall of a fast stream alone, then while one ~30 MB body (700k small
     messages) is proxied and three more come from a key already over its request rate."""
-    alone = await stream_gaps(port)
+    alone = await stream_gaps_process(port)
     messages = [{"role": "user", "content": f"m {i}"} for i in range(700_000)]
     body = json.dumps({"model": "m", "max_tokens": 1, "messages": messages}).encode()
     await exchange(port, request_bytes(port, chat("m", max_tokens=1, stream=False), key="sk-limited"), timeout=10)
-    stream_task = asyncio.create_task(stream_gaps(port))
-    await asyncio.sleep(0.3)
+    requests = [request_bytes(port, body), *(request_bytes(port, body, key="sk-limited") for _ in range(3))]
+    del messages, body
+    # the stream is read in a process of its own: this one's loop copies the 4 bodies
+    # into its sockets' buffers, which would show as the stream's stall
+    stream_task = asyncio.create_task(stream_gaps_process(port))
+    await asyncio.sleep(1.0)
     started = time.monotonic()
 
     async def timed(data: bytes) -> tuple[str, float]:
         outcome, _ = await exchange(port, data, timeout=120)
         return outcome, round(time.monotonic() - started, 2)
 
-    answers = await asyncio.gather(
-        timed(request_bytes(port, body)), *(timed(request_bytes(port, body, key="sk-limited")) for _ in range(3))
-    )
+    answers = await asyncio.gather(*(timed(data) for data in requests))
+    body_mb = round(len(requests[0]) / 1e6, 1)
+    del requests
     return {
         "stream_longest_gap_ms_alone": alone,
         "stream_longest_gap_ms_with_big_bodies": await stream_task,
         "big_body": {"outcome": answers[0][0], "seconds": answers[0][1]},
         "over_rpm_bodies": [{"outcome": outcome, "seconds": seconds} for outcome, seconds in answers[1:]],
-        "body_mb": round(len(body) / 1e6, 1),
+        "body_mb": body_mb,
     }
+
+
+async def stream_gaps_process(port: int) -> float:
+    """:func:`stream_gaps` in a child process (``abuse.py --stream-gaps PORT``)."""
+    child = await asyncio.create_subprocess_exec(sys.executable, __file__, "--stream-gaps", str(port), stdout=subprocess.PIPE)
+    out, _ = await child.communicate()
+    return float(out)
 
 
 async def probe_process(port: int, *, until: float) -> list[tuple[float, str, float]]:
@@ -351,7 +362,11 @@ def main() -> int:
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--big-bodies", action=argparse.BooleanOptionalAction, default=True, help="measure the big-body stall first (default on)")
     parser.add_argument("--probe", nargs=2, metavar=("PORT", "UNTIL"), help=argparse.SUPPRESS)
+    parser.add_argument("--stream-gaps", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.stream_gaps:  # the child of stream_gaps_process
+        print(asyncio.run(stream_gaps(args.stream_gaps)))
+        return 0
     if args.probe:  # the child of probe_process
         print(json.dumps(asyncio.run(probe(int(args.probe[0]), until=float(args.probe[1]), interval=0.2))))
         return 0
