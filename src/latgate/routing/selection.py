@@ -15,7 +15,7 @@ only, no live numbers) into a :class:`RoutePlan` with ``routing.strategy``:
   request with a budget leaves its rule's provider only on evidence: at capacity
   (reason ``overflow:FROM``) or measured too slow for the budget
   (``predicted_miss:FROM``), for the candidate most likely to meet it; hedging when
-  the decision's policy asks for it.
+  the decision's policy asks for it (where the copy goes: :mod:`latgate.routing.hedge_choice`).
 
 Under every strategy, endpoints whose circuit is open are skipped while another can
 take the request, and a provider with none left is tried after the fallbacks that
@@ -39,7 +39,8 @@ from latgate.providers.endpoint import QUEUE_P90_FACTOR, EndpointRuntime
 from latgate.providers.health import CLOSED, HALF_OPEN
 from latgate.providers.pool import ProviderPool, ProviderRuntime
 from latgate.providers.predictor import P90_SPREADS
-from latgate.routing.decision import RouteDecision, Target
+from latgate.routing.decision import RouteDecision
+from latgate.routing.hedge_choice import hedge_target, planned_hedge
 from latgate.routing.plan import Considered, Hedge, RoutePlan
 from latgate.routing.policies.deadline import first_token_deadline_ms
 from latgate.routing.policies.evidence import (
@@ -50,7 +51,6 @@ from latgate.routing.policies.evidence import (
     peer_prior_ms,
     stale,
 )
-from latgate.routing.policies.hedging import hedge_delay_ms
 from latgate.routing.policies.least_outstanding import choose_least_outstanding
 from latgate.routing.policies.overflow import choose_overflow
 from latgate.routing.policies.predicted_ttft import choose_power_of_two
@@ -119,7 +119,7 @@ class Selector:
             providers = ", ".join(dict.fromkeys(t.provider for t in plan.targets))
             plan.cause = f"every endpoint of {providers} is out of service (circuit open); tried anyway"
         if latgate and decision.hedge:
-            plan.hedge = self._hedge(plan, runtime, views, now)
+            plan.hedge = planned_hedge(self._pool, plan, runtime, views, now)
         if commit:
             if best.trial or plan.endpoint is not runtime.endpoints[index]:
                 self._pool.take_trial(plan.endpoint)  # only a half-open endpoint has a trial to take
@@ -331,53 +331,8 @@ class Selector:
                 return
 
     def hedge_target(self, plan: RoutePlan) -> Hedge | None:
-        """Where the hedge goes, chosen when it is sent (load may have moved since the
-        plan): the fastest other endpoint with a closed circuit, of the first attempt's
-        provider or the plan's next providers. None when there is none."""
-        choice = self._hedge_choice(plan, self._pool.clock())
-        if choice is None or plan.hedge is None:
-            return None
-        return Hedge(target=choice[1], endpoint=choice[2], delay_ms=plan.hedge.delay_ms)
-
-    def _hedge(
-        self, plan: RoutePlan, runtime: ProviderRuntime, views: list[EndpointView], now: float
-    ) -> Hedge | None:
-        """The hedge's delay, and where it would go now (it is chosen again when sent).
-        The first provider's other endpoints are already in ``views``; the next providers
-        are looked at only when none of them can take it."""
-        choice: tuple[float, Target, EndpointRuntime] | None = None
-        first: EndpointView | None = None
-        if plan.targets[0].provider == runtime.name:
-            for ep, view in zip(runtime.endpoints, views, strict=True):
-                if ep is plan.endpoint:
-                    first = view
-                elif view.available and not view.trial and (choice is None or view.predicted_ttft_ms < choice[0]):
-                    choice = (view.predicted_ttft_ms, plan.targets[0], ep)
-        if choice is None:
-            choice = self._hedge_choice(plan, now)
-        if choice is None:
-            return None
-        if first is None:
-            first_trial = self._pool.breaker.circuit(plan.endpoint.key) == HALF_OPEN
-            first_p90 = plan.endpoint.p90_ttft_ms(plan.prompt_tokens, now)
-        else:
-            first_trial, first_p90 = first.trial, first.p90_ttft_ms
-        # a trial's own record is stale: wait for it as for a healthy endpoint
-        p90 = 0.0 if first_trial else first_p90
-        delay = hedge_delay_ms(p90_ttft_ms=p90, hedge_ttft_ms=choice[0], budget_ms=plan.budget_ms)
-        return Hedge(target=choice[1], endpoint=choice[2], delay_ms=delay)
-
-    def _hedge_choice(self, plan: RoutePlan, now: float) -> tuple[float, Target, EndpointRuntime] | None:
-        tokens = plan.prompt_tokens
-        best: tuple[float, Target, EndpointRuntime] | None = None
-        for target in plan.targets[:3]:
-            for ep in self._pool[target.provider].endpoints:
-                if ep is plan.endpoint or self._pool.breaker.circuit(ep.key) != CLOSED:
-                    continue
-                predicted = ep.predicted_ttft_ms(tokens, now)
-                if best is None or predicted < best[0]:
-                    best = (predicted, target, ep)
-        return best
+        """Where the hedge goes, chosen when it is sent (see :func:`latgate.routing.hedge_choice.hedge_target`)."""
+        return hedge_target(self._pool, plan)
 
     def _consider(
         self, plan: RoutePlan, runtime: ProviderRuntime, views: list[EndpointView], chosen: int
