@@ -47,21 +47,29 @@ def wait_until(condition: Callable[[], bool], *, what: str, timeout: float = 60.
         time.sleep(0.1)  # polling an observable state, bounded by the deadline
 
 
-def busy_replica(replicas: list[VllmReplica], pending: concurrent.futures.Future | None = None) -> VllmReplica:
-    """The replica holding a request (polled from vLLM's own gauges). With ``pending``
-    (the request's future), fails at once, with its answer, if it ended before any
-    replica was seen holding it."""
+def busy_replica(gateway_url: str, replicas: list[VllmReplica], ended: Callable[[], str | None]) -> VllmReplica:
+    """The replica latgate sent the one request in flight to, read from its own
+    ``/admin/providers`` (endpoint ``vllm-<i>`` is ``replicas[i]``, the order of
+    ``engine_config``'s URLs). ``ended`` returns what the request got once it has
+    ended, else None: a request that ends before it is seen in flight fails the test at
+    once, with that answer."""
     found: list[VllmReplica] = []
 
-    def one_running() -> bool:
-        found[:] = [r for r in replicas if r.alive() and r.running_requests() > 0]
-        if not found and pending is not None and pending.done():
-            answer = pending.result()
-            raise AssertionError(f"the request ended before a replica was seen running it: {answer.status_code} {answer.text[:300]}")
+    def one_in_flight() -> bool:
+        endpoints = httpx.get(gateway_url + "/admin/providers", timeout=10).json()["providers"]["vllm"]["endpoints"]
+        found[:] = [replicas[int(e["id"].rsplit("-", 1)[1])] for e in endpoints if e["in_flight"] > 0]
+        if not found and (answer := ended()) is not None:
+            raise AssertionError(f"the request ended before latgate was seen holding it: {answer}")
+        assert len(found) <= 1, f"latgate holds requests on {len(found)} replicas, expected one"
         return len(found) == 1
 
-    wait_until(one_running, what="one replica running the request", timeout=120)
+    wait_until(one_in_flight, what="latgate holding the request on one replica", timeout=120)
     return found[0]
+
+
+def prompt_tokens(replica: VllmReplica) -> float:
+    """``vllm:prompt_tokens_total`` on ``replica``: it grows once a request's prefill is done."""
+    return vllm_counter(replica, "vllm:prompt_tokens_total")
 
 
 def test_client_disconnect_reaches_vllm_as_an_abort(stack: Stack, both_ready: list[VllmReplica]) -> None:
@@ -100,6 +108,12 @@ class StreamReader:
         finally:
             self.first_content.set()
 
+    def ended(self) -> str | None:
+        """What the stream got (its last lines or its error) once it has ended, else None."""
+        if self._thread.is_alive():
+            return None
+        return f"{self.error!r} {self.lines[-3:]}"
+
     def join(self) -> list[dict | str]:
         self._thread.join(timeout=120)
         assert not self._thread.is_alive()
@@ -112,7 +126,7 @@ def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_and_the_next_
 ) -> None:
     reader = StreamReader(stack.v1 + "/chat/completions", LONG)
     assert reader.first_content.wait(120)
-    victim = busy_replica(both_ready)
+    victim = busy_replica(stack.url, both_ready, reader.ended)
     victim.kill()
     events = reader.join()
     assert reader.error is None
@@ -135,8 +149,20 @@ def test_a_replica_stopped_with_sigterm_mid_stream_and_mid_request(both_ready: l
     non-streamed request, which reached no client, is answered by the other replica."""
     urls = [replica.url for replica in both_ready]
     with gateway(engine_config(urls, timeout_sec=15)) as both, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        before = [prompt_tokens(r) for r in both_ready]
         pending = pool.submit(httpx.post, both.v1 + "/chat/completions", json={**LONG, "max_tokens": 300}, timeout=300)
-        victim = busy_replica(both_ready, pending)
+
+        def pending_answer() -> str | None:
+            return f"{pending.result().status_code} {pending.result().text[:300]}" if pending.done() else None
+
+        victim = busy_replica(both.url, both_ready, pending_answer)
+        start = before[both_ready.index(victim)]
+
+        def decoding() -> bool:  # mid-request: vLLM has counted its prefill and not answered
+            assert pending_answer() is None, f"ended before the replica was stopped: {pending_answer()}"
+            return prompt_tokens(victim) > start
+
+        wait_until(decoding, what="vLLM decoding the non-streamed request", timeout=120)
         with gateway(engine_config([victim.url], max_retries=0, timeout_sec=15)) as one:
             reader = StreamReader(one.v1 + "/chat/completions", LONG)
             assert reader.first_content.wait(120)

@@ -146,11 +146,13 @@ class VllmReplica:
 
     def running_requests(self) -> float:
         """``vllm:num_requests_running`` plus ``vllm:num_requests_waiting`` from its
-        ``/metrics``: the requests it holds, scheduled or queued."""
+        ``/metrics``: the requests it holds, scheduled or queued (not the
+        ``..._waiting_by_reason`` breakdown, which would count them twice)."""
         text = httpx.get(self.url.removesuffix("/v1") + "/metrics", timeout=5).text
         total = 0.0
         for line in text.splitlines():
-            if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
