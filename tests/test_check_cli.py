@@ -84,10 +84,11 @@ def test_check_on_seed1_verbatim_names_both_missing_addresses_in_one_run():
     assert result.returncode == 1
     assert result.stdout == ""
     lines = result.stderr.splitlines()
-    assert len(lines) == 2, result.stderr
+    assert len(lines) == 3, result.stderr
     assert all(line.startswith("latgate: error: ") for line in lines)
-    assert 'decode.api_base: section [decode] (engine "tile-rt") gives no address for its engine' in lines[0]
-    assert 'prefill.api_base: section [prefill] (engine "vllm") gives no address for its engine' in lines[1]
+    assert 'seed1.config.toml:13: decode.api_base: section [decode] (engine "tile-rt") gives no address' in lines[0]
+    assert 'seed1.config.toml:19: prefill.api_base: section [prefill] (engine "vllm") gives no address' in lines[1]
+    assert lines[2].endswith("2 errors in " + str(SEEDS / "seed1.config.toml"))
     assert "Traceback" not in result.stderr
 
 
@@ -108,7 +109,8 @@ def test_route_clients_serve_and_demo_also_name_every_missing_address(tmp_path):
         assert result.returncode == 1
         lines = result.stderr.splitlines()
         assert all(line.startswith("latgate: error: ") for line in lines), (command[0], lines)
-        assert [line.split(": ")[3] for line in lines] == ["providers.a.api_base", "providers.c.api_base"], lines
+        assert [line.split(": ")[3] for line in lines[:-1]] == ["providers.a.api_base", "providers.c.api_base"], lines
+        assert lines[-1] == f"latgate: error: 2 errors in {config}", lines
 
 
 @pytest.mark.parametrize(

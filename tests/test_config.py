@@ -3,6 +3,7 @@ reported as one line naming the file, the key and the fix."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -22,14 +23,16 @@ def load(text: str, *, env: dict[str, str] | None = None):
 
 
 def error(text: str, *, env: dict[str, str] | None = None) -> str:
-    """The message of the ConfigError loading ``text`` raises, checked to be one line."""
+    """The message of the ConfigError loading ``text`` raises, checked to be one line
+    with a line number, returned without it (``gw.toml: KEY: ...``; the line numbers
+    have their own tests in test_config_errors.py)."""
     with pytest.raises(ConfigError) as caught:
         load(text, env=env)
     message = str(caught.value)
     assert "\n" not in message
-    assert message.startswith("gw.toml: ")
+    assert re.match(r"gw\.toml(:\d+)?: ", message), message
     assert caught.value.fix, "every message says how to fix it"
-    return message
+    return re.sub(r"^gw\.toml:\d+: ", "gw.toml: ", message)
 
 
 def seed1_with_addresses() -> str:
@@ -59,10 +62,11 @@ def test_seed1_verbatim_fails_naming_the_decode_and_prefill_sections_and_api_bas
         load_config(SEEDS / "seed1.config.toml", env={})
     message = str(caught.value)
     assert message == (
-        f'{SEEDS / "seed1.config.toml"}: decode.api_base: section [decode] (engine "tile-rt") gives no '
+        f'{SEEDS / "seed1.config.toml"}:13: decode.api_base: section [decode] (engine "tile-rt") gives no '
         'address for its engine; add api_base = "http://HOST:PORT/v1" (or endpoints = [...])\n'
-        f'{SEEDS / "seed1.config.toml"}: prefill.api_base: section [prefill] (engine "vllm") gives no '
-        'address for its engine; add api_base = "http://HOST:PORT/v1" (or endpoints = [...])'
+        f'{SEEDS / "seed1.config.toml"}:19: prefill.api_base: section [prefill] (engine "vllm") gives no '
+        'address for its engine; add api_base = "http://HOST:PORT/v1" (or endpoints = [...])\n'
+        f'2 errors in {SEEDS / "seed1.config.toml"}'
     )
 
 
@@ -121,9 +125,11 @@ def test_default_route_is_the_first_provider_when_absent():
 # --- syntax, keys, types ---------------------------------------------------------------
 
 
-def test_toml_syntax_error_names_the_line():
-    message = error(VLLM + "[routing]\ndefault_route = vllm\n")
-    assert message.startswith("gw.toml: line 4: invalid TOML")
+def test_toml_syntax_error_names_the_line_and_column():
+    with pytest.raises(ConfigError) as caught:
+        load(VLLM + "[routing]\ndefault_route = vllm\n")
+    assert str(caught.value).startswith("gw.toml:4:17: invalid TOML")
+    assert (caught.value.line, caught.value.column, len(caught.value.errors())) == (4, 17, 1)
 
 
 @pytest.mark.parametrize(

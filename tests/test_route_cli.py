@@ -168,8 +168,10 @@ def test_route_config_error_is_one_line_per_problem(tmp_path: Path, capsys: pyte
     code, out, err = run_route(
         "--config", str(verbatim_seed1), str(_write_body(tmp_path, {"model": "m"})), capsys=capsys
     )
-    assert code == 1 and out == "" and err.count("\n") == 2
-    assert all(line.startswith(f"latgate: error: {verbatim_seed1}") for line in err.splitlines())
+    assert code == 1 and out == "" and err.count("\n") == 3
+    *problems, count = err.splitlines()
+    assert all(line.startswith(f"latgate: error: {verbatim_seed1}:") for line in problems)
+    assert count == f"latgate: error: 2 errors in {verbatim_seed1}"
 
 
 def test_route_into_a_reader_that_left_exits_quietly(tmp_path: Path) -> None:

@@ -4,8 +4,9 @@ A reload reads the config file the gateway was started with, validates it comple
 builds a new :class:`~latgate.gateway.Gateway` from it, and only then swaps it into
 ``app.state.gateway`` (one attribute assignment: atomic for the event loop). Requests
 already in flight keep the ``Gateway`` they started with and finish on the old config;
-new requests get the new one. An invalid file changes nothing: the error (one line:
-file, key, fix) is returned or logged, and the old config keeps serving.
+new requests get the new one. An invalid file changes nothing: its errors (every
+mistake, each with file, line, key and fix) are returned or logged, and the old
+config keeps serving.
 
 What carries over: the metrics (counters keep counting, so ``rate()`` stays continuous)
 and the pooled upstream client when the ``[defaults]`` timeouts are unchanged. What
@@ -168,22 +169,38 @@ async def reload_endpoint(request: Request) -> Response:
     """``POST /admin/reload``: reload the config file.
 
     200 with ``{"status": "reloaded", "config", "providers", "added", "removed",
-    "restart_needed"}``; 400 in the OpenAI error envelope (code ``invalid_config``, the
-    config error's line as message) when the file is invalid, the old config serving on.
-    Like every ``/admin/*`` route, it needs an admin key when ``[auth]`` is on.
+    "restart_needed"}``; 400 in the OpenAI error envelope when the file is invalid, the
+    old config serving on: code ``invalid_config``, the config error's lines as
+    ``message``, and every mistake of the file in ``error.errors`` as ``{"file", "line",
+    "column", "key", "message", "fix"}`` (see :meth:`ConfigError.as_dicts`). Like every
+    ``/admin/*`` route, it needs an admin key when ``[auth]`` is on.
     """
     reloader: Reloader = request.app.state.reloader
     try:
         result = reloader.reload()
     except ConfigError as exc:
         log.error("reload rejected, still serving the previous config: %s", exc)
-        error = InvalidRequest(
-            f"config rejected, still serving the previous one: {exc}", code="invalid_config"
-        )
+        error = ConfigRejected(exc)
         return error_response(error, request_id=request.headers.get("x-request-id", "-")[:128])
     if reloader.notify is not None:
         reloader.notify()
     return Response(orjson.dumps(result.as_dict()), media_type="application/json")
+
+
+class ConfigRejected(InvalidRequest):
+    """400 ``invalid_config``: a reload's config file has mistakes, listed in
+    ``error.errors`` beside the message."""
+
+    code = "invalid_config"
+
+    def __init__(self, error: ConfigError) -> None:
+        super().__init__(f"config rejected, still serving the previous one: {error}")
+        self.errors = error.as_dicts()
+
+    def envelope(self) -> dict[str, dict[str, object]]:
+        envelope = super().envelope()
+        envelope["error"]["errors"] = self.errors
+        return envelope
 
 
 def _compare(old: Config, new: Config) -> ReloadResult:

@@ -178,7 +178,8 @@ def run(
         app = create_app(config)
     except ConfigError as exc:  # found only while building the gateway
         sock.close()
-        print(f"latgate: error: {exc}", file=sys.stderr)
+        for line in exc.lines():
+            print(f"latgate: error: {line}", file=sys.stderr)
         return 1
     log.info("listening on http://%s:%d (config %s)", host, port, source)
     serve(

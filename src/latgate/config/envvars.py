@@ -3,7 +3,7 @@
 Every string value (not table keys), at any depth, is expanded once; the result is not
 expanded again. The rule for a variable that has no value:
 
-- ``${VAR}`` / ``${env:VAR}`` with ``VAR`` unset is a ConfigError naming the key and the
+- ``${VAR}`` / ``${env:VAR}`` with ``VAR`` unset is a config error naming the key and the
   variable (a silently empty URL or model name would only fail later, further away);
   set but empty, it expands to the empty string.
 - ``${VAR:-default}`` (also ``${env:VAR:-default}``) uses ``default`` when ``VAR`` is
@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from latgate.config.errors import ConfigError
+from latgate.config.errors import Problems
 from latgate.config.keys import key_path, show
 
 _REFERENCE = re.compile(r"\$\{(?P<body>[^}]*)(?P<close>\}?)")
@@ -26,50 +26,48 @@ _BODY = re.compile(r"(?:env:)?(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>.
 _FORMS = "write ${VAR}, ${VAR:-default} or ${env:VAR}"
 
 
-def expand_env(value: object, *, env: Mapping[str, str], source: str, key: str = "") -> object:
+def expand_env(value: object, *, env: Mapping[str, str], problems: Problems, key: str = "") -> object:
     """``value`` with every ``${...}`` in its strings replaced from ``env``.
 
     Tables and lists are rebuilt (the input is not modified); other values are
     returned as they are. ``key`` is the key path of ``value`` in the file, used in
-    messages.
-
-    Raises:
-        ConfigError: an unset variable without default, or a malformed reference.
+    messages. An unset variable without default, or a malformed reference, is
+    reported to ``problems`` and the string is kept as written (any later check of
+    that key is not reported again, see :class:`~latgate.config.errors.Problems`).
     """
     if isinstance(value, str):
-        return _expand_string(value, env=env, source=source, key=key)
+        return _expand_string(value, env=env, problems=problems, key=key)
     if isinstance(value, Mapping):
-        return {k: expand_env(v, env=env, source=source, key=key_path(key, k)) for k, v in value.items()}
+        return {k: expand_env(v, env=env, problems=problems, key=key_path(key, k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [expand_env(v, env=env, source=source, key=key_path(key, i)) for i, v in enumerate(value)]
+        return [expand_env(v, env=env, problems=problems, key=key_path(key, i)) for i, v in enumerate(value)]
     return value
 
 
-def _expand_string(text: str, *, env: Mapping[str, str], source: str, key: str) -> str:
+def _expand_string(text: str, *, env: Mapping[str, str], problems: Problems, key: str) -> str:
     def replace(match: re.Match[str]) -> str:
         reference = match.group(0)
         body = _BODY.fullmatch(match.group("body"))
         if not match.group("close") or body is None:
-            raise ConfigError(
-                source=source, key=key, message=f"malformed variable reference {show(reference)}", fix=_FORMS
-            )
+            problems.add(key, f"malformed variable reference {show(reference)}", _FORMS)
+            return reference
         name, default = body.group("name"), body.group("default")
         if default is not None:
             if "${" in default:
-                raise ConfigError(
-                    source=source,
-                    key=key,
-                    message=f"nested reference in {reference}}} is not supported",
-                    fix="give a literal default, e.g. ${VAR:-http://127.0.0.1:8001/v1}",
+                problems.add(
+                    key,
+                    f"nested reference in {reference}}} is not supported",
+                    "give a literal default, e.g. ${VAR:-http://127.0.0.1:8001/v1}",
                 )
+                return reference
             return env.get(name) or default
         if name not in env:
-            raise ConfigError(
-                source=source,
-                key=key,
-                message=f"environment variable {name} is not set",
-                fix=f"set {name} in the gateway's environment, or give a default: ${{{name}:-VALUE}}",
+            problems.add(
+                key,
+                f"environment variable {name} is not set",
+                f"set {name} in the gateway's environment, or give a default: ${{{name}:-VALUE}}",
             )
+            return reference
         return env[name]
 
     return _REFERENCE.sub(replace, text)

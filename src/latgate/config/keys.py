@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
-from latgate.config.errors import ConfigError
+from latgate.config.errors import Problems
 from latgate.config.masking import mask_url
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -163,66 +163,74 @@ def show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def require_table(value: object, *, source: str, key: str) -> dict[str, object]:
-    """``value`` as a dict, or a ConfigError saying ``key`` must be a table."""
+def require_table(value: object, problems: Problems, *, key: str) -> dict[str, object] | None:
+    """``value`` as a dict, or None after reporting that ``key`` must be a table."""
     if not isinstance(value, Mapping):
-        raise ConfigError(
-            source=source,
-            key=key,
-            message=f"expected a table, got {show(value)}",
-            fix=f"write it as a [{key}] section or {key.rsplit('.', 1)[-1]} = {{ ... }}",
+        problems.add(
+            key,
+            f"expected a table, got {show(value)}",
+            f"write it as a [{key}] section or {key.rsplit('.', 1)[-1]} = {{ ... }}",
         )
+        return None
     return dict(value)
 
 
 def check_keys(
-    table: Mapping[str, object], allowed: Collection[str], *, source: str, prefix: str, extra_fix: str = ""
-) -> None:
-    """Raise a ConfigError for the first key of ``table`` not in ``allowed``."""
+    table: Mapping[str, object], allowed: Collection[str], problems: Problems, *, prefix: str, extra_fix: str = ""
+) -> dict[str, object]:
+    """Report every key of ``table`` not in ``allowed``; return the table without them."""
     noun = "key" if prefix else "section"
     for key in table:
         if key not in allowed:
             near = closest(key, allowed)
             shown = (f'"{near}"' if prefix else f"[{near}]") if near else ""
             fix = f"did you mean {shown}?" if near else f"valid {noun}s here: {', '.join(allowed)}"
-            raise ConfigError(
-                source=source, key=key_path(prefix, key), message=f"unknown {noun}", fix=f"{fix}{extra_fix}"
-            )
+            problems.add(key_path(prefix, key), f"unknown {noun}", f"{fix}{extra_fix}")
+    return {key: value for key, value in table.items() if key in allowed}
 
 
 def validate_model(
-    model_cls: type[ModelT], data: Mapping[str, object], *, source: str, prefix: str
-) -> ModelT:
-    """``model_cls.model_validate(data)``, with the first error translated to a ConfigError.
+    model_cls: type[ModelT], data: Mapping[str, object], problems: Problems, *, prefix: str
+) -> ModelT | None:
+    """``model_cls.model_validate(data)``, every error reported, translated.
 
     ``prefix`` is where ``data`` sits in the file (``server``, ``providers.vllm``,
-    ``decode``), so the error names ``decode.max_batch_size``, not a pydantic location.
+    ``decode``), so an error names ``decode.max_batch_size``, not a pydantic location.
+    With errors, the model is built again from the fields that had none (the others
+    take their defaults), so the checks that follow still see the rest of the section;
+    None when even that fails (a required field is missing or wrong).
     """
     try:
         return model_cls.model_validate(data)
     except ValidationError as exc:
-        raise _translate(exc.errors()[0], model_cls, source=source, prefix=prefix) from None
+        errors = exc.errors()
+    for error in errors:
+        _report(error, model_cls, problems, prefix=prefix)
+    bad = {error["loc"][0] for error in errors if error["loc"]}
+    rest = {key: value for key, value in data.items() if key not in bad}
+    if len(rest) == len(data):
+        return None
+    try:
+        return model_cls.model_validate(rest)
+    except ValidationError:
+        return None
 
 
-def _translate(error: ErrorDetails, model_cls: type[BaseModel], *, source: str, prefix: str) -> ConfigError:
+def _report(error: ErrorDetails, model_cls: type[BaseModel], problems: Problems, *, prefix: str) -> None:
     loc = error["loc"]
     key = key_path(prefix, *loc)
     leaf = next((part for part in reversed(loc) if isinstance(part, str)), key)
     kind = str(error["type"])
     if kind == "extra_forbidden":
-        return ConfigError(
-            source=source, key=key, message="unknown key", fix="remove it (see docs/configuration.md)"
-        )
+        problems.add(key, "unknown key", "remove it (see docs/configuration.md)")
+        return
     if kind == "missing":
-        return ConfigError(source=source, key=key, message="missing", fix=f"add {leaf} = ...")
+        problems.add(key, "missing", f"add {leaf} = ...")
+        return
     message = str(error["msg"])
     message = message[0].lower() + message[1:]
-    return ConfigError(
-        source=source,
-        key=key,
-        message=f"{message} (got {show(error.get('input'))})",
-        fix=_type_fix(kind, leaf, _field(model_cls, loc)),
-    )
+    field = _field(model_cls, loc)
+    problems.add(key, f"{message} (got {show(error.get('input'))})", _type_fix(kind, leaf, field))
 
 
 _NUMBER_BOUNDS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
@@ -230,16 +238,18 @@ _NUMBER_BOUNDS = ("greater_than", "greater_than_equal", "less_than", "less_than_
 
 def _type_fix(kind: str, leaf: str, field: FieldInfo | None) -> str:
     example = f"{leaf} = {example_number(field, leaf)}"
+    bounds = number_range(field)
+    within = f" {bounds}" if bounds else ""
     if kind == "bool_not_number":
-        return f"write a number without quotes, e.g. {example}"
+        return f"write a number{within} without quotes, e.g. {example}"
     if kind == "finite_number":
-        return f"write a finite number (not inf or nan), e.g. {example}"
+        return f"write a finite number{within} (not inf or nan), e.g. {example}"
     if kind.startswith("int_"):
-        return f"write a whole number without quotes, e.g. {example}"
+        return f"write a whole number{within} without quotes, e.g. {example}"
     if kind.startswith("float_"):
-        return f"write a number without quotes, e.g. {example}"
+        return f"write a number{within} without quotes, e.g. {example}"
     if kind in _NUMBER_BOUNDS:
-        return f"e.g. {example}"
+        return f"write a number{within}, e.g. {example}" if bounds else f"e.g. {example}"
     if kind.startswith("bool_"):
         return f"write {leaf} = true or {leaf} = false"
     if kind.startswith("string_"):
@@ -277,6 +287,30 @@ def _nested_model(annotation: object) -> type[BaseModel] | None:
         if found is not None:
             return found
     return None
+
+
+def number_range(field: FieldInfo | None) -> str:
+    """The values a number field takes, as words: ``from 0 to 65535``, ``above 0``,
+    ``at least 1``, ``above 0 and at most 10000``; empty when it has no bounds."""
+    if field is None:
+        return ""
+    low = high = ""
+    for bound in field.metadata:
+        if getattr(bound, "ge", None) is not None:
+            low = f"at least {_number(bound.ge)}"
+        elif getattr(bound, "gt", None) is not None:
+            low = f"above {_number(bound.gt)}"
+        elif getattr(bound, "le", None) is not None:
+            high = f"at most {_number(bound.le)}"
+        elif getattr(bound, "lt", None) is not None:
+            high = f"below {_number(bound.lt)}"
+    if low.startswith("at least") and high.startswith("at most"):
+        return f"from {low[9:]} to {high[8:]}"
+    return " and ".join(part for part in (low, high) if part)
+
+
+def _number(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 NUMBER_EXAMPLES: dict[str, int] = {

@@ -7,10 +7,14 @@ The pipeline, one step per module:
    (:mod:`latgate.config.envvars`);
 3. rewrite pool sections and ``[default]`` into canonical sections (:mod:`latgate.config.shapes`);
 4. validate each section into its frozen model: providers
-   (:mod:`latgate.config.providers`), then routing, aliases, models and auth, whose
-   names must resolve (:mod:`latgate.config.references`).
+   (:mod:`latgate.config.providers`), routing, aliases, models and auth
+   (:mod:`latgate.config.references`), state, health;
+5. check the names one section uses from another (providers, models, policies).
 
-Any mistake is one :class:`ConfigError` naming the file, the key and the fix.
+Every step reports to one :class:`~latgate.config.errors.Problems` and goes on, so one
+run names every mistake of the file, each at its line (:mod:`latgate.config.positions`)
+with its key path and fix; the loader raises one :class:`ConfigError` holding them all.
+A TOML syntax error stops at step 1 (one error, with line and column).
 """
 
 from __future__ import annotations
@@ -23,22 +27,28 @@ from pathlib import Path
 from typing import cast
 
 from latgate.config.envvars import expand_env
-from latgate.config.errors import ConfigError
+from latgate.config.errors import ConfigError, Problems
 from latgate.config.keys import ModelT, check_keys, show, validate_model
-from latgate.config.providers import build_provider, missing_address
+from latgate.config.positions import KeyLines
+from latgate.config.providers import build_provider
 from latgate.config.references import (
+    Known,
+    build_aliases,
     build_auth,
     build_models,
     build_routing,
+    check_auth,
     check_model_name,
+    check_models,
+    check_routing,
     expand_aliases,
     servable_models,
 )
 from latgate.config.schema import (
+    AuthConfig,
     Config,
     DefaultsConfig,
     HealthConfig,
-    ProviderConfig,
     ServerConfig,
     StateConfig,
 )
@@ -120,15 +130,23 @@ def load_config_text(text: str, *, source: str, env: Mapping[str, str] | None = 
     ``env`` defaults to :data:`os.environ`.
 
     Raises:
-        ConfigError: TOML syntax (with line), unset variable, unknown key or section,
-            wrong type, bad URL, unknown connector, provider defined twice or with no
-            address, no providers, unknown provider/policy/model named anywhere, or
-            an ``[[auth.keys]]`` entry with both or neither of ``key``/``key_sha256``.
+        ConfigError: holding every mistake of the file (``.errors()``), each with its
+            line: unset variable, unknown key or section, wrong type, number out of
+            range, bad URL, unknown connector, provider defined twice or with no
+            address, no providers, an ``[[auth.keys]]`` entry with both or neither of
+            ``key``/``key_sha256``, a bad ``[state] redis_url``; then the names that do
+            not resolve (unknown provider, policy or model named anywhere). A TOML
+            syntax error is the only mistake reported (the parser stops there), with
+            its line and column.
     """
     env = os.environ if env is None else env
-    raw = cast(dict[str, object], expand_env(_parse_toml(text, source=source), env=env, source=source))
-    document = canonical_document(raw, source=source)
-    return _build(document, source=source)
+    parsed = _parse_toml(text, source=source)
+    problems = Problems(source, KeyLines(text))
+    raw = cast(dict[str, object], expand_env(parsed, env=env, problems=problems))
+    config = _build(canonical_document(raw, problems), problems)
+    problems.raise_if_any()
+    assert config is not None  # every way to None reports a mistake
+    return config
 
 
 def _parse_toml(text: str, *, source: str) -> dict[str, object]:
@@ -137,89 +155,100 @@ def _parse_toml(text: str, *, source: str) -> dict[str, object]:
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         position = _TOML_POSITION.search(message)
-        key = f"line {position.group(1)}" if position else "syntax"
         problem = _TOML_POSITION.sub("", message)
         fix = "fix the syntax there (strings need double quotes, sections are [name], key = value lines)"
         if text.startswith("\ufeff"):
             fix = "the file starts with a byte order mark (BOM): save it as UTF-8 without BOM"
         raise ConfigError(
-            source=source, key=key, message=f"invalid TOML: {problem[:1].lower()}{problem[1:]}", fix=fix
+            source=source,
+            key="",
+            message=f"invalid TOML: {problem[:1].lower()}{problem[1:]}",
+            fix=fix,
+            line=int(position.group(1)) if position else None,
+            column=int(position.group(2)) if position else None,
         ) from None
 
 
-def _check_redis_url(url: str, *, source: str) -> None:
-    """A ConfigError unless ``url`` is a Redis URL the store can connect with."""
+def _check_redis_url(url: str, problems: Problems) -> None:
+    """Report ``url`` unless it is a Redis URL the store can connect with."""
     try:
         RedisAddress.parse(url)
     except ValueError as exc:
-        raise ConfigError(
-            source=source,
-            key="state.redis_url",
-            message=f"{show(url)} is not a Redis URL: {exc}",
-            fix='write it like "redis://HOST:6379/0" (or rediss://, unix://PATH?db=0); remove it for in-process state',
-        ) from None
+        problems.add(
+            "state.redis_url",
+            f"{show(url)} is not a Redis URL: {exc}",
+            'write it like "redis://HOST:6379/0" (or rediss://, unix://PATH?db=0); remove it for in-process state',
+        )
 
 
-def _build(document: Document, *, source: str) -> Config:
+def _build(document: Document, problems: Problems) -> Config | None:
+    """Every section, structure first, then the names between sections; None when
+    anything was reported."""
     sections = document.sections
-    server = _section(ServerConfig, sections["server"], source=source, key="server")
-    if not server.host.strip():
-        raise ConfigError(
-            source=source,
-            key="server.host",
-            message="empty address",
-            fix='write host = "127.0.0.1" (this machine only) or "0.0.0.0" (every interface), or remove it',
+    server = _section(ServerConfig, sections["server"], problems, key="server")
+    if server is not None and not server.host.strip():
+        problems.add(
+            "server.host",
+            "empty address",
+            'write host = "127.0.0.1" (this machine only) or "0.0.0.0" (every interface), or remove it',
         )
-    defaults = _section(DefaultsConfig, sections["defaults"], source=source, key=document.defaults_key)
-    providers = _providers(document, source=source)
-    routing = build_routing(
-        sections["routing"], providers, source=source, default_route_key=document.default_route_key
+    defaults = _section(DefaultsConfig, sections["defaults"], problems, key=document.defaults_key)
+    if not document.providers and not document.broken_names and not document.nameless_providers:
+        problems.add(
+            "providers",
+            "no providers are defined",
+            'add a [providers.NAME] section with api_base = "http://HOST:PORT/v1"',
+        )
+    built = {section.name: build_provider(section, problems) for section in document.providers}
+    first = document.providers[0].name if document.providers else None
+    routing, policies = build_routing(sections["routing"], problems, first_provider=first)
+    alias_entries = build_aliases(sections["aliases"], problems)
+    models = build_models(sections["models"], problems)
+    auth_keys = build_auth(sections["auth"], problems) if document.auth_given else {}
+    state = _section(StateConfig, sections["state"], problems, key="state")
+    if state is not None and state.redis_url is not None:
+        _check_redis_url(state.redis_url, problems)
+    health = _section(HealthConfig, sections["health"], problems, key="health")
+    if health is not None and health.max_open_sec < health.open_sec and not problems.has("health"):
+        problems.add(
+            "health.max_open_sec",
+            f"{show(health.max_open_sec)} is less than health.open_sec ({show(health.open_sec)})",
+            "make max_open_sec at least open_sec (the first ejection's length)",
+        )
+
+    problems.start_references()
+    providers = {name: provider for name, provider in built.items() if provider is not None}
+    known = Known(
+        declared=frozenset([*document.seen_names, *document.broken_names]),
+        names_complete=bool(document.seen_names) and not document.nameless_providers,
+        providers=providers,
+        complete=bool(providers) and len(providers) == len(built) and not document.broken_names,
     )
-    aliases = expand_aliases(sections["aliases"], providers, source=source)
-    servable = servable_models(providers, aliases)
-    if routing.default_model is not None:
-        check_model_name(routing.default_model, servable, source=source, key="routing.default_model")
-    models = build_models(sections["models"], servable, source=source)
-    auth = build_auth(sections["auth"], routing, servable, source=source) if document.auth_given else None
-    state = _section(StateConfig, sections["state"], source=source, key="state")
-    if state.redis_url is not None:
-        _check_redis_url(state.redis_url, source=source)
-    health = _section(HealthConfig, sections["health"], source=source, key="health")
-    if health.max_open_sec < health.open_sec:
-        raise ConfigError(
-            source=source,
-            key="health.max_open_sec",
-            message=f"{show(health.max_open_sec)} is less than health.open_sec ({show(health.open_sec)})",
-            fix="make max_open_sec at least open_sec (the first ejection's length)",
-        )
+    if routing is not None:
+        check_routing(routing, known, problems, default_route_key=document.default_route_key)
+    aliases = expand_aliases(alias_entries, known, problems)
+    complete = known.complete and not document.nameless_providers and not problems.has("aliases")
+    servable = servable_models(providers, aliases) if complete else None
+    if routing is not None and routing.default_model is not None:
+        check_model_name(routing.default_model, servable, problems, key="routing.default_model")
+    check_models(models, servable, problems)
+    check_auth(auth_keys, policies, servable, problems)
+    if routing is None or server is None or defaults is None or state is None or health is None:
+        return None
     return Config(
-        source=source,
+        source=problems.source,
         server=server,
         defaults=defaults,
         providers=providers,
         routing=routing,
         aliases=aliases,
         models=models,
-        auth=auth,
+        auth=AuthConfig(keys=tuple(auth_keys.values())) if document.auth_given else None,
         state=state,
         health=health,
     )
 
 
-def _section(model_cls: type[ModelT], table: dict[str, object], *, source: str, key: str) -> ModelT:
-    check_keys(table, tuple(model_cls.model_fields), source=source, prefix=key)
-    return validate_model(model_cls, table, source=source, prefix=key)
-
-
-def _providers(document: Document, *, source: str) -> dict[str, ProviderConfig]:
-    if not document.providers:
-        raise ConfigError(
-            source=source,
-            key="providers",
-            message="no providers are defined",
-            fix='add a [providers.NAME] section with api_base = "http://HOST:PORT/v1"',
-        )
-    missing = [e for section in document.providers if (e := missing_address(section, source=source))]
-    if missing:
-        raise ConfigError.of(missing)
-    return {section.name: build_provider(section, source=source) for section in document.providers}
+def _section(model_cls: type[ModelT], table: dict[str, object], problems: Problems, *, key: str) -> ModelT | None:
+    table = check_keys(table, tuple(model_cls.model_fields), problems, prefix=key)
+    return validate_model(model_cls, table, problems, prefix=key)

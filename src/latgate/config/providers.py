@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from latgate.config.errors import ConfigError
+from latgate.config.errors import Problems
 from latgate.config.keys import (
     ENGINE_HINT_KEYS,
     PROVIDER_KEYS,
@@ -62,62 +62,69 @@ REQUEST_OWNED_FIELDS: dict[str, str] = {
 _ADDRESS_FIX = 'add api_base = "http://HOST:PORT/v1" (or endpoints = [...])'
 
 
-def build_provider(section: ProviderSection, *, source: str) -> ProviderConfig:
+def build_provider(section: ProviderSection, problems: Problems) -> ProviderConfig | None:
     """Validate one provider section and return its frozen config.
 
-    Raises:
-        ConfigError: unknown key (closest name given), no address or two kinds of
-            address, a URL that is not http(s) with a host, a duplicate endpoint URL,
-            an ``api_key_env`` that is not a variable name, an unknown connector
-            (the known ones listed), or a wrong type.
+    Every mistake is reported to ``problems`` (then the returned config, if any, holds
+    only the parts that were right): unknown key (closest name given), no address or
+    two kinds of address, a URL that is not http(s) with a host, a duplicate endpoint
+    URL, an ``api_key_env`` that is not a variable name, an unknown connector (the
+    known ones listed), a wrong type or a number out of range, ``extra_body``,
+    ``models``, ``tokenizer``, proxy and TLS files. None when the section cannot be
+    built at all.
     """
-    table = section.table
-    check_keys(
-        table,
+    source = problems.source
+    table = check_keys(
+        section.table,
         (*PROVIDER_KEYS, *ENGINE_HINT_KEYS),
-        source=source,
+        problems,
         prefix=section.key,
         extra_fix=" (other engine settings go under hints = { ... })",
     )
-    endpoints = _endpoints(section, source=source)
+    endpoints = _endpoints(section, table, problems)
     connector = table.get("connector", _connector_for_engine(table.get("engine")))
-    _check_connector(connector, source=source, key=key_path(section.key, "connector"))
-    _check_api_key_env(table.get("api_key_env"), source=source, key=key_path(section.key, "api_key_env"))
-    hints = dict(require_table(table.get("hints", {}), source=source, key=key_path(section.key, "hints")))
+    connector_ok = _check_connector(connector, problems, key=key_path(section.key, "connector"))
+    _check_api_key_env(table.get("api_key_env"), problems, key=key_path(section.key, "api_key_env"))
+    hints = require_table(table.get("hints", {}), problems, key=key_path(section.key, "hints")) or {}
     hints.update({k: v for k, v in table.items() if k in ENGINE_HINT_KEYS})
     fields = {
-        k: v for k, v in table.items() if k not in ENGINE_HINT_KEYS and k not in ("api_base", "base_url")
+        k: v for k, v in table.items() if k not in ENGINE_HINT_KEYS and k not in ("api_base", "base_url", "hints")
     }
-    fields.update(name=section.name, endpoints=endpoints, connector=connector, hints=hints)
+    fields.update(name=section.name, endpoints=endpoints, hints=hints)
+    if connector_ok:
+        fields["connector"] = connector
     for name in ("ca_file", "client_cert", "client_key"):  # relative to the config file, as tokenizer
         if isinstance(fields.get(name), str):
             fields[name] = str(tokenizer_path(source, fields[name]))
     if section.role is not None:
         fields["role"] = section.role
-    provider = validate_model(ProviderConfig, fields, source=source, prefix=section.key)
-    _check_extra_body(provider.extra_body, source=source, key=key_path(section.key, "extra_body"))
-    _check_models(provider.models, source=source, key=key_path(section.key, "models"))
-    _check_tokenizer(provider.tokenizer, source=source, key=key_path(section.key, "tokenizer"))
-    _check_egress(provider, source=source, prefix=section.key)
+    provider = validate_model(ProviderConfig, fields, problems, prefix=section.key)
+    if provider is None:
+        return None
+    _check_extra_body(provider.extra_body, problems, key=key_path(section.key, "extra_body"))
+    _check_models(provider.models, problems, key=key_path(section.key, "models"))
+    _check_tokenizer(provider.tokenizer, problems, key=key_path(section.key, "tokenizer"))
+    _check_egress(provider, problems, prefix=section.key)
     return provider
 
 
-def _check_egress(provider: ProviderConfig, *, source: str, prefix: str) -> None:
+def _check_egress(provider: ProviderConfig, problems: Problems, *, prefix: str) -> None:
     """The proxy URL parses; the CA, certificate and key files load (so ``latgate
     check`` fails where ``serve`` would)."""
     if isinstance(provider.proxy, str):
         try:
             Proxy.parse(provider.proxy)
         except ValueError as exc:
-            raise ConfigError(
-                source=source, key=key_path(prefix, "proxy"), message=str(exc),
-                fix='write proxy = "http://HOST:PORT" (user:password@ for Basic credentials), or proxy = false',
-            ) from None  # fmt: skip
+            problems.add(
+                key_path(prefix, "proxy"), str(exc),
+                'write proxy = "http://HOST:PORT" (user:password@ for Basic credentials), or proxy = false',
+            )  # fmt: skip
     if provider.client_key and not provider.client_cert:
-        raise ConfigError(
-            source=source, key=key_path(prefix, "client_key"), message="client_key is given without client_cert",
-            fix="add client_cert = \"PATH\" (the certificate the key belongs to)",
+        problems.add(
+            key_path(prefix, "client_key"), "client_key is given without client_cert",
+            "add client_cert = \"PATH\" (the certificate the key belongs to)",
         )  # fmt: skip
+        return
     try:
         tls_context(
             ca_file=provider.ca_file, client_cert=provider.client_cert, client_key=provider.client_key,
@@ -126,10 +133,10 @@ def _check_egress(provider: ProviderConfig, *, source: str, prefix: str) -> None
     except (OSError, ssl.SSLError) as exc:
         key = "ca_file" if provider.ca_file and not provider.client_cert else "client_cert"
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(
-            source=source, key=key_path(prefix, key), message=f"cannot load the TLS files: {reason}",
-            fix="give PEM files that exist (ca_file: the CA bundle; client_cert/client_key: the certificate and its key)",
-        ) from None  # fmt: skip
+        problems.add(
+            key_path(prefix, key), f"cannot load the TLS files: {reason}",
+            "give PEM files that exist (ca_file: the CA bundle; client_cert/client_key: the certificate and its key)",
+        )  # fmt: skip
 
 
 def tokenizer_path(source: str, tokenizer: str) -> Path:
@@ -143,120 +150,104 @@ def tokenizer_path(source: str, tokenizer: str) -> Path:
     return config_file.parent / candidate
 
 
-def missing_address(section: ProviderSection, *, source: str) -> ConfigError | None:
-    """The error for a section that gives no address (no ``api_base``, ``base_url``
-    or ``endpoints``), else None: the loader checks every section before building any,
-    so a file missing several addresses names them all in one run."""
-    if any(k in section.table for k in ("api_base", "base_url", "endpoints")):
-        return None
-    return ConfigError(
-        source=source,
-        key=key_path(section.key, "api_base"),
-        message=f"{section.label} gives no address for its engine",
-        fix=_ADDRESS_FIX,
-    )
-
-
-def _endpoints(section: ProviderSection, *, source: str) -> tuple[EndpointConfig, ...]:
-    table = section.table
+def _endpoints(section: ProviderSection, table: dict[str, object], problems: Problems) -> tuple[EndpointConfig, ...]:
+    """The section's endpoints; each bad one reported and left out."""
     given = [k for k in ("api_base", "base_url", "endpoints") if k in table]
-    if (missing := missing_address(section, source=source)) is not None:
-        raise missing
+    if not given:
+        problems.add(key_path(section.key, "api_base"), f"{section.label} gives no address for its engine", _ADDRESS_FIX)
+        return ()
     if len(given) > 1:
-        raise ConfigError(
-            source=source,
-            key=key_path(section.key, given[1]),
-            message=f"{given[0]} is given too",
-            fix="give one address: api_base (base_url is the same key) or endpoints = [...] for replicas",
+        problems.add(
+            key_path(section.key, given[1]),
+            f"{given[0]} is given too",
+            "give one address: api_base (base_url is the same key) or endpoints = [...] for replicas",
         )
     if given[0] != "endpoints":
         urls = [(key_path(section.key, given[0]), table[given[0]], {})]
     else:
-        urls = _endpoint_urls(table["endpoints"], source=source, key=key_path(section.key, "endpoints"))
+        urls = _endpoint_urls(table["endpoints"], problems, key=key_path(section.key, "endpoints"))
     seen: dict[str, str] = {}
     endpoints = []
     for index, (key, url, settings) in enumerate(urls):
-        api_base = _checked_url(url, source=source, key=key)
+        api_base = _checked_url(url, problems, key=key)
+        if api_base is None:
+            continue
         if "api_key_env" in table and urlsplit(api_base).username is not None:
-            raise ConfigError(
-                source=source,
-                key=key,
-                message=f"{show(api_base)} carries user:password@ and api_key_env is set too, "
+            problems.add(
+                key,
+                f"{show(api_base)} carries user:password@ and api_key_env is set too, "
                 "but an upstream request takes one Authorization only",
-                fix="remove the user:password@ part, or remove api_key_env",
+                "remove the user:password@ part, or remove api_key_env",
             )
         exact = table.get("api_base_exact") is True
         calls = versioned_base(api_base, exact=exact)
         if calls in seen:
-            raise ConfigError(
-                source=source,
-                key=key,
-                message=f"duplicate endpoint {show(api_base)}: it calls {show(calls)} like {seen[calls]}",
-                fix="list each replica once",
+            problems.add(
+                key, f"duplicate endpoint {show(api_base)}: it calls {show(calls)} like {seen[calls]}", "list each replica once"
             )
+            continue
         seen[calls] = key
         endpoints.append(EndpointConfig(id=f"{section.name}-{index}", api_base=api_base, exact=exact, **settings))
     return tuple(endpoints)
 
 
-def _endpoint_urls(value: object, *, source: str, key: str) -> list[tuple[str, object, dict[str, object]]]:
+def _endpoint_urls(value: object, problems: Problems, *, key: str) -> list[tuple[str, object, dict[str, object]]]:
     """Each entry's key path, URL and per-endpoint settings (``max_batch_size``,
     ``weight`` of a table entry)."""
     if not isinstance(value, list) or not value:
-        raise ConfigError(
-            source=source,
-            key=key,
-            message=f"expected a non-empty list of URLs, got {show(value)}",
-            fix='write endpoints = ["http://HOST:PORT/v1", ...] or [{ url = "http://HOST:PORT/v1" }, ...]',
+        problems.add(
+            key,
+            f"expected a non-empty list of URLs, got {show(value)}",
+            'write endpoints = ["http://HOST:PORT/v1", ...] or [{ url = "http://HOST:PORT/v1" }, ...]',
         )
+        return []
     urls: list[tuple[str, object, dict[str, object]]] = []
     for index, item in enumerate(value):
-        if isinstance(item, dict):
-            check_keys(item, ("url", *_ENDPOINT_SETTINGS), source=source, prefix=key_path(key, index))
-            if "url" not in item:
-                raise ConfigError(
-                    source=source,
-                    key=key_path(key, index, "url"),
-                    message="missing",
-                    fix='write { url = "http://HOST:PORT/v1" }',
-                )
-            settings = {
-                name: _endpoint_setting(item[name], name, source=source, key=key_path(key, index, name))
-                for name in _ENDPOINT_SETTINGS
-                if name in item
-            }
-            urls.append((key_path(key, index, "url"), item["url"], settings))
-        else:
+        if not isinstance(item, dict):
             urls.append((key_path(key, index), item, {}))
+            continue
+        entry = check_keys(item, ("url", *_ENDPOINT_SETTINGS), problems, prefix=key_path(key, index))
+        settings = {
+            name: setting
+            for name in _ENDPOINT_SETTINGS
+            if name in entry
+            and (setting := _endpoint_setting(entry[name], name, problems, key=key_path(key, index, name))) is not None
+        }
+        if "url" not in entry:
+            problems.add(key_path(key, index, "url"), "missing", 'write { url = "http://HOST:PORT/v1" }')
+            continue
+        urls.append((key_path(key, index, "url"), entry["url"], settings))
     return urls
 
 
 _ENDPOINT_SETTINGS = ("max_batch_size", "weight")
 
 
-def _endpoint_setting(value: object, name: str, *, source: str, key: str) -> object:
+def _endpoint_setting(value: object, name: str, problems: Problems, *, key: str) -> object | None:
     """A table entry's ``max_batch_size`` (a whole number >= 1) or ``weight`` (a number > 0)."""
     whole = name == "max_batch_size"
     ok = not isinstance(value, bool) and isinstance(value, int if whole else (int, float)) and value > 0
     if not ok:
-        raise ConfigError(
-            source=source,
-            key=key,
-            message=f"expected a {'whole number' if whole else 'number'} above 0, got {show(value)}",
-            fix=f"write {name} = {'8' if whole else '1'}",
+        problems.add(
+            key,
+            f"expected a {'whole number' if whole else 'number'} above 0, got {show(value)}",
+            f"write {name} = {'8' if whole else '1'}",
         )
+        return None
     return value if whole else float(value)
 
 
-def _checked_url(url: object, *, source: str, key: str) -> str:
-    """``url`` with a trailing slash removed, or a ConfigError if it is not http(s) with a host."""
+def _checked_url(url: object, problems: Problems, *, key: str) -> str | None:
+    """``url`` with a trailing slash removed, or None after reporting that it is not
+    http(s) with a host."""
     if not isinstance(url, str):
         problem: str | None = f"expected a URL string, got {show(url)}"
     else:
         url = url.strip()
         problem = _url_problem(url)
     if problem:
-        raise ConfigError(source=source, key=key, message=problem, fix='write it like "http://HOST:PORT/v1"')
+        problems.add(key, problem, 'write it like "http://HOST:PORT/v1"')
+        return None
     return str(url).rstrip("/")
 
 
@@ -275,90 +266,74 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
-def _check_tokenizer(tokenizer: str | None, *, source: str, key: str) -> None:
+def _check_tokenizer(tokenizer: str | None, problems: Problems, *, key: str) -> None:
     if tokenizer is None:
         return
     try:
-        ExactTokenizer(tokenizer_path(source, tokenizer))
+        ExactTokenizer(tokenizer_path(problems.source, tokenizer))
     except TokenizerError as exc:
-        raise ConfigError(
-            source=source,
-            key=key,
-            message=" ".join(str(exc).split()),
-            fix="point it at a Hugging Face tokenizer.json, or remove it to use the estimate",
-        ) from None
+        problems.add(
+            key,
+            " ".join(str(exc).split()),
+            "point it at a Hugging Face tokenizer.json, or remove it to use the estimate",
+        )
 
 
-def _check_extra_body(extra_body: dict[str, object], *, source: str, key: str) -> None:
-    for field, reason in REQUEST_OWNED_FIELDS.items():
-        if field in extra_body:
-            raise ConfigError(
-                source=source,
-                key=key_path(key, field),
-                message=f"extra_body may not set {field}: {reason}",
-                fix="remove it from extra_body",
-            )
+def _check_extra_body(extra_body: dict[str, object], problems: Problems, *, key: str) -> None:
+    owned = [field for field in REQUEST_OWNED_FIELDS if field in extra_body]
+    for field in owned:
+        problems.add(
+            key_path(key, field),
+            f"extra_body may not set {field}: {REQUEST_OWNED_FIELDS[field]}",
+            "remove it from extra_body",
+        )
     try:
         orjson.dumps(extra_body)
     except orjson.JSONEncodeError as exc:
-        raise ConfigError(
-            source=source,
-            key=key,
-            message=f"cannot be sent as JSON ({exc})",
-            fix="keep integers within 64 bits (-2^63 .. 2^64-1) and nesting shallow",
-        ) from None
+        problems.add(
+            key,
+            f"cannot be sent as JSON ({exc})",
+            "keep integers within 64 bits (-2^63 .. 2^64-1) and nesting shallow",
+        )
 
 
-def _check_models(models: tuple[str, ...], *, source: str, key: str) -> None:
+def _check_models(models: tuple[str, ...], problems: Problems, *, key: str) -> None:
     for index, model in enumerate(models):
         if not model.strip():
-            raise ConfigError(
-                source=source,
-                key=key_path(key, index),
-                message="empty model name",
-                fix='write the served model name, e.g. "Qwen/Qwen2.5-7B-Instruct", or remove it',
+            problems.add(
+                key_path(key, index),
+                "empty model name",
+                'write the served model name, e.g. "Qwen/Qwen2.5-7B-Instruct", or remove it',
             )
-        if model in models[:index]:
-            raise ConfigError(
-                source=source,
-                key=key_path(key, index),
-                message=f"{show(model)} is listed twice",
-                fix="list each model once",
-            )
+        elif model in models[:index]:
+            problems.add(key_path(key, index), f"{show(model)} is listed twice", "list each model once")
 
 
 def _connector_for_engine(engine: object) -> str:
     return engine if isinstance(engine, str) and engine in known_connectors() else "openai"
 
 
-def _check_connector(name: object, *, source: str, key: str) -> None:
+def _check_connector(name: object, problems: Problems, *, key: str) -> bool:
+    """True when ``name`` is a connector that loads; else reported."""
     known = known_connectors()
     if not isinstance(name, str) or name not in known:
         text = name if isinstance(name, str) else show(name)
-        raise ConfigError(
-            source=source,
-            key=key,
-            message=f"unknown connector {show(name)}",
-            fix=suggestion(text, known, noun="known connector"),
-        )
+        problems.add(key, f"unknown connector {show(name)}", suggestion(text, known, noun="known connector"))
+        return False
     try:
         get_connector(name)
     except UnknownConnector as exc:
-        raise ConfigError(
-            source=source,
-            key=key,
-            message=str(exc),
-            fix="reinstall the package that provides it, or pick another",
-        ) from None
+        problems.add(key, str(exc), "reinstall the package that provides it, or pick another")
+        return False
+    return True
 
 
-def _check_api_key_env(name: object, *, source: str, key: str) -> None:
+def _check_api_key_env(name: object, problems: Problems, *, key: str) -> None:
     if name is None:
         return
     if not isinstance(name, str) or not _ENV_NAME.match(name) or looks_like_secret(name):
-        raise ConfigError(
-            source=source,
-            key=key,
-            message=f"{show(name)} is not an environment variable name",
-            fix='api_key_env names the variable holding the key (e.g. "MY_API_KEY"), not the key itself',
+        problems.add(
+            key,
+            f"{show(name)} is not an environment variable name",
+            'api_key_env names the variable holding the key (e.g. "MY_API_KEY"), not the key itself',
         )

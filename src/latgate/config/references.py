@@ -1,11 +1,19 @@
-"""Cross-section checks: every name one section uses must exist in another.
+"""``[routing]``, ``[aliases]``, ``[models]`` and ``[auth]``: each section's own shape,
+then every name one section uses from another.
 
 Routing names providers (``default_route``, ``route_latency_sensitive_to``,
 ``long_context_provider``, fallbacks keys and values, policies' ``route_to`` and
 ``long_context_provider``); aliases name providers and served models; ``[models]``,
 ``default_model`` and auth keys' allow-lists name public models; auth keys name
-policies. A name that does not resolve is a ConfigError naming the key and the closest
-valid name: nothing is ever silently routed elsewhere.
+policies. A name that does not resolve is reported with the key and the closest valid
+name: nothing is ever silently routed elsewhere.
+
+Each section is read in two steps: ``build_*`` checks its keys, types and values
+(structural mistakes), ``check_*`` its names once every section is read (reported after
+the structural ones, see :class:`~latgate.config.errors.Problems`). A name is not
+checked against a section that had mistakes of its own: :class:`Known` says what can
+be trusted, so a broken provider section is not echoed as "unknown provider" or "no
+provider serves" elsewhere.
 
 A model is *servable* when a provider lists it, it is an alias, some provider
 accepts any model (empty ``models``), or ``[aliases]`` has the catch-all ``"*"``.
@@ -14,8 +22,9 @@ accepts any model (empty ``models``), or ``[aliases]`` has the catch-all ``"*"``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from latgate.config.errors import ConfigError
+from latgate.config.errors import Problems
 from latgate.config.keys import check_keys, key_path, require_table, show, suggestion, validate_model
 from latgate.config.schema import (
     CATCH_ALL,
@@ -29,34 +38,63 @@ from latgate.config.schema import (
 )
 
 
+@dataclass(frozen=True)
+class Known:
+    """What the name checks may rely on after the structural pass.
+
+    ``declared``: every provider name a section declares, built or not (a reference to
+    one is never "unknown"); ``names_complete``: no provider's name is missing (a pool
+    section without ``engine``), so a name not declared really is unknown.
+    ``providers``: those that could be built, the keys with mistakes left at their
+    defaults (a provider whose ``models`` was wrong accepts any model, so nothing is
+    reported against it); ``complete``: every provider section could be built, so a
+    model no one serves really is missing.
+    """
+
+    declared: frozenset[str]
+    names_complete: bool
+    providers: Mapping[str, ProviderConfig]
+    complete: bool
+
+
 def build_routing(
-    table: dict[str, object], providers: Mapping[str, ProviderConfig], *, source: str, default_route_key: str
-) -> RoutingConfig:
-    """``[routing]`` with ``default_route`` filled in (first provider) and every provider name checked."""
-    check_keys(table, tuple(RoutingConfig.model_fields), source=source, prefix="routing")
-    _check_strategy(table.get("strategy"), source=source)
-    policies = require_table(table.get("policies", {}), source=source, key="routing.policies")
+    table: dict[str, object], problems: Problems, *, first_provider: str | None
+) -> tuple[RoutingConfig | None, tuple[str, ...] | None]:
+    """``[routing]`` with ``default_route`` filled in (``first_provider`` when not given),
+    and the names of its policies (every ``[routing.policies.NAME]``, even one with
+    mistakes; None when ``policies`` is not a table). The routing config is None when
+    it cannot be built."""
+    table = check_keys(table, tuple(RoutingConfig.model_fields), problems, prefix="routing")
+    if not _strategy_ok(table.get("strategy"), problems):
+        table.pop("strategy")
+    policies = require_table(table.get("policies", {}), problems, key="routing.policies")
+    if policies is None:
+        table.pop("policies")
+        return _routing(table, problems, first_provider), None
     for name, policy in policies.items():
         policy_key = key_path("routing.policies", name)
-        check_keys(
-            require_table(policy, source=source, key=policy_key),
-            tuple(PolicyConfig.model_fields),
-            source=source,
-            prefix=policy_key,
-        )
-    routing = validate_model(
-        RoutingConfig, {"default_route": next(iter(providers)), **table}, source=source, prefix="routing"
-    )
-    names = list(providers)
+        body = require_table(policy, problems, key=policy_key)
+        if body is not None:
+            policies[name] = check_keys(body, tuple(PolicyConfig.model_fields), problems, prefix=policy_key)
+    if policies:
+        table["policies"] = policies
+    return _routing(table, problems, first_provider), tuple(policies)
+
+
+def _routing(table: dict[str, object], problems: Problems, first_provider: str | None) -> RoutingConfig | None:
+    if first_provider is None and "default_route" not in table:
+        return None
+    return validate_model(RoutingConfig, {"default_route": first_provider, **table}, problems, prefix="routing")
+
+
+def check_routing(routing: RoutingConfig, known: Known, problems: Problems, *, default_route_key: str) -> None:
+    """Every provider ``[routing]`` names exists, and the long-context rule has both its
+    halves (reference phase)."""
+    names = sorted(known.declared)
 
     def check(provider: str | None, key: str) -> None:
-        if provider is not None and provider not in providers:
-            raise ConfigError(
-                source=source,
-                key=key,
-                message=f'unknown provider "{provider}"',
-                fix=suggestion(provider, names, noun="provider"),
-            )
+        if provider is not None and provider not in known.declared and known.names_complete:
+            problems.add(key, f'unknown provider "{provider}"', suggestion(provider, names, noun="provider"))
 
     check(routing.default_route, default_route_key)
     check(routing.route_latency_sensitive_to, "routing.route_latency_sensitive_to")
@@ -67,22 +105,23 @@ def build_routing(
             key = key_path("routing.fallbacks", origin, index)
             check(provider, key)
             if provider == origin or provider in nexts[:index]:
-                raise ConfigError(
-                    source=source,
-                    key=key,
-                    message=f'"{provider}" is listed twice in the fallback chain of "{origin}"',
-                    fix="name each fallback once, never the provider itself",
+                problems.add(
+                    key,
+                    f'"{provider}" is listed twice in the fallback chain of "{origin}"',
+                    "name each fallback once, never the provider itself",
                 )
     for name, policy in routing.policies.items():
         check(policy.route_to, key_path("routing.policies", name, "route_to"))
         check(policy.long_context_provider, key_path("routing.policies", name, "long_context_provider"))
-    _check_long_context_pair(routing, source=source)
-    return routing
+    _check_long_context_pair(routing, problems)
 
 
-def _check_long_context_pair(routing: RoutingConfig, *, source: str) -> None:
+def _check_long_context_pair(routing: RoutingConfig, problems: Problems) -> None:
     """The long-context rule needs both halves: a threshold and a provider (in
-    ``[routing]`` or in a policy); either alone would be silently ignored."""
+    ``[routing]`` or in a policy); either alone would be silently ignored. Not checked
+    when either half had a mistake of its own."""
+    if problems.has("routing.long_context_threshold") or problems.has("routing.long_context_provider"):
+        return
     policy_providers = [
         (name, p.long_context_provider) for name, p in routing.policies.items() if p.long_context_provider
     ]
@@ -93,104 +132,100 @@ def _check_long_context_pair(routing: RoutingConfig, *, source: str) -> None:
             key = key_path("routing.policies", policy_providers[0][0], "long_context_provider")
         else:
             return
-        raise ConfigError(
-            source=source,
-            key=key,
-            message="given without routing.long_context_threshold, so it would never be used",
-            fix="add long_context_threshold = TOKENS to [routing] (e.g. 16384), or remove it",
+        problems.add(
+            key,
+            "given without routing.long_context_threshold, so it would never be used",
+            "add long_context_threshold = TOKENS to [routing] (e.g. 16384), or remove it",
         )
-    if routing.long_context_provider is None and not policy_providers:
-        raise ConfigError(
-            source=source,
-            key="routing.long_context_threshold",
-            message="given without a long_context_provider, so it would never be used",
-            fix='add long_context_provider = "PROVIDER" to [routing], or remove the threshold',
+    elif routing.long_context_provider is None and not policy_providers and not problems.has("routing.policies"):
+        problems.add(
+            "routing.long_context_threshold",
+            "given without a long_context_provider, so it would never be used",
+            'add long_context_provider = "PROVIDER" to [routing], or remove the threshold',
         )
 
 
-def _check_strategy(strategy: object, *, source: str) -> None:
+def _strategy_ok(strategy: object, problems: Problems) -> bool:
     if strategy is None or strategy in STRATEGIES:
-        return
+        return True
     text = strategy if isinstance(strategy, str) else show(strategy)
-    raise ConfigError(
-        source=source,
-        key="routing.strategy",
-        message=f"unknown strategy {show(strategy)}",
-        fix=suggestion(text, STRATEGIES, noun="strategy", plural="strategies"),
+    problems.add(
+        "routing.strategy",
+        f"unknown strategy {show(strategy)}",
+        suggestion(text, STRATEGIES, noun="strategy", plural="strategies"),
     )
+    return False
 
 
-def expand_aliases(
-    table: dict[str, object], providers: Mapping[str, ProviderConfig], *, source: str
-) -> dict[str, dict[str, str]]:
-    """``[aliases]`` as ``{public: {provider: served}}``.
-
-    ``"public" = "served"`` goes to every provider that lists ``served``; when none
-    lists it, to every provider accepting any model; when there is none of those either
-    it is an error. ``"public" = { PROVIDER = "served" }`` is kept as given, once each
-    provider is known to accept ``served``.
-    """
-    aliases: dict[str, dict[str, str]] = {}
-    listed = sorted({m for p in providers.values() for m in p.models})
+def build_aliases(table: dict[str, object], problems: Problems) -> dict[str, str | dict[str, str]]:
+    """``[aliases]`` entries of the right shape: ``"public" = "served"`` or
+    ``"public" = { PROVIDER = "served" }`` (non-empty, names as strings)."""
+    aliases: dict[str, str | dict[str, str]] = {}
     for public, target in table.items():
         key = key_path("aliases", public)
         if isinstance(target, str):
-            takers = [p.name for p in providers.values() if target in p.models]
-            takers = takers or [p.name for p in providers.values() if not p.models]
-            if not takers:
-                raise ConfigError(
-                    source=source,
-                    key=key,
-                    message=f'no provider serves "{target}"',
-                    fix="add it to a provider's models, or "
-                    + suggestion(target, listed, noun="served model"),
-                )
-            aliases[public] = dict.fromkeys(takers, target)
+            aliases[public] = target
         elif isinstance(target, Mapping):
-            aliases[public] = _alias_table(target, providers, source=source, key=key)
+            if not target:
+                problems.add(key, "empty table", 'write { PROVIDER = "served-name" }')
+                continue
+            for provider, served in target.items():
+                if not isinstance(served, str):
+                    problems.add(
+                        key_path(key, provider), f"expected a model name, got {show(served)}",
+                        f'write {provider} = "served-name"',
+                    )  # fmt: skip
+            aliases[public] = {p: served for p, served in target.items() if isinstance(served, str)}
         else:
-            raise ConfigError(
-                source=source,
-                key=key,
-                message=f"expected a model name or a table, got {show(target)}",
-                fix=f'write "{public}" = "served-name" or "{public}" = {{ PROVIDER = "served-name" }}',
+            problems.add(
+                key,
+                f"expected a model name or a table, got {show(target)}",
+                f'write "{public}" = "served-name" or "{public}" = {{ PROVIDER = "served-name" }}',
             )
     return aliases
 
 
-def _alias_table(
-    target: Mapping[str, object], providers: Mapping[str, ProviderConfig], *, source: str, key: str
-) -> dict[str, str]:
-    if not target:
-        raise ConfigError(
-            source=source, key=key, message="empty table", fix='write { PROVIDER = "served-name" }'
-        )
-    for provider, served in target.items():
-        entry = key_path(key, provider)
-        if provider not in providers:
-            raise ConfigError(
-                source=source,
-                key=entry,
-                message=f'unknown provider "{provider}"',
-                fix=suggestion(provider, list(providers), noun="provider"),
-            )
-        if not isinstance(served, str):
-            raise ConfigError(
-                source=source,
-                key=entry,
-                message=f"expected a model name, got {show(served)}",
-                fix=f'write {provider} = "served-name"',
-            )
-        if not providers[provider].serves(served):
-            raise ConfigError(
-                source=source,
-                key=entry,
-                message=f'provider "{provider}" does not serve "{served}"',
-                fix=suggestion(
-                    served, providers[provider].models, noun="model", plural=f'models of "{provider}"'
-                ),
-            )
-    return dict(target)  # type: ignore[arg-type]
+def expand_aliases(
+    entries: Mapping[str, str | dict[str, str]], known: Known, problems: Problems
+) -> dict[str, dict[str, str]]:
+    """``[aliases]`` as ``{public: {provider: served}}`` (reference phase).
+
+    ``"public" = "served"`` goes to every provider that lists ``served``; when none
+    lists it, to every provider accepting any model; when there is none of those either
+    it is reported. ``"public" = { PROVIDER = "served" }`` is kept as given, once each
+    provider is known to accept ``served``.
+    """
+    providers = known.providers
+    aliases: dict[str, dict[str, str]] = {}
+    listed = sorted({m for p in providers.values() for m in p.models})
+    for public, target in entries.items():
+        key = key_path("aliases", public)
+        if isinstance(target, str):
+            takers = [p.name for p in providers.values() if target in p.models]
+            takers = takers or [p.name for p in providers.values() if not p.models]
+            if not takers and known.complete:
+                problems.add(
+                    key,
+                    f'no provider serves "{target}"',
+                    "add it to a provider's models, or " + suggestion(target, listed, noun="served model"),
+                )
+            aliases[public] = dict.fromkeys(takers, target)
+            continue
+        for provider, served in target.items():
+            entry = key_path(key, provider)
+            if provider not in known.declared:
+                if known.names_complete:
+                    problems.add(
+                        entry, f'unknown provider "{provider}"', suggestion(provider, sorted(known.declared), noun="provider")
+                    )
+            elif provider in providers and not providers[provider].serves(served):
+                problems.add(
+                    entry,
+                    f'provider "{provider}" does not serve "{served}"',
+                    suggestion(served, providers[provider].models, noun="model", plural=f'models of "{provider}"'),
+                )
+        aliases[public] = dict(target)
+    return aliases
 
 
 def servable_models(
@@ -203,110 +238,105 @@ def servable_models(
     return list(dict.fromkeys([*(m for p in providers.values() for m in p.models), *aliases]))
 
 
-def check_model_name(model: str, servable: list[str] | None, *, source: str, key: str) -> None:
-    """Raise when no provider or alias takes ``model`` (never when a provider accepts any)."""
+def check_model_name(model: str, servable: list[str] | None, problems: Problems, *, key: str) -> None:
+    """Report when no provider or alias takes ``model`` (never when ``servable`` is None:
+    a provider accepts any model, or not every section could be read)."""
     if servable is not None and model not in servable:
-        raise ConfigError(
-            source=source,
-            key=key,
-            message=f'no provider or alias serves model "{model}"',
-            fix=suggestion(model, servable, noun="servable model"),
+        problems.add(
+            key, f'no provider or alias serves model "{model}"', suggestion(model, servable, noun="servable model")
         )
 
 
-def build_models(
-    table: dict[str, object], servable: list[str] | None, *, source: str
-) -> dict[str, ModelConfig]:
-    """``[models."public-name"]`` sections, each naming a servable model (and fallback_model)."""
+def build_models(table: dict[str, object], problems: Problems) -> dict[str, ModelConfig]:
+    """``[models."public-name"]`` sections of the right shape."""
     models = {}
     for public, section in table.items():
         key = key_path("models", public)
-        body = require_table(section, source=source, key=key)
-        check_keys(body, tuple(ModelConfig.model_fields), source=source, prefix=key)
-        model = validate_model(ModelConfig, body, source=source, prefix=key)
-        check_model_name(public, servable, source=source, key=key)
-        if model.fallback_model is not None:
-            check_model_name(
-                model.fallback_model, servable, source=source, key=key_path(key, "fallback_model")
-            )
-        models[public] = model
+        body = require_table(section, problems, key=key)
+        if body is None:
+            continue
+        body = check_keys(body, tuple(ModelConfig.model_fields), problems, prefix=key)
+        model = validate_model(ModelConfig, body, problems, prefix=key)
+        if model is not None:
+            models[public] = model
     return models
 
 
-def build_auth(
-    table: dict[str, object], routing: RoutingConfig, servable: list[str] | None, *, source: str
-) -> AuthConfig:
-    """``[auth]``: every ``[[auth.keys]]`` has one of key/key_sha256, a known policy, servable models."""
-    check_keys(table, tuple(AuthConfig.model_fields), source=source, prefix="auth")
+def check_models(models: Mapping[str, ModelConfig], servable: list[str] | None, problems: Problems) -> None:
+    """Each ``[models]`` name and its ``fallback_model`` is servable (reference phase)."""
+    for public, model in models.items():
+        key = key_path("models", public)
+        check_model_name(public, servable, problems, key=key)
+        if model.fallback_model is not None:
+            check_model_name(model.fallback_model, servable, problems, key=key_path(key, "fallback_model"))
+
+
+def build_auth(table: dict[str, object], problems: Problems) -> dict[str, AuthKey]:
+    """``[auth]``: every ``[[auth.keys]]`` has one of key/key_sha256, each name and key
+    once. The keys without mistakes, by their key path (``auth.keys[0]``)."""
+    table = check_keys(table, tuple(AuthConfig.model_fields), problems, prefix="auth")
     entries = table.get("keys", [])
     if not isinstance(entries, list) or not entries:
-        raise ConfigError(
-            source=source,
-            key="auth.keys",
-            message="[auth] is given but has no [[auth.keys]] entries",
-            fix='add [[auth.keys]] with name and key = "${env:VAR}"; remove [auth] to run without keys',
+        problems.add(
+            "auth.keys",
+            "[auth] is given but has no [[auth.keys]] entries",
+            'add [[auth.keys]] with name and key = "${env:VAR}"; remove [auth] to run without keys',
         )
-    keys: list[AuthKey] = []
+        return {}
+    keys: dict[str, AuthKey] = {}
     for index, entry in enumerate(entries):
         key = key_path("auth.keys", index)
-        body = require_table(entry, source=source, key=key)
-        check_keys(body, tuple(AuthKey.model_fields), source=source, prefix=key)
-        auth_key = validate_model(AuthKey, body, source=source, prefix=key)
-        _check_auth_key(auth_key, keys, routing, servable, source=source, key=key)
-        keys.append(auth_key)
-    return AuthConfig(keys=tuple(keys))
+        body = require_table(entry, problems, key=key)
+        if body is None:
+            continue
+        body = check_keys(body, tuple(AuthKey.model_fields), problems, prefix=key)
+        auth_key = validate_model(AuthKey, body, problems, prefix=key)
+        if auth_key is not None and _auth_key_ok(auth_key, list(keys.values()), problems, key=key):
+            keys[key] = auth_key
+    return keys
 
 
-def _check_auth_key(
-    auth_key: AuthKey,
-    earlier: list[AuthKey],
-    routing: RoutingConfig,
-    servable: list[str] | None,
-    *,
-    source: str,
-    key: str,
-) -> None:
+def _auth_key_ok(auth_key: AuthKey, earlier: list[AuthKey], problems: Problems, *, key: str) -> bool:
     if (auth_key.key is None) == (auth_key.key_sha256 is None):
-        raise ConfigError(
-            source=source,
-            key=key,
-            message=f'key "{auth_key.name}" must give exactly one of key and key_sha256',
-            fix='write key = "${env:VAR}" or key_sha256 = "<64 hex digits>", not both',
+        problems.add(
+            key,
+            f'key "{auth_key.name}" must give exactly one of key and key_sha256',
+            'write key = "${env:VAR}" or key_sha256 = "<64 hex digits>", not both',
         )
+        return False
     if auth_key.key is not None and not auth_key.key:
-        raise ConfigError(
-            source=source, key=key_path(key, "key"), message="empty key", fix="give a non-empty key"
-        )
+        problems.add(key_path(key, "key"), "empty key", "give a non-empty key")
+        return False
     sha = auth_key.key_sha256
     if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha)):
-        raise ConfigError(
-            source=source,
-            key=key_path(key, "key_sha256"),
-            message="expected 64 hex digits",
-            fix='write the SHA-256 of the key, e.g. from: printf %s "$KEY" | sha256sum',
+        problems.add(
+            key_path(key, "key_sha256"),
+            "expected 64 hex digits",
+            'write the SHA-256 of the key, e.g. from: printf %s "$KEY" | sha256sum',
         )
+        return False
     for other in earlier:
         if other.name == auth_key.name:
-            raise ConfigError(
-                source=source,
-                key=key_path(key, "name"),
-                message=f'duplicate key name "{auth_key.name}"',
-                fix="give each key its own name",
-            )
+            problems.add(key_path(key, "name"), f'duplicate key name "{auth_key.name}"', "give each key its own name")
+            return False
         if (other.key, other.key_sha256) == (auth_key.key, auth_key.key_sha256):
-            raise ConfigError(
-                source=source,
-                key=key,
-                message=f'same key as "{other.name}"',
-                fix="give each client its own key",
+            problems.add(key, f'same key as "{other.name}"', "give each client its own key")
+            return False
+    return True
+
+
+def check_auth(
+    keys: Mapping[str, AuthKey], policies: tuple[str, ...] | None, servable: list[str] | None, problems: Problems
+) -> None:
+    """Each key's policy is defined (unless ``policies`` is None: unknown) and its
+    models are servable (reference phase)."""
+    for key, auth_key in keys.items():
+        if auth_key.policy is not None and policies is not None and auth_key.policy not in policies:
+            problems.add(
+                key_path(key, "policy"),
+                f'unknown policy "{auth_key.policy}"',
+                f"define [routing.policies.{auth_key.policy}] or "
+                + suggestion(auth_key.policy, list(policies), noun="policy", plural="policies"),
             )
-    if auth_key.policy is not None and auth_key.policy not in routing.policies:
-        raise ConfigError(
-            source=source,
-            key=key_path(key, "policy"),
-            message=f'unknown policy "{auth_key.policy}"',
-            fix=f"define [routing.policies.{auth_key.policy}] or "
-            + suggestion(auth_key.policy, list(routing.policies), noun="policy", plural="policies"),
-        )
-    for index, model in enumerate(auth_key.models):
-        check_model_name(model, servable, source=source, key=key_path(key, "models", index))
+        for model_index, model in enumerate(auth_key.models):
+            check_model_name(model, servable, problems, key=key_path(key, "models", model_index))

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from latgate.config.errors import ConfigError
+from latgate.config.errors import Problems
 from latgate.config.keys import (
     DEFAULT_SECTION_KEYS,
     SECTIONS,
@@ -70,7 +70,10 @@ class Document:
 
     ``default_route_key`` is where ``routing.default_route`` was written
     (``default.provider`` when ``[default]`` names it) and ``defaults_key`` where the defaults were;
-    ``seen_names`` maps each provider name to the section that defined it.
+    ``seen_names`` maps each provider name to the section that defined it;
+    ``broken_names`` and ``nameless_providers`` say which names a reference to a
+    provider may use although no section for it could be read (so no "unknown
+    provider" follows from a section that was already reported).
     """
 
     sections: dict[str, dict[str, object]]
@@ -79,18 +82,24 @@ class Document:
     defaults_key: str = "defaults"
     default_route_key: str = "routing.default_route"
     seen_names: dict[str, str] = field(default_factory=dict)
+    #: provider names declared by a section too broken to build (not a table, a bad name)
+    broken_names: set[str] = field(default_factory=set)
+    #: a pool section lacks its ``engine``, so some provider's name is unknown
+    nameless_providers: bool = False
 
 
-def canonical_document(raw: dict[str, object], *, source: str) -> Document:
+def canonical_document(raw: dict[str, object], problems: Problems) -> Document:
     """Rewrite a parsed (and env-expanded) file into a :class:`Document`.
 
-    Raises:
-        ConfigError: unknown section, a section that is not a table, a shorthand
-            without ``engine``, a provider defined twice, a bad provider name, or a
-            ``[default]`` that contradicts the provider it names.
+    Reports (to ``problems``) and leaves out: an unknown section, a section that is not
+    a table, a shorthand without ``engine`` (``nameless_providers`` is then set), a
+    provider defined twice (the first is kept), a bad provider name, a ``[default]``
+    that contradicts the provider it names.
     """
-    check_keys(raw, SECTIONS, source=source, prefix="")
-    tables = {name: require_table(value, source=source, key=name) for name, value in raw.items()}
+    known = check_keys(raw, SECTIONS, problems, prefix="")
+    tables = {
+        name: table for name, value in known.items() if (table := require_table(value, problems, key=name)) is not None
+    }
     doc = Document(
         sections={
             name: tables.get(name, {})
@@ -103,167 +112,138 @@ def canonical_document(raw: dict[str, object], *, source: str) -> Document:
         if name == "providers":
             for provider, body in table.items():
                 key = key_path("providers", provider)
-                _add(
-                    doc,
-                    ProviderSection(
-                        name=provider,
-                        key=key,
-                        name_key=key,
-                        label=f'provider "{provider}"',
-                        table=require_table(body, source=source, key=key),
-                    ),
-                    source=source,
-                )
+                provider_table = require_table(body, problems, key=key)
+                if provider_table is None:
+                    doc.broken_names.add(provider)
+                    continue
+                label = f'provider "{provider}"'
+                _add(doc, ProviderSection(provider, key, key, label, provider_table), problems)
         elif name in _SHORTHAND_ROLES:
-            _add(doc, _shorthand(name, table, source=source), source=source)
+            section = _shorthand(name, table, problems)
+            if section is None:
+                doc.nameless_providers = True
+            else:
+                _add(doc, section, problems)
     if "default" in tables:
-        _merge_default_section(doc, tables["default"], source=source, defaults_given="defaults" in tables)
+        _merge_default_section(doc, tables["default"], problems, defaults_given="defaults" in tables)
     return doc
 
 
-def _shorthand(section: str, table: dict[str, object], *, source: str) -> ProviderSection:
+def _shorthand(section: str, table: dict[str, object], problems: Problems) -> ProviderSection | None:
     role = _SHORTHAND_ROLES[section]
     given_role = table.get("role", role)
     if given_role != role:
-        raise ConfigError(
-            source=source,
-            key=f"{section}.role",
-            message=f"role {show(given_role)} contradicts section [{section}]",
-            fix="remove role (the section name sets it), or move the table to [providers.NAME]",
+        problems.add(
+            f"{section}.role",
+            f"role {show(given_role)} contradicts section [{section}]",
+            "remove role (the section name sets it), or move the table to [providers.NAME]",
         )
+    body = {k: v for k, v in table.items() if k != "role"}
     if section == "upstream":
-        return ProviderSection(
-            name="upstream",
-            key="upstream",
-            name_key="upstream",
-            label="section [upstream]",
-            table={k: v for k, v in table.items() if k != "role"},
-            role=role,
-        )
+        return ProviderSection("upstream", "upstream", "upstream", "section [upstream]", body, role)
     engine = table.get("engine")
     if not isinstance(engine, str) or not engine:
-        raise ConfigError(
-            source=source,
-            key=f"{section}.engine",
-            message=f"section [{section}] gives no engine name",
-            fix='add engine = "NAME" (the provider name [routing] refers to, e.g. "vllm")',
+        problems.add(
+            f"{section}.engine",
+            f"section [{section}] gives no engine name",
+            'add engine = "NAME" (the provider name [routing] refers to, e.g. "vllm")',
         )
-    return ProviderSection(
-        name=engine,
-        key=section,
-        name_key=f"{section}.engine",
-        label=f'section [{section}] (engine "{engine}")',
-        table={k: v for k, v in table.items() if k != "role"},
-        role=role,
-    )
+        return None
+    label = f'section [{section}] (engine "{engine}")'
+    return ProviderSection(engine, section, f"{section}.engine", label, body, role)
 
 
-def check_provider_name(name: str, *, source: str, key: str) -> None:
-    """Raise unless ``name`` is a usable provider name.
+def check_provider_name(name: str, problems: Problems, *, key: str) -> bool:
+    """Report (and return False) unless ``name`` is a usable provider name.
 
     Usable: 1 to 64 of letters, digits and ``_ . -``, starting with a letter or digit
     (it goes into metric labels and the ``X-Latgate-Provider`` header), and not one of
     :data:`RESERVED_PROVIDER_NAMES`.
     """
     if not _PROVIDER_NAME.fullmatch(name):
-        raise ConfigError(
-            source=source,
-            key=key,
-            message=f"provider name {show(name)} is not usable",
-            fix="use 1 to 64 letters, digits and _ . - only, starting with a letter or digit",
+        problems.add(
+            key,
+            f"provider name {show(name)} is not usable",
+            "use 1 to 64 letters, digits and _ . - only, starting with a letter or digit",
         )
+        return False
     if name in RESERVED_PROVIDER_NAMES:
-        raise ConfigError(
-            source=source,
-            key=key,
-            message=f'provider name "{name}" is reserved (latgate\'s metrics use it as a label value)',
-            fix="give the provider another name",
+        problems.add(
+            key,
+            f'provider name "{name}" is reserved (latgate\'s metrics use it as a label value)',
+            "give the provider another name",
         )
+        return False
+    return True
 
 
-def _add(doc: Document, section: ProviderSection, *, source: str) -> None:
-    check_provider_name(section.name, source=source, key=section.name_key)
+def _add(doc: Document, section: ProviderSection, problems: Problems) -> None:
+    if not check_provider_name(section.name, problems, key=section.name_key):
+        doc.broken_names.add(section.name)
     earlier = doc.seen_names.get(section.name)
     if earlier is not None:
-        raise ConfigError(
-            source=source,
-            key=section.name_key,
-            message=f'provider "{section.name}" is defined twice (also at {earlier})',
-            fix="remove one of them, or give one a different name",
+        problems.add(
+            section.name_key,
+            f'provider "{section.name}" is defined twice (also at {earlier})',
+            "remove one of them, or give one a different name",
         )
+        return
     doc.seen_names[section.name] = section.key
     doc.providers.append(section)
 
 
-def _merge_default_section(
-    doc: Document, table: dict[str, object], *, source: str, defaults_given: bool
-) -> None:
+def _merge_default_section(doc: Document, table: dict[str, object], problems: Problems, *, defaults_given: bool) -> None:
     if defaults_given:
-        raise ConfigError(
-            source=source,
-            key="default",
-            message="both [default] and [defaults] are given",
-            fix="merge them into [defaults] (and move provider to [routing] default_route)",
+        problems.add(
+            "default",
+            "both [default] and [defaults] are given",
+            "merge them into [defaults] (and move provider to [routing] default_route)",
         )
-    check_keys(table, (*DefaultsConfig.model_fields, *DEFAULT_SECTION_KEYS), source=source, prefix="default")
+        return
+    table = check_keys(table, (*DefaultsConfig.model_fields, *DEFAULT_SECTION_KEYS), problems, prefix="default")
     doc.sections["defaults"] = {k: v for k, v in table.items() if k in DefaultsConfig.model_fields}
     doc.defaults_key = "default"
     repeated = {k: v for k, v in table.items() if k in ("api_base", "base_url", "api_key_env")}
     provider = table.get("provider")
     if provider is None:
         if repeated:
-            raise ConfigError(
-                source=source,
-                key=key_path("default", next(iter(repeated))),
-                message="given without default.provider, so it belongs to no provider",
-                fix='add provider = "NAME" to [default], or move it to [providers.NAME]',
+            problems.add(
+                key_path("default", next(iter(repeated))),
+                "given without default.provider, so it belongs to no provider",
+                'add provider = "NAME" to [default], or move it to [providers.NAME]',
             )
         return
     if not isinstance(provider, str):
-        raise ConfigError(
-            source=source,
-            key="default.provider",
-            message=f"expected a provider name, got {show(provider)}",
-            fix='write provider = "NAME"',
-        )
+        problems.add("default.provider", f"expected a provider name, got {show(provider)}", 'write provider = "NAME"')
+        return
     routing = doc.sections["routing"]
     if "default_route" in routing and routing["default_route"] != provider:
-        raise ConfigError(
-            source=source,
-            key="default.provider",
-            message=f'"{provider}" contradicts routing.default_route {show(routing["default_route"])}',
-            fix="keep only one of them",
+        problems.add(
+            "default.provider",
+            f'"{provider}" contradicts routing.default_route {show(routing["default_route"])}',
+            "keep only one of them",
         )
+        return
     if "default_route" not in routing:
         routing["default_route"] = provider
         doc.default_route_key = "default.provider"
-    _apply_repeated_settings(doc, provider, repeated, source=source)
+    _apply_repeated_settings(doc, provider, repeated, problems)
 
 
-def _apply_repeated_settings(
-    doc: Document, provider: str, repeated: dict[str, object], *, source: str
-) -> None:
+def _apply_repeated_settings(doc: Document, provider: str, repeated: dict[str, object], problems: Problems) -> None:
     target = next((p for p in doc.providers if p.name == provider), None)
     if target is None:
-        check_provider_name(provider, source=source, key="default.provider")
+        if provider in doc.broken_names or not check_provider_name(provider, problems, key="default.provider"):
+            return
         if "api_base" not in repeated and "base_url" not in repeated:
-            names = [p.name for p in doc.providers]
-            raise ConfigError(
-                source=source,
-                key="default.provider",
-                message=f'unknown provider "{provider}"',
-                fix=suggestion(provider, names, noun="provider"),
-            )
-        doc.providers.insert(
-            0,
-            ProviderSection(
-                name=provider,
-                key="default",
-                name_key="default.provider",
-                label=f'section [default] (provider "{provider}")',
-                table=dict(repeated),
-            ),
-        )
+            if not doc.nameless_providers:  # it may be the one whose name is missing
+                names = [p.name for p in doc.providers]
+                problems.add(
+                    "default.provider", f'unknown provider "{provider}"', suggestion(provider, names, noun="provider")
+                )
+            return
+        label = f'section [default] (provider "{provider}")'
+        doc.providers.insert(0, ProviderSection(provider, "default", "default.provider", label, dict(repeated)))
         doc.seen_names[provider] = "default"
         return
     addresses = _addresses(target.table)
@@ -273,21 +253,19 @@ def _apply_repeated_settings(
             if given is None:
                 target.table["api_key_env"] = value
             elif given != value:
-                raise ConfigError(
-                    source=source,
-                    key="default.api_key_env",
-                    message=f"{show(value)} differs from {target.key}.api_key_env {show(given)}",
-                    fix="remove it from [default] or make the two equal",
+                problems.add(
+                    "default.api_key_env",
+                    f"{show(value)} differs from {target.key}.api_key_env {show(given)}",
+                    "remove it from [default] or make the two equal",
                 )
         elif not addresses:
             target.table["api_base"] = value
         elif not isinstance(value, str) or versioned_base(value.strip()) not in addresses:
             known = ", ".join(sorted(map(mask_url, addresses)))
-            raise ConfigError(
-                source=source,
-                key=f"default.{key}",
-                message=f"{show(value)} is not an address of {target.label} ({known})",
-                fix="remove it from [default] or make it equal to the provider's api_base",
+            problems.add(
+                f"default.{key}",
+                f"{show(value)} is not an address of {target.label} ({known})",
+                "remove it from [default] or make it equal to the provider's api_base",
             )
 
 
