@@ -222,7 +222,10 @@ def expand_aliases(
                 problems.add(
                     entry,
                     f'provider "{provider}" does not serve "{served}"',
-                    suggestion(served, providers[provider].models, noun="model", plural=f'models of "{provider}"'),
+                    suggestion(
+                        served, list(dict.fromkeys(providers[provider].models)), noun="model",
+                        plural=f'models of "{provider}"',
+                    ),  # fmt: skip
                 )
         aliases[public] = dict(target)
     return aliases
@@ -335,8 +338,8 @@ def check_auth(
             problems.add(
                 key_path(key, "policy"),
                 f'unknown policy "{auth_key.policy}"',
-                f"define [routing.policies.{auth_key.policy}] or "
-                + suggestion(auth_key.policy, list(policies), noun="policy", plural="policies"),
+                f"define [routing.policies.{auth_key.policy}]"
+                + (f" or {suggestion(auth_key.policy, policies, noun='policy', plural='policies')}" if policies else ""),
             )
         for model_index, model in enumerate(auth_key.models):
             check_model_name(model, servable, problems, key=key_path(key, "models", model_index))
