@@ -3,7 +3,7 @@
 Public API:
 
 - :func:`load_config` / :func:`load_config_text`: parse, expand ``${VAR}``, validate;
-  raise :class:`ConfigError` (one line: file, key, fix).
+  raise :class:`ConfigError` holding every mistake of the file (each: file:line, key, fix).
 - :func:`config_warnings`: problems that do not stop start-up (unset key variables,
   no auth on a public address).
 - :func:`resolve_config_path`: ``--config``, else ``$LATGATE_CONFIG``, else

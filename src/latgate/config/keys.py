@@ -1,10 +1,11 @@
 """The config vocabulary: which keys each section accepts, and how a mistake is reported.
 
-Every :class:`~latgate.config.errors.ConfigError` raised here names the key path as it
-is written in the file (``providers.vllm.api_bse``, ``decode.engine``,
+Every mistake reported here (to a :class:`~latgate.config.errors.Problems`) names the
+key path as it is written in the file (``providers.vllm.api_bse``, ``decode.engine``,
 ``auth.keys[0].rpm``), says what is wrong in one line and how to fix it, with the
-closest valid name (:mod:`difflib`) when one is near. Pydantic's validation errors are
-translated here and only here, so its multi-line dump never reaches a user.
+closest valid name (:mod:`difflib`) when one is near and the range a number takes.
+Pydantic's validation errors are translated here and only here (all of them, not the
+first), so its multi-line dump never reaches a user.
 """
 
 from __future__ import annotations
