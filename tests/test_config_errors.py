@@ -141,8 +141,10 @@ def test_a_toml_syntax_error_is_one_error_with_its_line_and_column(tmp_path: Pat
     result = latgate("check", "--config", str(path))
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
-        f"latgate: error: {path}:4:12: invalid TOML: invalid value; fix the syntax there "
-        "(strings need double quotes, sections are [name], key = value lines)"
+        (
+            f"latgate: error: {path}:4:12: invalid TOML: invalid value; fix the syntax there "
+            "(strings need double quotes, sections are [name], key = value lines)"
+        )
     ]
 
 

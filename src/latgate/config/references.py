@@ -223,9 +223,11 @@ def expand_aliases(
                     entry,
                     f'provider "{provider}" does not serve "{served}"',
                     suggestion(
-                        served, list(dict.fromkeys(providers[provider].models)), noun="model",
+                        served,
+                        list(dict.fromkeys(providers[provider].models)),
+                        noun="model",
                         plural=f'models of "{provider}"',
-                    ),  # fmt: skip
+                    ),
                 )
         aliases[public] = dict(target)
     return aliases
