@@ -27,6 +27,13 @@ process) and a fresh router per system, and sends the same requests to each:
   (800 ms more to first token, 3x per token) from 10 s to 25 s of the 40 s run.
   Targets: no healthy endpoint ejected, no more failures than ``least_outstanding``,
   latency-sensitive p99 TTFT at most ``least_outstanding``'s.
+- ``overflow``: a decode pool of 2 slots (rule target of latency-sensitive requests)
+  and two overflow candidates that both meet the 200 ms budget: ``quick`` (the first
+  fallback: first token in 5 ms, 25 ms a token) and ``steady`` (60 ms, 2 ms a token).
+  10 ordinary streams to each first, then for 15 s latency-sensitive arrivals at 4/s
+  (64 tokens each: the decode pool takes under one a second) beside ordinary ones at
+  1/s to each candidate. Target: latgate's latency-sensitive p50 e2e latency at most
+  half the better baseline's, with its TTFT SLO at least theirs.
 
 Systems: ``latgate``, ``round_robin``, ``least_outstanding`` (latgate's strategies) and,
 where ``benchmarks/setup_peers.sh`` installed them, ``litellm`` (LiteLLM proxy,
@@ -128,6 +135,11 @@ def _one_pool(names: list[str], tables: dict[str, str] | None = None) -> str:
 
 
 UNEQUAL_SLOW = {"ttft_overhead_ms": 820.0, "tpot_ms": 60.0}
+THREE_POOLS = (
+    TWO_POOLS.replace("{decode_slots}", "2")
+    .replace('fallbacks = {{ "tile-rt" = ["vllm"] }}', 'fallbacks = {{ "tile-rt" = ["vllm", "steady"] }}')
+    .replace("[health]", '[routing.policies.steady]\nroute_to = "steady"\n[providers.steady]\napi_base = "{steady}/v1"\nconnector = "vllm"\nmodels = ["m"]\n[health]')
+)
 SCENARIOS = {
     "cold": Scenario(
         "cold",
@@ -173,6 +185,17 @@ SCENARIOS = {
         ),
         single_pool=True,
         budget_ms=500,
+    ),
+    "overflow": Scenario(
+        "overflow",
+        {
+            "tile-rt": {"tpot_ms": 20.0, "tpot_growth_ms": 0.0, "ttft_overhead_ms": 5.0, "max_batch_size": 2, "default_max_tokens": 64},
+            "vllm": {"tpot_ms": 25.0, "tpot_growth_ms": 0.0, "ttft_overhead_ms": 5.0, "max_batch_size": 64, "default_max_tokens": 64},
+            "steady": {"tpot_ms": 2.0, "tpot_growth_ms": 0.0, "ttft_overhead_ms": 60.0, "max_batch_size": 64, "default_max_tokens": 64},
+        },
+        THREE_POOLS,
+        single_pool=False,
+        budget_ms=200,
     ),
 }  # fmt: skip
 
@@ -423,6 +446,19 @@ async def drive(scenario: Scenario, base: str, sims: dict[str, str], seed: int) 
                 (slow_to, lambda: _set_options(session, sims["u1"], normal)),
             ]
             results += await open_loop(session, url, arrivals, controls)
+        elif name == "overflow":
+            steady = {"x-route-policy": "steady"}
+            warm = [_arrival(rng, "ordinary", max_tokens=64) for _ in range(20)]
+            warm = [dataclasses.replace(a, headers=steady) if i % 2 else a for i, a in enumerate(warm)]
+            results += await closed_loop(session, url, warm, 1)
+            arrivals = []
+            t = 0.0
+            while t < 15.0:
+                t += rng.expovariate(6.0)
+                kind = rng.choice(("ls", "ls", "ls", "ls", "ordinary", "steady"))
+                arrival = _arrival(rng, "ordinary" if kind == "steady" else kind, at_s=t, max_tokens=64)
+                arrivals.append(dataclasses.replace(arrival, headers=steady) if kind == "steady" else arrival)
+            results += await open_loop(session, url, arrivals, [])
         after = await _arrivals(session, sims)
     seen = {n: after[n][len(before[n]) :] for n in after}
     return {"results": results, "arrivals": seen, "marks": marks}

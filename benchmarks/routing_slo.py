@@ -604,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-routing-cost", action="store_true", help="skip timing the routing cost")
     parser.add_argument(
         "--scenarios",
-        help="run these routing scenarios instead (comma-separated, or all: cold, identical, recovery, full, unequal)",
+        help="run these routing scenarios instead (comma-separated, or all: cold, identical, recovery, full, unequal, overflow)",
     )
     parser.add_argument(
         "--systems",

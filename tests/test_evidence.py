@@ -151,8 +151,20 @@ class Rig:
         self.selector = Selector(config=self.config, pool=self.pool, rng=random.Random(1))
         self.held: list[tuple] = []
 
-    def send(self, ttft_ms: Callable[[str], float], *, headers: dict[str, str] | None = None, hold: bool = False):
+    def send(
+        self,
+        ttft_ms: Callable[[str], float],
+        *,
+        headers: dict[str, str] | None = None,
+        hold: bool = False,
+        itl_ms: Callable[[str], float] | None = None,
+        max_tokens: int | None = None,
+    ):
+        """``itl_ms``: the stream's time per output token, reported when it ends (none
+        without); ``max_tokens``: the request's cap."""
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
         decision = self.router.decide(body, headers or {})
         plan = self.selector.plan(decision, body)
         runtime, endpoint = self.pool[plan.targets[0].provider], plan.endpoint
@@ -161,6 +173,9 @@ class Rig:
         self.clock.now += 0.01
         self.pool.record_first_token(runtime, endpoint, ticket, ttft_ms=ttft_ms(endpoint.config.id))
         self.pool.record_outcome(runtime, endpoint, ok=True, ticket=ticket)
+        if itl_ms is not None:
+            tokens = max_tokens or 256
+            self.pool.record_decode(endpoint, tokens=tokens, seconds=itl_ms(endpoint.config.id) * (tokens - 1) / 1000.0)
         if hold:
             self.held.append((runtime, endpoint, ticket))
         else:

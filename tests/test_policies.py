@@ -173,21 +173,40 @@ def test_prefix_hash_is_stable_and_none_without_a_prompt() -> None:
     assert prefix_hash({"input": "embed me"}) is None
 
 
+def overflow(ttft: list[float], e2e: list[float] | None = None, **options: object) -> int:
+    return choose_overflow(ttft, e2e_ms=ttft if e2e is None else e2e, budget_ms=200, **options)
+
+
 def test_overflow_keeps_the_preferred_provider_while_it_meets_the_budget() -> None:
-    assert choose_overflow([190.0, 40.0], budget_ms=200) == 0
+    assert overflow([190.0, 40.0]) == 0
+    assert overflow([190.0, 40.0], [5000.0, 300.0]) == 0, "a rule is left only on evidence of a TTFT miss"
 
 
 def test_overflow_moves_to_the_candidate_most_likely_to_meet_the_budget() -> None:
-    assert choose_overflow([450.0, 900.0, 60.0, 80.0], budget_ms=200) == 2
+    assert overflow([450.0, 900.0, 60.0, 80.0]) == 2
 
 
 def test_overflow_takes_the_best_when_none_can_meet_the_budget() -> None:
-    assert choose_overflow([450.0, 900.0, 300.0], budget_ms=200) == 2
-    assert choose_overflow([250.0, 900.0, 300.0], budget_ms=200) == 0
+    assert overflow([450.0, 900.0, 300.0]) == 2
+    assert overflow([250.0, 900.0, 300.0]) == 0
 
 
 def test_overflow_leaves_a_provider_that_cannot_take_traffic() -> None:
-    assert choose_overflow([float("inf"), 900.0], budget_ms=200) == 1
+    assert overflow([float("inf"), 900.0]) == 1
+
+
+def test_overflow_prefers_the_faster_finish_among_candidates_meeting_the_budget() -> None:
+    # a fast-TTFT, slow-decode throughput pool (index 1) and a fast-decode pool (index 2)
+    assert overflow([450.0, 40.0, 90.0], [900.0, 5630.0, 727.0]) == 2
+    assert overflow([450.0, 40.0, 260.0], [900.0, 5630.0, 727.0]) == 1, "the TTFT budget decides who may take it"
+    assert overflow([450.0, 260.0, 300.0], [900.0, 5630.0, 727.0]) == 1, "none meets it: the nearest TTFT"
+
+
+def test_overflow_after_admission_left_the_rule_compares_every_candidate() -> None:
+    # keep_preferred=False: index 0 is the first fallback, not a rule to keep
+    assert overflow([40.0, 90.0], [5630.0, 727.0], keep_preferred=False) == 1
+    assert overflow([40.0, 90.0], [700.0, 727.0], keep_preferred=False) == 0
+    assert overflow([40.0, float("inf")], [5630.0, float("inf")], keep_preferred=False) == 0
 
 
 def test_hedge_waits_for_the_p90_when_the_budget_allows() -> None:

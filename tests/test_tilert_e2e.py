@@ -69,12 +69,13 @@ def tilert_stack(
     threshold: int = 200,
     probe_interval: float = 0,
     vllm: SimOptions | None = None,
+    hosted: SimOptions | None = None,
 ) -> Iterator[Stack]:
     """A 2-node TileRT router, a vLLM pool and a hosted upstream behind one gateway."""
     options = {
         "tile-rt": tile or SimOptions(profile="tilert", name="tile-rt", decode_nodes=2, **TILERT_FAST),
         "vllm": vllm or SimOptions(name="vllm", **FAST),
-        "hosted": SimOptions(name="hosted", **FAST),
+        "hosted": hosted or SimOptions(name="hosted", **FAST),
     }
     with simulators(options) as sims:
         urls = {name: url for name, (url, _) in sims.items()}

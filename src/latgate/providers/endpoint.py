@@ -26,7 +26,7 @@ from typing import Any
 
 from latgate.config.schema import EndpointConfig, ProviderConfig
 from latgate.providers.health import CLOSED, OPEN, CircuitBreaker
-from latgate.providers.predictor import TtftPredictor
+from latgate.providers.predictor import ItlEstimate, TtftPredictor
 
 EWMA_ALPHA = 0.1
 PRIOR_SLOT_SECONDS = 1.0
@@ -40,6 +40,10 @@ CAPACITY_HINT_KEYS = ("max_num_seqs", "max_running_requests")
 _PRIOR_BASE_MS = {"decode": 20.0, "prefill": 100.0, "upstream": 500.0, None: 200.0}
 PRIOR_PER_TOKEN_MS = 0.05
 """20 000 prompt tokens per second: a mid-range GPU's prefill rate."""
+_PRIOR_ITL_MS = {"decode": 5.0, "prefill": 25.0, "upstream": 20.0, None: 20.0}
+"""Time per output token before a stream was measured: a low-latency decode pool runs
+small batches (a few ms a token), a throughput pool large ones (tens of ms), a hosted
+upstream about 50 tokens per second."""
 
 
 def configured_capacity(provider: ProviderConfig, endpoint: EndpointConfig | None = None) -> int | None:
@@ -71,7 +75,11 @@ class EndpointRuntime:
         in_flight: requests latgate has on it now; ``requests``: since start;
             ``failures``: failed requests since start.
         slot_seconds: recency-weighted time a request holds a batch slot.
-        itl_ms: recency-weighted time between output tokens (None before a stream).
+        itl: time per output token learned from its streams, with its role's prior
+            (``itl_ms``: the measured value, None before a stream).
+        itl_observed_at: clock seconds of the last stream measured (None before one).
+        itl_refresh: the next stream refreshes a stale estimate (as ``refresh`` does
+            for the TTFT fit).
         error_rate: recency-weighted share of failed requests (0..1).
         engine_running / engine_waiting / engine_read_at: the engine's own gauges and
             when they were read (clock seconds); ``engine_own_in_flight``: our
@@ -108,7 +116,9 @@ class EndpointRuntime:
     requests: int = 0
     failures: int = 0
     slot_seconds: float = PRIOR_SLOT_SECONDS
-    itl_ms: float | None = None
+    itl: ItlEstimate = field(default_factory=lambda: ItlEstimate(prior_ms=_PRIOR_ITL_MS[None]))
+    itl_observed_at: float | None = None
+    itl_refresh: bool = False
     error_rate: float = 0.0
     engine_running: int | None = None
     engine_waiting: int | None = None
@@ -142,6 +152,7 @@ class EndpointRuntime:
             breaker=breaker,
             predictor=TtftPredictor(prior_base_ms=prior_base_ms, prior_per_token_ms=PRIOR_PER_TOKEN_MS),
             capacity=configured_capacity(provider, endpoint),
+            itl=ItlEstimate(prior_ms=_PRIOR_ITL_MS.get(provider.role, _PRIOR_ITL_MS[None])),
         )
 
     def describe(self, now: float) -> dict[str, object]:
@@ -179,6 +190,7 @@ class EndpointRuntime:
             "busy": self.busy(now),
             "slot_seconds": round(self.slot_seconds, 4),
             "itl_ms": None if self.itl_ms is None else round(self.itl_ms, 3),
+            "itl_observations": self.itl.observations,
             "engine": None
             if self.engine_read_at is None
             else {
@@ -320,9 +332,24 @@ class EndpointRuntime:
         if seconds > 0.0:
             self.slot_seconds += EWMA_ALPHA * (seconds - self.slot_seconds)
 
-    def observe_itl(self, ms: float) -> None:
-        """A stream's mean time between output tokens."""
-        self.itl_ms = ms if self.itl_ms is None else self.itl_ms + EWMA_ALPHA * (ms - self.itl_ms)
+    @property
+    def itl_ms(self) -> float | None:
+        """The measured time per output token (ms), None before a stream."""
+        return self.itl.ms
+
+    def observe_itl(self, ms: float, *, now: float) -> None:
+        """A stream's mean time between output tokens (ms), finished at ``now``; a
+        refresh that disagrees with the estimate by more than ``REFRESH_FACTOR``
+        restarts it from this one."""
+        itl = self.itl
+        if self.itl_refresh:
+            self.itl_refresh = False
+            if itl.ms is not None and not 1.0 / REFRESH_FACTOR <= max(ms, 1.0) / max(itl.ms, 1.0) <= REFRESH_FACTOR:
+                itl.restart(ms)
+                self.itl_observed_at = now
+                return
+        itl.observe(ms)
+        self.itl_observed_at = now
 
     def observe_outcome(self, *, ok: bool) -> None:
         """A request's outcome, for the error rate."""

@@ -272,7 +272,7 @@ class ProviderPool:
     def record_decode(self, endpoint: EndpointRuntime, *, tokens: int, seconds: float) -> None:
         """A stream produced ``tokens`` output chunks over ``seconds`` after its first."""
         if tokens > 1 and seconds > 0:
-            endpoint.observe_itl(seconds * 1000.0 / (tokens - 1))
+            endpoint.observe_itl(seconds * 1000.0 / (tokens - 1), now=self.clock())
 
     def record_full(self, endpoint: EndpointRuntime) -> None:
         """The endpoint answered that it has no free slot (TileRT's busy 429): it counts

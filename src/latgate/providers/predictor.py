@@ -134,3 +134,42 @@ class TtftPredictor:
             slope = max(0.0, r2 / m22)
         self.per_token_ms = slope
         self.base_ms = base
+
+
+@dataclass(slots=True)
+class ItlEstimate:
+    """Time per output token (ms) of one endpoint, learned from its streams.
+
+    A recency-weighted mean of each finished stream's mean gap between output tokens
+    (``alpha`` the newest stream's weight), with ``weight`` the streams' recency-weighted
+    count for the confidence blend with a prior (:func:`latgate.routing.policies.evidence.confidence`).
+    Before any stream, ``ms`` is None and the prior is the estimate.
+
+    Args:
+        prior_ms: the role's time per output token before any stream (ms).
+        alpha: weight of the newest stream (0 < alpha <= 1).
+
+    Example::
+
+        itl = ItlEstimate(prior_ms=25.0)
+        itl.observe(4.0)
+        itl.ms, itl.observations   # (4.0, 1)
+    """
+
+    prior_ms: float
+    alpha: float = DEFAULT_ALPHA
+    ms: float | None = None
+    observations: int = 0
+    weight: float = 0.0
+
+    def restart(self, ms: float) -> None:
+        """Forget every stream and start again from this one (a refresh that disagrees
+        with a stale estimate: a recovered endpoint is judged on what it does now)."""
+        self.ms, self.observations, self.weight = max(0.0, ms), 1, 1.0
+
+    def observe(self, ms: float) -> None:
+        """Add one stream's mean time per output token (ms, >= 0)."""
+        value = max(0.0, ms)
+        self.ms = value if self.ms is None else self.ms + self.alpha * (value - self.ms)
+        self.observations += 1
+        self.weight = self.weight * (1.0 - self.alpha) + 1.0

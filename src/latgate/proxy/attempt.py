@@ -318,10 +318,13 @@ class AttemptSender:
         return Answer(body=data, headers=headers, on_sent=lambda: exchange.finish(self.metrics))
 
     def _record_decode(self, endpoint: EndpointRuntime, exchange: Exchange, tap: StreamTap) -> None:
-        """After a stream: its decode speed, for the endpoint's live numbers."""
+        """After a stream: its time per output token (usage's completion tokens, else the
+        chunks with content), for the endpoint's live numbers."""
         if exchange.first_token_at is not None and exchange.last_token_at is not None:
             seconds = exchange.last_token_at - exchange.first_token_at
-            self.pool.record_decode(endpoint, tokens=tap.content_chunks, seconds=seconds)
+            usage = tap.usage.get("completion_tokens") if isinstance(tap.usage, dict) else None
+            tokens = usage if isinstance(usage, int) and usage >= tap.content_chunks else tap.content_chunks
+            self.pool.record_decode(endpoint, tokens=tokens, seconds=seconds)
 
     def _timeout_seconds(self, provider: ProviderRuntime) -> float:
         """The provider's ``timeout_sec`` (else ``[defaults]``'s): the longest upstream

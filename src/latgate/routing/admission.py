@@ -18,8 +18,9 @@ unknown age: half a ``slot_seconds`` is left of each. When the wait fits, the re
 waits in arrival order, at most until its budget's slack (budget minus TTFT) is spent;
 a node freed (one of latgate's requests there ended, or a load read shows one) goes to
 the first waiter, reserved for it at once so no newcomer takes it. Otherwise, and when
-the slack runs out, the request goes to the next candidate at once (the fallbacks, else
-the overflow candidates; reason ``overflow:FROM``). A request that got a node is routed
+the slack runs out, the request goes on at once to the candidates left (the fallbacks,
+else the overflow candidates; reason ``overflow:FROM``), where the selector takes the
+one with the lowest predicted e2e latency among those predicted to meet the budget. A request that got a node is routed
 with reason ``waited:FROM``.
 
 Ordinary requests (no budget, or not latency-sensitive) never wait; neither does any
@@ -272,12 +273,12 @@ class Admission:
 
     def _elsewhere(self, decision: RouteDecision) -> RouteDecision:
         """``decision`` without its primary: the next candidates, reason ``overflow:FROM``
-        (as it is when there is no other)."""
+        and ``left`` naming it (as it is when there is no other); the selector chooses
+        among them and counts the overflow."""
         full = decision.provider
         rest = overflow_targets(decision.candidates[1:], decision, full)
         if not rest:
             return decision
-        self._metrics.record_overflow(from_provider=full, to_provider=rest[0].provider)
         chosen = {t.provider for t in rest}
         first = rest[0]
         return dataclasses.replace(
@@ -287,6 +288,7 @@ class Admission:
             reason=first.reason,
             candidates=tuple(rest),
             overflow=tuple(t for t in decision.overflow if t.provider not in chosen and t.provider != full),
+            left=full,
         )
 
 

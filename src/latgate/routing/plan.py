@@ -24,10 +24,16 @@ class Considered:
     chosen: bool = False
     observations: int = 0
     evidence: str | None = None
+    predicted_itl_ms: float | None = None
+    predicted_e2e_ms: float | None = None
+    itl_observations: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "observations": self.observations,
+            "predicted_itl_ms": None if self.predicted_itl_ms is None else round(self.predicted_itl_ms, 2),
+            "itl_observations": self.itl_observations,
+            "predicted_e2e_ms": None if self.predicted_e2e_ms is None else round(self.predicted_e2e_ms, 1),
             "evidence": self.evidence,
             "provider": self.provider,
             "endpoint": self.endpoint,
@@ -58,6 +64,11 @@ class RoutePlan:
         prompt_tokens / budget_ms / prefix: the request's, as the plan used them
             (``prefix``: the client's explicit affinity key when it gave one).
         predicted_ttft_ms: the first endpoint's predicted TTFT (``latgate`` only).
+        completion_tokens / completion_source: the completion tokens the request is
+            expected to produce and where that came from (its ``max_tokens``... field,
+            or ``default``: ``[routing] expected_completion_tokens``).
+        predicted_e2e_ms: the first endpoint's predicted e2e latency (``latgate``, with
+            a budget or when explaining).
         overflow_from: the preferred provider, when the request overflowed from it.
         evidence: why it left the preferred provider (``capacity: ...`` or
             ``predicted_miss: ...``), for the debug view.
@@ -75,6 +86,9 @@ class RoutePlan:
     budget_ms: int | None
     prefix: int | None = None
     predicted_ttft_ms: float | None = None
+    completion_tokens: int = 1
+    completion_source: str = "default"
+    predicted_e2e_ms: float | None = None
     overflow_from: str | None = None
     evidence: str | None = None
     cause: str | None = None
@@ -83,14 +97,21 @@ class RoutePlan:
     reserved: bool = False
 
     def explain_header(self) -> str:
-        """``ENDPOINT PREDICTEDms nOBS[ CIRCUIT (EVIDENCE)][ chosen]; ...[; left FROM: EVIDENCE]``
-        for ``X-Latgate-Route-Candidates`` (``nOBS``: first tokens measured)."""
+        """``ENDPOINT TTFTms nOBS[ itl ITLms e2e E2Ems][ CIRCUIT (EVIDENCE)][ chosen]; ...[; left FROM: EVIDENCE][; e2e for N completion tokens (SOURCE)]``
+        for ``X-Latgate-Route-Candidates`` (``nOBS``: first tokens measured; ``itl``:
+        predicted time per output token, ``e2e``: TTFT plus ITL per further token)."""
         parts = []
+        e2e = False
         for c in self.considered:
             text = f"{c.endpoint} {c.predicted_ttft_ms:.0f}ms n{c.observations}"
+            if c.predicted_e2e_ms is not None and c.predicted_itl_ms is not None:
+                e2e = True
+                text += f" itl {c.predicted_itl_ms:.1f}ms e2e {c.predicted_e2e_ms:.0f}ms"
             if c.circuit != "closed":
                 text += f" {c.circuit}" + (f" ({c.evidence})" if c.evidence else "")
             parts.append(text + (" chosen" if c.chosen else ""))
         if self.evidence is not None:
             parts.append(f"left {self.overflow_from}: {self.evidence}")
+        if e2e:
+            parts.append(f"e2e for {self.completion_tokens} completion tokens ({self.completion_source})")
         return "; ".join(parts)

@@ -43,6 +43,7 @@ from latgate.routing.decision import RouteDecision
 from latgate.routing.hedge_choice import hedge_target, planned_hedge
 from latgate.routing.plan import Considered, Hedge, RoutePlan
 from latgate.routing.policies.deadline import first_token_deadline_ms
+from latgate.routing.policies.e2e import expected_completion_tokens, predicted_e2e_ms
 from latgate.routing.policies.evidence import (
     MIN_OBSERVATIONS,
     aged_estimate_ms,
@@ -57,6 +58,7 @@ from latgate.routing.policies.predicted_ttft import choose_power_of_two
 from latgate.routing.policies.prefix_affinity import choose_affine, endpoint_salt, keep_affinity, prefix_hash
 from latgate.routing.policies.round_robin import choose_round_robin
 from latgate.routing.policies.view import EndpointView
+from latgate.routing.targets import Target
 
 _STRATEGY = {"rules": "least_outstanding"}
 
@@ -75,6 +77,7 @@ class Selector:
         self._pool = pool
         self._rng = rng or random.Random()
         self._exploration_share = config.routing.exploration_share
+        self._expected_completion_tokens = config.routing.expected_completion_tokens
         timeout = config.defaults.first_token_timeout_sec
         self.configured_deadline_ms = timeout * 1000.0 if timeout else None
         self._salts = {
@@ -97,8 +100,12 @@ class Selector:
             budget_ms=decision.budget_ms,
             prefix=decision.affinity_key,
         )
+        plan.completion_tokens, plan.completion_source = expected_completion_tokens(
+            body, default_tokens=self._expected_completion_tokens
+        )
         now = self._pool.clock()
-        views = self._views(runtime, plan, now, predict=latgate or explain)
+        e2e = decision.budget_ms is not None or explain
+        views = self._views(runtime, plan, now, predict=latgate or explain, e2e=e2e)
         trial_ok = decision.budget_ms is None or decision.hedge
         explore = latgate and self._may_explore(runtime, views, decision.budget_ms)
         index = self._choose(runtime, views, plan, body, commit=commit, trial_ok=trial_ok, explore=explore)
@@ -108,11 +115,19 @@ class Selector:
             self._consider(plan, runtime, views, index)
         if latgate:
             plan.predicted_ttft_ms = best.predicted_ttft_ms
-            if decision.overflow and decision.budget_ms is not None and best.available:
-                queue_p90_ms = QUEUE_P90_FACTOR * plan.endpoint.queue_ms(now)
-                evidence = leave_evidence(views, best, budget_ms=decision.budget_ms, queue_p90_ms=queue_p90_ms)
-                if evidence is not None:
-                    self._overflow(decision, plan, best, evidence, now, body, explain=explain)
+            if e2e:
+                plan.predicted_e2e_ms = best.predicted_e2e_ms
+            if decision.budget_ms is not None and best.available:
+                if decision.left is not None and (len(targets) > 1 or decision.overflow):
+                    alternatives = (*targets[1:], *decision.overflow)
+                    self._overflow(decision, plan, best, None, now, body, alternatives, explain=explain)
+                elif decision.overflow:
+                    queue_p90_ms = QUEUE_P90_FACTOR * plan.endpoint.queue_ms(now)
+                    evidence = leave_evidence(views, best, budget_ms=decision.budget_ms, queue_p90_ms=queue_p90_ms)
+                    if evidence is not None:
+                        self._overflow(decision, plan, best, evidence, now, body, decision.overflow, explain=explain)
+            if decision.left is not None and plan.overflow_from is None:
+                plan.overflow_from = decision.left
         if not best.available and len(targets) > 1 and plan.overflow_from is None:
             self._skip_unavailable(plan, now, body, commit=commit)
         if not best.available and not self._pool.available(plan.endpoint):
@@ -151,6 +166,7 @@ class Selector:
             runtime.budgeted += 1
         if view is not None and view.explore:
             plan.endpoint.refresh = plan.endpoint.predictor.observations > 0
+            plan.endpoint.itl_refresh = plan.endpoint.itl.observations >= MIN_OBSERVATIONS
             if plan.budget_ms is not None:
                 runtime.explored += 1
 
@@ -185,14 +201,18 @@ class Selector:
     # -- internals ---------------------------------------------------------------------
 
     def _views(
-        self, runtime: ProviderRuntime, plan: RoutePlan, now: float, *, predict: bool
+        self, runtime: ProviderRuntime, plan: RoutePlan, now: float, *, predict: bool, e2e: bool = False
     ) -> list[EndpointView]:
+        """Snapshots of ``runtime``'s endpoints; with ``predict``, their predicted TTFT and
+        evidence, and with ``e2e`` (or a budget) their predicted ITL and e2e latency."""
         circuit_of = self._pool.breaker.circuit
         salts = self._salts
         tokens = plan.prompt_tokens
         endpoints = runtime.endpoints
         circuits = [circuit_of(ep.key) for ep in endpoints]
         measured: list[float | None] = []
+        measured_itl: list[float | None] = []
+        e2e = predict and (e2e or plan.budget_ms is not None)
         if predict and len(endpoints) > 1:
             measured = [
                 ep.predictor.predict_ms(tokens)
@@ -200,6 +220,11 @@ class Selector:
                 else None
                 for ep, circuit in zip(endpoints, circuits, strict=True)
             ]
+            if e2e:
+                measured_itl = [
+                    ep.itl.ms if ep.itl.observations >= MIN_OBSERVATIONS and circuit == CLOSED else None
+                    for ep, circuit in zip(endpoints, circuits, strict=True)
+                ]
         turn = runtime.turn
         views = []
         for index, (ep, circuit) in enumerate(zip(endpoints, circuits, strict=True)):
@@ -224,8 +249,29 @@ class Selector:
                 view.p90_ttft_ms = QUEUE_P90_FACTOR * queue + fitted + P90_SPREADS * spread
                 view.busy = ep.busy(now)
                 view.explore = stale(observations=observations, age_s=age_s, routed_elsewhere=turn - ep.chosen_turn)
+                if e2e:
+                    view.predicted_itl_ms = itl_ms = self._itl_ms(ep, index, measured_itl, now)
+                    view.predicted_e2e_ms = predicted_e2e_ms(
+                        ttft_ms=view.predicted_ttft_ms, itl_ms=itl_ms, completion_tokens=plan.completion_tokens
+                    )
             views.append(view)
         return views
+
+    @staticmethod
+    def _itl_ms(ep: EndpointRuntime, index: int, measured_itl: list[float | None], now: float) -> float:
+        """The endpoint's time per output token: its streams' mean blended with a prior
+        by the same confidence as its TTFT fit (the prior: its measured replicas' median,
+        else its role's)."""
+        itl = ep.itl
+        prior = None
+        if measured_itl:
+            prior = peer_prior_ms([m for i, m in enumerate(measured_itl) if m is not None and i != index])
+        if prior is None:
+            prior = itl.prior_ms
+        if itl.ms is None:
+            return prior
+        age_s = math.inf if ep.itl_observed_at is None else now - ep.itl_observed_at
+        return aged_estimate_ms(itl.ms, prior, confidence(itl.weight, age_s))
 
     def _choose(
         self,
@@ -255,9 +301,10 @@ class Selector:
                 return index
             return choose_least_outstanding(views, turn=turn)
         draws = (self._rng.getrandbits(30), self._rng.getrandbits(30)) if len(views) > 2 else (0, 0)
-        compare_all = plan.budget_ms is not None
+        budget = plan.budget_ms
+        compare_all = budget is not None
         fastest = choose_power_of_two(
-            views, draws=draws, trial_first=trial_ok, turn=runtime.turn, explore=explore, compare_all=compare_all
+            views, draws=draws, trial_first=trial_ok, turn=runtime.turn, explore=explore, compare_all=compare_all, budget_ms=budget
         )
         if views[fastest].trial or not runtime.config.enable_prefix_cache:
             return fastest
@@ -266,7 +313,9 @@ class Selector:
         if plan.prefix is None:
             return fastest
         if explore and views[fastest].explore:  # a cached prefix is worth more than a fresh measurement
-            fastest = choose_power_of_two(views, draws=draws, trial_first=trial_ok, turn=runtime.turn, compare_all=compare_all)
+            fastest = choose_power_of_two(
+                views, draws=draws, trial_first=trial_ok, turn=runtime.turn, compare_all=compare_all, budget_ms=budget
+            )
         affine = choose_affine([v if not v.trial else _unavailable(v) for v in views], prefix=plan.prefix)
         if affine is None or not keep_affinity(views[affine], views[fastest], budget_ms=plan.budget_ms):
             return fastest
@@ -277,44 +326,50 @@ class Selector:
         decision: RouteDecision,
         plan: RoutePlan,
         best: EndpointView,
-        evidence: str,
+        evidence: str | None,
         now: float,
         body: Mapping[str, Any],
+        alternatives: tuple[Target, ...],
         *,
         explain: bool,
     ) -> None:
-        """Move the plan to the overflow candidate most likely to meet the budget (or
-        stay when the preferred one still is, queue and all)."""
-        estimates = [best.p90_ttft_ms]
+        """Move the plan to the alternative predicted to finish first among those
+        predicted to meet the budget (or stay when the preferred one still is the best,
+        queue and all). ``evidence`` None: the rule's provider was already left
+        (``decision.left``), so the planned one is kept for nothing but its numbers."""
+        ttfts, e2es = [best.p90_ttft_ms], [best.predicted_e2e_ms]
         choices: list[tuple[ProviderRuntime, int]] = []
-        for target in decision.overflow:
+        for target in alternatives:
             runtime = self._pool[target.provider]
             views = self._views(runtime, plan, now, predict=True)
             index = self._choose(runtime, views, plan, body, commit=False)
             view = views[index]
-            estimates.append(view.p90_ttft_ms if view.available else math.inf)
+            ttfts.append(view.p90_ttft_ms if view.available else math.inf)
+            e2es.append(view.predicted_e2e_ms if view.available else math.inf)
             choices.append((runtime, index))
             if explain:
                 self._consider(plan, runtime, views, -1)
-        pick = choose_overflow(estimates, budget_ms=decision.budget_ms or 0)
+        pick = choose_overflow(ttfts, e2e_ms=e2es, budget_ms=decision.budget_ms or 0, keep_preferred=evidence is not None)
         if pick == 0:
             return
-        target = decision.overflow[pick - 1]
+        target = alternatives[pick - 1]
         if evidence == "predicted_miss":
             target = dataclasses.replace(target, reason=f"predicted_miss:{decision.provider}")
         runtime, index = choices[pick - 1]
         chosen = plan.endpoint
-        plan.evidence = (
-            f"{evidence} ({chosen.config.id} p90 {best.p90_ttft_ms:.0f}ms > budget {decision.budget_ms}ms, "
-            f"{best.observations} observations)"
-            if evidence == "predicted_miss"
-            else f"{evidence} ({chosen.config.id} {chosen.load(now)} on {chosen.capacity or chosen.inferred_capacity or '?'} slots"
-            f", p90 {best.p90_ttft_ms:.0f}ms)"
-        )
+        if evidence is not None:
+            plan.evidence = (
+                f"{evidence} ({chosen.config.id} p90 {best.p90_ttft_ms:.0f}ms > budget {decision.budget_ms}ms, "
+                f"{best.observations} observations)"
+                if evidence == "predicted_miss"
+                else f"{evidence} ({chosen.config.id} {chosen.load(now)} on {chosen.capacity or chosen.inferred_capacity or '?'} slots"
+                f", p90 {best.p90_ttft_ms:.0f}ms)"
+            )
+            plan.overflow_from = decision.provider
         plan.endpoint = runtime.endpoints[index]
         plan.predicted_ttft_ms = plan.endpoint.predicted_ttft_ms(plan.prompt_tokens, now)
-        plan.overflow_from = decision.provider
-        plan.targets = (target, *(t for t in decision.candidates if t.provider != target.provider))
+        plan.predicted_e2e_ms = e2es[pick]
+        plan.targets = (target, *(t for t in plan.targets if t.provider != target.provider))
         for considered in plan.considered:
             considered.chosen = considered.endpoint == plan.endpoint.config.id
 
@@ -349,6 +404,9 @@ class Selector:
                     chosen=index == chosen,
                     observations=ep.predictor.observations,
                     evidence=ep.ejection_evidence,
+                    predicted_itl_ms=view.predicted_itl_ms if view.predicted_itl_ms > 0 else None,  # 0: not predicted
+                    predicted_e2e_ms=view.predicted_e2e_ms if view.predicted_itl_ms > 0 else None,
+                    itl_observations=ep.itl.observations,
                 )
             )
 

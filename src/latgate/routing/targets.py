@@ -47,6 +47,9 @@ class RouteDecision:
             strategy is ``latgate``).
         strategy: ``routing.strategy``.
         explain: the client asked for the candidates considered (``X-Latgate-Debug: 1``).
+        left: the rule's provider the request already left before planning (admission
+            could not hold it for a slot there within its budget), or None: the
+            candidates then compete on predicted e2e latency, none kept for its rule.
         affinity_key: a hash of the client's explicit cache key (``prompt_cache_key``
             or a session header), which prefix affinity uses instead of the prompt's
             prefix; None when there is none, or when no provider the request may go to
@@ -68,3 +71,4 @@ class RouteDecision:
     strategy: str = "latgate"
     explain: bool = False
     affinity_key: int | None = None
+    left: str | None = None

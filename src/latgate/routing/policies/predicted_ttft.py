@@ -1,5 +1,6 @@
-"""Power of two choices by predicted time to first token, with load deciding between
-endpoints whose predictions are close.
+"""Power of two choices by predicted time to first token (for a request with a TTFT
+budget: by predicted e2e latency among the endpoints predicted to meet the budget),
+with load deciding between endpoints whose predictions are close.
 
 Comparing every endpoint sends each burst to whichever looked best a moment ago (the
 herd effect); comparing two drawn at random spreads load almost as well as full
@@ -24,7 +25,7 @@ CLOSE_MARGIN_MS = 10.0
 
 
 def close(a_ms: float, b_ms: float) -> bool:
-    """True when two predicted TTFTs are the same within noise.
+    """True when two predicted latencies (TTFT, or e2e) are the same within noise.
 
     Example::
 
@@ -42,6 +43,7 @@ def choose_power_of_two(
     turn: int = 0,
     explore: bool = False,
     compare_all: bool = False,
+    budget_ms: float | None = None,
 ) -> int:
     """The index of the endpoint that takes the request.
 
@@ -60,10 +62,13 @@ def choose_power_of_two(
             bounds how often).
         compare_all: compare every candidate instead of two drawn (a request with a
             budget, whose tail matters more than the herd risk of one process).
+        budget_ms: the request's TTFT budget, or None. With one, the compared endpoints
+            whose ``p90_ttft_ms`` meets it are the candidates (all of them when none
+            does), and they are ranked by ``predicted_e2e_ms`` instead of TTFT.
 
     Returns:
         Otherwise, among the compared: of those :func:`close` to the lowest predicted
-        TTFT, the least loaded, then the first at or after ``turn``.
+        TTFT (e2e with a budget), the least loaded, then the first at or after ``turn``.
 
     Example::
 
@@ -93,10 +98,16 @@ def choose_power_of_two(
         if second >= first:
             second += 1
         candidates = sorted((candidates[first], candidates[second]))
+    if budget_ms is not None:
+        candidates = [i for i in candidates if views[i].p90_ttft_ms <= budget_ms] or candidates
     if len(candidates) == 1:
         return candidates[0]
-    fastest = min(views[i].predicted_ttft_ms for i in candidates)
-    near = [i for i in candidates if close(views[i].predicted_ttft_ms, fastest)]
+    if budget_ms is None:
+        predicted = [views[i].predicted_ttft_ms for i in candidates]
+    else:
+        predicted = [views[i].predicted_e2e_ms for i in candidates]
+    fastest = min(predicted)
+    near = [i for i, value in zip(candidates, predicted, strict=True) if close(value, fastest)]
     least = min(views[i].load for i in near)
     equals = [i for i in near if views[i].load == least]
     if len(equals) == 1:

@@ -25,6 +25,10 @@ class EndpointView:
             (not refreshed for a while): a request may be spent to refresh it.
         busy: known to be at capacity (in flight at its batch size, or the engine
             reports a queue).
+        predicted_itl_ms: predicted time per output token (its streams' mean aged
+            towards the prior like the TTFT estimate), ms.
+        predicted_e2e_ms: predicted TTFT plus ``predicted_itl_ms`` times the request's
+            expected completion tokens after the first (:mod:`.e2e`), ms.
     """
 
     in_flight: int = 0
@@ -38,6 +42,8 @@ class EndpointView:
     observations: int = 0
     explore: bool = False
     busy: bool = False
+    predicted_itl_ms: float = 0.0
+    predicted_e2e_ms: float = 0.0
 
     @property
     def load(self) -> float:
