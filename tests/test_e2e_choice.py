@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import random
 
-from test_evidence import Rig, same
+from test_evidence import Rig, SlowFirst, same
 
 from latgate.routing.policies.e2e import expected_completion_tokens, predicted_e2e_ms
 from latgate.routing.policies.predicted_ttft import choose_power_of_two
@@ -77,15 +77,8 @@ def test_a_replica_without_itl_evidence_is_predicted_like_its_measured_peers() -
 
 def test_a_replica_that_decoded_slowly_for_a_while_gets_its_share_back() -> None:
     rig = Rig(vllm=2)
-    slow_left = {"vllm-1": 5}
-
-    def itl(endpoint: str) -> float:
-        if slow_left.get(endpoint, 0) > 0:
-            slow_left[endpoint] -= 1
-            return 200.0
-        return 20.0
-
-    while slow_left["vllm-1"]:
+    itl = SlowFirst("vllm-1", count=5, slow_ms=200.0, normal_ms=20.0)
+    while itl.left:
         rig.send(same(7.0), itl_ms=itl)  # ordinary traffic: the slow streams are measured
     picks = collections.Counter(rig.send(same(7.0), headers=BUDGETED, itl_ms=itl).endpoint.config.id for _ in range(200))
     assert picks["vllm-1"] >= 70, picks  # within the exploration share, then an even split

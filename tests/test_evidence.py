@@ -224,17 +224,24 @@ def test_load_the_engine_reports_moves_traffic_to_the_idle_replica() -> None:
     assert picks["vllm-1"] == 10, picks
 
 
+class SlowFirst:
+    """A per-endpoint time (ms): ``slow_ms`` for ``endpoint``'s first ``count`` requests,
+    ``normal_ms`` for everything else; ``left``: slow requests still to come."""
+
+    def __init__(self, endpoint: str, *, count: int, slow_ms: float, normal_ms: float) -> None:
+        self.endpoint, self.left, self.slow_ms, self.normal_ms = endpoint, count, slow_ms, normal_ms
+
+    def __call__(self, endpoint: str) -> float:
+        if endpoint == self.endpoint and self.left > 0:
+            self.left -= 1
+            return self.slow_ms
+        return self.normal_ms
+
+
 def test_recovered_a_replica_slow_for_its_first_requests_gets_its_share_back() -> None:
     rig = Rig()
-    slow_left = {"vllm-1": 5}
-
-    def ttft(endpoint: str) -> float:
-        if slow_left.get(endpoint, 0) > 0:
-            slow_left[endpoint] -= 1
-            return 70.0
-        return 7.0
-
-    while slow_left["vllm-1"]:
+    ttft = SlowFirst("vllm-1", count=5, slow_ms=70.0, normal_ms=7.0)
+    while ttft.left:
         rig.send(ttft)
     picks = collections.Counter(rig.send(ttft).endpoint.config.id for _ in range(100))
     assert picks["vllm-1"] >= 35, picks
