@@ -39,6 +39,8 @@ EXPECTED = [
     (34, "auth.keys[0].key"),
     (41, "auth.keys[1].rpm"),
     (44, "state.redis_url"),
+    (47, "auth.keys[2].name"),
+    (51, "prefill.engine"),
     # the names between sections, after the structure
     (24, "routing.default_route"),
     (26, "routing.fallbacks.fast[0]"),
@@ -86,6 +88,8 @@ def test_check_names_every_mistake_of_every_kind_in_one_run() -> None:
         'routing.fallbacks.fast[0]: unknown provider "fsat"; did you mean "fast"?',
         'aliases.pinned.fast: provider "fast" does not serve "glm-slow"; did you mean "glm-fast"?',
         'auth.keys[1].policy: unknown policy "fats"; define [routing.policies.fats]',
+        'auth.keys[2].name: duplicate key name "dev"; give each key its own name',
+        'prefill.engine: provider "fast" is defined twice (also at providers.fast)',
     ):
         assert expected in text, expected
     # secrets masked: a key pasted as api_key_env, a key in a URL's query

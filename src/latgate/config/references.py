@@ -289,6 +289,8 @@ def build_auth(table: dict[str, object], problems: Problems) -> dict[str, AuthKe
         )
         return {}
     keys: dict[str, AuthKey] = {}
+    names: set[str] = set()  # of every entry, even one with mistakes: a name is given once
+    secrets: dict[tuple[str | None, str | None], str] = {}
     for index, entry in enumerate(entries):
         key = key_path("auth.keys", index)
         body = require_table(entry, problems, key=key)
@@ -296,12 +298,24 @@ def build_auth(table: dict[str, object], problems: Problems) -> dict[str, AuthKe
             continue
         body = check_keys(body, tuple(AuthKey.model_fields), problems, prefix=key)
         auth_key = validate_model(AuthKey, body, problems, prefix=key)
-        if auth_key is not None and _auth_key_ok(auth_key, list(keys.values()), problems, key=key):
+        ok = auth_key is not None and _auth_key_ok(auth_key, problems, key=key)
+        name = body.get("name")
+        if isinstance(name, str) and name in names:
+            problems.add(key_path(key, "name"), f'duplicate key name "{name}"', "give each key its own name")
+            ok = False
+        elif isinstance(name, str):
+            names.add(name)
+        if ok and auth_key is not None:
+            secret = (auth_key.key, auth_key.key_sha256)
+            if secret in secrets:
+                problems.add(key, f'same key as "{secrets[secret]}"', "give each client its own key")
+                continue
+            secrets[secret] = auth_key.name
             keys[key] = auth_key
     return keys
 
 
-def _auth_key_ok(auth_key: AuthKey, earlier: list[AuthKey], problems: Problems, *, key: str) -> bool:
+def _auth_key_ok(auth_key: AuthKey, problems: Problems, *, key: str) -> bool:
     if (auth_key.key is None) == (auth_key.key_sha256 is None):
         problems.add(
             key,
@@ -320,13 +334,6 @@ def _auth_key_ok(auth_key: AuthKey, earlier: list[AuthKey], problems: Problems, 
             'write the SHA-256 of the key, e.g. from: printf %s "$KEY" | sha256sum',
         )
         return False
-    for other in earlier:
-        if other.name == auth_key.name:
-            problems.add(key_path(key, "name"), f'duplicate key name "{auth_key.name}"', "give each key its own name")
-            return False
-        if (other.key, other.key_sha256) == (auth_key.key, auth_key.key_sha256):
-            problems.add(key, f'same key as "{other.name}"', "give each client its own key")
-            return False
     return True
 
 
