@@ -215,6 +215,16 @@ def test_a_number_with_a_mistake_leaves_the_rest_of_its_section_checked() -> Non
     ) == ["4: routing.long_context_threshold", "6: routing.latency_threshold_ms", "5: routing.long_context_provider"]
 
 
+def test_auth_keys_report_every_duplicate_name_and_shared_key() -> None:
+    text = '[providers.a]\napi_base = "http://127.0.0.1:1/v1"\n'
+    text += '[[auth.keys]]\nname = "ci"\nkey = "k1"\nrpm = -1\n'  # a mistake of its own
+    text += '[[auth.keys]]\nname = "ci"\nkey = "k2"\n'
+    text += '[[auth.keys]]\nname = "dev"\nkey = "k2"\n'
+    assert problems(text) == ["6: auth.keys[0].rpm", "8: auth.keys[1].name", "10: auth.keys[2]"]
+    with pytest.raises(ConfigError, match='auth.keys\\[2\\]: same key as "ci"'):
+        load_config_text(text, source="gw.toml", env={})
+
+
 def test_a_good_config_loads_as_before() -> None:
     config = load_config_text(
         '[providers.a]\napi_base = "http://127.0.0.1:1/v1"\nmodels = ["m"]\n[routing]\ndefault_model = "m"\n',

@@ -298,19 +298,20 @@ def build_auth(table: dict[str, object], problems: Problems) -> dict[str, AuthKe
             continue
         body = check_keys(body, tuple(AuthKey.model_fields), problems, prefix=key)
         auth_key = validate_model(AuthKey, body, problems, prefix=key)
-        ok = auth_key is not None and _auth_key_ok(auth_key, problems, key=key)
         name = body.get("name")
-        if isinstance(name, str) and name in names:
+        unique = not (isinstance(name, str) and name in names)
+        if not unique:
             problems.add(key_path(key, "name"), f'duplicate key name "{name}"', "give each key its own name")
-            ok = False
         elif isinstance(name, str):
             names.add(name)
-        if ok and auth_key is not None:
-            secret = (auth_key.key, auth_key.key_sha256)
-            if secret in secrets:
-                problems.add(key, f'same key as "{secrets[secret]}"', "give each client its own key")
-                continue
-            secrets[secret] = auth_key.name
+        if auth_key is None or not _auth_key_ok(auth_key, problems, key=key):
+            continue
+        secret = (auth_key.key, auth_key.key_sha256)
+        if secret in secrets:
+            problems.add(key, f'same key as "{secrets[secret]}"', "give each client its own key")
+            continue
+        secrets[secret] = auth_key.name
+        if unique:
             keys[key] = auth_key
     return keys
 
