@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from latgate.routing import tokens
 from latgate.routing.tokens import (
     IMAGE_TOKENS,
     LOW_DETAIL_IMAGE_TOKENS,
@@ -325,3 +326,34 @@ def test_a_body_of_more_messages_than_are_counted_is_estimated_from_a_sample_wit
     monkeypatch.setattr(tokens, "MAX_COUNTED_MESSAGES", len(body["messages"]))
     walked = tokens.estimate_prompt_tokens(body)
     assert abs(sampled - walked) <= 0.02 * walked
+
+
+# -- remembered estimates of long texts -------------------------------------------
+
+
+def test_a_text_seen_before_is_estimated_as_when_first_counted(monkeypatch) -> None:
+    body = _chat(
+        {"role": "system", "content": ENGLISH * 20},
+        {"role": "user", "content": "中文" * 600},
+        tools=[{"type": "function", "function": {"name": "read", "parameters": {"description": PYTHON * 5}}}],
+    )
+    monkeypatch.setattr(tokens, "_memo", tokens._Memo(0))  # remembers nothing
+    counted = estimate_prompt_tokens(body)
+    monkeypatch.setattr(tokens, "_memo", tokens._Memo(1 << 20))
+    first = estimate_prompt_tokens(body)
+    again = estimate_prompt_tokens({**body, "messages": [dict(m) for m in body["messages"]]})
+    assert first == again == counted
+    assert estimate_text_tokens("".join(["x"] * 4000)) == estimate_text_tokens("x" * 4000) == 800
+
+
+def test_the_memo_holds_at_most_its_characters_and_forgets_the_least_recently_used() -> None:
+    memo = tokens._Memo(2000)
+    texts = [chr(ord("a") + i) * 600 for i in range(5)]
+    for text in texts[:3]:
+        memo.tokens(text)
+    memo.tokens(texts[0])  # used again: now the newest
+    memo.tokens(texts[3])  # 2,400 characters: the least recently used (texts[1]) goes
+    assert list(memo._tokens) == [texts[2], texts[0], texts[3]]
+    assert memo._chars == 1800
+    memo.tokens("y" * 5000)  # longer than the whole memo: counted, not kept
+    assert "y" * 5000 not in memo._tokens and memo._chars == 1800

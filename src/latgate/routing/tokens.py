@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import os
 import string
+import threading
 import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -118,8 +119,57 @@ def _tenths(data: bytes) -> int:
     return sum((zlib.adler32(view[i : i + _SUM_SLICE]) & 0xFFFF) - 1 for i in range(0, len(view), _SUM_SLICE))
 
 
+#: Texts at least this long have their estimate remembered (:class:`_Memo`).
+MEMO_MIN_CHARS = 512
+#: The remembered texts hold at most this many characters (bytes for encoded tools).
+MEMO_MAX_CHARS = 4 << 20
+
+
+class _Memo:
+    """The estimates of the last long texts seen, least recently used forgotten first.
+
+    Why: a coding agent sends its system prompt, its tool schemas and the whole history
+    again on every turn, so almost every long text of a request was counted before;
+    finding it again costs a hash and a compare of its characters, a fraction of
+    encoding and weighing them (docs/performance.md). The estimate of a text does not
+    depend on anything else, so a remembered one is the same number."""
+
+    def __init__(self, max_chars: int) -> None:
+        self._max_chars = max_chars
+        self._chars = 0
+        self._tokens: dict[str | bytes, float] = {}
+        self._lock = threading.Lock()  # the simulators estimate from their own threads
+
+    def tokens(self, text: str | bytes) -> float:
+        """The estimate of ``text`` (:func:`_count_text`), remembered."""
+        with self._lock:
+            known = self._tokens.pop(text, None)
+            if known is not None:
+                self._tokens[text] = known  # now the most recently used
+                return known
+        counted = _count_text(text)
+        if len(text) <= self._max_chars:
+            with self._lock:
+                if self._tokens.setdefault(text, counted) is counted:
+                    self._chars += len(text)
+                while self._chars > self._max_chars:
+                    oldest = next(iter(self._tokens))
+                    del self._tokens[oldest]
+                    self._chars -= len(oldest)
+        return counted
+
+
+_memo = _Memo(MEMO_MAX_CHARS)
+
+
 def _text_tokens(text: str | bytes) -> float:
     """Estimated tokens in ``text`` (or its UTF-8 bytes), unrounded; any non-empty text is at least one."""
+    if len(text) >= MEMO_MIN_CHARS:
+        return _memo.tokens(text)
+    return _count_text(text)
+
+
+def _count_text(text: str | bytes) -> float:
     if isinstance(text, bytes):
         data = text
     else:
