@@ -15,8 +15,6 @@ from completions import DONE, content
 from h1_upstreams import OK_JSON, SSE_HEAD, RawUpstream, chunk, json_reply
 from stack import gateway
 
-from latgate.proxy.splice import ClientBody, members_verified
-
 CLIENT_KEY = "sk-client-cheap-only"
 CONFIG = f"""
 [defaults]
@@ -126,28 +124,9 @@ def test_a_duplicated_stream_flag_reaches_the_upstream_as_the_one_served(stack, 
     assert orjson.loads(sent)["stream"] is True
 
 
-@pytest.mark.parametrize(
-    "raw",
-    [
-        b'{"model":"a","model":"b"}',
-        b'{"mod\\u0065l":"a","model":"b"}',
-        b'{"model":"a","m\\/":1}',
-        b'{"mod\xc3\xa9l":"a"}',  # a non-ASCII key: it could be spelled with a \\u escape too
-        b'{"model":"a","messages":[{"model":"a"}]}',  # nested: conservatively not verified
-    ],
-)
-def test_members_that_may_not_be_the_parsed_keys_are_not_verified(raw: bytes) -> None:
-    assert not members_verified(raw, orjson.loads(raw))
-
-
-def test_plain_members_are_verified() -> None:
-    raw = b'{ "model" : "m", "messages": [{"role":"user","content":"say \\"model\\" \\u4e2d"}] }'
-    body = ClientBody(orjson.loads(raw), raw)
-    assert members_verified(raw, body.sent)
-
-
 def test_a_body_too_deep_to_encode_with_a_duplicated_key_is_refused_not_forwarded(stack) -> None:
-    """Such a body could only go as the client's bytes, which would carry both values."""
+    """Such a body could only go as the client's bytes, which would carry both values
+    (tests/test_body_nesting.py: every body nested too deep is refused)."""
     up, gw = stack
     before = len(up.requests)
     raw = b'{"model":"pricey","model":"cheap","messages":[{"role":"user","content":"hi","meta":' + b"[" * 300 + b"]" * 300 + b"}]}"

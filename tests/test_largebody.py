@@ -13,8 +13,8 @@ from h1_upstreams import config as upstream_config
 from stack import gateway
 
 from latgate.api import largebody
+from latgate.api.body import ClientBody
 from latgate.api.largebody import LARGE_BODY_BYTES, SLICE_ITEMS, dumps_in_slices, is_large, parse_in_slices
-from latgate.proxy.splice import ClientBody
 
 BODIES = [
     {"model": "m", "messages": [{"role": "user", "content": f"hi {i} é 😀 \\\" \n"} for i in range(3 * SLICE_ITEMS + 7)]},
@@ -127,7 +127,7 @@ def test_a_freed_body_leaves_an_array_still_held_elsewhere_intact_then_trims(mon
     trimmed = threading.Event()
     monkeypatch.setattr(largebody, "_TRIM", lambda pad: trimmed.set())
     messages = [{"role": "user", "content": str(i)} for i in range(3 * SLICE_ITEMS)]
-    body = ClientBody({"messages": messages}, b"{}")
+    body = ClientBody({"messages": messages})
     largebody.release_when_freed(body)
     assert not trimmed.is_set()
     del body

@@ -32,6 +32,7 @@ from latgate.proxy.exchange import DRAIN_CUT_STATUS, Exchange
 from latgate.proxy.forward import Forwarder
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
+from latgate.proxy.wire import nesting_too_deep
 from latgate.routing.decision import RouteDecision, Router
 from latgate.store import HealthSync, RedisStore, SharedStore, open_store
 from latgate.tracing import Tracing
@@ -240,7 +241,7 @@ class Gateway:
 
 class _RefusingDeepNesting:
     """``with REFUSING_DEEP_NESTING:`` turns the ``RecursionError`` (or orjson's
-    encode error) of a body nested too deeply to count into ``InvalidRequest`` 400,
+    encode error) of a body nested too deeply to count or translate into ``InvalidRequest`` 400,
     code ``nesting_too_deep``."""
 
     def __enter__(self) -> None:
@@ -248,7 +249,7 @@ class _RefusingDeepNesting:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
         if kind is not None and issubclass(kind, (RecursionError, orjson.JSONEncodeError)):
-            raise InvalidRequest("request body is nested too deeply", code="nesting_too_deep") from None
+            raise nesting_too_deep() from None
         return False
 
 

@@ -18,9 +18,16 @@ from latgate.errors import (
     InvalidRequest,
     UnsupportedMediaType,
 )
-from latgate.proxy.splice import ClientBody
 
 T = TypeVar("T")
+
+
+class ClientBody(dict):
+    """A request body parsed from JSON: a plain ``dict`` of its members that can be
+    weakly referenced (a large body's memory is released off the event loop once it is
+    freed: :func:`latgate.api.largebody.release_when_freed`)."""
+
+    __slots__ = ("__weakref__",)
 
 
 class ProxyRequest(Request):
@@ -75,9 +82,8 @@ def media_problem(headers: Mapping[str, str]) -> str | None:
 
 
 async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
-    """The request body as a JSON object, read at most ``max_bytes`` bytes, parsed once;
-    it keeps the client's bytes, forwarded (with the changed members spliced in) only
-    when the parse cannot be encoded again (:mod:`latgate.proxy.splice`).
+    """The request body as a JSON object, read at most ``max_bytes`` bytes, parsed once
+    (what goes upstream is encoded from this parse: :func:`latgate.proxy.wire.upstream_payload`).
 
     Raises:
         UnsupportedMediaType: compressed, or not sent as JSON (:func:`media_problem`;
@@ -102,7 +108,7 @@ async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
         raise InvalidRequest("request body is empty; expected a JSON object")
     try:
         if size > LARGE_BODY_BYTES:  # joined and parsed off the event loop, in slices (latgate.api.largebody)
-            raw, body = await asyncio.to_thread(join_and_parse, chunks)
+            body = await asyncio.to_thread(join_and_parse, chunks)
         else:
             raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             body = orjson.loads(raw)
@@ -111,8 +117,8 @@ async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
         raise InvalidRequest(f"request body is {reason}: {str(exc).splitlines()[0]}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
-    parsed = ClientBody(body, raw)
-    if len(raw) > LARGE_BODY_BYTES:
+    parsed = ClientBody(body)
+    if size > LARGE_BODY_BYTES:
         release_when_freed(parsed)
     return parsed
 

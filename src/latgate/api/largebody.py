@@ -56,7 +56,7 @@ RELEASE_WAIT_SECONDS = 0.01
 
 
 def release_when_freed(body: Any) -> None:
-    """Once ``body`` (a :class:`~latgate.proxy.splice.ClientBody`) is freed, free its
+    """Once ``body`` (a :class:`~latgate.api.body.ClientBody`) is freed, free its
     long top-level arrays a slice at a time in a worker thread, then hand the freed heap
     back to the operating system.
 
@@ -145,7 +145,7 @@ def parse_in_slices(raw: bytes) -> Any:
         return _parse_in_slices(raw)
 
 
-def join_and_parse(chunks: list[bytes]) -> tuple[bytes, Any]:
+def join_and_parse(chunks: list[bytes]) -> Any:
     """The received ``chunks`` joined (``chunks`` emptied), and parsed as
     :func:`parse_in_slices` does. Meant for a worker thread.
 
@@ -154,14 +154,14 @@ def join_and_parse(chunks: list[bytes]) -> tuple[bytes, Any]:
     meanwhile.
 
     Returns:
-        ``(raw, value)``: the joined bytes and the parsed value.
+        The parsed value.
 
     Raises:
         ValueError: as :func:`parse_in_slices`.
     """
     raw = b"".join(chunks)
     chunks.clear()
-    return raw, parse_in_slices(raw)
+    return parse_in_slices(raw)
 
 
 #: Bytes decoded from UTF-8 at a time while a large body is parsed (cut back to a

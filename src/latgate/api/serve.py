@@ -34,7 +34,7 @@ from starlette.responses import Response
 from latgate.api.body import error_response, read_json_object, until_client_leaves
 from latgate.auth import Caller
 from latgate.errors import GatewayError
-from latgate.gateway import MAX_LOGGED_MODEL_CHARS, Gateway, drain_cut_error
+from latgate.gateway import MAX_LOGGED_MODEL_CHARS, REFUSING_DEEP_NESTING, Gateway, drain_cut_error
 from latgate.httplimits import TIMEOUT_SCOPE_KEY
 from latgate.proxy.exchange import CLIENT_CLOSED, Exchange, is_drain_cut
 from latgate.proxy.transform import ResponseTransform
@@ -137,7 +137,8 @@ async def serve(gateway: Gateway, api: Api, request: Request) -> Any:
             exchange.public_model = model[:MAX_LOGGED_MODEL_CHARS]
             if caller is not None:
                 guard.check_model(caller, model)  # type: ignore[union-attr]
-        work = api.prepare(gateway, exchange, body, request.headers, caller)
+        with REFUSING_DEEP_NESTING:  # a translation encodes parts of the body (tool inputs) as JSON text
+            work = api.prepare(gateway, exchange, body, request.headers, caller)
         if isinstance(work, Response):  # answered by latgate itself
             exchange.status = work.status_code
             exchange.finish(gateway.metrics)

@@ -4,7 +4,6 @@ on the client's behalf, the model name rewritten back to an alias)."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
 from typing import Any
@@ -15,7 +14,6 @@ from latgate.api.largebody import dumps_in_slices, is_large
 from latgate.errors import GatewayError, InvalidRequest
 from latgate.providers.pool import ProviderRuntime
 from latgate.proxy.exchange import Exchange
-from latgate.proxy.splice import ClientBody, splice
 from latgate.routing.targets import Target
 
 
@@ -27,13 +25,11 @@ def upstream_payload(
     whose client did not say (see :func:`ask_usage`). A provider known to reject
     ``stream_options`` is sent none (latgate counts usage itself). The body is encoded
     from what latgate parsed (and routed, authorized and counted on): a key the client
-    sent twice reaches the upstream once, as parsed. Only a body ``orjson`` cannot encode
-    (nested past its depth limit) goes as the client's bytes with the changed members
-    spliced in, and only when their top-level members are the parsed keys
-    (:func:`~latgate.proxy.splice.splice`).
+    sent twice reaches the upstream once, as parsed, at any depth.
 
     Raises:
-        InvalidRequest: the body was parsed but cannot be encoded or spliced (400).
+        InvalidRequest: the body was parsed but cannot be encoded again: arrays and
+            objects nested deeper than ``orjson`` encodes (:data:`MAX_NESTING`; 400).
     """
     out = dict(body)
     out["model"] = target.model
@@ -47,14 +43,25 @@ def upstream_payload(
         out["stream_options"] = options
     try:
         return dumps_in_slices(out) if is_large(out) else orjson.dumps(out)
-    except orjson.JSONEncodeError as exc:  # parsed, but cannot be re-encoded (e.g. nested too deep)
-        spliced = None
-        if isinstance(body, ClientBody):
-            with contextlib.suppress(orjson.JSONEncodeError):
-                spliced = splice(body, out)
-        if spliced is None:
-            raise InvalidRequest(f"request body cannot be forwarded: {exc}") from None
-        return spliced
+    except orjson.JSONEncodeError as exc:
+        if "recursion" in str(exc).lower():  # parsed (orjson reads 1,024 levels), too deep to encode
+            raise nesting_too_deep() from None
+        raise InvalidRequest(f"request body cannot be forwarded: {exc}") from None
+
+
+#: The deepest nesting of arrays and objects latgate forwards, the body's own object
+#: counted: ``orjson``'s encoding limit (it parses 1,024). No client sends bodies near
+#: it (a tool's JSON Schema is a few levels deep); a deeper one is refused rather than
+#: forwarded as the client's bytes, whose duplicate keys would reach the upstream unseen.
+MAX_NESTING = 254
+
+
+def nesting_too_deep() -> InvalidRequest:
+    """The 400 for a body nested deeper than :data:`MAX_NESTING` levels."""
+    return InvalidRequest(
+        f"request body is nested too deeply: at most {MAX_NESTING} levels of arrays and objects are accepted",
+        code="nesting_too_deep",
+    )
 
 
 #: statuses with which an upstream may refuse a field it does not know (422: FastAPI-style servers)
