@@ -8,6 +8,7 @@ import socket
 import threading
 
 import httpx
+from h1_upstreams import OK_JSON, RawUpstream, json_reply, keep_serving
 from servers import serve_app
 from stack import gateway
 
@@ -47,9 +48,9 @@ def closed_port_url() -> str:
         return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"  # nothing listens there once closed
 
 
-def pool_for(text: str) -> ProviderPool:
-    config = load_config_text(text, source="test.toml")
-    return ProviderPool(config, metrics=Metrics(providers=config.providers, models=[]), env={})
+def pool_for(text: str, env: dict[str, str] | None = None) -> ProviderPool:
+    config = load_config_text(text, source="test.toml", env=env or {})
+    return ProviderPool(config, metrics=Metrics(providers=config.providers, models=[]), env=env or {})
 
 
 def run_monitor_once(pool: ProviderPool, *, probes: int = 1, load: bool = False) -> None:
@@ -86,6 +87,31 @@ def test_a_probed_endpoint_that_answers_stays_healthy_and_shows_the_probe() -> N
         run_monitor_once(pool)
     endpoint = pool["p"].endpoints[0]
     assert endpoint.probe_ok and endpoint.healthy and endpoint.probe_ms is not None
+
+
+def test_probes_of_an_idle_endpoint_are_plain_gets_on_one_kept_connection() -> None:
+    """Probes go through latgate's own HTTP/1.1 pool, as proxied requests do (latgate's
+    user agent, uncompressed answers): a GET with the provider's key and no body, the
+    connection kept for the next round."""
+    with RawUpstream(keep_serving(json_reply(OK_JSON))) as up:
+        pool = pool_for(f'[providers.p]\napi_base = "{up.base_url}"\napi_key_env = "P_KEY"\n', {"P_KEY": "sk-probe-key"})
+        run_monitor_once(pool, probes=3)
+        up.wait_until(lambda: len(up.requests) == 3)
+        assert up.total == 1, "every probe opened a connection of its own"
+    head = up.requests[0].split(b"\r\n\r\n", 1)[0].lower()
+    assert head.startswith(b"get /v1/models http/1.1\r\n")
+    assert b"authorization: bearer sk-probe-key" in head and b"content-length" not in head
+    assert b"\r\nuser-agent: latgate/" in head and b"\r\naccept-encoding: identity\r\n" in head
+    assert pool["p"].endpoints[0].probe_ok
+
+
+def test_probes_answered_with_a_5xx_on_a_kept_connection_eject_the_endpoint() -> None:
+    with RawUpstream(keep_serving(json_reply(b'{"error":"down"}', status=b"503 Service Unavailable"))) as up:
+        pool = pool_for(f'[providers.p]\nendpoints = ["{up.base_url}", "{closed_port_url()}"]\n')
+        run_monitor_once(pool, probes=2)
+    endpoint = pool["p"].endpoints[0]
+    assert not endpoint.probe_ok and not endpoint.healthy
+    assert pool.breaker.store.get(endpoint.key).reason == "probes"
 
 
 def test_two_failed_probes_eject_an_endpoint_nobody_sent_traffic_to() -> None:

@@ -141,11 +141,12 @@ class H1Pool:
         egress: Egress | None = None,
         group: str = "",
         max_connections: int | None = None,
+        method: str = "POST",
     ) -> H1Response:
         """POST ``payload`` to ``url`` on one of ``group``'s connections (at most
         ``max_connections``, else the pool's); return once the status line and headers
         arrived. ``egress``: the provider's proxy and TLS settings (``None``: direct,
-        default TLS).
+        default TLS). ``method="GET"`` sends no body (``payload`` must be empty).
 
         Raises:
             UpstreamFailure: ``connect``, ``timeout``, ``read`` or ``request`` (a header
@@ -157,7 +158,7 @@ class H1Pool:
         target = targets.get(url)
         if target is None:
             target = targets[url] = _Target(url, egress)
-        request = _request_bytes(target, payload, headers)
+        request = _request_bytes(target, payload, headers, method)
         limit = self._max if max_connections is None else max_connections
         for attempt in (1, 2):
             conn = await self._acquire(target, group, limit)
@@ -311,7 +312,9 @@ class H1Pool:
 JOIN_PAYLOAD_BYTES = 256 * 1024
 
 
-def _request_bytes(target: _Target, payload: bytes, headers: dict[str, str]) -> bytes | tuple[bytes, bytes]:
+def _request_bytes(
+    target: _Target, payload: bytes, headers: dict[str, str], method: str = "POST"
+) -> bytes | tuple[bytes, bytes]:
     """The request head and body (RFC 9112 section 3 and 6): one buffer, or ``(head,
     body)`` for a body over :data:`JOIN_PAYLOAD_BYTES` (written in turn, not copied).
 
@@ -319,11 +322,9 @@ def _request_bytes(target: _Target, payload: bytes, headers: dict[str, str]) -> 
         UpstreamFailure: ``request`` when a header name or value holds CR, LF or NUL
             (it would split the request; e.g. a key pasted with its newline).
     """
-    lines = [
-        f"POST {target.request_target} HTTP/1.1",
-        f"host: {target.host_header}",
-        f"content-length: {len(payload)}",
-    ]
+    lines = [f"{method} {target.request_target} HTTP/1.1", f"host: {target.host_header}"]
+    if method != "GET":  # a GET has no body (RFC 9110 section 9.3.1): no length either
+        lines.append(f"content-length: {len(payload)}")
     if target.auth is not None and "authorization" not in headers:
         lines.append(f"authorization: {target.auth}")
     if target.proxy_auth is not None:
