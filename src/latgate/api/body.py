@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from latgate.api.largebody import LARGE_BODY_BYTES, join_and_parse, release_when_freed
@@ -99,11 +99,18 @@ async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
         raise BodyTooLarge(f"request body of {int(declared)} bytes exceeds the limit of {max_bytes} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise BodyTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
-        chunks.append(chunk)
+    more = True
+    while more:  # the ASGI messages themselves: Starlette's request.stream() is an async generator around them
+        message = await request.receive()
+        if message["type"] != "http.request":  # http.disconnect: gone while sending its body
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        more = message.get("more_body", False)
+        if chunk:
+            size += len(chunk)
+            if size > max_bytes:
+                raise BodyTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
+            chunks.append(chunk)
     if not size:
         raise InvalidRequest("request body is empty; expected a JSON object")
     try:

@@ -84,24 +84,27 @@ def client_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, b
     """The response headers latgate sends its client (encoded): the upstream's media
     type, no caching for streams, and where the request went (docs/routing.md,
     "Headers")."""
-    pairs = [("content-type", media_type(content_type))]
+    pairs = [(b"content-type", media_type(content_type).encode())]
     if exchange.stream:  # no caching or proxy buffering of an event stream
-        pairs += [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
+        pairs += _STREAM_HEADERS
     pairs += [
-        ("x-request-id", exchange.request_id),
-        ("x-latgate-provider", exchange.provider),
-        ("x-latgate-route-reason", exchange.reason),
-        ("x-latgate-prompt-tokens", str(exchange.routed_prompt_tokens)),
+        (b"x-request-id", exchange.request_id.encode("latin-1", "replace")),
+        (b"x-latgate-provider", exchange.provider.encode("latin-1", "replace")),
+        (b"x-latgate-route-reason", exchange.reason.encode("latin-1", "replace")),
+        (b"x-latgate-prompt-tokens", str(exchange.routed_prompt_tokens).encode()),
     ]
     if exchange.upstream_model != exchange.public_model:
-        pairs.append(("x-latgate-upstream-model", exchange.upstream_model))
+        pairs.append((b"x-latgate-upstream-model", exchange.upstream_model.encode("latin-1", "replace")))
     if exchange.fallback_model:
-        pairs.append(("x-latgate-fallback-model", exchange.fallback_model))
+        pairs.append((b"x-latgate-fallback-model", exchange.fallback_model.encode("latin-1", "replace")))
     if exchange.route_candidates:
-        pairs.append(("x-latgate-route-candidates", exchange.route_candidates))
+        pairs.append((b"x-latgate-route-candidates", exchange.route_candidates.encode("latin-1", "replace")))
     if exchange.admission:
-        pairs.append(("x-latgate-admission", exchange.admission))
-    return [(k.encode(), v.encode("latin-1", "replace")) for k, v in pairs]
+        pairs.append((b"x-latgate-admission", exchange.admission.encode("latin-1", "replace")))
+    return pairs
+
+
+_STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
 _MEDIA_TYPE = re.compile(r"[a-z0-9!#$&^_.+-]{1,64}/[a-z0-9!#$&^_.+-]{1,64}")
