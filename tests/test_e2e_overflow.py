@@ -37,7 +37,13 @@ def test_an_overflow_goes_to_the_pool_that_finishes_first_rather_than_the_first_
         with held_streams(chat, 2, headers=LATENCY) as held:
             assert [r.headers["x-latgate-provider"] for r in held] == ["tile-rt", "tile-rt"]
             body = {"model": MODEL, "messages": ASK, "stream": True, "max_tokens": 64}
+            explained = httpx.post(stack.url + "/admin/route", json=body, headers=BUDGET, timeout=30).json()
             answer = httpx.post(chat, json=body, headers={**BUDGET, "X-Latgate-Debug": "1"}, timeout=30)
+        # the dry run (no admission hold: the plan's own capacity evidence) says the same, with its numbers
+        assert (explained["provider"], explained["overflow_from"]) == ("hosted", "tile-rt"), explained
+        assert explained["completion_tokens"] == {"expected": 64, "from": "max_tokens"}
+        e2e = {c["provider"]: c["predicted_e2e_ms"] for c in explained["considered"]}
+        assert e2e["hosted"] < e2e["vllm"], explained["considered"]
         assert answer.status_code == 200 and "data: [DONE]" in answer.text
         assert (answer.headers["x-latgate-provider"], answer.headers["x-latgate-route-reason"]) == ("hosted", "overflow:tile-rt")
         candidates = answer.headers["x-latgate-route-candidates"]

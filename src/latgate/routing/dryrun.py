@@ -167,6 +167,8 @@ def decision_json(decision: RouteDecision, config: Config, plan: RoutePlan | Non
     out["notes"] += [f"{t.provider} is sent model {t.model!r} for {decision.public_model!r}" for t in swapped]
     if plan is not None:
         out["predicted_ttft_ms"] = None if plan.predicted_ttft_ms is None else round(plan.predicted_ttft_ms, 1)
+        out["predicted_e2e_ms"] = None if plan.predicted_e2e_ms is None else round(plan.predicted_e2e_ms, 1)
+        out["completion_tokens"] = {"expected": plan.completion_tokens, "from": plan.completion_source}
         out["overflow_from"] = plan.overflow_from
         out["evidence"] = plan.evidence
         out["hedge_plan"] = (
