@@ -34,6 +34,8 @@ def test_expected_completion_tokens_come_from_the_request_else_the_default() -> 
     assert expected_completion_tokens({"max_output_tokens": 12}, default_tokens=256) == (12, "max_output_tokens")
     assert expected_completion_tokens({"max_tokens": True}, default_tokens=256) == (256, "default")
     assert expected_completion_tokens({"max_tokens": 0}, default_tokens=99) == (99, "default")
+    assert expected_completion_tokens({}, default_tokens=99, observed_tokens=41.6) == (42, "observed")
+    assert expected_completion_tokens({"max_tokens": 7}, default_tokens=99, observed_tokens=41.6) == (7, "max_tokens")
     assert predicted_e2e_ms(ttft_ms=20.0, itl_ms=22.0, completion_tokens=256) == 20.0 + 22.0 * 255
     assert predicted_e2e_ms(ttft_ms=20.0, itl_ms=22.0, completion_tokens=1) == 20.0
 
@@ -97,3 +99,5 @@ def test_an_overflow_goes_to_the_pool_predicted_to_finish_first_not_the_first_to
     assert "e2e for 64 completion tokens (max_tokens)" in header and "left decode: capacity" in header, header
     short = rig.send(same(5.0), headers=ls, max_tokens=1)
     assert short.targets[0].provider == "vllm", "one token: e2e is the first token"
+    uncapped = rig.send(same(5.0), headers=ls)  # no max_tokens: the streams' length so far (256 each here)
+    assert uncapped.targets[0].provider == "steady" and "e2e for 256 completion tokens (observed)" in uncapped.explain_header()

@@ -214,7 +214,7 @@ class RoutingConfig(Frozen):
     strategy: Literal["latgate", "round_robin", "least_outstanding", "rules"] = "latgate"
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
     exploration_share: float = Field(default=0.03, ge=0, le=1)
-    expected_completion_tokens: int = Field(default=256, gt=0)  # strategy latgate: e2e for a request naming no max_tokens
+    expected_completion_tokens: int = Field(default=256, gt=0)  # strategy latgate: e2e of a request naming no max_tokens, before any stream
 
 
 class ModelConfig(Frozen):

@@ -21,7 +21,7 @@ from latgate.config.apikeys import header_key
 from latgate.config.schema import Config, ProviderConfig
 from latgate.connectors import Connector, get_connector
 from latgate.metrics import Metrics
-from latgate.providers.endpoint import EndpointRuntime
+from latgate.providers.endpoint import EWMA_ALPHA, EndpointRuntime
 from latgate.providers.health import (
     CLOSED,
     HALF_OPEN,
@@ -139,6 +139,9 @@ class ProviderPool:
         """Called when a slot of an endpoint whose engine does not queue may have freed,
         with how long the request that left held it (seconds; None when unknown or it
         failed); set by :class:`~latgate.routing.admission.Admission`."""
+        self.completion_tokens_mean: float | None = None
+        """Recency-weighted completion tokens of the streams answered (None before one):
+        the expected length of a request that names no ``max_tokens``."""
         self._metrics = metrics
         self.providers: dict[str, ProviderRuntime] = {}
         for name, provider in config.providers.items():
@@ -270,7 +273,10 @@ class ProviderPool:
         endpoint.busy_until = self.clock() + (BUSY_SECONDS if seconds is None else min(seconds, MAX_BUSY_SECONDS))
 
     def record_decode(self, endpoint: EndpointRuntime, *, tokens: int, seconds: float) -> None:
-        """A stream produced ``tokens`` output chunks over ``seconds`` after its first."""
+        """A stream produced ``tokens`` completion tokens over ``seconds`` after its first."""
+        mean = self.completion_tokens_mean
+        if tokens > 0:
+            self.completion_tokens_mean = float(tokens) if mean is None else mean + EWMA_ALPHA * (tokens - mean)
         if tokens > 1 and seconds > 0:
             endpoint.observe_itl(seconds * 1000.0 / (tokens - 1), now=self.clock())
 

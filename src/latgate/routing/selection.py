@@ -101,7 +101,7 @@ class Selector:
             prefix=decision.affinity_key,
         )
         plan.completion_tokens, plan.completion_source = expected_completion_tokens(
-            body, default_tokens=self._expected_completion_tokens
+            body, default_tokens=self._expected_completion_tokens, observed_tokens=self._pool.completion_tokens_mean
         )
         now = self._pool.clock()
         e2e = decision.budget_ms is not None or explain

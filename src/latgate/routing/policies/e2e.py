@@ -9,7 +9,8 @@ the request many times its e2e latency.
 
 The completion length is not known before the answer; the request's own cap is the
 expectation (``max_completion_tokens``, ``max_tokens``, or the Responses API's
-``max_output_tokens``), else ``[routing] expected_completion_tokens``.
+``max_output_tokens``), else the recency-weighted completion length of the streams
+answered so far, else ``[routing] expected_completion_tokens``.
 """
 
 from __future__ import annotations
@@ -22,27 +23,35 @@ COMPLETION_CAP_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_toke
 and legacy names, the Responses API's; Anthropic's Messages API uses ``max_tokens``)."""
 
 
-def expected_completion_tokens(body: Mapping[str, Any], *, default_tokens: int) -> tuple[int, str]:
+def expected_completion_tokens(
+    body: Mapping[str, Any], *, default_tokens: int, observed_tokens: float | None = None
+) -> tuple[int, str]:
     """The completion tokens a request is expected to produce, and where that came from.
 
     Args:
         body: the request body as parsed JSON.
         default_tokens: ``[routing] expected_completion_tokens`` (>= 1).
+        observed_tokens: the streams' recency-weighted completion tokens, or None
+            before any stream.
 
     Returns:
         ``(tokens, source)``: the first positive integer among
-        :data:`COMPLETION_CAP_FIELDS` and its field name, else
-        ``(default_tokens, "default")``. Booleans and non-integers are not caps.
+        :data:`COMPLETION_CAP_FIELDS` and its field name, else the observed length
+        (rounded, at least 1) and ``"observed"``, else ``(default_tokens, "default")``.
+        Booleans and non-integers are not caps.
 
     Example::
 
         expected_completion_tokens({"max_tokens": 64}, default_tokens=256)  # (64, "max_tokens")
+        expected_completion_tokens({}, default_tokens=256, observed_tokens=41.6)  # (42, "observed")
         expected_completion_tokens({}, default_tokens=256)                  # (256, "default")
     """
     for name in COMPLETION_CAP_FIELDS:
         value = body.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value, name
+    if observed_tokens is not None:
+        return max(1, round(observed_tokens)), "observed"
     return default_tokens, "default"
 
 
