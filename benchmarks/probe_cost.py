@@ -95,7 +95,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="how long the CPU time is measured")
     parser.add_argument("--baseline-src", help="another latgate source tree (its src/ folder) to compare")
     args = parser.parse_args()
-    shape = dict(providers=args.providers, endpoints=args.endpoints, interval=args.interval, seconds=args.seconds)
+    shape = {"providers": args.providers, "endpoints": args.endpoints, "interval": args.interval, "seconds": args.seconds}
     with tempfile.TemporaryDirectory() as tmp:
         this = measure(src=None, workdir=Path(tmp), **shape)
         print(f"latgate: {this:.0f} us of CPU per probe ({args.providers * args.endpoints} endpoints)")
