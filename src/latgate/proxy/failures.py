@@ -37,7 +37,7 @@ from latgate.errors import (
 )
 from latgate.metrics import Metrics
 from latgate.providers import EndpointRuntime, ProviderPool, ProviderRuntime
-from latgate.proxy.redact import redact, redact_text
+from latgate.proxy.redact import redact, redact_json, redact_text
 from latgate.proxy.upstream import (
     SAME_ORIGIN_REDIRECTS,
     UpstreamFailure,
@@ -266,14 +266,15 @@ def upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> Gatew
     err_type = "api_error" if status >= 500 else "invalid_request_error"
     code: str | None = None
     param = None
-    try:
-        parsed = orjson.loads(redact(data, provider_secrets(provider))) if data else None
+    secrets = provider_secrets(provider)
+    try:  # redacted as written (any escape form of the key), then every decoded string again
+        parsed = redact_json(orjson.loads(redact(data, secrets)), secrets) if data else None
     except orjson.JSONDecodeError:
         parsed = None
     if isinstance(parsed, dict):
         err = parsed.get("error", parsed)
         if status in PASSTHROUGH_STATUSES and isinstance(err, dict) and isinstance(err.get("message"), str):
-            return UpstreamClientError({**err, "message": redact_text(err["message"])}, status=status)
+            return UpstreamClientError(err, status=status)
         if isinstance(err, dict):
             message = err.get("message") or err.get("detail")
             err_type = str(err.get("type") or err_type)
@@ -292,7 +293,7 @@ def upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> Gatew
     elif not message:
         message = f"provider {provider.name!r} returned HTTP {status}"
     else:
-        message = f"provider {provider.name!r}: {redact_text(str(message))}"
+        message = f"provider {provider.name!r}: {redact_text(str(message), secrets)}"
     if status == 429:
         err_type = "rate_limit_error"
     error = UpstreamError(message, status=status, code=code, param=param)
