@@ -32,7 +32,7 @@ from latgate.proxy.exchange import DRAIN_CUT_STATUS, Exchange
 from latgate.proxy.forward import Forwarder
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
-from latgate.proxy.wire import nesting_too_deep
+from latgate.proxy.wire import check_stream_options, nesting_too_deep
 from latgate.routing.decision import RouteDecision, Router
 from latgate.store import HealthSync, RedisStore, SharedStore, open_store
 from latgate.tracing import Tracing
@@ -133,9 +133,7 @@ class Gateway:
                 body["stream"] = False
         if not isinstance(stream, bool):
             raise InvalidRequest("'stream' must be a boolean", param="stream", code="invalid_type")
-        options = body.get("stream_options")
-        if options is not None and not isinstance(options, dict):
-            raise InvalidRequest("'stream_options' must be an object", param="stream_options", code="invalid_type")
+        check_stream_options(body.get("stream_options"))
         exchange.stream = stream and path != "/embeddings"
         guard = self.guard
         if decision is None:

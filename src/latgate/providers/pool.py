@@ -31,6 +31,7 @@ from latgate.providers.health import (
     MemoryCircuitStore,
     Transition,
 )
+from latgate.providers.stream_options import StreamOptionsSupport
 from latgate.proxy.egress import Egress, egress_for
 from latgate.routing.policies.outlier import LatencyEvidence, judge_outlier, too_slow
 
@@ -56,9 +57,8 @@ class ProviderRuntime:
     (:func:`~latgate.routing.policies.round_robin.choose_round_robin`).
     ``budgeted`` / ``explored``: requests with a budget routed to it, and how many of
     those were spent refreshing thin or stale evidence.
-    ``rejects_stream_options``: it answered a stream's ``stream_options`` with a
-    client error, so it is never sent them again (learnt at run time, see
-    :mod:`latgate.proxy.forward`).
+    ``stream_options``: whether it takes a stream's ``stream_options``, learnt at run
+    time from refusals (:mod:`latgate.providers.stream_options`).
     """
 
     config: ProviderConfig
@@ -69,7 +69,7 @@ class ProviderRuntime:
     round_robin_credit: list[float] = field(default_factory=list)
     budgeted: int = 0
     explored: int = 0
-    rejects_stream_options: bool = False
+    stream_options: StreamOptionsSupport = field(default_factory=StreamOptionsSupport)
     egress: Egress | None = None
 
     @property

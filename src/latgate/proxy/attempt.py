@@ -41,7 +41,8 @@ from latgate.proxy.upstream import (
 from latgate.proxy.wire import (
     client_headers,
     model_rewrite,
-    rejects_stream_options,
+    refuses_stream_options,
+    sends_own_stream_options,
     tap_drop,
     upstream_payload,
 )
@@ -176,13 +177,17 @@ class AttemptSender:
             stack.push_async_callback(response.aclose)
             if response.status_code != 200:
                 failed = await self.failures.status_failure(provider, endpoint, response, deadline, url=url)
-                if tap is not None and rejects_stream_options(failed.error, provider, attempt.payload):
-                    provider.rejects_stream_options = True  # remembered: never sent to it again
+                if tap is not None and refuses_stream_options(failed.error, attempt.payload):
                     self.metrics.record_retry(provider=provider.name)
                     await stack.aclose()
-                    again = upstream_payload(body, target, provider, stream=True, path=routed.path)
-                    return await self.send(dataclasses.replace(attempt, payload=again))
+                    again = upstream_payload(body, target, provider, stream=True, path=routed.path, stream_options=False)
+                    answer = await self.send(dataclasses.replace(attempt, payload=again))
+                    if sends_own_stream_options(body, routed.path):  # taken without them: the field was the problem
+                        provider.stream_options.refused(time.monotonic())
+                    return answer
                 raise failed
+            if tap is not None and provider.stream_options.refusals and b'"stream_options":' in attempt.payload:
+                provider.stream_options.accepted()  # taken again after a refusal
             if tap is None:
                 return await self._complete(attempt, response, ticket, whole_by)
             relay = await self._start_stream(attempt, response, tap, stack, deadline, ticket)

@@ -25,8 +25,8 @@ Which failures are retryable, and how each becomes the client's error, is
 :mod:`latgate.routing.policies.retry`; one attempt (:class:`~latgate.proxy.attempt.Attempt`)
 is sent and read by :mod:`latgate.proxy.attempt`. One failure is retried on the same
 endpoint at once, whatever ``max_retries`` says: a stream's ``stream_options`` refused
-with a 400 (or 422) naming them, sent again without them; the provider is remembered as
-rejecting them.
+with a 400 (or 422) naming them, sent again without them (withheld from the provider for
+a while on evidence: :mod:`latgate.providers.stream_options`).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from typing import Any
 
 import orjson
@@ -13,17 +14,26 @@ import orjson
 from latgate.api.largebody import dumps_in_slices, is_large
 from latgate.errors import GatewayError, InvalidRequest
 from latgate.providers.pool import ProviderRuntime
+from latgate.providers.stream_options import OWN_STREAM_OPTIONS
 from latgate.proxy.exchange import Exchange
 from latgate.routing.targets import Target
 
 
 def upstream_payload(
-    body: dict[str, Any], target: Target, provider: ProviderRuntime, *, stream: bool, path: str
+    body: dict[str, Any],
+    target: Target,
+    provider: ProviderRuntime,
+    *,
+    stream: bool,
+    path: str,
+    stream_options: bool = True,
 ) -> bytes:
     """The upstream body: the client's, with the upstream model, the provider's
     ``extra_body`` fields the client did not set, and usage asked for on streams
-    whose client did not say (see :func:`ask_usage`). A provider known to reject
-    ``stream_options`` is sent none (latgate counts usage itself). The body is encoded
+    whose client did not say (see :func:`ask_usage`). ``stream_options=False`` (a
+    stream sent again after a refusal of the field), or a provider that refused it
+    lately (:mod:`latgate.providers.stream_options`): none is sent (latgate counts
+    usage itself). The body is encoded
     from what latgate parsed (and routed, authorized and counted on): a key the client
     sent twice reaches the upstream once, as parsed, at any depth.
 
@@ -35,7 +45,7 @@ def upstream_payload(
     out["model"] = target.model
     for key, value in provider.config.extra_body.items():
         out.setdefault(key, value)
-    if provider.rejects_stream_options:
+    if not stream_options or provider.stream_options.withheld(time.monotonic()):
         out.pop("stream_options", None)
     elif stream and ask_usage(body, path):
         options = dict(out.get("stream_options") or {})
@@ -68,16 +78,46 @@ def nesting_too_deep() -> InvalidRequest:
 _FIELD_REJECTED_STATUSES = (400, 422)
 
 
-def rejects_stream_options(error: GatewayError, provider: ProviderRuntime, payload: bytes) -> bool:
+def refuses_stream_options(error: GatewayError, payload: bytes) -> bool:
     """True when ``error`` (an upstream's answer to ``payload``) refuses the request's
-    ``stream_options`` (OpenAI-compatible APIs that do not know the field), the first
-    time for ``provider``: the stream is then retried once without it."""
+    ``stream_options`` (a 400 or 422 naming them, as OpenAI-compatible APIs that do not
+    know the field answer): the stream is then sent once more without them."""
     return (
-        not provider.rejects_stream_options
-        and error.status in _FIELD_REJECTED_STATUSES
-        and b'"stream_options":' in payload
+        error.status in _FIELD_REJECTED_STATUSES
         and ("stream_options" in error.message or error.param == "stream_options")
+        and b'"stream_options":' in payload
     )
+
+
+def sends_own_stream_options(body: dict[str, Any], path: str) -> bool:
+    """True when the ``stream_options`` a stream of ``body`` goes with are latgate's own
+    well-formed ``{"include_usage": true}`` (asked for by latgate, or the client's
+    identical ones): only their refusal is evidence that a provider does not take the
+    field (:mod:`latgate.providers.stream_options`), not a refusal of what else a client
+    wrote there."""
+    options = body.get("stream_options")
+    return options == OWN_STREAM_OPTIONS or (not options and ask_usage(body, path))
+
+
+#: ``stream_options`` members that are booleans (OpenAI's API reference; vLLM's
+#: ``continuous_usage_stats``): another type is the client's 400, never sent upstream
+BOOLEAN_STREAM_OPTIONS = ("include_usage", "include_obfuscation", "continuous_usage_stats")
+
+
+def check_stream_options(options: object) -> None:
+    """Raise :class:`~latgate.errors.InvalidRequest` (400, ``param`` naming the member)
+    unless ``options`` (a request's ``stream_options``) is absent, null, or an object
+    whose :data:`BOOLEAN_STREAM_OPTIONS` members are booleans or null."""
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise InvalidRequest("'stream_options' must be an object", param="stream_options", code="invalid_type")
+    for name in BOOLEAN_STREAM_OPTIONS:
+        value = options.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise InvalidRequest(
+                f"'stream_options.{name}' must be a boolean", param=f"stream_options.{name}", code="invalid_type"
+            )
 
 
 def client_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, bytes]]:
