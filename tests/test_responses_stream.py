@@ -9,6 +9,7 @@ import pytest
 from completions import DONE, chat_chunk, event
 from openapi import validate
 
+from latgate.proxy.transform import UntranslatableAnswer
 from latgate.translate.responses_request import responses_to_chat
 from latgate.translate.responses_stream import ResponsesStreamTransform
 
@@ -217,8 +218,9 @@ def test_a_whole_answer_becomes_a_response_object() -> None:
     assert response["usage"]["total_tokens"] == 35
 
 
-def test_a_body_that_is_not_a_chat_completion_passes_unchanged() -> None:
-    assert _transform().complete(b"not json") == b"not json"
+def test_a_body_that_is_not_a_chat_completion_is_untranslatable() -> None:
+    with pytest.raises(UntranslatableAnswer):  # the provider's failure (502), never relayed raw
+        _transform().complete(b"not json")
 
 
 def test_a_call_to_a_flattened_namespace_function_gets_its_namespace_back() -> None:

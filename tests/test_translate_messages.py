@@ -10,6 +10,7 @@ from completions import chat_chunk, event, usage
 
 from latgate.errors import InvalidRequest
 from latgate.proxy.exchange import Exchange
+from latgate.proxy.transform import UntranslatableAnswer
 from latgate.translate import MessagesStream, chat_to_message, messages_to_chat
 
 WEATHER_TOOL = {
@@ -437,7 +438,7 @@ def test_tool_calls_with_finish_reason_stop_are_still_tool_use() -> None:
     ]
 
 
-def test_body_without_usage_reports_the_estimate_and_an_unparsable_body_an_empty_message() -> None:
+def test_body_without_usage_reports_the_estimate_and_an_unparsable_body_is_untranslatable() -> None:
     body = orjson.dumps(
         {
             "choices": [
@@ -447,8 +448,8 @@ def test_body_without_usage_reports_the_estimate_and_an_unparsable_body_an_empty
     )
     message = orjson.loads(chat_to_message(body, model="m", stop_sequences=(), estimated_input_tokens=17))
     assert message["usage"]["input_tokens"] == 17
-    empty = orjson.loads(chat_to_message(b"<html>", model="m", stop_sequences=(), estimated_input_tokens=1))
-    assert empty["content"] == [] and empty["stop_reason"] == "end_turn"
+    with pytest.raises(UntranslatableAnswer):  # the provider's failure (502), not an empty message
+        chat_to_message(b"<html>", model="m", stop_sequences=(), estimated_input_tokens=1)
 
 
 # -- streams --------------------------------------------------------------------------

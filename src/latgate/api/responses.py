@@ -45,7 +45,7 @@ def _create_response(
     decision = gateway.decide(translation.chat_body, headers, key_policy=None if caller is None else caller.policy)
     if serves_responses(gateway.config.providers, decision):
         return Forward(body=body, path="/responses", decision=decision)
-    transform = ResponsesStreamTransform(echo=translation.echo, namespaced=translation.namespaced)
+    transform = ResponsesStreamTransform(echo=translation.echo, namespaced=translation.namespaced, exchange=exchange)
     return Forward(body=translation.chat_body, path="/chat/completions", transform=transform, decision=decision)
 
 

@@ -30,7 +30,7 @@ from latgate.proxy.failures import NO_FIRST_TOKEN, Failures, aborted_answer, pro
 from latgate.proxy.hedge import LostRace, Race
 from latgate.proxy.relay import StreamRelay
 from latgate.proxy.sse import StreamTap
-from latgate.proxy.transform import ResponseTransform
+from latgate.proxy.transform import ResponseTransform, UntranslatableAnswer
 from latgate.proxy.upstream import (
     UpstreamClient,
     UpstreamFailure,
@@ -38,6 +38,7 @@ from latgate.proxy.upstream import (
     upstream_errors,
     upstream_headers,
 )
+from latgate.proxy.usage import answer_tokens
 from latgate.proxy.wire import (
     client_headers,
     model_rewrite,
@@ -303,21 +304,26 @@ class AttemptSender:
             parsed = None
         if not isinstance(parsed, dict):  # an event stream, a proxy's page, a truncated body: never relayed
             raise self.failures.bad_response(provider, endpoint, "answered a non-streamed request with a body that is not a JSON object")
-        self.pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
         if parsed.get("error") is not None and "choices" not in parsed and "data" not in parsed:
+            self.pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
             error = parsed["error"]  # an OpenAI error object, or a bare string (TileRT's)
             raise self.failures.error_event(provider, endpoint, error if isinstance(error, dict) else {"message": str(error)})
         if aborted_answer(parsed):  # nothing reached the client yet: retried like any failure before the first byte
             raise self.failures.bad_response(provider, endpoint, "ended its answer with finish_reason 'abort'")
-        exchange.apply_usage(parsed.get("usage"))
-        exchange.usage_estimated = not isinstance(parsed.get("usage"), dict)
+        if not exchange.apply_usage(parsed.get("usage")):  # absent or malformed: latgate's own count
+            exchange.usage_estimated = True
+            exchange.completion_tokens = answer_tokens(parsed)
         if exchange.upstream_model != exchange.public_model and parsed.get("model") == exchange.upstream_model:
             parsed["model"] = exchange.public_model
             data = orjson.dumps(parsed)
-        exchange.status = 200
         transform = attempt.routed.transform
         if transform is not None:
-            data = transform.complete(data)
+            try:
+                data = transform.complete(data)
+            except UntranslatableAnswer as odd:  # e.g. no choice: never an empty success
+                raise self.failures.bad_response(provider, endpoint, f"answered with {odd}") from None
+        self.pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
+        exchange.status = 200
         headers = client_headers(exchange, response.headers.get("content-type", "application/json"))
         # Finished once the body was handed to the server (e2e includes writing it).
         return Answer(body=data, headers=headers, on_sent=lambda: exchange.finish(self.metrics))

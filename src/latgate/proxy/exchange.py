@@ -17,6 +17,7 @@ import orjson
 
 from latgate.logs import access_log
 from latgate.metrics import Metrics
+from latgate.proxy.usage import usage_counts
 
 if TYPE_CHECKING:
     from latgate.proxy.keepalive import EarlyHead
@@ -73,20 +74,17 @@ class Exchange:
     recent: deque[tuple] | None = None  # the /ui ring this exchange's summary joins when finished (latgate.ui)
     early: EarlyHead | None = None  # a stream that may send its head before content (latgate.proxy.keepalive)
 
-    def apply_usage(self, usage: dict[str, Any] | None) -> None:
+    def apply_usage(self, usage: dict[str, Any] | None) -> bool:
         """Take token counts from an OpenAI ``usage`` object when it has them (chat
         ``prompt_tokens``/``completion_tokens``, or the Responses API's
-        ``input_tokens``/``output_tokens``)."""
-        if not isinstance(usage, dict):
-            return
-        prompt = usage.get("prompt_tokens")
-        completion = usage.get("completion_tokens")
-        if prompt is None and completion is None:
-            prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
-        if isinstance(prompt, int) and prompt >= 0:
-            self.prompt_tokens = prompt
-        if isinstance(completion, int) and completion >= 0:
-            self.completion_tokens = completion
+        ``input_tokens``/``output_tokens``, both non-negative integers:
+        :func:`~latgate.proxy.usage.usage_counts`). Returns False, changing nothing,
+        when it has not (absent or malformed): the counts are then latgate's estimate."""
+        counts = usage_counts(usage)
+        if counts is None:
+            return False
+        self.prompt_tokens, self.completion_tokens = counts
+        return True
 
     def finish(self, metrics: Metrics, *, now: float | None = None) -> None:
         """Record metrics and the access log line (idempotent)."""

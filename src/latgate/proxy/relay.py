@@ -143,8 +143,7 @@ class StreamRelay:
             self._observe_itl()
             if self.tap.aborted and ex.status == 200:
                 self._fail("aborted", "the engine aborted the request")
-            ex.apply_usage(self.tap.usage)
-            if self.tap.usage is None:
+            if not ex.apply_usage(self.tap.usage):  # absent or malformed: counted from the chunks
                 ex.usage_estimated = True
             if ex.completion_tokens == 0:
                 ex.completion_tokens = self.tap.content_chunks

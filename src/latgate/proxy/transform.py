@@ -13,6 +13,12 @@ from __future__ import annotations
 from typing import Protocol
 
 
+class UntranslatableAnswer(Exception):
+    """A whole upstream answer that is not a chat completion a transform can translate
+    (``str()``: what it is, e.g. "a chat completion without a choice"): the provider's
+    failure, a 502 in the client's envelope (:mod:`latgate.proxy.attempt`)."""
+
+
 class ResponseTransform(Protocol):
     """Converts one upstream chat-completions response into the client's wire format.
 
@@ -20,7 +26,8 @@ class ResponseTransform(Protocol):
     events), in order, and returns the bytes to send to the client instead (possibly
     ``b""``). ``finish`` is called once at the end of a stream: ``error`` is ``None`` for
     a clean end, else the message of a mid-stream upstream failure; it returns the
-    closing bytes. ``complete`` converts a whole non-streamed JSON body.
+    closing bytes. ``complete`` converts a whole non-streamed JSON body, raising
+    :class:`UntranslatableAnswer` when it is not one it can translate.
     """
 
     #: content type of the translated stream (e.g. ``text/event-stream``).

@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from latgate.proxy.transform import UntranslatableAnswer
+
 
 def data_payloads(events: bytes) -> Iterator[bytes]:
     """The ``data`` of each SSE event in ``events`` (complete events, as
@@ -40,3 +42,44 @@ def chat_chunks(events: bytes) -> Iterator[dict[str, Any]]:
             continue
         if isinstance(chunk, dict):
             yield chunk
+
+
+def read_chat_completion(body: bytes) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``(answer, first choice, its message)`` of a whole chat completion body, for the
+    transforms that translate it (only the first choice: neither other API has ``n``).
+
+    Raises:
+        UntranslatableAnswer: not a JSON object, ``choices`` not a non-empty list of
+            objects, or the first choice without a ``message`` object (``null``): the
+            provider's failure (502), never an empty success.
+    """
+    try:
+        chat = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise UntranslatableAnswer("a body that is not JSON") from None
+    if not isinstance(chat, dict):
+        raise UntranslatableAnswer("a body that is not a JSON object")
+    choices = chat.get("choices")
+    if not isinstance(choices, list):
+        raise UntranslatableAnswer("a chat completion whose 'choices' is not a list")
+    if not choices or not isinstance(choices[0], dict):
+        raise UntranslatableAnswer("a chat completion without a choice")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise UntranslatableAnswer("a chat completion whose choice has no message")
+    return chat, choices[0], message
+
+
+def content_text(content: object) -> str:
+    """The text of a chat message's ``content``: the string, or for a list of parts
+    (Mistral-style ``[{"type": "text", "text": ...}]``) the texts of its text parts
+    joined; anything else is no text."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and part.get("type", "text") in ("text", "output_text") and isinstance(part.get("text"), str)
+        )
+    return ""

@@ -18,6 +18,9 @@ from typing import Any
 
 import orjson
 
+from latgate.proxy.usage import detail_tokens, usage_counts
+from latgate.translate.chat_events import content_text, read_chat_completion
+
 #: chat ``finish_reason`` -> Anthropic ``stop_reason`` (``stop`` is refined by :func:`stop_reason`).
 FINISH_TO_STOP_REASON = {
     "stop": "end_turn",
@@ -29,7 +32,12 @@ FINISH_TO_STOP_REASON = {
 
 
 def chat_to_message(
-    body: bytes, *, model: str, stop_sequences: Sequence[str], estimated_input_tokens: int
+    body: bytes,
+    *,
+    model: str,
+    stop_sequences: Sequence[str],
+    estimated_input_tokens: int,
+    estimated_output_tokens: int = 0,
 ) -> bytes:
     """The Anthropic ``Message`` JSON for a chat completion JSON body.
 
@@ -37,31 +45,26 @@ def chat_to_message(
         body: the upstream's 200 chat completion body.
         model: the model name the client asked for (the message's ``model``).
         stop_sequences: the request's ``stop_sequences``.
-        estimated_input_tokens: reported as ``input_tokens`` when the upstream gave
-            no usage.
+        estimated_input_tokens / estimated_output_tokens: reported as ``input_tokens``
+            / ``output_tokens`` when the upstream's usage is absent or malformed.
 
     Returns:
         JSON bytes of ``{"id", "type": "message", "role": "assistant", "model",
         "content": [...], "stop_reason", "stop_sequence", "usage"}``. Only the first
-        choice is translated (the Messages API has no ``n``). A body that is not a
-        chat completion gives an empty ``end_turn`` message rather than an error, as
-        the status (200) is already decided.
+        choice is translated (the Messages API has no ``n``). Assistant ``content``
+        given as a list of parts (Mistral-style) is read as the text of its text parts.
+
+    Raises:
+        UntranslatableAnswer: the body is not a chat completion (not a JSON object,
+            ``choices`` not a non-empty list, no ``message`` object in the first).
     """
-    try:
-        chat = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        chat = {}
-    if not isinstance(chat, dict):
-        chat = {}
-    choices = chat.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    chat, choice, message = read_chat_completion(body)
     content: list[dict[str, Any]] = []
     reasoning = reasoning_text(message)
     if reasoning:
         content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
-    text = message.get("content")
-    if isinstance(text, str) and text:
+    text = content_text(message.get("content"))
+    if text:
         content.append({"type": "text", "text": text})
     refusal = message.get("refusal")
     if isinstance(refusal, str) and refusal:
@@ -88,7 +91,9 @@ def chat_to_message(
     )
     if isinstance(refusal, str) and refusal and reason == "end_turn":
         reason = "refusal"
-    usage = anthropic_usage(chat.get("usage"), estimated_input_tokens=estimated_input_tokens)
+    usage = anthropic_usage(
+        chat.get("usage"), estimated_input_tokens=estimated_input_tokens, output_tokens=estimated_output_tokens
+    )
     return orjson.dumps(
         {
             "id": message_id(chat.get("id")),
@@ -126,25 +131,19 @@ def stop_reason(
 
 
 def anthropic_usage(usage: object, *, estimated_input_tokens: int, output_tokens: int = 0) -> dict[str, int]:
-    """Anthropic ``usage`` for an OpenAI ``usage`` object (or the estimates when it is absent).
+    """Anthropic ``usage`` for an OpenAI ``usage`` object (or the estimates when it is
+    absent or malformed).
 
     ``input_tokens`` excludes prompt tokens served from the engine's prefix cache
     (``prompt_tokens_details.cached_tokens``), which are ``cache_read_input_tokens``,
     as Anthropic counts them; ``cache_creation_input_tokens`` is always 0.
     """
-    prompt = completion = None
-    cached = 0
-    if isinstance(usage, Mapping):
-        prompt = usage.get("prompt_tokens")
-        completion = usage.get("completion_tokens")
-        details = usage.get("prompt_tokens_details")
-        if isinstance(details, Mapping) and isinstance(details.get("cached_tokens"), int):
-            cached = details["cached_tokens"]
-    if not isinstance(prompt, int):
-        prompt, cached = estimated_input_tokens, 0
-    if not isinstance(completion, int):
-        completion = output_tokens
-    cached = min(max(cached, 0), prompt)
+    counts = usage_counts(usage)
+    if counts is None:  # absent or malformed (:func:`~latgate.proxy.usage.usage_counts`): the estimates
+        prompt, completion, cached = estimated_input_tokens, output_tokens, 0
+    else:
+        prompt, completion = counts
+        cached = min(detail_tokens(usage, "prompt_tokens_details", "cached_tokens"), prompt)  # type: ignore[arg-type]
     return {
         "input_tokens": prompt - cached,
         "output_tokens": completion,

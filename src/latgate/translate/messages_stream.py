@@ -157,6 +157,7 @@ class MessagesStream:
             model=self._exchange.public_model,
             stop_sequences=self._stop_sequences,
             estimated_input_tokens=self._exchange.prompt_tokens,
+            estimated_output_tokens=self._exchange.completion_tokens,
         )
 
     # -- one upstream chunk ---------------------------------------------------------

@@ -20,6 +20,9 @@ from typing import Any
 
 import orjson
 
+from latgate.proxy.usage import detail_tokens, usage_counts
+from latgate.translate.chat_events import content_text, read_chat_completion
+
 #: chat ``finish_reason`` -> Responses ``incomplete_details.reason``.
 INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -87,28 +90,33 @@ def response_object(
     return response
 
 
-def response_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A Responses ``usage`` object from a chat ``usage`` (``None`` stays ``None``).
+def response_usage(usage: object, *, estimate: tuple[int, int] | None = None) -> dict[str, Any] | None:
+    """A Responses ``usage`` object from a chat ``usage``.
 
     ``prompt_tokens`` -> ``input_tokens`` (``prompt_tokens_details.cached_tokens`` ->
     ``input_tokens_details.cached_tokens``), ``completion_tokens`` -> ``output_tokens``
-    (``completion_tokens_details.reasoning_tokens`` -> ``output_tokens_details``).
+    (``completion_tokens_details.reasoning_tokens`` -> ``output_tokens_details``). A
+    usage absent or malformed (:func:`~latgate.proxy.usage.usage_counts`; a malformed
+    details member counts as 0) gives ``estimate`` (latgate's own ``(input, output)``
+    tokens), or None without one.
     """
-    if not isinstance(usage, dict):
-        return None
-    prompt = _int(usage.get("prompt_tokens"))
-    completion = _int(usage.get("completion_tokens"))
-    prompt_details = usage.get("prompt_tokens_details") or {}
-    completion_details = usage.get("completion_tokens_details") or {}
+    counts = usage_counts(usage)
+    if counts is None:
+        if estimate is None:
+            return None
+        prompt, completion = estimate
+        cached = reasoning = 0
+    else:
+        assert isinstance(usage, dict)
+        prompt, completion = counts
+        cached = detail_tokens(usage, "prompt_tokens_details", "cached_tokens")
+        reasoning = detail_tokens(usage, "completion_tokens_details", "reasoning_tokens")
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {
-            "cached_tokens": _int(prompt_details.get("cached_tokens")),
-            "cache_write_tokens": 0,
-        },
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": _int(completion_details.get("reasoning_tokens"))},
-        "total_tokens": _int(usage.get("total_tokens")) or prompt + completion,
+        "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": prompt + completion,
     }
 
 
@@ -157,35 +165,42 @@ def reasoning_item(*, item_id: str, status: str, text: str) -> dict[str, Any]:
     return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
 
 
-def chat_to_response(body: bytes, *, echo: dict[str, Any], namespaced: dict[str, tuple[str, str]]) -> bytes:
+def chat_to_response(
+    body: bytes,
+    *,
+    echo: dict[str, Any],
+    namespaced: dict[str, tuple[str, str]],
+    estimate: tuple[int, int] | None = None,
+) -> bytes:
     """Translate a whole chat completions answer into a Responses ``Response`` (JSON bytes).
 
-    ``namespaced`` maps flattened namespace functions back (see ``ChatTranslation``).
+    ``namespaced`` maps flattened namespace functions back (see ``ChatTranslation``);
+    ``estimate``: latgate's own ``(input, output)`` tokens, the usage when the
+    upstream's is absent or malformed. Assistant ``content`` given as a list of parts
+    (Mistral-style) is read as the text of its text parts.
 
-    A body that is not a chat completion (not JSON, no ``choices``) is returned
-    unchanged, so an upstream's own error text still reaches the client.
+    Raises:
+        UntranslatableAnswer: the body is not a chat completion (not a JSON object,
+            ``choices`` not a non-empty list, no ``message`` object in the first).
     """
-    try:
-        chat = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body
-    if not isinstance(chat, dict) or not isinstance(chat.get("choices"), list):
-        return body
-    choice = chat["choices"][0] if chat["choices"] else {}
-    message = choice.get("message") or {}
+    chat, choice, message = read_chat_completion(body)
     output: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
         output.append(reasoning_item(item_id=new_id("rs"), status="completed", text=reasoning))
     parts = []
-    if isinstance(message.get("content"), str) and message["content"]:
-        parts.append(text_part(message["content"]))
+    text = content_text(message.get("content"))
+    if text:
+        parts.append(text_part(text))
     if isinstance(message.get("refusal"), str) and message["refusal"]:
         parts.append(refusal_part(message["refusal"]))
     if parts:
         output.append(message_item(item_id=new_id("msg"), status="completed", parts=parts))
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            continue
         output.append(
             function_call_item(
                 item_id=new_id("fc"),
@@ -204,7 +219,7 @@ def chat_to_response(body: bytes, *, echo: dict[str, Any], namespaced: dict[str,
         model=str(chat.get("model") or echo["model"] or ""),
         status="incomplete" if incomplete else "completed",
         output=output,
-        usage=response_usage(chat.get("usage")),
+        usage=response_usage(chat.get("usage"), estimate=estimate),
         incomplete_reason=incomplete,
     )
     return orjson.dumps(response)

@@ -30,6 +30,8 @@ from typing import Any
 
 import orjson
 
+from latgate.proxy.exchange import Exchange
+from latgate.routing.tokens import estimate_text_tokens
 from latgate.translate.chat_events import chat_chunks
 from latgate.translate.responses_output import (
     INCOMPLETE_REASONS,
@@ -105,8 +107,10 @@ class ResponsesStreamTransform:
         echo: dict[str, Any],
         namespaced: dict[str, tuple[str, str]] | None = None,
         clock: Callable[[], float] = time.time,
+        exchange: Exchange | None = None,
     ) -> None:
         self._echo = echo
+        self._exchange = exchange
         self._namespaced = namespaced or {}
         self._clock = clock
         self._response_id = new_id("resp")
@@ -151,7 +155,9 @@ class ResponsesStreamTransform:
         return b"".join(out)
 
     def complete(self, body: bytes) -> bytes:
-        return chat_to_response(body, echo=self._echo, namespaced=self._namespaced)
+        ex = self._exchange
+        estimate = None if ex is None else (ex.prompt_tokens, ex.completion_tokens)
+        return chat_to_response(body, echo=self._echo, namespaced=self._namespaced, estimate=estimate)
 
     # -- chat chunks -> events ---------------------------------------------------------
 
@@ -313,10 +319,18 @@ class ResponsesStreamTransform:
             model=self._model,
             status=status,
             output=output,
-            usage=response_usage(self._usage) if status != "in_progress" else None,
+            usage=response_usage(self._usage, estimate=self._estimate()) if status != "in_progress" else None,
             incomplete_reason=incomplete_reason,
             error=error,
         )
+
+    def _estimate(self) -> tuple[int, int] | None:
+        """latgate's own ``(input, output)`` tokens so far: the usage when the upstream's
+        is absent or malformed (None without the request's exchange)."""
+        if self._exchange is None:
+            return None
+        texts = [item.text for item in self._items] + [text for item in self._items for _, text in item.parts]
+        return self._exchange.prompt_tokens, estimate_text_tokens("".join(texts))
 
     def _emit(self, out: list[bytes], event_type: str, fields: dict[str, Any]) -> None:
         payload = {"type": event_type, "sequence_number": self._sequence} | fields

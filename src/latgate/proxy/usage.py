@@ -1,0 +1,71 @@
+"""Reading an upstream's ``usage`` object, which may be malformed: its token counts when
+they are counts, else nothing, so the caller falls back to latgate's own estimate
+(marked ``usage_estimated`` in the access log) instead of failing or taking garbage.
+
+Names: chat completions' ``prompt_tokens`` / ``completion_tokens`` with
+``prompt_tokens_details.cached_tokens`` and ``completion_tokens_details.reasoning_tokens``;
+the Responses API's ``input_tokens`` / ``output_tokens`` (OpenAI API reference, "The chat
+completion object" and "The response object").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from latgate.routing.tokens import estimate_text_tokens
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def usage_counts(usage: object) -> tuple[int, int] | None:
+    """``(prompt_tokens, completion_tokens)`` of a usage object, or None unless both are
+    non-negative integers (a string, a negative number, a bool, a missing one: the
+    object is not used)."""
+    if not isinstance(usage, Mapping):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if prompt is None and completion is None:
+        prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
+    prompt, completion = _count(prompt), _count(completion)
+    if prompt is None or completion is None:
+        return None
+    return prompt, completion
+
+
+def detail_tokens(usage: Mapping[str, Any], details: str, name: str) -> int:
+    """``usage[details][name]`` (``prompt_tokens_details.cached_tokens``...) when it is a
+    non-negative integer, else 0 (a details member that is not an object included)."""
+    part = usage.get(details)
+    value = _count(part.get(name)) if isinstance(part, Mapping) else None
+    return value or 0
+
+
+def answer_tokens(answer: Mapping[str, Any]) -> int:
+    """latgate's estimate of a whole answer's completion tokens (its text, reasoning and
+    tool-call arguments, every choice; chat ``message`` or completions ``text``), for an
+    answer whose usage is missing or malformed."""
+    texts: list[str] = []
+    choices = answer.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, Mapping):
+            continue
+        if isinstance(choice.get("text"), str):
+            texts.append(choice["text"])
+        message = choice.get("message")
+        if not isinstance(message, Mapping):
+            continue
+        for field in ("content", "reasoning_content", "reasoning", "refusal"):
+            value = message.get(field)
+            if isinstance(value, str):
+                texts.append(value)
+            elif isinstance(value, list):  # content parts
+                texts += [p["text"] for p in value if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
+        calls = message.get("tool_calls")
+        for call in calls if isinstance(calls, list) else ():
+            function = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(function, Mapping):
+                texts += [v for v in (function.get("name"), function.get("arguments")) if isinstance(v, str)]
+    return estimate_text_tokens("\n".join(texts)) if texts else 0
