@@ -144,3 +144,61 @@ def test_an_answer_without_a_message_is_the_providers_failure_in_the_clients_env
     else:
         assert set(body) == {"error"} and body["error"]["type"] == "api_error"
     assert "provider 'up'" in body["error"]["message"] and "chat.completion" not in answer.text
+
+
+# -- translated streams never drop what they cannot decode --------------------------------
+
+BAD_UTF8 = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":"bad \xff\xfe here"},"finish_reason":null}]}\n\n'
+FINISH = event(chat_chunk({}, finish_reason="stop"))
+STREAMS = {
+    "bad-utf8": ROLE + BAD_UTF8 + FINISH + DONE,
+    "bom": b"\xef\xbb\xbf" + content("bom ") + content("text") + FINISH + DONE,
+    "not-json": ROLE + content("before ") + b"data: {not json\n\n" + content("after") + FINISH + DONE,
+}
+
+
+@pytest.fixture
+def streaming_v1(caplog: pytest.LogCaptureFixture):
+    async def serve(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            body = json.loads((await up.request(reader)).partition(b"\r\n\r\n")[2])
+            writer.write(SSE_HEAD + chunk(STREAMS[body["model"]]) + b"0\r\n\r\n")
+            await writer.drain()
+
+    caplog.set_level(logging.INFO)
+    with RawUpstream(serve) as up, gateway(config(up.base_url), env={"UP_KEY": "k" * 20}) as gw:
+        yield gw.v1
+
+
+def _messages_text(v1: str, mode: str) -> str:
+    client = anthropic.Anthropic(base_url=v1.removesuffix("/v1"), api_key="x", max_retries=0)
+    with client.messages.stream(model=mode, max_tokens=16, messages=[{"role": "user", "content": "hi"}]) as stream:
+        return "".join(stream.text_stream)
+
+
+def _responses_text(v1: str, mode: str) -> str:
+    client = openai.OpenAI(base_url=v1, api_key="x", max_retries=0)
+    events = list(client.responses.create(model=mode, input="hi", stream=True))
+    assert events[-1].type == "response.completed", events[-1]
+    return "".join(e.delta for e in events if e.type == "response.output_text.delta")
+
+
+@pytest.mark.parametrize("read", [_messages_text, _responses_text], ids=["messages", "responses"])
+def test_invalid_utf8_and_a_bom_in_a_translated_stream_keep_their_text(streaming_v1: str, read) -> None:
+    assert read(streaming_v1, "bad-utf8") == "bad \ufffd\ufffd here"
+    assert read(streaming_v1, "bom") == "bom text"
+
+
+def test_an_event_that_is_not_json_ends_a_translated_stream_with_an_error(
+    streaming_v1: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(anthropic.APIStatusError):
+        _messages_text(streaming_v1, "not-json")
+    with pytest.raises(AssertionError, match="response.failed"):
+        _responses_text(streaming_v1, "not-json")
+    def both() -> list[dict]:
+        lines = [x for x in access_lines(caplog) if x["model"] == "not-json"]
+        return lines if len(lines) == 2 else []
+
+    lines = poll(both, timeout=10, what="both access lines", interval=0.01)
+    assert [(x["status"], x["error"]) for x in lines] == [(502, "stream_bad_event")] * 2

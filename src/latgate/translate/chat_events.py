@@ -17,29 +17,41 @@ import orjson
 
 from latgate.proxy.transform import UntranslatableAnswer
 
+#: a UTF-8 byte order mark, which the SSE spec strips from the start of a stream
+BOM = b"\xef\xbb\xbf"
+#: the error of an event whose data is not JSON even decoded with replacement
+UNDECODABLE_EVENT = "the upstream sent an event latgate cannot read (not JSON); the response is incomplete"
+
 
 def data_payloads(events: bytes) -> Iterator[bytes]:
     """The ``data`` of each SSE event in ``events`` (complete events, as
     :meth:`latgate.proxy.sse.StreamTap.feed` forwards them; LF or CRLF lines, one optional space after
-    ``data:``, several ``data`` lines joined by LF). For the translating transforms,
+    ``data:``, several ``data`` lines joined by LF; a leading byte order mark stripped,
+    as the SSE spec does at the start of a stream). For the translating transforms,
     which read every event; the tap itself stays on its cheaper one-line path."""
     for event in events.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = [line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+        lines = [line[5:].removeprefix(b" ") for line in event.removeprefix(BOM).split(b"\n") if line.startswith(b"data:")]
         if lines:
             yield b"\n".join(lines)
 
 
 def chat_chunks(events: bytes) -> Iterator[dict[str, Any]]:
     """Each JSON-object chunk of an OpenAI chat stream in ``events`` (complete events,
-    as :func:`data_payloads` reads them), skipping ``[DONE]`` and any ``data`` that is
-    not a JSON object. For the transforms that translate chat chunks to another API."""
+    as :func:`data_payloads` reads them), skipping ``[DONE]``, empty ``data`` and JSON
+    that is not an object. Bytes that are not UTF-8 are read as U+FFFD (the text
+    around them kept); ``data`` that is not JSON even so becomes an error chunk
+    (``{"error": {"message": UNDECODABLE_EVENT}}``), so the translated stream ends
+    with an error rather than as a success without that content."""
     for data in data_payloads(events):
-        if data == b"[DONE]":
+        if data == b"[DONE]" or not data.strip():
             continue
         try:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
-            continue
+            try:
+                chunk = orjson.loads(data.decode("utf-8", "replace"))
+            except orjson.JSONDecodeError:
+                chunk = {"error": {"message": UNDECODABLE_EVENT, "type": "api_error"}}
         if isinstance(chunk, dict):
             yield chunk
 

@@ -164,10 +164,11 @@ class MessagesStream:
 
     def _chunk(self, chunk: dict[str, Any], out: list[bytes]) -> None:
         error = chunk.get("error")
-        if error is not None:
+        if error is not None:  # the stream ends failed (an event latgate could not read: chat_chunks)
             message = error.get("message") if isinstance(error, dict) else str(error)
             out.append(anthropic_error_event(status=502, message=f"upstream error: {message or 'unknown'}"))
             self._ended = True
+            self._exchange.status, self._exchange.error_kind = 502, "stream_bad_event"
             return
         self._start(chunk, out)
         if chunk.get("usage"):

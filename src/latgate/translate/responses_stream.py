@@ -169,8 +169,10 @@ class ResponsesStreamTransform:
         self._emit(out, "response.in_progress", {"response": response})
 
     def _chunk(self, chunk: dict[str, Any], out: list[bytes]) -> None:
-        if isinstance(chunk.get("error"), dict):
+        if isinstance(chunk.get("error"), dict):  # the stream ends failed (e.g. an unreadable event: chat_chunks)
             self._fail(str(chunk["error"].get("message") or "upstream error"), out)
+            if self._exchange is not None:
+                self._exchange.status, self._exchange.error_kind = 502, "stream_bad_event"
             return
         if isinstance(chunk.get("model"), str) and chunk["model"]:
             self._model = chunk["model"]
