@@ -34,8 +34,9 @@ Dropped on purpose, since chat completions has no counterpart (never an error):
 reject reasoning sent back), the ``thinking``, ``output_config``,
 ``context_management``, ``container``, ``mcp_servers`` and ``service_tier`` fields,
 ``cache_control`` on any block (engines cache prefixes by themselves), ``citations``,
-server tools (``web_search_...``, ``bash_...``: no ``input_schema``), and blocks of
-unknown types. Unknown top-level fields are ignored too, so a newer client keeps
+server tools (``web_search_...``, ``bash_...``: a ``type`` and no ``input_schema``),
+and blocks of unknown types. A custom tool without a string ``name`` or an object
+``input_schema`` is a 400, as Anthropic answers it. Unknown top-level fields are ignored too, so a newer client keeps
 working.
 """
 
@@ -273,18 +274,40 @@ def _parts_or_text(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     return parts
 
 
+#: the ``type`` of a custom (client-defined) tool; absent means custom too
+CUSTOM_TOOL_TYPES = (None, "custom")
+
+
 def _tools(tools: object) -> list[dict[str, Any]]:
-    """Client tools as ``function`` tools; server tools (no ``input_schema``) are dropped."""
-    if not isinstance(tools, list):
+    """Client tools as ``function`` tools; server tools (a ``type`` such as
+    ``web_search_20250305``, no ``input_schema``) are dropped.
+
+    Raises:
+        InvalidRequest: ``tools`` is not a list, a tool is not an object, or a custom
+            tool has no string ``name`` or no object ``input_schema`` (as Anthropic
+            answers: ``tools.0.custom.input_schema: Field required``); ``param``
+            names the field (``tools.0.name``).
+    """
+    if tools is None:
         return []
+    if not isinstance(tools, list):
+        raise InvalidRequest("tools: Input should be a valid list", param="tools")
     out = []
-    for tool in tools:
-        if not isinstance(tool, Mapping) or not isinstance(tool.get("name"), str):
-            continue
+    for number, tool in enumerate(tools):
+        where = f"tools.{number}"
+        if not isinstance(tool, Mapping):
+            raise InvalidRequest(f"{where}: Input should be an object", param=where)
         schema = tool.get("input_schema")
+        if tool.get("type") not in CUSTOM_TOOL_TYPES and not isinstance(schema, Mapping):
+            continue  # a server tool: no engine runs it (the module docstring)
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            problem = "Field required" if name is None else "Input should be a non-empty string"
+            raise InvalidRequest(f"{where}.name: {problem}", param=f"{where}.name")
         if not isinstance(schema, Mapping):
-            continue
-        function: dict[str, Any] = {"name": tool["name"], "parameters": dict(schema)}
+            problem = "Field required" if schema is None else "Input should be an object"
+            raise InvalidRequest(f"{where}.custom.input_schema: {problem}", param=f"{where}.input_schema")
+        function: dict[str, Any] = {"name": name, "parameters": dict(schema)}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
         out.append({"type": "function", "function": function})
