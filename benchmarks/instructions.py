@@ -2,8 +2,8 @@
 not move with the machine's load, for comparing two versions of latgate in one run.
 
     .venv/bin/python benchmarks/instructions.py [--requests 800] [--concurrency 16]
-        [--mode non-stream|stream|agent] [--baseline-src PATH/TO/OTHER/src]
-        [--keep-profile OUT]
+        [--mode non-stream|stream|agent] [--state off|memory|redis|both]
+        [--baseline-src PATH/TO/OTHER/src] [--keep-profile OUT]
 
 latgate runs under callgrind with instrumentation off while it starts and warms up
 (200 requests), on for the measured requests, then off again; the zero-delay mock
@@ -12,7 +12,11 @@ upstream (``mock_upstream.py``) and the load generator run natively. With
 ``--baseline-src /tmp/base/src``) the same is done for that tree (put first on
 ``PYTHONPATH``) and the ratio printed. ``--keep-profile OUT`` keeps this tree's
 callgrind output as ``OUT`` (read it with ``callgrind_annotate --inclusive=yes OUT``:
-where the instructions go by C function, e.g. orjson, the allocator, the interpreter). Needs ``valgrind`` (Debian package).
+where the instructions go by C function, e.g. orjson, the allocator, the interpreter).
+``--state`` runs latgate with ``[auth]`` and RPM/TPM limits (never reached), in process
+(``memory``), with ``[state] redis_url`` on a throw-away ``redis-server`` (``redis``;
+the Redis script calls per request are counted from its ``INFO``), or both in one run
+with their ratio. Needs ``valgrind`` (Debian package).
 
 Counts repeat within ~0.5% run to run; CPU time per request on this project's shared
 2-core machines moves by ±30%. Instructions are not time (cache misses, syscalls and
@@ -36,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_bodies import chat_body
 from loadgen import Conn, request_bytes
-from peers import wait_port
+from peers import Latgate, Redis, wait_port
 from serving import free_port, latgate_serve_command
 
 WARM_UP_REQUESTS = 200
@@ -64,15 +68,40 @@ async def send_exactly(*, port: int, request: bytes, total: int, concurrency: in
     return each * concurrency
 
 
+def redis_scripts(url: str) -> int:
+    """Script calls (``EVALSHA`` and ``EVAL``) the Redis at ``url`` has run (its ``INFO
+    commandstats``; the commands a script runs are counted there too, so not summed)."""
+    port = url.rsplit(":", 1)[1].split("/")[0]
+    out = subprocess.run(
+        ["redis-cli", "-p", port, "info", "commandstats"], check=True, capture_output=True, text=True
+    )
+    calls = 0
+    for line in out.stdout.splitlines():
+        if line.startswith(("cmdstat_evalsha:", "cmdstat_eval:")):
+            calls += int(line.split("calls=")[1].split(",")[0])
+    return calls
+
+
 def measure(
-    *, src: str | None, mode: str, requests: int, concurrency: int, workdir: Path, keep: str | None = None
+    *,
+    src: str | None,
+    mode: str,
+    requests: int,
+    concurrency: int,
+    workdir: Path,
+    keep: str | None = None,
+    limits: bool = False,
+    redis_url: str | None = None,
 ) -> float:
-    """Instructions per request (thousands) of the latgate in ``src`` (None: this one);
-    its callgrind output copied to ``keep`` when given."""
+    """Instructions per request (thousands) of the latgate in ``src`` (None: this one),
+    with ``[auth]`` and limits when ``limits``, in Redis when ``redis_url``; its
+    callgrind output copied to ``keep`` when given."""
     up_port, gw_port = free_port(), free_port()
     mock = subprocess.Popen([sys.executable, str(Path(__file__).with_name("mock_upstream.py")), str(up_port)])
     config = workdir / "config.toml"
-    config.write_text(f'[providers.up]\napi_base = "http://127.0.0.1:{up_port}/v1"\nmodels = ["bench"]\n')
+    text = Latgate(limits=limits, redis_url=redis_url).config_text(up_port)
+    # under callgrind latgate runs ~50x slower: a 100 ms Redis bound would fail calls open
+    config.write_text(text + ("redis_timeout_ms = 10000\n" if redis_url else ""))
     out = workdir / "callgrind.out"
     env = dict(os.environ)
     if src:
@@ -96,7 +125,10 @@ def measure(
         request = request_bytes(port=gw_port, path="/v1/chat/completions", body=body)
         asyncio.run(send_exactly(port=gw_port, request=request, total=WARM_UP_REQUESTS, concurrency=concurrency))
         subprocess.run(["callgrind_control", "-i", "on", str(gateway.pid)], check=True, capture_output=True)
+        scripts = redis_scripts(redis_url) if redis_url else 0
         sent = asyncio.run(send_exactly(port=gw_port, request=request, total=requests, concurrency=concurrency))
+        if redis_url:
+            print(f"  Redis script calls per request: {(redis_scripts(redis_url) - scripts) / sent:.2f}")
         subprocess.run(["callgrind_control", "-i", "off", str(gateway.pid)], check=True, capture_output=True)
     finally:
         gateway.terminate()
@@ -120,25 +152,47 @@ def main() -> int:
     parser.add_argument("--mode", choices=["non-stream", "stream", "agent"], default="non-stream")
     parser.add_argument("--baseline-src", help="another latgate source tree (its src/ folder) to compare")
     parser.add_argument("--keep-profile", metavar="OUT", help="keep this tree's callgrind output as OUT")
+    parser.add_argument(
+        "--state",
+        choices=["off", "memory", "redis", "both"],
+        default="off",
+        help="[auth] with RPM/TPM limits: in process, in a local redis-server, or both (and their ratio)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("instructions.py needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory() as tmp:
-        this = measure(
-            src=None,
-            mode=args.mode,
-            requests=args.requests,
-            concurrency=args.concurrency,
-            workdir=Path(tmp),
-            keep=args.keep_profile,
-        )
-        print(f"latgate ({args.mode}, c={args.concurrency}): {this:.1f} k instructions per request")
-        if args.baseline_src:
-            base = measure(
-                src=args.baseline_src, mode=args.mode, requests=args.requests, concurrency=args.concurrency, workdir=Path(tmp)
-            )
-            print(f"baseline {args.baseline_src}: {base:.1f} k instructions per request; this / baseline = {this / base:.3f}")
+    states = {"off": [None], "memory": ["memory"], "redis": ["redis"], "both": ["memory", "redis"]}[args.state]
+    redis = Redis()
+    redis_url = redis.start() if "redis" in states else None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            this: dict[str | None, float] = {}
+            for src in [None, *([args.baseline_src] if args.baseline_src else [])]:
+                counts: dict[str | None, float] = {}
+                for state in states:
+                    limited = f", limits {state}" if state else ""
+                    print(f"{src or 'latgate'} ({args.mode}, c={args.concurrency}{limited})", flush=True)
+                    counts[state] = measure(
+                        src=src,
+                        mode=args.mode,
+                        requests=args.requests,
+                        concurrency=args.concurrency,
+                        workdir=Path(tmp),
+                        keep=args.keep_profile if src is None and len(states) == 1 else None,
+                        limits=state is not None,
+                        redis_url=redis_url if state == "redis" else None,
+                    )
+                    print(f"  {counts[state]:.1f} k instructions per request", flush=True)
+                if len(states) == 2:
+                    print(f"  redis / memory = {counts['redis'] / counts['memory']:.3f}")
+                if src is None:
+                    this = counts
+                else:
+                    ratios = ", ".join(f"{s or 'off'} {this[s] / counts[s]:.3f}" for s in states)
+                    print(f"this / baseline: {ratios}")
+    finally:
+        redis.stop()
     return 0
 
 

@@ -146,9 +146,8 @@ class Gateway:
         if "model" not in body:
             body["model"] = decision.public_model
         if caller is not None and caller.limited:
-            reservation = await guard.admit(  # type: ignore[union-attr]
-                caller, body=body, prompt_tokens=decision.prompt_tokens, requests_charged=True
-            )
+            exchange.limits_charged = True
+            reservation = await guard.admit(caller, body=body, prompt_tokens=decision.prompt_tokens)  # type: ignore[union-attr]
             if reservation is not None:
                 return await forward_within_limits(
                     reservation,

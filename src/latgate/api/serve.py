@@ -23,6 +23,7 @@ description there, never a copied handler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,8 +33,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from latgate.api.body import error_response, read_json_object, until_client_leaves
-from latgate.auth import Caller
-from latgate.errors import GatewayError
+from latgate.auth import AuthGuard, Caller
+from latgate.errors import GatewayError, RateLimited
 from latgate.gateway import MAX_LOGGED_MODEL_CHARS, REFUSING_DEEP_NESTING, Gateway, drain_cut_error
 from latgate.httplimits import TIMEOUT_SCOPE_KEY
 from latgate.proxy.exchange import CLIENT_CLOSED, Exchange, is_drain_cut
@@ -130,7 +131,7 @@ async def serve(gateway: Gateway, api: Api, request: Request) -> Any:
         if guard is not None:
             caller = guard.authenticate(request.headers)
             if caller.rpm is not None:
-                await guard.admit_request(caller)
+                guard.check_request_rate(caller)
         body = await read_json_object(request, max_bytes=gateway.config.server.max_body_bytes)
         model = body.get("model")
         if isinstance(model, str):  # named in the access line even when it is refused
@@ -140,6 +141,9 @@ async def serve(gateway: Gateway, api: Api, request: Request) -> Any:
         with REFUSING_DEEP_NESTING:  # a translation encodes parts of the body (tool inputs) as JSON text
             work = api.prepare(gateway, exchange, body, request.headers, caller)
         if isinstance(work, Response):  # answered by latgate itself
+            if caller is not None and caller.rpm is not None:
+                exchange.limits_charged = True
+                await guard.admit_request(caller)  # type: ignore[union-attr]
             exchange.status = work.status_code
             exchange.finish(gateway.metrics)
             return work
@@ -154,6 +158,8 @@ async def serve(gateway: Gateway, api: Api, request: Request) -> Any:
         )
         return await until_client_leaves(request, forwarded)
     except GatewayError as error:
+        if caller is not None and caller.rpm is not None and not exchange.limits_charged:
+            await charge_refused_request(gateway.guard, caller, error)  # type: ignore[arg-type]
         return refuse(gateway, api, exchange, error)
     except asyncio.CancelledError as exc:
         if not is_drain_cut(exc):
@@ -169,6 +175,15 @@ async def serve(gateway: Gateway, api: Api, request: Request) -> Any:
     except Exception as exc:  # noqa: BLE001  # a bug: a 500 envelope and one line, never a traceback
         log.error("internal error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
         return refuse(gateway, api, exchange, GatewayError("internal error in latgate", code="internal_error"))
+
+
+async def charge_refused_request(guard: AuthGuard, caller: Caller, error: GatewayError) -> None:
+    """Count a request refused before its charge (a bad body, a model not allowed)
+    against its key's RPM, as every request counts; a 429 took nothing and takes nothing.
+    The refusal stands whatever the store says."""
+    if not isinstance(error, RateLimited):
+        with contextlib.suppress(GatewayError):
+            await guard.admit_request(caller)
 
 
 def refuse(gateway: Gateway, api: Api, exchange: Exchange, error: GatewayError) -> Response:

@@ -88,17 +88,19 @@ class AuthGuard:
                 code="model_not_allowed",
             )
 
+    def check_request_rate(self, caller: Caller) -> None:
+        """Refuse (429) before the body is read a caller known to be over its RPM (see
+        :meth:`RateLimiter.check_request_rate`)."""
+        self.limiter.check_request_rate(caller)
+
     async def admit_request(self, caller: Caller) -> None:
-        """Charge the caller's RPM before its body is read (see :meth:`RateLimiter.admit_request`)."""
+        """Charge the caller's RPM alone, for a request that is not forwarded (see
+        :meth:`RateLimiter.admit_request`)."""
         await self.limiter.admit_request(caller)
 
-    async def admit(
-        self, caller: Caller, *, body: Mapping[str, Any], prompt_tokens: int, requests_charged: bool = False
-    ) -> Reservation | None:
+    async def admit(self, caller: Caller, *, body: Mapping[str, Any], prompt_tokens: int) -> Reservation | None:
         """Charge the caller's RPM/TPM (see :meth:`RateLimiter.admit`)."""
-        return await self.limiter.admit(
-            caller, body=body, prompt_tokens=prompt_tokens, requests_charged=requests_charged
-        )
+        return await self.limiter.admit(caller, body=body, prompt_tokens=prompt_tokens)
 
 
 async def forward_within_limits(

@@ -4,7 +4,9 @@ Before the call, a request takes one unit of its key's RPM quota and an *estimat
 its tokens from the TPM quota: latgate's prompt-token estimate plus the completion
 tokens it asks for at most (``max_completion_tokens`` / ``max_tokens``), capped at
 the key's TPM so one request alone always fits an idle minute. Both are taken
-atomically or not at all. After the call, :meth:`Reservation.settle` corrects the TPM
+atomically or not at all, in one call to the store once the body is read; before it
+is read, a key whose last charge on this replica left no room for another request is
+refused without a call (:meth:`RateLimiter.check_request_rate`). After the call, :meth:`Reservation.settle` corrects the TPM
 charge to what the upstream reported in ``usage`` (prompt + completion tokens), or to
 nothing when no upstream answered, so keys are charged for tokens really used.
 
@@ -16,8 +18,10 @@ is unreachable the limiter fails open (admits without limits) or closed (503), a
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from latgate.auth.keys import Caller
@@ -51,33 +55,43 @@ class RateLimiter:
     Args:
         store: where quotas live (in-process or Redis).
         fail_open: when ``store`` is unreachable, admit (True) or refuse with 503.
+        clock: monotonic seconds, for the waits the store reports (tests inject one).
     """
 
-    def __init__(self, *, store: SharedStore, fail_open: bool) -> None:
+    def __init__(self, *, store: SharedStore, fail_open: bool, clock: Callable[[], float] = time.monotonic) -> None:
         self._store = store
         self._fail_open = fail_open
+        self._clock = clock
+        # key name -> (its rpm, clock time before which another request cannot fit):
+        # from the store's last verdict for it on this replica (see check_request_rate)
+        self._requests_full_until: dict[str, tuple[int, float]] = {}
 
-    async def admit_request(self, caller: Caller) -> None:
-        """Charge one request of ``caller``'s RPM only, before its body is read and
-        counted (a key over its request rate is refused at the cost of a lookup); then
-        :meth:`admit` with ``requests_charged=True`` charges its tokens.
+    def check_request_rate(self, caller: Caller) -> None:
+        """Refuse ``caller`` before its body is read when its last charge on this
+        replica said its RPM has no room yet, at the cost of a lookup and no call to the
+        store. Other replicas only add to a request count (nothing gives requests
+        back), so this never refuses a request :meth:`admit` would have admitted;
+        one it lets through is decided there.
 
         Raises:
-            RateLimited, GatewayError: as :meth:`admit`.
+            RateLimited: 429 with ``Retry-After``, naming the key and the limit.
         """
-        if caller.rpm is not None:
-            await self._acquire(caller, [Quota(key=f"rl:{{{caller.name}}}:rpm", limit=caller.rpm, cost=1)])
+        known = self._requests_full_until.get(caller.name)
+        if known is not None:
+            rpm, until = known
+            wait = until - self._clock()
+            if rpm == caller.rpm and wait > 0:
+                raise _refusal(caller, wait)
+            del self._requests_full_until[caller.name]
 
-    async def admit(
-        self, caller: Caller, *, body: Mapping[str, Any], prompt_tokens: int, requests_charged: bool = False
-    ) -> Reservation | None:
-        """Charge one request of ``caller`` (see the module docstring).
+    async def admit(self, caller: Caller, *, body: Mapping[str, Any], prompt_tokens: int) -> Reservation | None:
+        """Charge one request of ``caller`` (see the module docstring): its RPM unit and
+        its token estimate, in one call to the store.
 
         Args:
             caller: an authenticated key with at least one limit.
             body: the OpenAI-shaped request body (its max-token fields are read).
             prompt_tokens: latgate's prompt-token estimate for it.
-            requests_charged: :meth:`admit_request` took its RPM unit already.
 
         Returns:
             the reservation to settle after the call; ``None`` when nothing needs
@@ -88,18 +102,29 @@ class RateLimiter:
             GatewayError: 503 ``rate_limit_state_unavailable`` when the state is
                 unreachable and ``fail_open`` is false.
         """
+        rpm_key, tpm_key = _quota_keys(caller.name)
         quotas: list[Quota] = []
-        if caller.rpm is not None and not requests_charged:
-            quotas.append(Quota(key=f"rl:{{{caller.name}}}:rpm", limit=caller.rpm, cost=1))
+        if caller.rpm is not None:
+            quotas.append(Quota(key=rpm_key, limit=caller.rpm, cost=1))
         tpm_quota: Quota | None = None
         estimate = 0
         if caller.tpm is not None:
             estimate = estimate_tokens(body, prompt_tokens=prompt_tokens, cap=caller.tpm)
-            tpm_quota = Quota(key=f"rl:{{{caller.name}}}:tpm", limit=caller.tpm, cost=estimate)
+            tpm_quota = Quota(key=tpm_key, limit=caller.tpm, cost=estimate)
             quotas.append(tpm_quota)
         if not quotas or not await self._acquire(caller, quotas) or tpm_quota is None:
             return None
         return Reservation(store=self._store, quota=tpm_quota, estimate=estimate)
+
+    async def admit_request(self, caller: Caller) -> None:
+        """Charge one request of ``caller``'s RPM alone: a request latgate answers
+        itself or refuses before :meth:`admit` (every request counts).
+
+        Raises:
+            RateLimited, GatewayError: as :meth:`admit`.
+        """
+        if caller.rpm is not None:
+            await self._acquire(caller, [Quota(key=_quota_keys(caller.name)[0], limit=caller.rpm, cost=1)])
 
     async def _acquire(self, caller: Caller, quotas: list[Quota]) -> bool:
         """Take ``quotas`` atomically; False when admitted without limits (failing open).
@@ -108,6 +133,7 @@ class RateLimiter:
             RateLimited: a quota has no room (429 with ``Retry-After``).
             GatewayError: 503 when the state is unreachable and not failing open.
         """
+        asked_at = self._clock()
         try:
             verdict = await self._store.acquire(quotas)
         except StoreUnavailable:
@@ -119,9 +145,19 @@ class RateLimiter:
                 code="rate_limit_state_unavailable",
                 headers={"retry-after": "1"},
             ) from None
+        if caller.rpm is not None and verdict.room_in_seconds:
+            wait = verdict.room_in_seconds[0]  # the RPM quota's; measured from before the call
+            if wait > 0:
+                self._requests_full_until[caller.name] = (caller.rpm, asked_at + wait)
         if not verdict.allowed:
             raise _refusal(caller, verdict.retry_after_seconds)
         return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _quota_keys(name: str) -> tuple[str, str]:
+    """The RPM and TPM quota keys of the key named ``name`` (one hash tag: one slot)."""
+    return f"rl:{{{name}}}:rpm", f"rl:{{{name}}}:tpm"
 
 
 def estimate_tokens(body: Mapping[str, Any], *, prompt_tokens: int, cap: int) -> int:

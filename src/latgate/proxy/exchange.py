@@ -73,6 +73,7 @@ class Exchange:
     trace: RequestTrace | None = None  # the request's span, with tracing on (latgate.tracing)
     recent: deque[tuple] | None = None  # the /ui ring this exchange's summary joins when finished (latgate.ui)
     early: EarlyHead | None = None  # a stream that may send its head before content (latgate.proxy.keepalive)
+    limits_charged: bool = False  # its key's RPM/TPM charge was asked for (latgate.auth.limits)
 
     def apply_usage(self, usage: dict[str, Any] | None) -> bool:
         """Take token counts from an OpenAI ``usage`` object when it has them (chat

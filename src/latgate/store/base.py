@@ -20,6 +20,9 @@ from typing import Protocol
 WINDOW_SECONDS = 60.0
 """RPM and TPM are per minute."""
 
+EPSILON_SECONDS = 1e-9
+"""An overshoot up to this is rounding, not a refusal (the Redis script uses the same)."""
+
 
 class StoreUnavailable(Exception):
     """The shared store could not be reached in time (or is in its back-off
@@ -52,10 +55,17 @@ class Verdict:
         allowed: every quota had room and all were charged; ``False``: none was.
         retry_after_seconds: when refused, the wait until all would have room
             (> 0); 0 when allowed.
+        room_in_seconds: per quota, in the order given, the wait after this verdict
+            until a charge of the same cost would fit that quota alone (0: it would
+            now); empty when the store does not say. Other replicas only add to a
+            quota, so a wait seen here is never too long for a quota nothing gives
+            back (RPM: :class:`latgate.auth.RateLimiter` refuses on it before a body
+            is read).
     """
 
     allowed: bool
     retry_after_seconds: float = 0.0
+    room_in_seconds: tuple[float, ...] = ()
 
 
 ALLOWED = Verdict(allowed=True)
@@ -106,6 +116,13 @@ def gcra_charge(
     """
     new_tat = max(tat, now) + cost * window_seconds / limit
     return new_tat, new_tat - now - window_seconds
+
+
+def room_in(new_tat: float, now: float, *, step_seconds: float, window_seconds: float) -> float:
+    """Seconds from ``now`` until a charge of ``step_seconds`` (``cost * window / limit``)
+    fits a quota whose TAT is ``new_tat`` (0: it fits now)."""
+    over = new_tat + step_seconds - now - window_seconds
+    return over if over > EPSILON_SECONDS else 0.0
 
 
 def adjusted_tat(tat: float, now: float, *, delta: float, limit: int, window_seconds: float) -> float:

@@ -10,9 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from latgate.store.base import ALLOWED, Quota, Verdict, adjusted_tat, gcra_charge
-
-_EPSILON = 1e-9
+from latgate.store.base import EPSILON_SECONDS, Quota, Verdict, adjusted_tat, gcra_charge, room_in
 
 
 class MemoryStore:
@@ -34,24 +32,25 @@ class MemoryStore:
     async def acquire(self, quotas: Sequence[Quota]) -> Verdict:
         """Charge every quota or none; see :meth:`latgate.store.base.SharedStore.acquire`."""
         now = self._clock()
-        charged: list[tuple[str, float]] = []
+        charged: list[tuple[str, float, float, float]] = []
         retry_after = 0.0
         for quota in quotas:
+            tat = self._tat.get(quota.key, now)
             new_tat, over = gcra_charge(
-                self._tat.get(quota.key, now),
-                now,
-                cost=quota.cost,
-                limit=quota.limit,
-                window_seconds=quota.window_seconds,
+                tat, now, cost=quota.cost, limit=quota.limit, window_seconds=quota.window_seconds
             )
-            if over > _EPSILON:
+            if over > EPSILON_SECONDS:
                 retry_after = max(retry_after, over)
-            charged.append((quota.key, new_tat))
-        if retry_after > 0:
-            return Verdict(allowed=False, retry_after_seconds=retry_after)
-        for key, new_tat in charged:
-            self._tat[key] = new_tat
-        return ALLOWED
+            charged.append((quota.key, max(tat, now), new_tat, quota.window_seconds))
+        allowed = retry_after == 0
+        if allowed:
+            for key, _, new_tat, _ in charged:
+                self._tat[key] = new_tat
+        rooms = tuple(
+            room_in(new if allowed else old, now, step_seconds=new - old, window_seconds=window)
+            for _, old, new, window in charged
+        )
+        return Verdict(allowed=allowed, retry_after_seconds=retry_after, room_in_seconds=rooms)
 
     async def adjust(self, quota: Quota, *, delta: float) -> None:
         """Correct a past charge by ``delta`` units."""

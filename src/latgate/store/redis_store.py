@@ -29,58 +29,68 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from latgate.store.base import ALLOWED, Quota, StoreUnavailable, Verdict
-from latgate.store.resp import RespAuthError, RespClient, RespError, Script
+from latgate.store.base import Quota, StoreUnavailable, Verdict
+from latgate.store.resp import RespAuthError, RespClient, RespError, Script, bulk
 
 log = logging.getLogger("latgate.store")
 T = TypeVar("T")
 PREFIX = "latgate:"
 BACKOFF_SECONDS = 1.0
 
-# KEYS: the quotas to correct, then the quotas to charge. ARGV[1]: how many to correct;
-# then limit, units, window seconds for each key in turn (a correction's units may be
-# negative). Corrections are applied first, always; then every quota to charge is
-# charged, or none. Returns {1, "0"} when charged, {0, "<seconds to wait>"} otherwise.
+# KEYS: the quotas. ARGV: three numbers per key in turn: its window (seconds), this
+# charge's step (cost * window / limit: how far it moves the TAT, seconds) and a
+# correction of past charges (seconds, may be negative). Corrections are applied
+# whatever the verdict; then every quota is charged, or none. Returns one string,
+# "ALLOWED WAIT ROOM...": ALLOWED 1 when charged else 0, WAIT the seconds until every
+# charge would fit (0 when charged), then per key the seconds until a charge of the same
+# step would fit that key alone (0: it would now).
 _ACQUIRE = """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local corrected = tonumber(ARGV[1])
-for i = 1, corrected do
-  local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
-  if tat < now then tat = now end
-  tat = tat + tonumber(ARGV[3 * i]) * tonumber(ARGV[3 * i + 1]) / tonumber(ARGV[3 * i - 1])
-  local ttl = math.ceil((tat - now) * 1000)
-  if ttl > 0 then
-    redis.call('SET', KEYS[i], string.format('%.6f', tat), 'PX', ttl)
-  else
-    redis.call('DEL', KEYS[i])
-  end
-end
-local tats = {}
+local n = #KEYS
+local tats, corrected = {}, {}
 local wait = 0
-for i = corrected + 1, #KEYS do
-  local limit = tonumber(ARGV[3 * i - 1])
-  local cost = tonumber(ARGV[3 * i])
-  local window = tonumber(ARGV[3 * i + 1])
+for i = 1, n do
+  local window, step, correction = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
   local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
   if tat < now then tat = now end
-  tat = tat + cost * window / limit
-  local over = tat - now - window
-  if over > 0.000000001 and over > wait then wait = over end
+  if correction ~= 0 then
+    tat = tat + correction
+    if tat < now then tat = now end
+    corrected[i] = true
+  end
   tats[i] = tat
+  local over = tat + step - now - window
+  if over > 0.000000001 and over > wait then wait = over end
 end
-if wait > 0 then return {0, string.format('%.6f', wait)} end
-for i = corrected + 1, #KEYS do
-  local ttl = math.ceil((tats[i] - now) * 1000)
-  if ttl > 0 then redis.call('SET', KEYS[i], string.format('%.6f', tats[i]), 'PX', ttl) end
+local charged = wait == 0
+local out = {charged and '1' or '0', string.format('%.6f', wait)}
+for i = 1, n do
+  local window, step = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1])
+  local tat = tats[i]
+  if charged then tat = tat + step end
+  if charged or corrected[i] then
+    local ttl = math.ceil((tat - now) * 1000)
+    if ttl > 0 then
+      redis.call('SET', KEYS[i], string.format('%.6f', tat), 'PX', ttl)
+    else
+      redis.call('DEL', KEYS[i])
+    end
+  end
+  local room = tat + step - now - window
+  if room <= 0.000000001 then room = 0 end
+  out[i + 2] = string.format('%.6f', room)
 end
-return {1, '0'}
+return table.concat(out, ' ')
 """
 
 #: A correction (:meth:`RedisStore.adjust`) waits at most this long for a charge of the
 #: same key to carry it; then it is sent on its own.
 CORRECTION_DELAY_SECONDS = 1.0
+#: at most this many quota keys' encodings are kept (a config names a few hundred)
+ENCODED_KEYS_KEPT = 4096
+_ZERO = bulk(b"0")
 
 
 def _slot_tag(key: str) -> str:
@@ -88,6 +98,10 @@ def _slot_tag(key: str) -> str:
     start = key.find("{")
     end = key.find("}", start + 1)
     return key[start : end + 1] if start >= 0 and end > start + 1 else key
+
+
+def _number(value: float) -> bytes:
+    return bulk(repr(float(value)).encode())
 
 
 class RedisStore:
@@ -119,10 +133,11 @@ class RedisStore:
         self._down_until = 0.0
         self._down = False
         self._acquire = Script(_ACQUIRE)
-        # corrections not yet sent: quota key -> (quota, units); see adjust()
-        self._corrections: dict[str, tuple[Quota, float]] = {}
+        # corrections not yet sent: quota key -> (window seconds, TAT seconds); see adjust()
+        self._corrections: dict[str, tuple[float, float]] = {}
         self._correction_timer: asyncio.TimerHandle | None = None
         self._sending: set[asyncio.Task[None]] = set()
+        self._encoded: dict[str, tuple[bytes, bytes]] = {}  # quota key -> (key, window) as RESP
 
     @property
     def reachable(self) -> bool:
@@ -130,27 +145,39 @@ class RedisStore:
         return not self._down
 
     async def acquire(self, quotas: Sequence[Quota]) -> Verdict:
-        """Charge every quota or none, atomically across replicas (carrying, in the same
-        script call, the corrections waiting for these quotas' slot: :meth:`adjust`).
+        """Charge every quota or none, atomically across replicas, in one script call
+        that also carries the corrections waiting for these quotas (:meth:`adjust`).
 
         Raises:
             StoreUnavailable: Redis did not answer within the timeout, or is in its
                 back-off period.
         """
-        tags = {_slot_tag(q.key) for q in quotas}
-        carried = [key for key in self._corrections if _slot_tag(key) in tags]
-        keys, args = self._script_arguments([self._corrections.pop(key) for key in carried], quotas)
-        allowed, wait = await self._call(lambda: self._client.run(self._acquire, keys, args))
-        if int(allowed):
-            return ALLOWED
-        return Verdict(allowed=False, retry_after_seconds=float(wait))
+        corrections = self._corrections
+        keys, args = [], []
+        for q in quotas:
+            key, window = self._encoded.get(q.key) or self._encode(q)
+            keys.append(key)
+            correction = corrections.pop(q.key, None) if corrections else None
+            args += (window, _number(q.cost * q.window_seconds / q.limit), _number(correction[1]) if correction else _ZERO)
+        reply = (await self._call(self._client.run, self._acquire, keys, args)).split()
+        return Verdict(
+            allowed=reply[0] == b"1",
+            retry_after_seconds=float(reply[1]),
+            room_in_seconds=tuple(map(float, reply[2:])),
+        )
+
+    def _encode(self, quota: Quota) -> tuple[bytes, bytes]:
+        if len(self._encoded) >= ENCODED_KEYS_KEPT:
+            self._encoded.clear()
+        encoded = self._encoded[quota.key] = (bulk((PREFIX + quota.key).encode()), _number(quota.window_seconds))
+        return encoded
 
     async def adjust(self, quota: Quota, *, delta: float) -> None:
         """Correct a past charge by ``delta`` units, without a call of its own: the
-        correction goes with the next charge of a quota in the same slot, or on its own
-        within :data:`CORRECTION_DELAY_SECONDS`; an unreachable Redis loses it."""
-        _, units = self._corrections.get(quota.key, (quota, 0.0))
-        self._corrections[quota.key] = (quota, units + delta)
+        correction goes with the next charge of the same quota, or on its own within
+        :data:`CORRECTION_DELAY_SECONDS`; an unreachable Redis loses it."""
+        _, seconds = self._corrections.get(quota.key, (0.0, 0.0))
+        self._corrections[quota.key] = (quota.window_seconds, seconds + delta * quota.window_seconds / quota.limit)
         if self._correction_timer is None:
             loop = asyncio.get_running_loop()
             self._correction_timer = loop.call_later(CORRECTION_DELAY_SECONDS, self._send_corrections_soon)
@@ -163,28 +190,17 @@ class RedisStore:
 
     async def _send_corrections(self) -> None:
         """Every waiting correction, one script call per slot; failures lose them."""
-        by_slot: dict[str, list[tuple[Quota, float]]] = {}
-        for key, correction in self._corrections.items():
-            by_slot.setdefault(_slot_tag(key), []).append(correction)
+        by_slot: dict[str, tuple[list[bytes], list[bytes]]] = {}
+        for key, (window, seconds) in self._corrections.items():
+            keys, args = by_slot.setdefault(_slot_tag(key), ([], []))
+            keys.append(bulk((PREFIX + key).encode()))
+            args += (_number(window), _ZERO, _number(seconds))
         self._corrections.clear()
-        for corrections in by_slot.values():
-            keys, args = self._script_arguments(corrections, ())
+        for keys, args in by_slot.values():
             try:
-                await self._call(lambda keys=keys, args=args: self._client.run(self._acquire, keys, args))
+                await self._call(self._client.run, self._acquire, keys, args)
             except StoreUnavailable:
                 pass
-
-    @staticmethod
-    def _script_arguments(
-        corrections: Sequence[tuple[Quota, float]], quotas: Sequence[Quota]
-    ) -> tuple[list[str], list[float]]:
-        keys = [PREFIX + q.key for q, _ in corrections] + [PREFIX + q.key for q in quotas]
-        args: list[float] = [len(corrections)]
-        for q, units in corrections:
-            args += (q.limit, units, q.window_seconds)
-        for q in quotas:
-            args += (q.limit, q.cost, q.window_seconds)
-        return keys, args
 
     async def mark_endpoint(self, key: str, *, ejected: bool, ttl_seconds: float) -> None:
         """Publish one endpoint's health: ``ejected`` sets the mark for ``ttl_seconds``,
@@ -195,9 +211,9 @@ class RedisStore:
         """
         name = PREFIX + "health:" + key
         if ejected:
-            await self._call(lambda: self._client.call(b"SET", name, b"ejected", b"PX", max(1, int(ttl_seconds * 1000))))
+            await self._call(self._client.call, b"SET", name, b"ejected", b"PX", max(1, int(ttl_seconds * 1000)))
         else:
-            await self._call(lambda: self._client.call(b"DEL", name))
+            await self._call(self._client.call, b"DEL", name)
 
     async def ejected_endpoints(self, keys: Sequence[str]) -> set[str]:
         """Which of ``keys`` (``PROVIDER:ENDPOINT``) are marked ejected now.
@@ -207,7 +223,7 @@ class RedisStore:
         """
         if not keys:
             return set()
-        values = await self._call(lambda: self._client.call(b"MGET", *(PREFIX + "health:" + k for k in keys)))
+        values = await self._call(self._client.call, b"MGET", *(PREFIX + "health:" + k for k in keys))
         return {key for key, value in zip(keys, values, strict=True) if value is not None}
 
     async def aclose(self) -> None:
@@ -219,12 +235,12 @@ class RedisStore:
         await asyncio.gather(*self._sending, return_exceptions=True)
         await self._client.aclose()
 
-    async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, operation: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self._down and self._clock() < self._down_until:
             raise StoreUnavailable("the shared store (Redis) is unreachable")
         try:
             async with asyncio.timeout(self._timeout):
-                result = await operation()
+                result = await operation(*args)
         except (RespError, OSError, TimeoutError) as exc:
             if isinstance(exc, TimeoutError):
                 self._client.reset()  # a hung server: the next call connects afresh

@@ -20,6 +20,7 @@ import hashlib
 import socket
 import ssl
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -105,6 +106,23 @@ class Script:
     def __init__(self, text: str) -> None:
         self.text = text.encode()
         self.sha = hashlib.sha1(self.text).hexdigest().encode()  # Redis names scripts by SHA-1
+        self._heads: dict[int, bytes] = {}
+
+    def evalsha(self, count: int) -> bytes:
+        """The start of an ``EVALSHA`` of ``count`` arguments in all: up to the key count."""
+        head = self._heads.get(count)
+        if head is None:
+            head = self._heads[count] = b"*%d\r\n$7\r\nEVALSHA\r\n%s" % (count, bulk(self.sha))
+        return head
+
+    def eval(self, count: int) -> bytes:
+        """The same for ``EVAL`` with the script's text (after ``NOSCRIPT``)."""
+        return b"*%d\r\n$4\r\nEVAL\r\n%s" % (count, bulk(self.text))
+
+
+def bulk(data: bytes) -> bytes:
+    """``data`` as one RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
 class RespClient:
@@ -138,12 +156,15 @@ class RespClient:
         protocol = await self._connected()
         return _raise_error(await protocol.send(_encode(args)))
 
-    async def run(self, script: Script, keys: list[str], args: list[float]) -> Any:
-        """``script`` with ``keys`` and ``args``; its reply as :meth:`call` returns it."""
+    async def run(self, script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> Any:
+        """``script`` with ``keys`` and ``args``, each already one RESP bulk string
+        (:func:`bulk`); its reply as :meth:`call` returns it."""
         protocol = await self._connected()
-        reply = await protocol.send(_encode((b"EVALSHA", script.sha, len(keys), *keys, *args)))
+        tail = b"".join((b"$%d\r\n%d\r\n" % (len(str(len(keys))), len(keys)), *keys, *args))
+        count = 3 + len(keys) + len(args)
+        reply = await protocol.send(script.evalsha(count) + tail)
         if isinstance(reply, RespError) and str(reply).startswith("NOSCRIPT"):
-            reply = await protocol.send(_encode((b"EVAL", script.text, len(keys), *keys, *args)))
+            reply = await protocol.send(script.eval(count) + tail)
         return _raise_error(reply)
 
     def reset(self) -> None:
