@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from latgate.store.resp import RespClient, RespError
+from latgate.store.resp import RespClient, RespError, RespTimeout
 
 NESTED_5000 = b"*1\r\n" * 5000
 
@@ -24,18 +24,27 @@ async def read_command(reader: asyncio.StreamReader) -> list[bytes]:
     return args
 
 
-async def fake_redis(first_reply: bytes) -> tuple[asyncio.Server, list[asyncio.Event]]:
+async def fake_redis(
+    first_reply: bytes, *, first_connection_answers: int | None = None
+) -> tuple[asyncio.Server, list[asyncio.Event]]:
     """A server answering the first connection's first command with ``first_reply``
-    and every later command with ``+PONG``; each connection's event is set at its EOF."""
+    and every later command with ``+PONG`` (on the first connection, only its first
+    ``first_connection_answers`` commands: then it reads and never answers, as a hung
+    Redis); each connection's event is set at its EOF."""
     closed: list[asyncio.Event] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         eof = asyncio.Event()
         first = not closed
+        answers = first_connection_answers if first else None
         closed.append(eof)
         try:
             while True:
                 await read_command(reader)
+                if answers is not None:
+                    if answers == 0:
+                        continue
+                    answers -= 1
                 writer.write(first_reply if first else b"+PONG\r\n")
                 first = False
                 await writer.drain()
@@ -54,7 +63,7 @@ def test_a_reply_nested_too_deep_is_a_protocol_error_that_drops_the_connection(r
     async def scenario() -> None:
         server, closed = await fake_redis(reply)
         port = server.sockets[0].getsockname()[1]
-        client = RespClient(f"redis://127.0.0.1:{port}/0", connect_timeout_seconds=5)
+        client = RespClient(f"redis://127.0.0.1:{port}/0", timeout_seconds=5)
         async with server:
             with pytest.raises(RespError, match="lost"):
                 await asyncio.wait_for(client.call(b"PING"), 5)
@@ -71,10 +80,29 @@ def test_the_nesting_the_store_uses_is_read() -> None:
     async def scenario() -> list:
         server, _ = await fake_redis(b"*2\r\n:1\r\n*2\r\n$1\r\na\r\n$-1\r\n")
         port = server.sockets[0].getsockname()[1]
-        client = RespClient(f"redis://127.0.0.1:{port}/0", connect_timeout_seconds=5)
+        client = RespClient(f"redis://127.0.0.1:{port}/0", timeout_seconds=5)
         async with server:
             value = await asyncio.wait_for(client.call(b"PING"), 5)
             await client.aclose()
         return value
 
     assert asyncio.run(scenario()) == [1, [b"a", None]]
+
+
+def test_a_hung_server_fails_every_waiting_call_at_the_timeout_and_the_next_call_reconnects() -> None:
+    async def scenario() -> list:
+        server, closed = await fake_redis(b"+PONG\r\n", first_connection_answers=1)
+        port = server.sockets[0].getsockname()[1]
+        client = RespClient(f"redis://127.0.0.1:{port}/0", timeout_seconds=0.2)
+        async with server:
+            assert await asyncio.wait_for(client.call(b"PING"), 5) == "PONG"  # connected; then it hangs
+            calls = [client.call(b"PING") for _ in range(3)]
+            # bounded by the client's own timeout (0.2 s), well inside wait_for's 5 s
+            failures = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 5)
+            await asyncio.wait_for(closed[0].wait(), 5)  # latgate hung up on it
+            assert await asyncio.wait_for(client.call(b"PING"), 5) == "PONG"  # a fresh connection
+            await client.aclose()
+        return failures
+
+    failures = asyncio.run(scenario())
+    assert [type(f) for f in failures] == [RespTimeout] * 3

@@ -295,7 +295,7 @@ async def _probe_store(config: Config, *, out: TextIO) -> bool:
     url = config.state.redis_url
     if url is None:
         return True
-    client = RespClient(url, connect_timeout_seconds=PROBE_TIMEOUT_SECONDS)
+    client = RespClient(url, timeout_seconds=PROBE_TIMEOUT_SECONDS)
     started = time.perf_counter()
     try:
         async with asyncio.timeout(PROBE_TIMEOUT_SECONDS):

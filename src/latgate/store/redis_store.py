@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from latgate.store.base import Quota, StoreUnavailable, Verdict
-from latgate.store.resp import RespAuthError, RespClient, RespError, Script, bulk
+from latgate.store.resp import RespAuthError, RespClient, RespError, RespTimeout, Script, bulk
 
 log = logging.getLogger("latgate.store")
 T = TypeVar("T")
@@ -126,7 +126,7 @@ class RedisStore:
         backoff_seconds: float = BACKOFF_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._client = RespClient(url, connect_timeout_seconds=timeout_seconds)
+        self._client = RespClient(url, timeout_seconds=timeout_seconds)
         self._timeout = timeout_seconds
         self._backoff = backoff_seconds
         self._clock = clock
@@ -239,9 +239,8 @@ class RedisStore:
         if self._down and self._clock() < self._down_until:
             raise StoreUnavailable("the shared store (Redis) is unreachable")
         try:
-            async with asyncio.timeout(self._timeout):
-                result = await operation(*args)
-        except (RespError, OSError, TimeoutError) as exc:
+            result = await operation(*args)  # bounded by the client's timeout
+        except (RespError, OSError) as exc:  # TimeoutError (connecting) is an OSError
             if isinstance(exc, TimeoutError):
                 self._client.reset()  # a hung server: the next call connects afresh
             self._down_until = self._clock() + self._backoff
@@ -269,4 +268,4 @@ class RedisStore:
 
 def _reason(exc: Any) -> str:
     """The exception's type only: a message could carry host and port."""
-    return "timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
+    return "timeout" if isinstance(exc, (TimeoutError, RespTimeout)) else type(exc).__name__

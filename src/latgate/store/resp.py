@@ -30,6 +30,8 @@ DEFAULT_PORT = 6379
 #: arrays (``MGET``, its scripts' lists), so anything deeper is not theirs
 MAX_REPLY_DEPTH = 4
 _INCOMPLETE = object()
+#: the reply timer may run this much before its deadline (timer resolution)
+TIMER_SLACK_SECONDS = 0.002
 
 
 class RespError(Exception):
@@ -85,6 +87,11 @@ class RedisAddress:
         )
 
 
+class RespTimeout(RespError):
+    """Redis did not answer a command within the client's timeout; the connection was
+    dropped (the next call opens another)."""
+
+
 class RespAuthError(RespError):
     """Redis refused latgate's login: it wants a password the URL lacks (``NOAUTH``),
     or refused the URL's user name or password (``WRONGPASS``, or an ``AUTH`` error such
@@ -131,13 +138,20 @@ class RespClient:
 
     Args:
         url: see the module docstring.
-        connect_timeout_seconds: bound on connecting (and authenticating).
+        timeout_seconds: bound on each call: on connecting (and authenticating) and on
+            each reply. A reply not in by then fails every call waiting on the
+            connection and drops it (a server that has not answered the oldest command
+            in time is hung or overloaded; replies come in order, so the others would
+            wait at least as long); one timer per connection checks the oldest, not one
+            per call.
 
     Raises (from :meth:`call` and :meth:`run`):
-        RespError: as its docstring says; timeouts are the caller's (``asyncio.timeout``).
+        RespTimeout: no reply within ``timeout_seconds``.
+        TimeoutError: no connection within ``timeout_seconds`` of the call.
+        RespError: as its docstring says.
     """
 
-    def __init__(self, url: str, *, connect_timeout_seconds: float) -> None:
+    def __init__(self, url: str, *, timeout_seconds: float) -> None:
         address = RedisAddress.parse(url)
         self._unix = address.unix_path
         self._host = address.host
@@ -146,20 +160,30 @@ class RespClient:
         self._username = address.username
         self._password = address.password
         self._db = address.db
-        self._connect_timeout = connect_timeout_seconds
+        self._timeout = timeout_seconds
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None
 
     async def call(self, *args: bytes | str | float) -> Any:
         """One command's reply: ``bytes`` (bulk), ``str`` (status), ``int``, ``None`` or a
         list of those."""
-        protocol = await self._connected()
+        protocol = self._protocol
+        if protocol is None or protocol.lost:
+            async with asyncio.timeout(self._timeout):  # the connection and the reply
+                return _raise_error(await (await self._connected()).send(_encode(args)))
         return _raise_error(await protocol.send(_encode(args)))
 
     async def run(self, script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> Any:
         """``script`` with ``keys`` and ``args``, each already one RESP bulk string
         (:func:`bulk`); its reply as :meth:`call` returns it."""
-        protocol = await self._connected()
+        protocol = self._protocol
+        if protocol is None or protocol.lost:
+            async with asyncio.timeout(self._timeout):  # the connection and the reply
+                return await self._run(await self._connected(), script, keys, args)
+        return await self._run(protocol, script, keys, args)
+
+    @staticmethod
+    async def _run(protocol: _Protocol, script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> Any:
         tail = b"".join((b"$%d\r\n%d\r\n" % (len(str(len(keys))), len(keys)), *keys, *args))
         count = 3 + len(keys) + len(args)
         reply = await protocol.send(script.evalsha(count) + tail)
@@ -194,12 +218,12 @@ class RespClient:
     async def _connect(self) -> _Protocol:
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(self._connect_timeout):
+            async with asyncio.timeout(self._timeout):
                 if self._unix is not None:
-                    _, protocol = await loop.create_unix_connection(_Protocol, self._unix)
+                    _, protocol = await loop.create_unix_connection(self._new_protocol, self._unix)
                 else:
                     _, protocol = await loop.create_connection(
-                        _Protocol, self._host, self._port, ssl=self._tls
+                        self._new_protocol, self._host, self._port, ssl=self._tls
                     )
                     sock = protocol.transport.get_extra_info("socket")
                     if sock is not None:
@@ -208,6 +232,9 @@ class RespClient:
         except OSError as exc:
             raise RespError(f"cannot connect ({type(exc).__name__})") from None
         return protocol
+
+    def _new_protocol(self) -> _Protocol:
+        return _Protocol(timeout_seconds=self._timeout)
 
     async def _hello(self, protocol: _Protocol) -> None:
         """Log in and select the database; a refusal closes the connection."""
@@ -228,23 +255,41 @@ class RespClient:
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self) -> None:
-        self.waiting: deque[asyncio.Future[Any]] = deque()
+    def __init__(self, *, timeout_seconds: float) -> None:
+        self.waiting: deque[tuple[asyncio.Future[Any], float]] = deque()  # (future, reply deadline)
         self.buffer = bytearray()
         self.lost = False
+        self.timeout = timeout_seconds
+        self.loop = asyncio.get_running_loop()
+        self.watch: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def send(self, command: bytes) -> asyncio.Future[Any]:
-        future = asyncio.get_running_loop().create_future()
+        future = self.loop.create_future()
         if self.lost:
             future.set_exception(RespError("the connection to Redis was lost"))
             return future
-        self.waiting.append(future)
+        deadline = self.loop.time() + self.timeout
+        self.waiting.append((future, deadline))
+        if self.watch is None:
+            self.watch = self.loop.call_at(deadline, self._check_oldest)
         self.transport.write(command)
         return future
+
+    def _check_oldest(self) -> None:
+        """The reply timer: fail everything when the oldest command is overdue, else
+        wait for its deadline."""
+        self.watch = None
+        if self.lost or not self.waiting:
+            return
+        deadline = self.waiting[0][1]
+        if self.loop.time() + TIMER_SLACK_SECONDS >= deadline:
+            self.close(RespTimeout("Redis did not answer in time"))
+        else:
+            self.watch = self.loop.call_at(deadline, self._check_oldest)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -258,22 +303,28 @@ class _Protocol(asyncio.Protocol):
             if value is _INCOMPLETE:
                 break
             at = end
-            future = self.waiting.popleft()
+            future, _ = self.waiting.popleft()
             if not future.done():  # else given up on by its caller: the reply is dropped
                 future.set_result(value)
         if at:
             del self.buffer[:at]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        while self.waiting:
-            future = self.waiting.popleft()
-            if not future.done():
-                future.set_exception(RespError("the connection to Redis was lost"))
+        self._fail(RespError("the connection to Redis was lost"))
 
-    def close(self) -> None:
+    def close(self, error: RespError | None = None) -> None:
         self.transport.close()
-        self.connection_lost(None)
+        self._fail(error or RespError("the connection to Redis was lost"))
+
+    def _fail(self, error: RespError) -> None:
+        self.lost = True
+        if self.watch is not None:
+            self.watch.cancel()
+            self.watch = None
+        while self.waiting:
+            future, _ = self.waiting.popleft()
+            if not future.done():
+                future.set_exception(error)
 
 
 def _encode(args: tuple[Any, ...]) -> bytes:
