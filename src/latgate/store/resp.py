@@ -262,6 +262,7 @@ class _Protocol(asyncio.Protocol):
         self.timeout = timeout_seconds
         self.loop = asyncio.get_running_loop()
         self.watch: asyncio.TimerHandle | None = None
+        self.unsent: list[bytes] | None = None  # commands to write at the end of this loop turn
         self.transport: asyncio.Transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -276,8 +277,18 @@ class _Protocol(asyncio.Protocol):
         self.waiting.append((future, deadline))
         if self.watch is None:
             self.watch = self.loop.call_at(deadline, self._check_oldest)
-        self.transport.write(command)
+        if self.unsent is None:
+            self.unsent = [command]
+            self.loop.call_soon(self._write)
+        else:
+            self.unsent.append(command)
         return future
+
+    def _write(self) -> None:
+        """Every command sent in this turn of the loop, in one write (one syscall)."""
+        unsent, self.unsent = self.unsent, None
+        if unsent and not self.lost:
+            self.transport.write(unsent[0] if len(unsent) == 1 else b"".join(unsent))
 
     def _check_oldest(self) -> None:
         """The reply timer: fail everything when the oldest command is overdue, else
