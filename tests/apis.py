@@ -5,6 +5,8 @@ gets the same test."""
 
 from __future__ import annotations
 
+import json
+import socket
 from typing import Any
 
 import pytest
@@ -51,6 +53,20 @@ def post_head(api: Api, *, content_length: int, headers: bytes = b"") -> bytes:
         b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
         % (api.paths[0].encode(), content_length, headers)
     )
+
+
+def read_answer(conn: socket.socket, *, timeout: float = 10.0) -> tuple[bytes, dict]:
+    """One whole answer with a ``content-length`` (its status line and JSON body),
+    without waiting for the connection to close."""
+    conn.settimeout(timeout)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += conn.recv(65536)
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = next(int(f.split(b":", 1)[1]) for f in head.split(b"\r\n") if f.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head.partition(b"\r\n")[0], json.loads(body)
 
 
 def error_type(api: Api, body: dict[str, Any]) -> str:

@@ -82,3 +82,9 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 ROLE = event(chat_chunk({"role": "assistant", "content": ""}))
 """The first event of a stream: the assistant role, no content yet."""
+
+
+def stream_with_usage(prompt_tokens: int, completion_tokens: int) -> bytes:
+    """A chat stream answering "ok", then a usage chunk of these counts, then ``[DONE]``."""
+    stop = event(chat_chunk({}, finish_reason="stop"))
+    return ROLE + content("ok") + stop + event(chat_chunk(usage=usage(prompt_tokens, completion_tokens))) + DONE

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from apis import APIS, body_for, error_type, post_head
+from apis import APIS, body_for, error_type, post_head, read_answer
 from completions import content
 from h1_upstreams import (
     SECRET,
@@ -185,20 +185,6 @@ def test_stream_null_is_an_answer_not_a_stream() -> None:
         assert answer.status_code == 200
         assert answer.json()["choices"][0]["message"]["content"] == "ok"
         assert b'"stream":false' in up.requests[0]
-
-
-def read_answer(conn: socket.socket, *, timeout: float = 10.0) -> tuple[bytes, dict]:
-    """One whole answer with a ``content-length`` (its status line and JSON body),
-    without waiting for the connection to close."""
-    conn.settimeout(timeout)
-    received = b""
-    while b"\r\n\r\n" not in received:
-        received += conn.recv(65536)
-    head, _, body = received.partition(b"\r\n\r\n")
-    length = next(int(f.split(b":", 1)[1]) for f in head.split(b"\r\n") if f.lower().startswith(b"content-length:"))
-    while len(body) < length:
-        body += conn.recv(65536)
-    return head.partition(b"\r\n")[0], json.loads(body)
 
 
 @pytest.mark.parametrize("api", APIS)

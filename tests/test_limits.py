@@ -8,17 +8,7 @@ import asyncio
 import httpx
 import pytest
 from clocks import ManualClock
-from completions import (
-    CHAT_BODY,
-    DONE,
-    ROLE,
-    chat_chunk,
-    chat_completion,
-    content,
-    event,
-    proxied_posts,
-    usage,
-)
+from completions import CHAT_BODY, chat_completion, proxied_posts, stream_with_usage
 from replay import ReplayScript, replay_server
 from servers import listening_socket
 from stack import gateway
@@ -26,12 +16,6 @@ from stack import gateway
 from latgate.auth import Caller, RateLimiter, estimate_tokens
 from latgate.errors import GatewayError, RateLimited
 from latgate.store import MemoryStore, Quota, StoreUnavailable
-
-
-def stream_with_usage(prompt_tokens: int, completion_tokens: int) -> bytes:
-    stop = event(chat_chunk({}, finish_reason="stop"))
-    return ROLE + content("ok") + stop + event(chat_chunk(usage=usage(prompt_tokens, completion_tokens))) + DONE
-
 
 KEY = {"Authorization": "Bearer sk-a"}
 
@@ -62,6 +46,37 @@ def test_rpm_admits_a_burst_of_the_limit_then_refuses_with_the_wait_until_one_fr
     assert "3 requests per minute" in refused.value.message and "'a'" in refused.value.message
     clock.now += 20
     run(limiter.admit(caller, body={}, prompt_tokens=0))
+
+
+def test_a_key_its_last_charge_left_without_room_is_refused_before_its_body_until_one_frees() -> None:
+    clock = ManualClock()
+    limiter = RateLimiter(store=MemoryStore(clock=clock), fail_open=True, clock=clock)
+    caller = Caller(name="a", rpm=2, tpm=1000)
+    limiter.check_request_rate(caller)  # nothing known: let through
+    run(limiter.admit(caller, body={}, prompt_tokens=5))
+    limiter.check_request_rate(caller)  # room for one more
+    run(limiter.admit(caller, body={}, prompt_tokens=5))
+    with pytest.raises(RateLimited) as refused:  # the second charge left none: no call needed
+        limiter.check_request_rate(caller)
+    assert refused.value.headers["retry-after"] == "30"
+    clock.now += 30
+    limiter.check_request_rate(caller)
+    run(limiter.admit(caller, body={}, prompt_tokens=5))  # and the store agrees
+    # a reload raising the limit is not held to the old limit's note
+    with pytest.raises(RateLimited):
+        limiter.check_request_rate(caller)
+    limiter.check_request_rate(Caller(name="a", rpm=10, tpm=1000))
+
+
+def test_a_key_over_its_tokens_only_is_not_refused_before_its_body() -> None:
+    # tokens can be given back (a correction), so only the request count is noted
+    clock = ManualClock()
+    limiter = RateLimiter(store=MemoryStore(clock=clock), fail_open=True, clock=clock)
+    caller = Caller(name="a", rpm=100, tpm=100)
+    run(limiter.admit(caller, body={"max_tokens": 100}, prompt_tokens=0))
+    with pytest.raises(RateLimited):
+        run(limiter.admit(caller, body={"max_tokens": 100}, prompt_tokens=0))
+    limiter.check_request_rate(caller)
 
 
 def test_tpm_charges_the_estimate_then_the_reported_usage() -> None:
@@ -157,6 +172,18 @@ def test_third_request_over_an_rpm_of_2_gets_429_with_retry_after_and_never_goes
         assert 1 <= int(r.headers["retry-after"]) <= 30
         assert r.headers["x-should-retry"] == "true"
         assert proxied_posts(upstream) == 2
+
+
+def test_a_request_refused_for_its_body_still_counts_against_the_rpm() -> None:
+    with (
+        replay_server(ReplayScript.json_response(200, chat_completion())) as upstream,
+        gateway(limited_config(upstream.base_url, rpm=2)) as gw,
+    ):
+        bad = httpx.post(gw.v1 + "/chat/completions", json={**CHAT_BODY, "stream": "yes"}, headers=KEY)
+        good = httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY, headers=KEY)
+        over = httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY, headers=KEY)
+    assert [bad.status_code, good.status_code, over.status_code] == [400, 200, 429]
+    assert proxied_posts(upstream) == 1
 
 
 @pytest.mark.parametrize("stream", [False, True])

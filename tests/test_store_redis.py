@@ -11,13 +11,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from completions import CHAT_BODY, chat_completion, proxied_posts
+from apis import post_head, read_answer
+from completions import CHAT_BODY, chat_completion, proxied_posts, stream_with_usage
 from redis.asyncio import Redis
 from redisd import redis_server
 from replay import ReplayScript, replay_server
 from servers import listening_socket
 from stack import gateway, gateway_file
 
+from latgate.api.routes import APIS as ROUTES
 from latgate.config import load_config_text
 from latgate.gateway import Gateway
 from latgate.metrics import Metrics
@@ -66,6 +68,70 @@ def test_rpm_holds_across_two_replicas_sharing_redis(flushed) -> None:
     assert proxied_posts(upstream) == 3
 
 
+def script_calls(url: str) -> int:
+    """Script calls (EVALSHA, EVAL) the Redis at ``url`` has run."""
+
+    async def read() -> int:
+        client = Redis.from_url(url)
+        stats = await client.info("commandstats")
+        await client.aclose()
+        return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "eval"))
+
+    return asyncio.run(read())
+
+
+def test_each_limited_request_is_one_script_call(flushed) -> None:
+    with (
+        replay_server(ReplayScript.json_response(200, COMPLETION)) as upstream,
+        gateway(config_text(upstream.base_url, flushed, rpm=100)) as gw,
+    ):
+        before = script_calls(flushed)
+        codes = [httpx.post(gw.v1 + "/chat/completions", json=CHAT_BODY, headers=KEY).status_code for _ in range(5)]
+        assert codes == [200] * 5
+        assert script_calls(flushed) - before == 5  # the RPM alone: no TPM correction to flush
+
+
+def test_a_replica_refused_by_redis_refuses_that_key_before_its_body_is_read(flushed) -> None:
+    with replay_server(ReplayScript.json_response(200, COMPLETION)) as upstream:
+        text = config_text(upstream.base_url, flushed, rpm=1)
+        with gateway(text) as one, gateway(text) as two:
+            assert httpx.post(one.v1 + "/chat/completions", json=CHAT_BODY, headers=KEY).status_code == 200
+            # two has charged nothing yet: Redis refuses it once its body is read ...
+            assert httpx.post(two.v1 + "/chat/completions", json=CHAT_BODY, headers=KEY).status_code == 429
+            # ... and from then on two refuses the key before reading a body
+            chat = next(api for api in ROUTES if api.name == "/chat/completions")
+            with socket.create_connection(("127.0.0.1", int(two.url.rsplit(":", 1)[1]))) as conn:
+                # 30 MB announced, a few bytes sent: answered at once, not after the body
+                head = post_head(chat, content_length=30_000_000, headers=b"Authorization: Bearer sk-a\r\n")
+                conn.sendall(head + b'{"model": "m", "messages": [')
+                status_line, body = read_answer(conn)
+            assert status_line.startswith(b"HTTP/1.1 429 ")
+            assert body["error"]["type"] == "rate_limit_error"
+        assert proxied_posts(upstream) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tpm_in_redis_is_corrected_from_the_reported_usage(flushed, stream: bool) -> None:
+    # As in process (test_limits): each answer reports 100 tokens against an estimate of
+    # ~10, so with a TPM of 150 the third request is refused; the corrections ride on
+    # the next charges' script calls.
+    script = (
+        ReplayScript.sse(stream_with_usage(5, 95))
+        if stream
+        else ReplayScript.json_response(200, chat_completion(prompt_tokens=5, completion_tokens=95))
+    )
+    with replay_server(script) as upstream:
+        text = config_text(upstream.base_url, flushed, rpm=100) + "tpm = 150\n"
+        with gateway(text) as gw:
+            codes = []
+            for _ in range(3):
+                r = httpx.post(gw.v1 + "/chat/completions", json={**CHAT_BODY, "stream": stream}, headers=KEY)
+                r.read()
+                codes.append(r.status_code)
+    assert codes == [200, 200, 429]
+    assert 20 <= int(r.headers["retry-after"]) <= 30
+
+
 def test_concurrent_charges_from_many_replicas_never_exceed_the_limit(flushed) -> None:
     async def scenario() -> int:
         replicas = [RedisStore(url=flushed, timeout_seconds=2) for _ in range(4)]
@@ -80,12 +146,14 @@ def test_concurrent_charges_from_many_replicas_never_exceed_the_limit(flushed) -
 
 def test_redis_and_in_process_state_give_the_same_verdicts(flushed) -> None:
     # Same sequence of charges and corrections, well inside a second: same answers.
-    async def verdicts(store) -> list[bool]:
+    async def verdicts(store) -> list[tuple[bool, int, tuple[int, ...]]]:
         rpm, tpm = Quota(key="rl:{p}:rpm", limit=4, cost=1), Quota(key="rl:{p}:tpm", limit=100, cost=30)
         out = []
         for step in range(8):
-            verdict = await store.acquire([rpm, tpm])
-            out.append(verdict.allowed)
+            verdict = await store.acquire([rpm, tpm])  # whole seconds: Redis's clock moves on meanwhile
+            out.append(
+                (verdict.allowed, round(verdict.retry_after_seconds), tuple(round(r) for r in verdict.room_in_seconds))
+            )
             if verdict.allowed and step % 2:
                 await store.adjust(tpm, delta=-30)
         await store.aclose()
@@ -93,7 +161,9 @@ def test_redis_and_in_process_state_give_the_same_verdicts(flushed) -> None:
 
     redis_answers = asyncio.run(verdicts(RedisStore(url=flushed, timeout_seconds=2)))
     assert redis_answers == asyncio.run(verdicts(MemoryStore()))
-    assert redis_answers == [True, True, True, True, False, False, False, False]
+    assert [allowed for allowed, _, _ in redis_answers] == [True, True, True, True, False, False, False, False]
+    # the waits to the next fitting charge: RPM full after the 4th request (15 s a unit)
+    assert [rooms[0] for _, _, rooms in redis_answers] == [0, 0, 0, 15, 15, 15, 15, 15]
 
 
 def test_one_replicas_ejection_is_seen_by_the_other_and_a_success_restores_it_everywhere(flushed) -> None:
