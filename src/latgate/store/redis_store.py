@@ -10,9 +10,10 @@ Time is Redis's own (``TIME``), so replicas with skewed clocks agree. Keys:
 - ``latgate:health:PROVIDER:ENDPOINT``: present while that endpoint is ejected (see
   :mod:`latgate.store.health`), with a time to live.
 
-Calls go through :class:`~latgate.store.resp.RespClient` (one pipelined connection).
-Never hanging a request: every call is bounded by ``timeout_seconds`` (connecting, and
-an outer deadline on the reply), nothing is retried, a timed-out connection is dropped,
+Calls go through :class:`~latgate.store.resp.RespClient` (one pipelined connection);
+a request's charge is one script call. Never hanging a request: every call is bounded
+by ``timeout_seconds`` (connecting, and the reply: the client's timer fails the calls
+waiting on a connection whose oldest reply is late, and drops it), nothing is retried,
 and after a failure
 the store does not try again for ``backoff_seconds``: calls in that period raise
 :class:`~latgate.store.base.StoreUnavailable` at once. The rate limiter then fails

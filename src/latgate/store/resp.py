@@ -4,10 +4,11 @@ spec" in the Redis documentation) pipelined over one asyncio connection.
 
 Replies come back in the order the commands were written, so each command queues a
 future and each parsed reply resolves the oldest one; a command given up on (its
-caller's timeout) keeps its place in the queue and its reply is dropped when it comes,
+caller cancelled) keeps its place in the queue and its reply is dropped when it comes,
 so the stream never goes out of step. One connection serves every concurrent call of
-an event loop: Redis runs commands one at a time anyway, and one write and one read per
-call cost a fraction of a general-purpose client's connection pool round.
+an event loop: Redis runs commands one at a time anyway. The commands of one turn of
+the loop go out in one write, and one timer per connection bounds the replies (not one
+per call); together a fraction of a general-purpose client's connection pool round.
 
 URLs: ``redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]``, ``rediss://...`` (TLS, the
 system's trust store) and ``unix://[[USER]:PASSWORD@]PATH[?db=DB]``.
