@@ -6,9 +6,10 @@ tokens it asks for at most (``max_completion_tokens`` / ``max_tokens``), capped 
 the key's TPM so one request alone always fits an idle minute. Both are taken
 atomically or not at all, in one call to the store once the body is read; before it
 is read, a key whose last charge on this replica left no room for another request is
-refused without a call (:meth:`RateLimiter.check_request_rate`). After the call, :meth:`Reservation.settle` corrects the TPM
-charge to what the upstream reported in ``usage`` (prompt + completion tokens), or to
-nothing when no upstream answered, so keys are charged for tokens really used.
+refused without a call (:meth:`RateLimiter.check_request_rate`). After the call,
+:meth:`Reservation.settle` corrects the TPM charge to what the upstream reported in
+``usage`` (prompt + completion tokens), or to nothing when no upstream answered, so
+keys are charged for tokens really used.
 
 A refused request gets 429 ``rate_limit_exceeded`` with ``Retry-After`` (whole
 seconds, at least 1): the time until the quota has room for it. When the shared state
