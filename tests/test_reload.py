@@ -11,7 +11,7 @@ import signal
 import httpx
 import pytest
 from gateway_process import GatedUpstream, GatewayProcess
-from servers import serve_app
+from servers import listening_socket, serve_app
 from stack import default_route_config, gateway_file, simulator_urls
 
 from latgate.config import load_config_text
@@ -197,3 +197,46 @@ def test_reload_to_a_malformed_redis_url_is_rejected_masked_and_keeps_serving(se
     assert "state.redis_url" in message and "database" in message and "redis://:***@127.0.0.1" in message
     assert "hunter2" not in response.text + caplog.text and "Traceback" not in caplog.text
     assert provider_of(url) == "a"
+
+
+def test_restart_needed_compares_the_file_with_the_address_the_process_listens_on(tmp_path, sims) -> None:
+    with listening_socket() as probe:
+        port = probe.getsockname()[1]
+    listen = f"[server]\nport = {port}\n" + default_route_config(sims, default="a")
+    moved = listen.replace(f"port = {port}", f"port = {port + 1 if port < 65535 else port - 1}")
+    path = tmp_path / "config.toml"
+    path.write_text(listen)
+    gw = GatewayProcess(["--config", str(path)])  # the port comes from the file
+    try:
+        url = gw.wait_listening()
+        assert url == f"http://127.0.0.1:{port}"
+        path.write_text(moved)
+        assert httpx.post(url + "/admin/reload").json()["restart_needed"] == ["server.port"]
+        path.write_text(listen)  # back to the port it listens on: nothing to restart for
+        assert httpx.post(url + "/admin/reload").json()["restart_needed"] == []
+        path.write_text(moved)
+        gw.signal(signal.SIGHUP)
+        assert "server.port changed: applies after a restart" in gw.wait_for(r"reloaded .*config\.toml").string
+        path.write_text(listen)
+        gw.signal(signal.SIGHUP)
+        assert "changed" not in gw.wait_for(r"reloaded .*config\.toml").string
+        assert provider_of(url) == "a"
+        gw.signal(signal.SIGTERM)
+        assert gw.wait_exit(timeout=20) == 0
+    finally:
+        gw.stop()
+
+
+def test_a_port_given_on_the_command_line_never_asks_for_a_restart(tmp_path, sims) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(default_route_config(sims, default="a"))
+    gw = GatewayProcess(["--config", str(path), "--port", "0"])
+    try:
+        url = gw.wait_listening()
+        path.write_text("[server]\nport = 8123\n" + default_route_config(sims, default="b"))
+        reloaded = httpx.post(url + "/admin/reload").json()
+        assert reloaded["restart_needed"] == [] and provider_of(url) == "b"  # a restart keeps --port 0
+        path.write_text('[server]\nhost = "0.0.0.0"\n' + default_route_config(sims, default="b"))
+        assert httpx.post(url + "/admin/reload").json()["restart_needed"] == ["server.host"]
+    finally:
+        gw.stop()

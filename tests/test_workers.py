@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from gateway_process import GatedUpstream, GatewayProcess
-from servers import serve_app
+from servers import listening_socket, serve_app
 from stack import default_route_config, simulator_urls
 
 from latgate.workers import MIN_UPTIME_SECONDS
@@ -28,10 +28,17 @@ def sims():
 
 
 def start_workers(
-    config: Path, *, workers: int = 2, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()
+    config: Path,
+    *,
+    workers: int = 2,
+    env: dict[str, str] | None = None,
+    extra: tuple[str, ...] = (),
+    port: str | None = "0",
 ):
-    """The supervisor, its URL and ``{worker index: pid}`` once every worker serves."""
-    gw = GatewayProcess(["--config", str(config), "--port", "0", "--workers", str(workers), *extra], env=env)
+    """The supervisor, its URL and ``{worker index: pid}`` once every worker serves
+    (``port`` None: the config file's port)."""
+    ports = ["--port", port] if port is not None else []
+    gw = GatewayProcess(["--config", str(config), *ports, "--workers", str(workers), *extra], env=env)
     url = gw.wait_listening()
     pids = {}
     while len(pids) < workers:
@@ -107,21 +114,25 @@ def test_metrics_count_every_workers_requests_and_a_dead_worker_comes_back(tmp_p
     assert not list(metrics_dir.glob("gauge_live*"))  # dead workers' live gauges are dropped
 
 
+def wait_every_worker_reloaded(gw: GatewayProcess, pids: dict[int, int], pattern: str) -> list[str]:
+    """The first line matching ``pattern`` from each worker (a line of ``latgate[PID]``)."""
+    reloaded: dict[int, str] = {}
+    while set(reloaded) != set(pids.values()):
+        match = gw.wait_for(r"latgate\[(\d+)\] " + pattern)
+        reloaded.setdefault(int(match.group(1)), match.string)
+    return list(reloaded.values())
+
+
 def test_reload_reaches_every_worker_and_a_bad_config_reaches_none(tmp_path, sims) -> None:
     config = tmp_path / "config.toml"
     config.write_text(default_route_config(sims, default="a"))
     gw, url, pids = start_workers(config)
 
-    def wait_every_worker_reloaded(pattern: str) -> None:
-        reloaded = set()
-        while reloaded != set(pids.values()):
-            reloaded.add(int(gw.wait_for(r"latgate\[(\d+)\] " + pattern).group(1)))
-
     try:
         config.write_text(default_route_config(sims, default="b"))
         gw.signal(signal.SIGHUP)
         gw.wait_for("SIGHUP: reloading 2 workers")
-        wait_every_worker_reloaded("reloaded .*: providers a, b")
+        wait_every_worker_reloaded(gw, pids, "reloaded .*: providers a, b")
 
         config.write_text(default_route_config(sims, default="nowhere"))
         gw.signal(signal.SIGHUP)
@@ -139,13 +150,36 @@ def test_reload_reaches_every_worker_and_a_bad_config_reaches_none(tmp_path, sim
         response = httpx.post(url + "/admin/reload")
         assert response.status_code == 200 and response.json()["status"] == "reloaded"
         gw.wait_for("SIGHUP: reloading 2 workers")
-        wait_every_worker_reloaded("reloaded")
+        wait_every_worker_reloaded(gw, pids, "reloaded")
         for _ in range(4):
             with httpx.Client() as client:
                 assert (
                     client.post(url + "/v1/chat/completions", json=CHAT).headers["x-latgate-provider"] == "a"
                 )
 
+        gw.signal(signal.SIGTERM)
+        assert gw.wait_exit(timeout=30) == 0
+    finally:
+        gw.stop()
+
+
+def test_every_worker_compares_a_reloaded_port_with_the_one_it_listens_on(tmp_path, sims) -> None:
+    with listening_socket() as probe:
+        port = probe.getsockname()[1]
+    listen = f"[server]\nport = {port}\n" + default_route_config(sims, default="a")
+    config = tmp_path / "config.toml"
+    config.write_text(listen)
+    gw, url, pids = start_workers(config, port=None)
+    try:
+        assert url == f"http://127.0.0.1:{port}"
+        config.write_text(listen.replace(f"port = {port}", "port = 1"))
+        gw.signal(signal.SIGHUP)
+        moved = wait_every_worker_reloaded(gw, pids, "reloaded ")
+        assert all("server.port changed: applies after a restart" in line for line in moved), moved
+        config.write_text(listen)  # back to where the workers listen
+        gw.signal(signal.SIGHUP)
+        back = wait_every_worker_reloaded(gw, pids, "reloaded ")
+        assert not any("changed" in line for line in back), back
         gw.signal(signal.SIGTERM)
         assert gw.wait_exit(timeout=30) == 0
     finally:

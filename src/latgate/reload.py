@@ -11,8 +11,10 @@ config keeps serving.
 What carries over: the metrics (counters keep counting, so ``rate()`` stays continuous)
 and the pooled upstream client when the ``[defaults]`` timeouts are unchanged. What
 starts afresh: the providers' live numbers (in-flight counts, passive health). What
-needs a restart: the listen address (``[server] host``/``port``): a reload that changes
-it says so and keeps listening where it was.
+needs a restart: the listen address (``[server] host``/``port``): a reload whose file
+names another address than the one the process listens on (:class:`ListenAddress`, not
+the previous file: a change reloaded back is no change) says so and keeps listening
+where it was.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from starlette.responses import Response
 
 from latgate.api.body import error_response
 from latgate.config import ConfigError, load_config
-from latgate.config.schema import Config
+from latgate.config.schema import Config, ServerConfig
 from latgate.errors import InvalidRequest
 from latgate.gateway import Gateway
 from latgate.proxy.upstream import UpstreamClient
@@ -45,7 +47,8 @@ class ReloadResult:
         source: the config file read.
         providers: provider names now configured.
         added / removed: providers that appeared / disappeared.
-        restart_needed: keys whose new value applies only after a restart.
+        restart_needed: keys whose value in the file is not what the process runs
+            with, and applies only after a restart (see :class:`ListenAddress`).
     """
 
     source: str
@@ -74,6 +77,33 @@ class ReloadResult:
             "removed": list(self.removed),
             "restart_needed": list(self.restart_needed),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class ListenAddress:
+    """Where this process listens, which a reloaded ``[server]`` is compared with.
+
+    Attributes:
+        host: the address listened on.
+        port: the port listened on (the one the kernel chose when 0 was asked for).
+        pinned: the keys the command line set (``"host"`` for ``--host``, ``"port"``
+            for ``--port``): a restart with the same command keeps them, so the file's
+            value of those never needs one.
+    """
+
+    host: str
+    port: int
+    pinned: frozenset[str] = frozenset()
+
+    def restart_needed(self, server: ServerConfig) -> tuple[str, ...]:
+        """The keys (``server.host``, ``server.port``) whose value in ``server`` is not
+        where this process listens. ``port = 0`` (any free port) is met by any port."""
+        moved = []
+        if "host" not in self.pinned and server.host != self.host:
+            moved.append("server.host")
+        if "port" not in self.pinned and server.port not in (0, self.port):
+            moved.append("server.port")
+        return tuple(moved)
 
 
 class UpstreamClients:
@@ -126,6 +156,10 @@ class Reloader:
         env: variables for ``${VAR}`` expansion (``os.environ`` by default).
         notify: called after a reload requested over HTTP succeeded (a worker tells its
             supervisor, which reloads the other workers).
+
+    :attr:`listening` is where the process listens: by default the address of the config
+    it was built with; the server sets the one it bound (and the keys its command line
+    set) before serving.
     """
 
     def __init__(
@@ -140,6 +174,8 @@ class Reloader:
         self._build = build_gateway
         self._env = env
         self.notify = notify
+        server = state.gateway.config.server
+        self.listening = ListenAddress(host=server.host, port=server.port)
 
     def reload(self) -> ReloadResult:
         """Re-read the config file the current gateway was loaded from and swap it in.
@@ -151,7 +187,7 @@ class Reloader:
         config = load_config(old.config.source, env=self._env)
         gateway = self._build(config)
         self._state.gateway = gateway
-        result = _compare(old.config, config)
+        result = _compare(old.config, config, self.listening)
         log.info(result.summary())
         return result
 
@@ -203,14 +239,11 @@ class ConfigRejected(InvalidRequest):
         return envelope
 
 
-def _compare(old: Config, new: Config) -> ReloadResult:
-    restart = [
-        f"server.{key}" for key in ("host", "port") if getattr(old.server, key) != getattr(new.server, key)
-    ]
+def _compare(old: Config, new: Config, listening: ListenAddress) -> ReloadResult:
     return ReloadResult(
         source=new.source,
         providers=tuple(new.providers),
         added=tuple(name for name in new.providers if name not in old.providers),
         removed=tuple(name for name in old.providers if name not in new.providers),
-        restart_needed=tuple(restart),
+        restart_needed=listening.restart_needed(new.server),
     )

@@ -129,6 +129,7 @@ def main(args: argparse.Namespace) -> int:
         log_format=args.log_format,
         drain_timeout_seconds=args.drain_timeout,
         config_path=str(path),
+        pinned=frozenset(key for key in ("host", "port") if getattr(args, key) not in (None, "")),
     )
 
 
@@ -142,9 +143,12 @@ def run(
     log_format: str = "text",
     drain_timeout_seconds: float = DEFAULT_DRAIN_TIMEOUT_SECONDS,
     config_path: str | None = None,
+    pinned: frozenset[str] = frozenset(),
 ) -> int:
     """Serve until SIGTERM/SIGINT (then drain). Exit code 0 on a clean stop, 1 when the
-    port is taken (or, with workers, when they crash-loop)."""
+    port is taken (or, with workers, when they crash-loop). ``pinned``: the listen keys
+    the command line set (``"host"``, ``"port"``), which a reload never asks a restart
+    for (:class:`latgate.reload.ListenAddress`)."""
     from latgate.listen import ListenError, bind_socket, raise_descriptor_limit, reserve_port
 
     before, soft, hard = raise_descriptor_limit()
@@ -169,10 +173,12 @@ def run(
             log_level=log_level,
             log_format=log_format,
             drain_timeout_seconds=drain_timeout_seconds,
+            pinned=pinned,
         )
         return supervisor.run()
     from latgate.app import create_app
     from latgate.lifecycle import serve
+    from latgate.reload import ListenAddress
 
     try:
         app = create_app(config)
@@ -181,6 +187,7 @@ def run(
         for line in exc.lines():
             print(f"latgate: error: {line}", file=sys.stderr)
         return 1
+    app.state.reloader.listening = ListenAddress(host=host, port=port, pinned=pinned)
     log.info("listening on http://%s:%d (config %s)", host, port, source)
     serve(
         app,

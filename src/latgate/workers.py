@@ -73,6 +73,7 @@ class WorkerSpec:
     log_format: str
     drain_timeout_seconds: float
     supervisor_pid: int
+    pinned: frozenset[str] = frozenset()  # listen keys the command line set (ListenAddress)
 
 
 def run_worker(spec: WorkerSpec, serving: Any = None) -> None:
@@ -97,6 +98,7 @@ def run_worker(spec: WorkerSpec, serving: Any = None) -> None:
     from latgate.app import create_app
     from latgate.lifecycle import serve
     from latgate.listen import ListenError, bind_socket
+    from latgate.reload import ListenAddress
 
     try:
         sock = bind_socket(spec.host, spec.port, reuse_port=True)
@@ -106,6 +108,7 @@ def run_worker(spec: WorkerSpec, serving: Any = None) -> None:
     app = create_app(config, metrics_multiprocess_dir=spec.metrics_dir)
     reloader = app.state.reloader
     reloader.notify = lambda: os.kill(spec.supervisor_pid, signal.SIGHUP)
+    reloader.listening = ListenAddress(host=spec.host, port=spec.port, pinned=spec.pinned)
 
     def started() -> None:
         log.info("worker %d (pid %d) serving", spec.index, os.getpid())
@@ -152,6 +155,8 @@ class Supervisor:
         workers: how many worker processes.
         log_level / log_format: the workers' logging.
         drain_timeout_seconds: each worker's drain timeout after SIGTERM.
+        pinned: the listen keys the command line set (see
+            :class:`latgate.reload.ListenAddress`).
     """
 
     def __init__(
@@ -164,8 +169,10 @@ class Supervisor:
         log_level: str,
         log_format: str,
         drain_timeout_seconds: float,
+        pinned: frozenset[str] = frozenset(),
     ) -> None:
         self._sock = sock
+        self._pinned = pinned
         self._host = host
         self._port = sock.getsockname()[1]
         self._config_path = os.path.abspath(config_path)
@@ -212,6 +219,7 @@ class Supervisor:
             log_format=self._log_format,
             drain_timeout_seconds=self._drain_timeout_seconds,
             supervisor_pid=os.getpid(),
+            pinned=self._pinned,
         )
         serving = self._serving[index] = self._context.Event()
         proc = self._context.Process(target=run_worker, args=(spec, serving), name=f"latgate-worker-{index}")
