@@ -29,6 +29,7 @@ from typing import cast
 from latgate.config.envvars import expand_env
 from latgate.config.errors import ConfigError, Problems
 from latgate.config.keys import ModelT, check_keys, show, validate_model
+from latgate.config.listen_host import check_host
 from latgate.config.positions import KeyLines
 from latgate.config.providers import build_provider
 from latgate.config.references import (
@@ -134,7 +135,8 @@ def load_config_text(text: str, *, source: str, env: Mapping[str, str] | None = 
             line: unset variable, unknown key or section, wrong type, number out of
             range, bad URL, unknown connector, provider defined twice or with no
             address, no providers, an ``[[auth.keys]]`` entry with both or neither of
-            ``key``/``key_sha256``, a bad ``[state] redis_url``; then the names that do
+            ``key``/``key_sha256``, a bad ``[state] redis_url``, a ``[server] host``
+            that is neither an IP address nor a host name; then the names that do
             not resolve (unknown provider, policy or model named anywhere). A TOML
             syntax error is the only mistake reported (the parser stops there), with
             its line and column.
@@ -186,12 +188,8 @@ def _build(document: Document, problems: Problems) -> Config | None:
     anything was reported."""
     sections = document.sections
     server = _section(ServerConfig, sections["server"], problems, key="server")
-    if server is not None and not server.host.strip():
-        problems.add(
-            "server.host",
-            "empty address",
-            'write host = "127.0.0.1" (this machine only) or "0.0.0.0" (every interface), or remove it',
-        )
+    if isinstance(host := sections["server"].get("host"), str):  # also when another server key is wrong
+        check_host(host, problems)
     defaults = _section(DefaultsConfig, sections["defaults"], problems, key=document.defaults_key)
     if not document.providers and not document.broken_names and not document.nameless_providers:
         problems.add(

@@ -1,7 +1,8 @@
 """``latgate check [--config PATH] [--probe]``: validate the config and show what it means.
 
 Prints, as plain aligned text (it reads the same in a terminal, a pipe or a CI log):
-each provider (connector, role, engine, endpoints with their URLs, models or "any",
+the listen address (what a host name resolves to here, and a warning when this machine
+could not listen there: :func:`~latgate.config.listen_host.probe_listen_host`), each provider (connector, role, engine, endpoints with their URLs, models or "any",
 the same-model rule of a single-model provider, extra_body keys, capacity hints), the
 aliases, the ``[models]`` settings, the routing rules in the order they apply, and the
 warnings. ``check`` is an operator tool, so URLs are shown; keys never are, nor the
@@ -27,6 +28,7 @@ from typing import TextIO
 
 from latgate.config.apikeys import header_key
 from latgate.config.errors import ConfigError
+from latgate.config.listen_host import probe_listen_host
 from latgate.config.loader import load_config, resolve_config_path
 from latgate.config.masking import mask_secrets, mask_url
 from latgate.config.schema import Config, ProviderConfig
@@ -60,19 +62,27 @@ def main(args: argparse.Namespace) -> int:
             print(f"latgate: error: {line}", file=sys.stderr)
         return 1
     out = sys.stdout
-    out.write("\n".join(report_lines(config, warnings=config_warnings(config), env=os.environ)) + "\n")
+    resolved, listen_warning = probe_listen_host(config.server.host)
+    warnings = [*([listen_warning] if listen_warning else []), *config_warnings(config)]
+    lines = report_lines(config, warnings=warnings, env=os.environ, host_resolves_to=resolved)
+    out.write("\n".join(lines) + "\n")
     if not args.probe:
         return 0
     return 0 if probe(config, env=os.environ, out=out) else 2
 
 
-def report_lines(config: Config, *, warnings: list[str], env: Mapping[str, str] | None = None) -> list[str]:
+def report_lines(
+    config: Config, *, warnings: list[str], env: Mapping[str, str] | None = None, host_resolves_to: str | None = None
+) -> list[str]:
     """The report as lines of text (no trailing newlines). ``env``: where proxy and
-    certificate variables are read (none when not given)."""
+    certificate variables are read (none when not given); ``host_resolves_to``: the
+    address ``[server] host``, a name, resolves to on this machine (see
+    :func:`~latgate.config.listen_host.probe_listen_host`)."""
     auth = f"{len(config.auth.keys)} key(s)" if config.auth else "none"
+    resolves = f" (resolves to {host_resolves_to})" if host_resolves_to else ""
     lines = [
         f"config   {config.source}",
-        f"server   {config.server.host}:{config.server.port}   auth: {auth}",
+        f"server   {config.server.host}:{config.server.port}{resolves}   auth: {auth}",
         f"state    {_state_text(config)}",
         "",
     ]
