@@ -285,3 +285,39 @@ def test_every_subcommand_with_a_config_option_calls_its_value_path():
             shown[command] = re.findall(r"--config ([A-Z]+)", help_text)
     assert {"serve", "check", "route", "demo", "clients"} <= set(shown)
     assert all(set(values) == {"PATH"} for values in shown.values()), shown
+
+
+def test_an_empty_models_list_is_refused_with_the_way_to_serve_any_model(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(f'{_UP}models = []\n[[auth.keys]]\nname = "ci"\nkey = "k"\nmodels = []\n')
+    result = run_check("--config", str(config))
+    assert result.returncode == 1 and result.stdout == ""
+    providers_line, auth_line, count = result.stderr.splitlines()
+    assert providers_line == (
+        f"latgate: error: {config}:3: providers.up.models: an empty list names no model, yet a provider without "
+        'models serves any model name; list the names it serves, e.g. models = ["Qwen/Qwen2.5-7B-Instruct"], or '
+        "remove the key to serve any model"
+    )
+    assert auth_line == (
+        f"latgate: error: {config}:7: auth.keys[0].models: an empty list allows no model, yet a key without models "
+        'may use every model; list the models this key may use, e.g. models = ["glm-5.1"], or remove the key to '
+        "allow every model"
+    )
+    assert count == f"latgate: error: 2 errors in {config}"
+    config.write_text(_UP)  # no models key: any model
+    assert re.search(r"\n    models +any\n", run_check("--config", str(config)).stdout)
+
+
+@pytest.mark.parametrize("value", ["abc", "99999", "8000.5", ""])
+def test_a_quoted_number_is_the_number_and_a_quoted_non_number_gets_the_range(tmp_path, value):
+    config = tmp_path / "config.toml"
+    config.write_text(f'[server]\nport = "${{GW_PORT}}"\n[defaults]\nmax_retries = "3"\n{_UP}')
+    accepted = run_check("--config", str(config), env={"GW_PORT": "18791"})
+    assert accepted.returncode == 0, accepted.stderr
+    assert "server   127.0.0.1:18791   auth: none" in accepted.stdout
+    assert "(max_retries 3)" in accepted.stdout
+    refused = run_check("--config", str(config), env={"GW_PORT": value})
+    assert refused.returncode == 1
+    (line,) = refused.stderr.splitlines()
+    assert line.startswith(f"latgate: error: {config}:2: server.port: input should be "), line
+    assert line.endswith(f'(got "{value}"); write a {"" if value == "99999" else "whole "}number from 0 to 65535, e.g. port = 8000')

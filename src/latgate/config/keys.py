@@ -241,14 +241,12 @@ def _type_fix(kind: str, leaf: str, field: FieldInfo | None) -> str:
     example = f"{leaf} = {example_number(field, leaf)}"
     bounds = number_range(field)
     within = f" {bounds}" if bounds else ""
-    if kind == "bool_not_number":
-        return f"write a number{within} without quotes, e.g. {example}"
     if kind == "finite_number":
         return f"write a finite number{within} (not inf or nan), e.g. {example}"
     if kind.startswith("int_"):
-        return f"write a whole number{within} without quotes, e.g. {example}"
-    if kind.startswith("float_"):
-        return f"write a number{within} without quotes, e.g. {example}"
+        return f"write a whole number{within}, e.g. {example}"
+    if kind == "bool_not_number" or kind.startswith("float_"):
+        return f"write a number{within}, e.g. {example}"
     if kind in _NUMBER_BOUNDS:
         return f"write a number{within}, e.g. {example}" if bounds else f"e.g. {example}"
     if kind.startswith("bool_"):

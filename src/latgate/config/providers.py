@@ -17,7 +17,8 @@ business; ``api_base_exact = true`` uses each URL as given). Two endpoints that 
 ``extra_body`` fields are added to each upstream request the client did not set them
 in, so they must encode as JSON (orjson: integers within 64 bits, nesting under 255
 levels) and may not name what the request itself decides (:data:`REQUEST_OWNED_FIELDS`).
-``models`` lists non-empty names, each once. A ``tokenizer`` (relative paths are
+``models`` lists non-empty names, each once; ``models = []`` is refused (leaving the key
+out is how a provider serves any model name, and an empty list looks like the opposite). A ``tokenizer`` (relative paths are
 taken from the config file's folder) must load here, so ``latgate check`` fails on it
 exactly when ``latgate serve`` would.
 """
@@ -82,6 +83,12 @@ def build_provider(section: ProviderSection, problems: Problems) -> ProviderConf
         extra_fix=" (other engine settings go under hints = { ... })",
     )
     endpoints = _endpoints(section, table, problems)
+    if table.get("models") == []:
+        problems.add(
+            key_path(section.key, "models"),
+            "an empty list names no model, yet a provider without models serves any model name",
+            'list the names it serves, e.g. models = ["Qwen/Qwen2.5-7B-Instruct"], or remove the key to serve any model',
+        )
     connector = table.get("connector", _connector_for_engine(table.get("engine")))
     connector_ok = _check_connector(connector, problems, key=key_path(section.key, "connector"))
     _check_api_key_env(table.get("api_key_env"), problems, key=key_path(section.key, "api_key_env"))

@@ -16,7 +16,7 @@ be trusted, so a broken provider section is not echoed as "unknown provider" or 
 provider serves" elsewhere.
 
 A model is *servable* when a provider lists it, it is an alias, some provider
-accepts any model (empty ``models``), or ``[aliases]`` has the catch-all ``"*"``.
+accepts any model (no ``models``), or ``[aliases]`` has the catch-all ``"*"``.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def check_models(models: Mapping[str, ModelConfig], servable: list[str] | None, 
 
 def build_auth(table: dict[str, object], problems: Problems) -> dict[str, AuthKey]:
     """``[auth]``: every ``[[auth.keys]]`` has one of key/key_sha256, each name and key
-    once. The keys without mistakes, by their key path (``auth.keys[0]``)."""
+    once, and ``models`` (if given) not empty. The keys without mistakes, by their key path (``auth.keys[0]``)."""
     table = check_keys(table, tuple(AuthConfig.model_fields), problems, prefix="auth")
     entries = table.get("keys", [])
     if not isinstance(entries, list) or not entries:
@@ -297,6 +297,12 @@ def build_auth(table: dict[str, object], problems: Problems) -> dict[str, AuthKe
         if body is None:
             continue
         body = check_keys(body, tuple(AuthKey.model_fields), problems, prefix=key)
+        if body.get("models") == []:
+            problems.add(
+                key_path(key, "models"),
+                "an empty list allows no model, yet a key without models may use every model",
+                'list the models this key may use, e.g. models = ["glm-5.1"], or remove the key to allow every model',
+            )
         auth_key = validate_model(AuthKey, body, problems, prefix=key)
         name = body.get("name")
         unique = not (isinstance(name, str) and name in names)
