@@ -19,9 +19,9 @@ tunnel) and TLS context come with its :class:`~latgate.proxy.egress.Egress`
 
 Timeouts: connect (TCP and TLS handshake, and the wait for a free pool slot) and read
 (the longest silence while latgate waits for upstream bytes; time the client spends
-not reading does not count). Every failure is an :class:`UpstreamFailure` whose message
+not reading does not count; the whole response head must arrive within it of sending). Every failure is an :class:`UpstreamFailure` whose message
 names its cause (:func:`~latgate.proxy.errors.failure_cause`: DNS, refused, reset, TLS
-reason; timeout: connect, no first byte, between reads) and neither the URL nor any
+reason; timeout: connect, no first byte, no whole response head, between reads) and neither the URL nor any
 header.
 """
 

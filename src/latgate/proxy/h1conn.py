@@ -82,6 +82,7 @@ class H1Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._read_timeout: float | None = None
         self._last_data_at = 0.0
+        self._sent_at = 0.0
         self._timer: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol -----------------------------------------------------------------
@@ -177,7 +178,7 @@ class H1Connection(asyncio.Protocol):
         self._reset()
         self._parser = httptools.HttpResponseParser(self)
         self._read_timeout = read_timeout_seconds
-        self._last_data_at = self._pool.loop.time()
+        self._last_data_at = self._sent_at = self._pool.loop.time()
         assert self.transport is not None
         if isinstance(data, tuple):
             for piece in data:
@@ -287,9 +288,14 @@ class H1Connection(asyncio.Protocol):
         self._timer = None
         if self._waiter is None or self._read_timeout is None:
             return  # nobody waits: the client, not the upstream, is slow
-        due = self._last_data_at + self._read_timeout
+        # the response head must be whole within the read timeout of sending (a head
+        # trickled a byte at a time is never silent that long); the body, between reads
+        due = (self._last_data_at if self.headers_done else self._sent_at) + self._read_timeout
         if self._pool.loop.time() >= due:
-            which = "between reads" if self.received_any else "no first byte"
+            if self.headers_done:
+                which = "between reads"
+            else:
+                which = "no whole response head" if self.received_any else "no first byte"
             self._fail(UpstreamFailure("timeout", f"upstream timed out: {which}"))
             self.close()
         else:
