@@ -23,6 +23,9 @@ for as long as it likes. Here, before anything reaches the app:
   ``connection: close`` once its head arrived, and a (rate-limited) warning line,
   never a silent close.
 - A malformed request head gets ``400`` in the OpenAI envelope.
+- **HTTP/1.0 clients**: a response without ``Content-Length`` (a stream) is sent
+  close-delimited, never chunked (RFC 9112 sections 6.1 and 6.3: HTTP/1.0 has no
+  chunked coding; uvicorn chunks whatever the request's version).
 
 These are the nginx ``client_header_timeout`` / ``client_body_timeout`` /
 ``send_timeout`` (408) of the reference servers. Every refusal written here is an
@@ -48,7 +51,7 @@ from dataclasses import dataclass
 
 import httptools
 import orjson
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_FIELD_BYTES = 16 * 1024
@@ -241,6 +244,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse_over_cap()
             raise _Refused
         super().on_headers_complete()
+        if self.scope["http_version"] == "1.0" and self.cycle is not None and self.cycle.scope is self.scope:
+            self.cycle.__class__ = _Http10Cycle  # its task has not run yet: its sends are ours
 
     def on_message_complete(self) -> None:
         self._in_head = True
@@ -374,6 +379,27 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if timer is not None:
                 timer.cancel()
                 setattr(self, name, None)
+
+
+class _Http10Cycle(RequestResponseCycle):
+    """uvicorn's request/response cycle for an HTTP/1.0 request: a response without
+    ``Content-Length`` or ``Transfer-Encoding`` is close-delimited (RFC 9112 section
+    6.3, rule 8) instead of chunked; uvicorn already closes an HTTP/1.0 connection
+    after its response and says ``connection: close``."""
+
+    _close_delimited = False
+
+    async def send(self, message) -> None:  # type: ignore[no-untyped-def]
+        if not self.response_started and message["type"] == "http.response.start":
+            framed = (b"content-length", b"transfer-encoding")
+            if not any(name.lower() in framed for name, _ in message.get("headers", ())):
+                self._close_delimited = True
+                self.chunked_encoding = False
+        elif self._close_delimited and message["type"] == "http.response.body":
+            # uvicorn writes a body that is not chunked against a Content-Length: each
+            # piece is its own, and the end of the connection ends the body
+            self.expected_content_length = len(message.get("body", b""))
+        await super().send(message)
 
 
 def client_protocol(limits: ClientLimits) -> type[BoundedHttpToolsProtocol]:
