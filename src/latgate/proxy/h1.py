@@ -11,7 +11,10 @@ llhttp, hand the body on as it comes, and keep the connection for the next reque
 Protocol: RFC 9112 (HTTP/1.1 message syntax: ``Content-Length`` and chunked bodies,
 close-delimited bodies, persistence), RFC 9110 section 9.2.2 (a request on a reused
 connection that failed before any response byte is retried once on a new connection, as
-browsers and urllib3 do: the server closed an idle connection as we wrote).
+browsers and urllib3 do: the server closed an idle connection as we wrote; or it reset
+the connection, so it had closed it unread, as after a redirect sent without
+``connection: close``. A kept connection closed after the request was read is not: the
+upstream may have been working on it).
 
 Each provider's proxy (direct, absolute-form through an HTTP proxy, or a ``CONNECT``
 tunnel) and TLS context come with its :class:`~latgate.proxy.egress.Egress`
@@ -161,7 +164,7 @@ class H1Pool:
         request = _request_bytes(target, payload, headers, method)
         limit = self._max if max_connections is None else max_connections
         for attempt in (1, 2):
-            conn = await self._acquire(target, group, limit)
+            conn = await self._acquire(target, group, limit, fresh=attempt == 2)
             try:
                 conn.send(request, read_timeout_seconds)
                 while not conn.headers_done:
@@ -173,10 +176,11 @@ class H1Pool:
                 if (
                     attempt == 1
                     and failure.kind == "read"
-                    and conn.reused_after_idle
+                    and conn.reused
+                    and (conn.reused_after_idle or conn.reset_by_peer)
                     and not conn.received_any
                 ):
-                    continue  # the upstream closed an idle connection as we wrote to it
+                    continue  # the upstream had closed the kept connection as we wrote to it
                 raise
             except BaseException:
                 conn.close()  # cancelled (first-token deadline, hedge lost, client left)
@@ -184,12 +188,12 @@ class H1Pool:
             return H1Response(conn)
         raise AssertionError("unreachable")
 
-    async def _acquire(self, target: _Target, group: str, limit: int) -> H1Connection:
-        """An idle connection to ``target``'s origin, else a new one; at ``group``'s
-        limit, an idle connection of the group to another origin is closed, or the wait
-        is for one to be released (bounded by the connect timeout)."""
+    async def _acquire(self, target: _Target, group: str, limit: int, *, fresh: bool = False) -> H1Connection:
+        """An idle connection to ``target``'s origin (unless ``fresh``), else a new one;
+        at ``group``'s limit, an idle connection of the group to another origin is
+        closed, or the wait is for one to be released (bounded by the connect timeout)."""
         key = (group, target.key)
-        conn = self._idle_connection(key)
+        conn = None if fresh else self._idle_connection(key)
         if conn is not None:
             return conn
         if self._open.get(group, 0) >= limit:
@@ -200,7 +204,7 @@ class H1Pool:
                         waiter = self.loop.create_future()
                         waiters.append(waiter)
                         await waiter
-                        conn = self._idle_connection(key)
+                        conn = None if fresh else self._idle_connection(key)
                         if conn is not None:
                             return conn
             except TimeoutError:

@@ -60,6 +60,7 @@ class H1Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.reused = False
         self.reused_after_idle = False
+        self.reset_by_peer = False  # lost to a reset: the upstream closed with our bytes unread
         self._parser = httptools.HttpResponseParser(self)
         self._reset()
 
@@ -113,6 +114,7 @@ class H1Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.reset_by_peer = isinstance(exc, ConnectionResetError)
         self._pool.forget(self)
         if self.headers_done and not self.complete and self._close_delimited():
             self.complete = True  # RFC 9112 6.3: the body ends where the connection does
@@ -359,3 +361,10 @@ class H1Response:
         if not self._done:
             self._done = True
             self._conn.finished()
+
+    def close_connection(self) -> None:
+        """Done with, and its connection closed rather than kept (a redirect's: its
+        upstream often closes it without saying so, as the follow-up is written)."""
+        if not self._done:
+            self._done = True
+            self._conn.close()

@@ -225,7 +225,10 @@ class UpstreamClient:
         if response.status_code in SAME_ORIGIN_REDIRECTS:
             location = same_origin_location(url, response.headers.get("location"))
             if location is not None and location != url:
-                await response.aclose()
+                if isinstance(response, H1Response):  # the follow-up goes on a new connection
+                    response.close_connection()
+                else:
+                    await response.aclose()
                 response = await self._send(location, payload, headers, read_timeout_seconds, egress, slot)
         encoding = response.headers.get("content-encoding")
         if encoding is None:
