@@ -17,6 +17,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, get_args
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -25,6 +26,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match
 
 from latgate import __version__
 from latgate.api.body import ProxyRequest, error_response
@@ -161,6 +163,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        redirect_slashes=False,  # Starlette's builds an absolute URL from the Host header: _http_exception's is relative
     )
     app.state.gateway = build_gateway(config)
     app.state.activity = activity
@@ -174,8 +177,13 @@ def create_app(
 
 
 async def _http_exception(request: Request, exc: HTTPException) -> Response:
-    """Starlette's 404/405 in the envelope of the API at that path (OpenAI's elsewhere)."""
+    """Starlette's 404/405 in the envelope of the API at that path (OpenAI's elsewhere).
+    A path that a route serves without its trailing slash gets a 307 to it, relative
+    (RFC 9110 section 10.2.2: never built from the client's Host header)."""
     if exc.status_code == 404:
+        location = _without_slash(request)
+        if location is not None:
+            return Response(status_code=307, headers={"location": location})
         error: GatewayError = NotFound(f"no route for {request.method} {request.url.path}")
     else:
         error = InvalidRequest(str(exc.detail), status=exc.status_code, code="method_not_allowed" if exc.status_code == 405 else None)
@@ -187,6 +195,19 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     log.error("internal error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
     error = GatewayError("internal error in latgate", code="internal_error")
     return error_response(error, request_id="-")
+
+
+def _without_slash(request: Request) -> str | None:
+    """``request``'s path-absolute reference without its trailing slash (and its query)
+    when a route serves that path, else ``None``."""
+    path = request.url.path
+    if not path.endswith("/") or path == "/" or path.startswith(("//", "/\\")):
+        return None
+    scope = {**request.scope, "path": path.rstrip("/") or "/"}
+    if not any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
+        return None
+    query = request.scope.get("query_string", b"").decode("latin-1")
+    return quote(scope["path"], safe="/%:@!$&'()*+,;=-._~") + (f"?{query}" if query else "")
 
 
 _MODEL_PATHS = ("/v1/models", "/models")

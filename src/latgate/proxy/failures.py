@@ -185,13 +185,18 @@ class Failures:
         self, provider: ProviderRuntime, endpoint: EndpointRuntime, status: int, location: str | None, url: str
     ) -> AttemptFailed:
         """A redirect not followed (:meth:`bad_response`): a loop when it names ``url``
-        itself, else one latgate does not follow. The client's message and the access
-        line's cause name the ``Location``'s path, never its host, port or query (they
-        may be internal addresses or carry a key)."""
+        itself, else one latgate does not follow. The access line's cause names the
+        ``Location``'s path, never its host, port or query (they may be internal
+        addresses or carry a key); so does the client's message unless the Location is
+        on another origin (then only the status and that it was cross-origin)."""
         shown = f"HTTP {status} to {redirect_path(url, location)}" if location else f"HTTP {status} without a Location"
         if location and status in SAME_ORIGIN_REDIRECTS and same_origin_location(url, location) == url:
             what = f"a redirect loop ({shown}, the URL it was sent): not followed; check that api_base names the address the engine serves"
             cause = f"redirect loop: {shown}"
+        elif location and same_origin_location(url, location) is None:
+            # another origin: its path (a tenant id, a presigned token) is for the log only
+            what = f"a redirect to another origin (HTTP {status}), which latgate does not follow"
+            cause = f"redirect refused: {shown}, another origin; set api_base to the address it names"
         else:
             what = (
                 f"a redirect ({shown}) latgate does not follow: only one 307/308 to the same host is followed; "
