@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import email.utils
 import logging
 import math
+import time
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -151,11 +154,10 @@ class Failures:
             self.metrics.record_upstream_error(provider=provider.name, kind=kind)
         error = upstream_error(provider, status, data)
         retry_after = parse_retry_after(response.headers.get("retry-after"))
-        if status == 429:
+        if status == 429 or (status == 503 and retry_after is not None):  # avoided for that long
             self.pool.record_busy(endpoint, seconds=retry_after)
-        if status == 429 and retry_after is not None:
-            raw = response.headers["retry-after"]
-            error.headers["retry-after"] = raw if float(raw) == retry_after else format(retry_after, "g")  # as sent, unless bounded
+        if status in (429, 503) and retry_after is not None:
+            error.headers["retry-after"] = retry_after_header(response.headers["retry-after"], retry_after)
         return AttemptFailed(error, retryable=retryable, retry_after=retry_after)
 
 
@@ -234,19 +236,38 @@ RETRY_AFTER_CAP_SECONDS = 3600.0
 """The longest upstream ``Retry-After`` latgate believes (and passes on)."""
 
 
-def parse_retry_after(value: str | None) -> float | None:
-    """An upstream's ``Retry-After`` in seconds (RFC 9110 §10.2.3, the delay-seconds
-    form), within 0 .. :data:`RETRY_AFTER_CAP_SECONDS`; None when absent or not a
-    finite number (an HTTP date is not read)."""
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """An upstream's ``Retry-After`` in seconds (RFC 9110 §10.2.3: delay-seconds, or an
+    HTTP date, read as whole seconds from ``now``, Unix time, by default the wall
+    clock's), within 0 .. :data:`RETRY_AFTER_CAP_SECONDS`; None when absent, not a
+    finite number nor a date."""
     if not value:
         return None
     try:
         seconds = float(value)
     except ValueError:
-        return None
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # RFC 9110 5.6.7: HTTP dates are GMT
+            when = when.replace(tzinfo=datetime.UTC)
+        seconds = math.ceil(when.timestamp() - (time.time() if now is None else now))
     if not math.isfinite(seconds):
         return None
     return min(max(0.0, seconds), RETRY_AFTER_CAP_SECONDS)
+
+
+def retry_after_header(value: str, seconds: float) -> str:
+    """The ``Retry-After`` passed on for an upstream's ``value`` read as ``seconds``
+    (:func:`parse_retry_after`): as sent when it is a number within bounds, else the
+    seconds (a date becomes seconds, so every client reads one form)."""
+    try:
+        if float(value) == seconds:
+            return value.strip()
+    except ValueError:
+        pass
+    return format(seconds, "g")
 
 
 def provider_secrets(provider: ProviderRuntime) -> tuple[bytes, ...]:
