@@ -23,6 +23,11 @@ for as long as it likes. Here, before anything reaches the app:
   ``connection: close`` once its head arrived, and a (rate-limited) warning line,
   never a silent close.
 - A malformed request head gets ``400`` in the OpenAI envelope.
+- **Request transfer codings**: ``chunked`` is the only one latgate decodes; a
+  request declaring another (``Transfer-Encoding: gzip, chunked``: llhttp dechunks it
+  and would hand on the gzip bytes as the body) gets ``501 Not Implemented`` (RFC 9112
+  section 6.1) in the envelope of the API at its path, recorded as
+  ``unsupported_transfer_coding``.
 - **HTTP/1.0 clients**: a response without ``Content-Length`` (a stream) is sent
   close-delimited, never chunked (RFC 9112 sections 6.1 and 6.3: HTTP/1.0 has no
   chunked coding; uvicorn chunks whatever the request's version).
@@ -151,6 +156,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _parsed_head_bytes = 0
     _fields = 0
     _refusal: tuple[int, str, bytes] | None = None  # (status, kind, response bytes)
+    _coding: bytes | None = None  # a request transfer coding other than chunked
     _over_cap = False
     _head_timer = None
     _body_timer = None
@@ -212,6 +218,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._parsed_head_bytes = 0
         self._fields = 0
+        self._coding = None
         super().on_message_begin()
 
     def on_url(self, url: bytes) -> None:
@@ -233,6 +240,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._too_large(f"more than {MAX_HEAD_BYTES} bytes")
         if self._refusal is not None:
             raise _Refused
+        if len(name) == 17 and name.lower() == b"transfer-encoding":
+            for coding in value.lower().split(b","):
+                if coding.strip() != b"chunked" and self._coding is None:
+                    self._coding = coding.strip()
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -242,6 +253,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer = None
         if self._over_cap:
             self._refuse_over_cap()
+            raise _Refused
+        if self._coding is not None:
+            self._refuse_coding(self._coding)
             raise _Refused
         super().on_headers_complete()
         if self.scope["http_version"] == "1.0" and self.cycle is not None and self.cycle.scope is self.scope:
@@ -359,6 +373,18 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 kind="api_error",
             ),
         )
+
+    def _refuse_coding(self, coding: bytes) -> None:
+        """501 for a request transfer coding latgate does not decode, in the envelope of
+        the API at the request's path (recorded first, its id in the answer)."""
+        path = httptools.parse_url(self.url).path.decode("latin-1") or "/"
+        shown = coding.decode("latin-1")[:32].encode("ascii", "backslashreplace").decode("ascii")
+        message = f"transfer coding {shown!r} is not supported: send the body as it is (Content-Length or chunked)"
+        self._cancel_timers()
+        request_id = self.limits.on_refused(501, "unsupported_transfer_coding", path) or "-"
+        body, headers = self.limits.error_body(path, 501, message, "unsupported_transfer_encoding", request_id)
+        self.transport.write(envelope(501, "Not Implemented", message, code="", body=body, headers=headers))
+        self.transport.close()
 
     def _refuse(self) -> None:
         if self.transport.is_closing() or self._refusal is None:
