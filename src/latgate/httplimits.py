@@ -22,7 +22,9 @@ for as long as it likes. Here, before anything reaches the app:
 - **Connection cap** (``max_connections``): a connection beyond it gets ``503`` with
   ``connection: close`` once its head arrived, and a (rate-limited) warning line,
   never a silent close.
-- A malformed request head gets ``400`` in the OpenAI envelope.
+- A malformed request head gets ``400`` in the OpenAI envelope; a request line of
+  another HTTP version than 1.0 or 1.1 (an HTTP/0.9 ``GET /path`` without one) gets
+  ``505``, an ``Expect`` other than ``100-continue`` ``417`` (RFC 9110 section 10.1.1).
 - **Request transfer codings**: ``chunked`` is the only one latgate decodes; a
   request declaring another (``Transfer-Encoding: gzip, chunked``: llhttp dechunks it
   and would hand on the gzip bytes as the body) gets ``501 Not Implemented`` (RFC 9112
@@ -240,6 +242,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._too_large(f"more than {MAX_HEAD_BYTES} bytes")
         if self._refusal is not None:
             raise _Refused
+        if len(name) == 6 and name.lower() == b"expect" and value.strip().lower() != b"100-continue":
+            shown = value[:32].decode("latin-1").encode("ascii", "backslashreplace").decode("ascii")
+            message = f"Expect {shown!r} cannot be met: only 100-continue is"
+            self._refusal = (417, "malformed_head", envelope(417, "Expectation Failed", message, code="expectation_failed"))
+            raise _Refused
         if len(name) == 17 and name.lower() == b"transfer-encoding":
             for coding in value.lower().split(b","):
                 if coding.strip() != b"chunked" and self._coding is None:
@@ -256,6 +263,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             raise _Refused
         if self._coding is not None:
             self._refuse_coding(self._coding)
+            raise _Refused
+        version = self.parser.get_http_version()
+        if version != "1.1" and version != "1.0":
+            message = f"HTTP/{version} is not supported: send HTTP/1.1 (or 1.0)"
+            self._refusal = (505, "malformed_head", envelope(505, "HTTP Version Not Supported", message, code="http_version_not_supported"))
             raise _Refused
         super().on_headers_complete()
         if self.scope["http_version"] == "1.0" and self.cycle is not None and self.cycle.scope is self.scope:

@@ -120,8 +120,9 @@ async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
             raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             body = orjson.loads(raw)
     except (orjson.JSONDecodeError, ValueError, RecursionError) as exc:
-        reason = "not valid UTF-8" if "utf-8" in str(exc).lower() else "not valid JSON"
-        raise InvalidRequest(f"request body is {reason}: {str(exc).splitlines()[0]}") from None
+        if "utf-8" in str(exc).lower():  # orjson's words ("str is not valid UTF-8: surrogates not allowed", at char 0) say less
+            raise InvalidRequest("request body is not valid UTF-8: send JSON text encoded as UTF-8") from None
+        raise InvalidRequest(f"request body is not valid JSON: {str(exc).splitlines()[0]}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
     parsed = ClientBody(body)

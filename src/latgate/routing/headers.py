@@ -16,6 +16,23 @@ _FALSE_VALUES = frozenset({"0", "false", "no", "off"})
 _DIGITS = re.compile(r"[0-9]{1,12}")
 
 
+#: A header value shown in an error message is cut to this many characters.
+SHOWN_VALUE_CHARS = 40
+
+
+def shown_value(value: str) -> str:
+    """A request header value for an error message: its bytes (the server hands them on
+    as latin-1) read as UTF-8, cut to :data:`SHOWN_VALUE_CHARS` characters, quoted
+    with control characters escaped (``repr``)."""
+    try:
+        text = value.encode("latin-1").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # already decoded text
+        text = value
+    if len(text) > SHOWN_VALUE_CHARS:
+        return repr(text[:SHOWN_VALUE_CHARS]) + f"... ({len(text)} characters)"
+    return repr(text)
+
+
 def flag_header(value: str | None) -> bool:
     """``X-Latency-Sensitive``: 1/true/yes/on or 0/false/no/off (absent or empty: false)."""
     if value is None:
@@ -26,7 +43,7 @@ def flag_header(value: str | None) -> bool:
     if text in _FALSE_VALUES or not text:
         return False
     raise InvalidRequest(
-        f"X-Latency-Sensitive must be 1, true, yes, 0, false or no, not {value!r}",
+        f"X-Latency-Sensitive must be 1, true, yes, 0, false or no, not {shown_value(value)}",
         param="X-Latency-Sensitive",
     )
 
@@ -43,7 +60,7 @@ def budget_header(value: str | None) -> int | None:
     text = value.strip()
     if not _DIGITS.fullmatch(text):
         raise InvalidRequest(
-            f"X-Latency-Budget-Ms must be a non-negative whole number of milliseconds, not {value!r}",
+            f"X-Latency-Budget-Ms must be a non-negative whole number of milliseconds, not {shown_value(value)}",
             param="X-Latency-Budget-Ms",
         )
     return int(text)
