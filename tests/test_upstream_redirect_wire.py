@@ -10,11 +10,8 @@ Through a real gateway and raw upstreams on loopback."""
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 
 import httpx
-import pytest
 from h1_upstreams import (
     CHAT,
     OK_JSON,
