@@ -2,16 +2,34 @@
 upstream does: an event stream sent to a ``stream: false`` request (keep-alive
 comments, empty deltas) is refused at once as the provider's failure (502), and a JSON
 answer trickling in a byte at a time (never silent for ``timeout_sec``) ends in 504
-once ``timeout_sec`` has passed since the request was sent. Through a real gateway and
-a raw upstream on loopback."""
+once ``timeout_sec`` has passed since the request was sent. Its first real byte is
+due by ``first_token_timeout_sec``, as a stream's first content is: keep-alive
+whitespace and ``: ping`` comment lines a hosted upstream writes during a long prefill
+do not count, and are skipped when the JSON follows. Through a real gateway, raw
+upstreams on loopback and the openai / anthropic SDKs."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import anthropic
 import httpx
+import openai
 import pytest
-from h1_upstreams import CHAT, OK_JSON, RawUpstream, assert_clean_logs, stack_on
+from h1_upstreams import (
+    CHAT,
+    OK_JSON,
+    SECRET,
+    RawUpstream,
+    access_lines,
+    assert_clean_logs,
+    chunk,
+    keep_serving,
+    json_reply,
+    stack_on,
+)
+from stack import gateway
 
 EMPTY_DELTA = b'data: {"id":"a","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
 EVENT_STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
@@ -50,3 +68,91 @@ def test_a_json_answer_trickling_in_is_cut_off_at_timeout_sec_with_504(caplog) -
     assert answer.status_code == 504, answer.text
     assert "timeout_sec" in answer.json()["error"]["message"]
     assert_clean_logs(caplog)
+
+
+JSON_CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+#: keep-alives as hosted upstreams write them before a JSON answer
+KEEPALIVES = [b"\n", b": ping\n\n", b": OPENROUTER PROCESSING\n\n", b" \r\n"]
+
+
+async def _keepalives_forever(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A 200 JSON head, then keep-alives (at most ~20 s of them), never the answer."""
+    await up.request(reader)
+    writer.write(JSON_CHUNKED_HEAD)
+    for i in range(400):
+        writer.write(chunk(KEEPALIVES[i % len(KEEPALIVES)]))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+
+
+def _two_providers(first: str, second: str, *, ftt: float = 1) -> str:
+    return (
+        f"[defaults]\ntimeout_sec = 30\nconnect_timeout_sec = 2\nfirst_token_timeout_sec = {ftt}\nmax_retries = 0\n"
+        f'[providers.up]\napi_base = "{first}"\napi_key_env = "UP_KEY"\n'
+        f'[providers.spare]\napi_base = "{second}"\n'
+        '[routing]\ndefault_route = "up"\nfallbacks = { up = ["spare"] }\n'
+    )
+
+
+def test_keep_alives_are_not_an_answer_a_non_streamed_request_gets_504_at_the_first_token_timeout(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="latgate.access")
+    with stack_on(_keepalives_forever, timeout=30, ftt=1) as (up, v1, _app):
+        client = openai.OpenAI(base_url=v1, api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT_SECONDS)
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.chat.completions.create(model="m", messages=CHAT["messages"])
+    assert caught.value.status_code == 504
+    error = caught.value.body
+    assert error["code"] == "upstream_timeout"
+    assert "only keep-alives, no answer within first_token_timeout_sec (1 s)" in error["message"], error
+    (line,) = access_lines(caplog)
+    assert line["status"] == 504 and line["cause"] == "only keep-alives, no answer within first_token_timeout_sec (1 s)"
+    assert_clean_logs(caplog)
+
+
+def test_keep_alives_on_v1_messages_end_in_an_anthropic_timeout_error(caplog) -> None:
+    with stack_on(_keepalives_forever, timeout=30, ftt=1) as (_, v1, _app):
+        client = anthropic.Anthropic(base_url=v1.removesuffix("/v1"), api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT_SECONDS)
+        with pytest.raises(anthropic.APIStatusError) as caught:
+            client.messages.create(model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 504
+    body = caught.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "timeout_error", body
+    assert "first_token_timeout_sec" in body["error"]["message"]
+    assert_clean_logs(caplog)
+
+
+def test_a_silent_upstream_of_a_non_streamed_request_is_failed_over_at_the_first_token_timeout(caplog) -> None:
+    """No head at all (a silent prefill past the deadline): the fallback answers."""
+
+    async def silent(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await up.request(reader)
+        await up.released.wait()
+
+    caplog.set_level(logging.INFO, logger="latgate.access")
+    with RawUpstream(silent) as hung, RawUpstream(keep_serving(json_reply())) as spare:
+        with gateway(_two_providers(hung.base_url, spare.base_url), env={"UP_KEY": SECRET}) as gw:
+            client = openai.OpenAI(base_url=gw.v1, api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT_SECONDS)
+            answer = client.chat.completions.with_raw_response.create(model="m", messages=CHAT["messages"])
+        hung.release()
+    assert answer.headers["x-latgate-provider"] == "spare"
+    assert answer.parse().choices[0].message.content == "ok"
+    assert len(hung.requests) == 1 and len(spare.requests) == 1
+    (line,) = access_lines(caplog)
+    assert line["status"] == 200 and line["attempts"] == 2
+    assert_clean_logs(caplog)
+
+
+def test_a_non_streamed_answer_after_keep_alives_is_answered_with_them_skipped() -> None:
+    async def handler(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await up.request(reader)
+        writer.write(JSON_CHUNKED_HEAD)
+        for piece in [*KEEPALIVES, b": a comment split ", b"across reads\n"]:
+            writer.write(chunk(piece))
+            await writer.drain()
+        writer.write(chunk(OK_JSON[:10]) + chunk(OK_JSON[10:]) + b"0\r\n\r\n")
+        await writer.drain()
+
+    with stack_on(handler, timeout=30, ftt=5) as (_, v1, _app):
+        client = openai.OpenAI(base_url=v1, api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT_SECONDS)
+        completion = client.chat.completions.create(model="m", messages=CHAT["messages"])
+    assert completion.choices[0].message.content == "ok"

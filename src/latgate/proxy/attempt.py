@@ -24,7 +24,7 @@ import orjson
 from latgate.config.schema import Config
 from latgate.metrics import Metrics
 from latgate.providers import EndpointRuntime, ProviderPool, ProviderRuntime, Ticket
-from latgate.proxy.answer import Answer
+from latgate.proxy.answer import Answer, KeepalivePrelude
 from latgate.proxy.exchange import Exchange
 from latgate.proxy.failures import NO_FIRST_TOKEN, Failures, aborted_answer, provider_secrets
 from latgate.proxy.hedge import LostRace, Race
@@ -34,6 +34,7 @@ from latgate.proxy.transform import ResponseTransform, UntranslatableAnswer
 from latgate.proxy.upstream import (
     UpstreamClient,
     UpstreamFailure,
+    answer_start,
     read_at_most,
     upstream_errors,
     upstream_headers,
@@ -157,7 +158,11 @@ class AttemptSender:
             deadline = None
             whole_by = None  # a non-streamed answer: whole within timeout_sec of sending (docs/configuration.md)
             if tap is None:
-                whole_by = asyncio.get_running_loop().time() + self._timeout_seconds(provider)
+                now = asyncio.get_running_loop().time()
+                whole_by = now + self._timeout_seconds(provider)
+                configured_ms = self.selector.configured_deadline_ms  # its first real byte by then (not a budget's)
+                if configured_ms:
+                    deadline = min(now + configured_ms / 1000.0, whole_by)
             else:
                 deadline_ms = self.selector.deadline_ms(plan, predicted_ttft_ms=predicted_ms, last_attempt=attempt.last)
                 if deadline_ms:
@@ -172,7 +177,8 @@ class AttemptSender:
                     )  # fmt: skip
             except TimeoutError:
                 ticket.censored = True
-                raise self.failures.failed(provider, endpoint, NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
+                missed = NO_FIRST_TOKEN if tap is not None else self._no_first_byte(keepalives=False)
+                raise self.failures.failed(provider, endpoint, missed, health=not ticket.budget_deadline) from None
             except UpstreamFailure as failure:
                 raise self.failures.failed(provider, endpoint, failure) from None
             stack.push_async_callback(response.aclose)
@@ -190,7 +196,8 @@ class AttemptSender:
             if tap is not None and provider.stream_options.refusals and b'"stream_options":' in attempt.payload:
                 provider.stream_options.accepted()  # taken again after a refusal
             if tap is None:
-                return await self._complete(attempt, response, ticket, whole_by)
+                assert whole_by is not None
+                return await self._complete(attempt, response, ticket, first_by=deadline, whole_by=whole_by)
             relay = await self._start_stream(attempt, response, tap, stack, deadline, ticket)
             handed_off = True
             return relay
@@ -282,19 +289,33 @@ class AttemptSender:
             secrets=provider_secrets(provider),
         )
 
-    async def _complete(self, attempt: Attempt, response: Any, ticket: Ticket, deadline: float | None) -> Answer:
-        """A non-streamed answer: read it whole by ``deadline`` (event-loop time), take
-        its usage, rewrite the model name. An event stream (the request's ``stream:
-        false`` ignored) or an HTML page is refused unread, as the provider's failure."""
+    async def _complete(
+        self, attempt: Attempt, response: Any, ticket: Ticket, *, first_by: float | None, whole_by: float
+    ) -> Answer:
+        """A non-streamed answer: its first real byte by ``first_by`` (the first-token
+        deadline; keep-alive whitespace and ``:`` comment lines before it do not count,
+        :class:`~latgate.proxy.answer.KeepalivePrelude`), read whole by ``whole_by``
+        (event-loop times), its usage taken, the model name rewritten. An event stream
+        (the request's ``stream: false`` ignored) or an HTML page is refused unread, as
+        the provider's failure."""
         provider, endpoint, exchange = attempt.provider, attempt.endpoint, attempt.routed.exchange
         content_type = response.headers.get("content-type", "")
         if content_type.startswith(("text/html", "text/event-stream")):  # a page, or a stream nobody asked for
             raise await self.failures.wrong_content_type(provider, endpoint, content_type, None)
+        prelude = KeepalivePrelude()
         try:
-            async with asyncio.timeout_at(deadline):
+            body = response.aiter_raw()
+            async with asyncio.timeout_at(whole_by if first_by is None else first_by):
                 with upstream_errors():
-                    data = await read_at_most(response, self.config.defaults.max_response_bytes)
+                    first = await answer_start(body, prelude)
+            async with asyncio.timeout_at(whole_by):
+                with upstream_errors():
+                    data = await read_at_most(response, self.config.defaults.max_response_bytes, first=first, body=body)
         except TimeoutError:
+            if first_by is not None and first_by < whole_by and asyncio.get_running_loop().time() < whole_by:
+                ticket.censored = True
+                missed = self._no_first_byte(keepalives=prelude.seen > 0)
+                raise self.failures.failed(provider, endpoint, missed) from None
             raise self.failures.failed(provider, endpoint, self._late_answer(provider)) from None
         except UpstreamFailure as failure:
             raise self.failures.failed(provider, endpoint, failure) from None
@@ -341,6 +362,13 @@ class AttemptSender:
         """The provider's ``timeout_sec`` (else ``[defaults]``'s): the longest upstream
         silence, and the whole of a non-streamed answer."""
         return provider.config.timeout_sec or self.config.defaults.timeout_sec
+
+    def _no_first_byte(self, *, keepalives: bool) -> UpstreamFailure:
+        """The failure of a non-streamed answer whose first real byte missed
+        ``first_token_timeout_sec`` (``keepalives``: only keep-alives came before)."""
+        seconds = (self.selector.configured_deadline_ms or 0.0) / 1000.0
+        what = "only keep-alives, no answer" if keepalives else "no answer"
+        return UpstreamFailure("timeout", f"{what} within first_token_timeout_sec ({seconds:g} s)")
 
     def _late_answer(self, provider: ProviderRuntime) -> UpstreamFailure:
         """The failure of a non-streamed answer not whole within :meth:`_timeout_seconds`."""

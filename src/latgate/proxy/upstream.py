@@ -30,12 +30,13 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from latgate import __version__
+from latgate.proxy.answer import KeepalivePrelude
 from latgate.proxy.decoding import DecodedResponse, decoder_problem
 from latgate.proxy.egress import Egress
 from latgate.proxy.errors import LOCAL_ERRNOS, LOCAL_SHORTAGE, UpstreamFailure, failure_cause
 from latgate.proxy.h1 import H1Pool, H1Response
 
-__all__ = ["UpstreamClient", "UpstreamFailure", "read_at_most", "upstream_errors", "upstream_headers"]
+__all__ = ["UpstreamClient", "UpstreamFailure", "answer_start", "read_at_most", "upstream_errors", "upstream_headers"]
 
 USER_AGENT = f"latgate/{__version__}"
 #: Redirects that keep the method and body (RFC 9110 sections 15.4.8 and 15.4.9): one is
@@ -103,9 +104,10 @@ def _root_cause(exc: BaseException) -> OSError | None:
     return found
 
 
-async def read_at_most(response: object, limit: int) -> bytes:
+async def read_at_most(response: object, limit: int, *, first: bytes = b"", body: Any = None) -> bytes:
     """The whole body of ``response`` (an upstream response: ``headers``,
-    ``aiter_raw()``), at most ``limit`` bytes.
+    ``aiter_raw()``), at most ``limit`` bytes. ``first``: its bytes read already from
+    ``body`` (the iterator they came from, read on; default ``response.aiter_raw()``).
 
     Raises:
         UpstreamFailure: ``too_large`` as soon as the declared (``content-length``) or
@@ -115,15 +117,30 @@ async def read_at_most(response: object, limit: int) -> bytes:
     declared = response.headers.get("content-length")  # type: ignore[attr-defined]
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise UpstreamFailure("too_large", f"its answer of {int(declared)} bytes exceeds max_response_bytes ({limit})")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_raw():  # type: ignore[attr-defined]
+    chunks: list[bytes] = [first] if first else []
+    size = len(first)
+    async for chunk in response.aiter_raw() if body is None else body:  # type: ignore[attr-defined]
         size += len(chunk)
         if size > limit:
             chunks.clear()
             raise UpstreamFailure("too_large", f"its answer exceeds max_response_bytes ({limit} bytes)")
         chunks.append(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def answer_start(body: Any, prelude: KeepalivePrelude) -> bytes:
+    """Read ``body`` (an upstream body's ``aiter_raw()`` iterator) up to its first real
+    byte past the keep-alives ``prelude`` skips; the bytes from there (``b""``: the body
+    ended first). Nothing skipped is kept, so no size bound is needed here.
+
+    Raises:
+        UpstreamFailure: as the body's reads raise them.
+    """
+    async for data in body:
+        start = prelude.start(data)
+        if start >= 0:
+            return data[start:] if start else data
+    return b""
 
 
 class UpstreamClient:
