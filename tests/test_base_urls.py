@@ -11,6 +11,7 @@ import json
 import logging
 
 import httpx
+import openai
 import pytest
 from h1_upstreams import CHAT, OK_JSON, SECRET, RawUpstream, config, json_reply, keep_serving
 from stack import gateway
@@ -106,7 +107,68 @@ def test_a_second_redirect_is_not_followed() -> None:
 
     with RawUpstream(handler) as up, gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
         response = httpx.post(gw.v1 + "/chat/completions", json=CHAT, timeout=15)
-    assert response.status_code == 502 and "HTTP 307" in response.json()["error"]["message"]
+    message = response.json()["error"]["message"]  # /again redirects to itself
+    assert response.status_code == 502 and "redirect loop (HTTP 307 to /again, after a redirect to /again)" in message
+    assert len(up.requests) == 2
+
+
+def closing_redirects(*locations: bytes):
+    """The n-th request (one per connection) gets a 307 to ``locations[n]`` (then the
+    JSON answer), and the connection is closed after it, as many redirectors do."""
+
+    async def handler(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await up.request(reader)
+        if len(up.requests) > len(locations):
+            writer.write(json_reply())
+        else:
+            location = locations[len(up.requests) - 1]
+            writer.write(b"HTTP/1.1 307 Temporary Redirect\r\nlocation: %s\r\ncontent-length: 0\r\n\r\n" % location)
+        await writer.drain()
+        writer.close()
+
+    return handler
+
+
+def test_a_redirect_is_followed_on_a_new_connection_when_the_redirector_closes_its_own() -> None:
+    with RawUpstream(closing_redirects(b"/moved/v1/chat/completions")) as up:
+        with gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
+            client = openai.OpenAI(base_url=gw.v1, api_key="k", max_retries=0, timeout=15)
+            completion = client.chat.completions.create(model="m", messages=CHAT["messages"])
+    assert completion.choices[0].message.content == "ok"
+    assert [request_path(r) for r in up.requests] == ["/v1/chat/completions", "/moved/v1/chat/completions"]
+    assert up.total == 2
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_redirect_back_to_the_path_it_came_from_is_a_redirect_loop(stream: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """``/v1/chat/completions`` -> 307 ``/moved`` (followed once) -> 307 back: a loop,
+    named as one (it was "upstream closed the connection: connection reset", the
+    second request having gone out on the connection the redirector had closed)."""
+    caplog.set_level(logging.INFO, logger="latgate.access")
+    with RawUpstream(closing_redirects(b"/moved", b"/v1/chat/completions")) as up:
+        with gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
+            client = openai.OpenAI(base_url=gw.v1, api_key="k", max_retries=0, timeout=15)
+            with pytest.raises(openai.APIStatusError) as caught:
+                client.chat.completions.create(model="m", messages=CHAT["messages"], stream=stream)
+    assert caught.value.status_code == 502
+    message = caught.value.body["message"]
+    assert "redirect loop (HTTP 307 to /v1/chat/completions, after a redirect to /moved)" in message, message
+    assert str(up.port) not in message and "127.0.0.1" not in message
+    (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == "latgate.access"]
+    assert line["status"] == 502 and line["cause"] == "redirect loop: HTTP 307 to /v1/chat/completions"
+    assert len(up.requests) == 2
+
+
+def test_a_second_redirect_elsewhere_is_named_a_second_redirect(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="latgate.access")
+    with RawUpstream(closing_redirects(b"/moved", b"/moved-again")) as up:
+        with gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
+            response = httpx.post(gw.v1 + "/chat/completions", json=CHAT, timeout=15)
+    assert response.status_code == 502
+    message = response.json()["error"]["message"]
+    assert "a second redirect (HTTP 307 to /moved-again, after one to /moved)" in message, message
+    (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == "latgate.access"]
+    assert line["cause"] == "second redirect: HTTP 307 to /moved-again"
     assert len(up.requests) == 2
 
 

@@ -169,10 +169,11 @@ class DecodedResponse:
             compressed stream does, or decodes past :data:`MAX_DECODED_BYTES`.
     """
 
-    __slots__ = ("_decoders", "_finished", "_raw", "_response", "headers", "status_code")
+    __slots__ = ("_decoders", "_finished", "_raw", "_response", "followed", "headers", "status_code")
 
     def __init__(self, response: Any, content_encoding: str) -> None:
         self._response = response
+        self.followed: str | None = getattr(response, "followed", None)  # the redirect followed to get it
         self._raw = response.aiter_raw()
         self._decoders = [_decoder(coding) for coding in _codings(content_encoding)]
         self._finished = False

@@ -132,7 +132,8 @@ class Failures:
         redirect): not an answer to a completion, so the provider's failure (502)."""
         status = response.status_code
         if 300 <= status < 400:  # a same-origin 307/308 elsewhere was followed already (upstream.py)
-            return self.redirect_refused(provider, endpoint, status, response.headers.get("location"), url)
+            followed = getattr(response, "followed", None)
+            return self.redirect_refused(provider, endpoint, status, response.headers.get("location"), url, followed=followed)
         if status < 400:
             return self.bad_response(provider, endpoint, f"answered with status {status}")
         data = b""
@@ -184,21 +185,43 @@ class Failures:
         return self.bad_response(provider, endpoint, f"answered with content type {shown!r}")
 
     def redirect_refused(
-        self, provider: ProviderRuntime, endpoint: EndpointRuntime, status: int, location: str | None, url: str
+        self,
+        provider: ProviderRuntime,
+        endpoint: EndpointRuntime,
+        status: int,
+        location: str | None,
+        url: str,
+        *,
+        followed: str | None = None,
     ) -> AttemptFailed:
         """A redirect not followed (:meth:`bad_response`): a loop when it names ``url``
-        itself, else one latgate does not follow. The access line's cause names the
-        ``Location``'s path, never its host, port or query (they may be internal
-        addresses or carry a key); so does the client's message unless the Location is
-        on another origin (then only the status and that it was cross-origin)."""
+        itself (or, after the one redirect followed, to ``followed``, either URL again);
+        a second redirect after ``followed``; else one latgate does not follow. The
+        access line's cause names the ``Location``'s path, never its host, port or query
+        (they may be internal addresses or carry a key); so does the client's message
+        unless the Location is on another origin (then only the status and that it was
+        cross-origin)."""
         shown = f"HTTP {status} to {redirect_path(url, location)}" if location else f"HTTP {status} without a Location"
-        if location and status in SAME_ORIGIN_REDIRECTS and same_origin_location(url, location) == url:
-            what = f"a redirect loop ({shown}, the URL it was sent): not followed; check that api_base names the address the engine serves"
+        target = same_origin_location(followed or url, location) if location and status in SAME_ORIGIN_REDIRECTS else None
+        if target is not None and target in (url, followed):
+            if followed is None:
+                what = f"a redirect loop ({shown}, the URL it was sent): not followed; check that api_base names the address the engine serves"
+            else:
+                what = (
+                    f"a redirect loop ({shown}, after a redirect to {redirect_path(url, followed)}): not followed; "
+                    "check that api_base names the address the engine serves"
+                )
             cause = f"redirect loop: {shown}"
         elif location and same_origin_location(url, location) is None:
             # another origin: its path (a tenant id, a presigned token) is for the log only
             what = f"a redirect to another origin (HTTP {status}), which latgate does not follow"
             cause = f"redirect refused: {shown}, another origin; set api_base to the address it names"
+        elif followed is not None:
+            what = (
+                f"a second redirect ({shown}, after one to {redirect_path(url, followed)}): latgate follows one 307/308 "
+                "to the same host only; set api_base to the address the engine serves"
+            )
+            cause = f"second redirect: {shown}"
         else:
             what = (
                 f"a redirect ({shown}) latgate does not follow: only one 307/308 to the same host is followed; "

@@ -315,14 +315,16 @@ class H1Response:
     The slice of ``httpx.Response`` the forwarder reads: ``status_code``, ``headers``
     (:class:`Headers`), ``aiter_raw()`` (the body as it arrives, dechunked, undecoded),
     ``aread()``, ``aclose()`` (must be called: it returns the connection to the pool or
-    closes it).
+    closes it). ``followed``: the URL of the same-origin redirect followed to get it
+    (set by :class:`~latgate.proxy.upstream.UpstreamClient`), else ``None``.
     """
 
-    __slots__ = ("_conn", "_done", "headers", "status_code")
+    __slots__ = ("_conn", "_done", "followed", "headers", "status_code")
 
     def __init__(self, conn: H1Connection) -> None:
         self._conn = conn
         self._done = False
+        self.followed: str | None = None
         self.status_code = conn.status
         self.headers = conn.headers()
 

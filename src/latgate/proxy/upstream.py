@@ -247,6 +247,7 @@ class UpstreamClient:
                 else:
                     await response.aclose()
                 response = await self._send(location, payload, headers, read_timeout_seconds, egress, slot)
+                response.followed = location  # a redirect from here is a second one (failures.redirect_refused)
         encoding = response.headers.get("content-encoding")
         if encoding is None:
             return response
