@@ -161,8 +161,8 @@ class AttemptSender:
                 now = asyncio.get_running_loop().time()
                 whole_by = now + self._timeout_seconds(provider)
                 configured_ms = self.selector.configured_deadline_ms  # its first real byte by then (not a budget's)
-                if configured_ms:
-                    deadline = min(now + configured_ms / 1000.0, whole_by)
+                if configured_ms and now + configured_ms / 1000.0 < whole_by:
+                    deadline = now + configured_ms / 1000.0
             else:
                 deadline_ms = self.selector.deadline_ms(plan, predicted_ttft_ms=predicted_ms, last_attempt=attempt.last)
                 if deadline_ms:
@@ -312,7 +312,7 @@ class AttemptSender:
                 with upstream_errors():
                     data = await read_at_most(response, self.config.defaults.max_response_bytes, first=first, body=body)
         except TimeoutError:
-            if first_by is not None and first_by < whole_by and asyncio.get_running_loop().time() < whole_by:
+            if first_by is not None and asyncio.get_running_loop().time() < whole_by:
                 ticket.censored = True
                 missed = self._no_first_byte(keepalives=prelude.seen > 0)
                 raise self.failures.failed(provider, endpoint, missed) from None
