@@ -30,6 +30,7 @@ from latgate.proxy.failures import NO_FIRST_TOKEN, Failures, aborted_answer, pro
 from latgate.proxy.hedge import LostRace, Race
 from latgate.proxy.relay import StreamRelay
 from latgate.proxy.sse import StreamTap
+from latgate.proxy.stream_start import StreamStart
 from latgate.proxy.transform import ResponseTransform, UntranslatableAnswer
 from latgate.proxy.upstream import (
     UpstreamClient,
@@ -222,10 +223,14 @@ class AttemptSender:
         to get there goes on (the other raises :class:`LostRace`)."""
         provider, endpoint, exchange = attempt.provider, attempt.endpoint, attempt.routed.exchange
         content_type = response.headers.get("content-type", "")
-        if content_type.startswith(("text/html", "application/json")):  # a page, or the stream flag ignored
-            raise await self.failures.wrong_content_type(provider, endpoint, content_type, deadline)
         body = response.aiter_raw()
+        if content_type.startswith("application/json"):  # the stream flag ignored, or an error object
+            raise await self.failures.not_event_stream(provider, endpoint, "a JSON body", b"", body, deadline)
+        if content_type.startswith("text/html"):  # a login page, a proxy's notice
+            raise await self.failures.wrong_content_type(provider, endpoint, content_type, deadline)
         early = exchange.early
+        start = StreamStart()  # what comes before the first content must be SSE
+        not_sse: bytes | None = None
         head: list[bytes] = []
         held = 0
         units = 0
@@ -240,6 +245,10 @@ class AttemptSender:
                             ended = True
                             break
                         out, units = tap.feed(data)
+                        offset = -1 if units else start.feed(data)  # a read with content speaks SSE
+                        if offset >= 0:
+                            not_sse = data[offset:]
+                            break
                         if out and early is not None and not units:  # the head went out: comments go on now
                             out = early.hold(out, tap.separator)
                         if out:
@@ -254,6 +263,8 @@ class AttemptSender:
             raise self.failures.failed(provider, endpoint, NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
         except UpstreamFailure as failure:
             raise self.failures.failed(provider, endpoint, failure) from None
+        if not_sse is not None:  # nothing of it reached the client
+            raise await self.failures.not_event_stream(provider, endpoint, start.what, not_sse, body, deadline)
         if tap.error is not None:
             raise self.failures.error_event(provider, endpoint, tap.error, error_kind=tap.error_kind)
         if tap.aborted and not units:

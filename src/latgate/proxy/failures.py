@@ -7,7 +7,8 @@ A provider that says it is full (TileRT's 429 "all decode nodes busy", see
 next candidate at once, and nothing counts against the endpoint's health.
 
 Retryable: connection failures, timeouts, HTTP 408/429/500/502/503/504, an HTML 200,
-a 200 stream without content and in-band server error events. 401/403 mean the
+a 200 stream without content or whose first bytes are not an event stream, and in-band
+server error events (or a JSON error object answering a stream). 401/403 mean the
 provider rejects latgate's own key: not retried on that provider, but its fallbacks
 are tried. Any other 4xx (and an in-band client error such as "context too long") is
 the client's request: returned at once with the upstream's status. Upstream error text
@@ -184,6 +185,40 @@ class Failures:
         shown = content_type.split(";")[0].strip()[:64] or "none"
         return self.bad_response(provider, endpoint, f"answered with content type {shown!r}")
 
+    async def not_event_stream(
+        self,
+        provider: ProviderRuntime,
+        endpoint: EndpointRuntime,
+        what: str,
+        start: bytes,
+        body: Any,
+        deadline: float | None,
+    ) -> AttemptFailed:
+        """A stream answered, before any content, with ``what`` (``"a JSON body"``, ``"an
+        HTML page"``, ``"other bytes"``: :class:`~latgate.proxy.stream_start.StreamStart`),
+        from ``start`` on: the provider's failure, retried elsewhere, its bytes never
+        shown. A JSON error object (read on from ``body``, at most
+        :data:`MAX_ERROR_BODY_BYTES`, until ``deadline`` or for
+        :data:`ERROR_BODY_TIMEOUT_SECONDS`) is the upstream's error, as an error event
+        would be (:meth:`error_event`: a client error is answered 400, not retried)."""
+        if what == "a JSON body":
+            data = start
+            loop = asyncio.get_running_loop()
+            by = loop.time() + ERROR_BODY_TIMEOUT_SECONDS
+            with contextlib.suppress(UpstreamFailure, TimeoutError):
+                async with asyncio.timeout_at(by if deadline is None else min(by, deadline)):
+                    with upstream_errors():
+                        while _json_value(data) is None and len(data) < MAX_ERROR_BODY_BYTES:
+                            more = await anext(body, None)  # up to a whole JSON value, not the body's end
+                            if more is None:
+                                break
+                            data += more
+            parsed = _json_value(data)
+            if isinstance(parsed, dict) and parsed.get("error") is not None and "choices" not in parsed:
+                error = parsed["error"]  # an OpenAI error object, or a bare string
+                return self.error_event(provider, endpoint, error if isinstance(error, dict) else {"message": str(error)})
+        return self.bad_response(provider, endpoint, f"answered a stream with {what} instead of an event stream")
+
     def redirect_refused(
         self,
         provider: ProviderRuntime,
@@ -239,6 +274,14 @@ class Failures:
         self.pool.record_outcome(provider, endpoint, ok=False)
         self.metrics.record_upstream_error(provider=provider.name, kind="bad_response")
         return AttemptFailed(UpstreamError(f"provider {provider.name!r} {what}"), retryable=True)
+
+
+def _json_value(data: bytes) -> Any:
+    """``data`` parsed as JSON, or ``None`` while it is not (yet) a whole JSON value."""
+    try:
+        return orjson.loads(data) if data.rstrip().endswith((b"}", b"]")) else None
+    except orjson.JSONDecodeError:
+        return None
 
 
 def redirect_path(url: str, location: str) -> str:
