@@ -56,17 +56,46 @@ _VERIFY_REASONS = {
 }
 
 
+#: TLS alerts an upstream sends about latgate's client certificate (OpenSSL reasons; RFC
+#: 8446 section 6.2): in TLS 1.3 the server checks it after the client's handshake is
+#: done, so they arrive on the first read, not from the handshake.
+_CLIENT_CERT_ALERTS = {
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED": "client certificate required",
+    "TLSV1_ALERT_UNKNOWN_CA": "client certificate rejected (unknown CA)",
+    "SSLV3_ALERT_BAD_CERTIFICATE": "client certificate rejected (bad certificate)",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "client certificate rejected",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "client certificate rejected (expired)",
+    "SSLV3_ALERT_CERTIFICATE_REVOKED": "client certificate rejected (revoked)",
+    "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE": "client certificate rejected (unsupported)",
+    "TLSV1_ALERT_ACCESS_DENIED": "client certificate rejected (access denied)",
+}
+
+
+def client_certificate_alert(exc: BaseException | None) -> str | None:
+    """``TLS: client certificate required`` / ``TLS: client certificate rejected
+    (REASON)`` when ``exc`` is the upstream's TLS alert about latgate's client
+    certificate, else ``None``."""
+    if not isinstance(exc, ssl.SSLError):
+        return None
+    named = _CLIENT_CERT_ALERTS.get(str(getattr(exc, "reason", "") or ""))
+    return None if named is None else f"TLS: {named}"
+
+
 def failure_cause(exc: BaseException) -> str:
     """What kind of failure a socket or TLS exception was, in a few words naming neither
     host nor URL: ``DNS name not found``, ``connection refused``, ``connection reset``,
     ``TLS: certificate expired`` / ``TLS: unknown CA (...)`` / ``TLS: hostname
-    mismatch`` / ``TLS: REASON`` (OpenSSL's reason code), else the OS error's text."""
+    mismatch`` / ``TLS: client certificate required`` / ``TLS: client certificate
+    rejected (...)`` / ``TLS: REASON`` (OpenSSL's reason code), else the OS error's text."""
     if isinstance(exc, socket.gaierror):
         return "DNS name not found"
     if isinstance(exc, ssl.SSLCertVerificationError):
         code = getattr(exc, "verify_code", None)
         return "TLS: " + _VERIFY_REASONS.get(code, f"certificate not accepted (OpenSSL code {code})")
     if isinstance(exc, ssl.SSLError):
+        alert = client_certificate_alert(exc)
+        if alert is not None:
+            return alert
         reason = getattr(exc, "reason", None) or type(exc).__name__
         return "TLS: " + str(reason).lower().replace("_", " ")
     if isinstance(exc, ConnectionRefusedError):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import httptools
 
-from latgate.proxy.errors import UpstreamFailure, failure_cause
+from latgate.proxy.errors import UpstreamFailure, client_certificate_alert, failure_cause
 
 if TYPE_CHECKING:
     from latgate.proxy.h1 import H1Pool
@@ -121,6 +121,10 @@ class H1Connection(asyncio.Protocol):
             self.keep_alive = False
             self._wake()
         elif not self.complete:
+            alert = None if self.received_any else client_certificate_alert(exc)
+            if alert is not None:  # TLS 1.3: the server refused the client certificate after the handshake
+                self._fail(UpstreamFailure("connect", f"could not connect to upstream: {alert}"))
+                return
             cause = f": {failure_cause(exc)}" if exc is not None else ""
             self._fail(UpstreamFailure("read", f"upstream closed the connection{cause}"))
 

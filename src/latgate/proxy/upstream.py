@@ -33,7 +33,13 @@ from latgate import __version__
 from latgate.proxy.answer import KeepalivePrelude
 from latgate.proxy.decoding import DecodedResponse, decoder_problem
 from latgate.proxy.egress import Egress
-from latgate.proxy.errors import LOCAL_ERRNOS, LOCAL_SHORTAGE, UpstreamFailure, failure_cause
+from latgate.proxy.errors import (
+    LOCAL_ERRNOS,
+    LOCAL_SHORTAGE,
+    UpstreamFailure,
+    client_certificate_alert,
+    failure_cause,
+)
 from latgate.proxy.h1 import H1Pool, H1Response
 
 __all__ = ["UpstreamClient", "UpstreamFailure", "answer_start", "read_at_most", "upstream_errors", "upstream_headers"]
@@ -79,6 +85,9 @@ def upstream_errors() -> Iterator[None]:
         root = _root_cause(exc)
         if isinstance(root, OSError) and root.errno in LOCAL_ERRNOS:
             raise UpstreamFailure("local", LOCAL_SHORTAGE) from None
+        alert = client_certificate_alert(root)
+        if alert is not None:  # TLS 1.3: refused after the handshake, on the first read
+            raise UpstreamFailure("connect", f"could not connect to upstream: {alert}") from None
         if isinstance(exc, httpx.ConnectError):
             detail = f": {failure_cause(root)}" if root is not None else ""
             raise UpstreamFailure("connect", f"could not connect to upstream{detail}") from None
