@@ -164,6 +164,11 @@ class RawUpstream:
             self._tasks.discard(task)
             self._bump(open=-1)
 
+    def posts(self) -> list[bytes]:
+        """The POSTs (completions) received: not the gateway's health or readiness GETs."""
+        with self._changed:
+            return [request for request in self.requests if request.startswith(b"POST ")]
+
     async def request(self, reader: asyncio.StreamReader) -> bytes:
         request = await read_request(reader)
         self.note_request(request)
@@ -186,6 +191,17 @@ def config(base: str, *, retries: int = 0, ftt: float = 10, timeout: float = 10,
     return (
         f"[defaults]\ntimeout_sec = {timeout}\nconnect_timeout_sec = 2\nfirst_token_timeout_sec = {ftt}\n"
         f'max_retries = {retries}\n[providers.up]\napi_base = "{base}"\napi_key_env = "UP_KEY"\n{extra}'
+    )
+
+
+def fallback_config(first: str, second: str, *, ftt: float = 20, extra: str = "") -> str:
+    """Provider ``up`` at ``first`` (the default route, keyed), failing over to ``spare``
+    at ``second``; no retries on the same provider, ``timeout_sec`` 30."""
+    return (
+        f"[defaults]\ntimeout_sec = 30\nconnect_timeout_sec = 2\nfirst_token_timeout_sec = {ftt}\nmax_retries = 0\n"
+        f'{extra}[providers.up]\napi_base = "{first}"\napi_key_env = "UP_KEY"\n'
+        f'[providers.spare]\napi_base = "{second}"\n'
+        '[routing]\ndefault_route = "up"\nfallbacks = { up = ["spare"] }\n'
     )
 
 

@@ -130,10 +130,12 @@ def closing_redirects(*locations: bytes):
 
 
 def test_a_redirect_is_followed_on_a_new_connection_when_the_redirector_closes_its_own() -> None:
-    with RawUpstream(closing_redirects(b"/moved/v1/chat/completions")) as up:
-        with gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
-            client = openai.OpenAI(base_url=gw.v1, api_key="k", max_retries=0, timeout=15)
-            completion = client.chat.completions.create(model="m", messages=CHAT["messages"])
+    with (
+        RawUpstream(closing_redirects(b"/moved/v1/chat/completions")) as up,
+        gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw,
+    ):
+        client = openai.OpenAI(base_url=gw.v1, api_key="k", max_retries=0, timeout=15)
+        completion = client.chat.completions.create(model="m", messages=CHAT["messages"])
     assert completion.choices[0].message.content == "ok"
     assert [request_path(r) for r in up.requests] == ["/v1/chat/completions", "/moved/v1/chat/completions"]
     assert up.total == 2
@@ -145,11 +147,13 @@ def test_a_redirect_back_to_the_path_it_came_from_is_a_redirect_loop(stream: boo
     named as one (it was "upstream closed the connection: connection reset", the
     second request having gone out on the connection the redirector had closed)."""
     caplog.set_level(logging.INFO, logger="latgate.access")
-    with RawUpstream(closing_redirects(b"/moved", b"/v1/chat/completions")) as up:
-        with gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
-            client = openai.OpenAI(base_url=gw.v1, api_key="k", max_retries=0, timeout=15)
-            with pytest.raises(openai.APIStatusError) as caught:
-                client.chat.completions.create(model="m", messages=CHAT["messages"], stream=stream)
+    with (
+        RawUpstream(closing_redirects(b"/moved", b"/v1/chat/completions")) as up,
+        gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw,
+    ):
+        client = openai.OpenAI(base_url=gw.v1, api_key="k", max_retries=0, timeout=15)
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.chat.completions.create(model="m", messages=CHAT["messages"], stream=stream)
     assert caught.value.status_code == 502
     message = caught.value.body["message"]
     assert "redirect loop (HTTP 307 to /v1/chat/completions, after a redirect to /moved)" in message, message
@@ -161,9 +165,11 @@ def test_a_redirect_back_to_the_path_it_came_from_is_a_redirect_loop(stream: boo
 
 def test_a_second_redirect_elsewhere_is_named_a_second_redirect(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="latgate.access")
-    with RawUpstream(closing_redirects(b"/moved", b"/moved-again")) as up:
-        with gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw:
-            response = httpx.post(gw.v1 + "/chat/completions", json=CHAT, timeout=15)
+    with (
+        RawUpstream(closing_redirects(b"/moved", b"/moved-again")) as up,
+        gateway(config(up.base_url), env={"UP_KEY": SECRET}) as gw,
+    ):
+        response = httpx.post(gw.v1 + "/chat/completions", json=CHAT, timeout=15)
     assert response.status_code == 502
     message = response.json()["error"]["message"]
     assert "a second redirect (HTTP 307 to /moved-again, after one to /moved)" in message, message

@@ -25,8 +25,9 @@ from h1_upstreams import (
     access_lines,
     assert_clean_logs,
     chunk,
-    keep_serving,
+    fallback_config,
     json_reply,
+    keep_serving,
     stack_on,
 )
 from stack import gateway
@@ -85,18 +86,9 @@ async def _keepalives_forever(up: RawUpstream, reader: asyncio.StreamReader, wri
         await asyncio.sleep(0.05)
 
 
-def _two_providers(first: str, second: str, *, ftt: float = 1) -> str:
-    return (
-        f"[defaults]\ntimeout_sec = 30\nconnect_timeout_sec = 2\nfirst_token_timeout_sec = {ftt}\nmax_retries = 0\n"
-        f'[providers.up]\napi_base = "{first}"\napi_key_env = "UP_KEY"\n'
-        f'[providers.spare]\napi_base = "{second}"\n'
-        '[routing]\ndefault_route = "up"\nfallbacks = { up = ["spare"] }\n'
-    )
-
-
 def test_keep_alives_are_not_an_answer_a_non_streamed_request_gets_504_at_the_first_token_timeout(caplog) -> None:
     caplog.set_level(logging.INFO, logger="latgate.access")
-    with stack_on(_keepalives_forever, timeout=30, ftt=1) as (up, v1, _app):
+    with stack_on(_keepalives_forever, timeout=30, ftt=1) as (_, v1, _app):
         client = openai.OpenAI(base_url=v1, api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT_SECONDS)
         with pytest.raises(openai.APIStatusError) as caught:
             client.chat.completions.create(model="m", messages=CHAT["messages"])
@@ -129,14 +121,17 @@ def test_a_silent_upstream_of_a_non_streamed_request_is_failed_over_at_the_first
         await up.released.wait()
 
     caplog.set_level(logging.INFO, logger="latgate.access")
-    with RawUpstream(silent) as hung, RawUpstream(keep_serving(json_reply())) as spare:
-        with gateway(_two_providers(hung.base_url, spare.base_url), env={"UP_KEY": SECRET}) as gw:
-            client = openai.OpenAI(base_url=gw.v1, api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT_SECONDS)
-            answer = client.chat.completions.with_raw_response.create(model="m", messages=CHAT["messages"])
+    with (
+        RawUpstream(silent) as hung,
+        RawUpstream(keep_serving(json_reply())) as spare,
+        gateway(fallback_config(hung.base_url, spare.base_url, ftt=1), env={"UP_KEY": SECRET}) as gw,
+    ):
+        client = openai.OpenAI(base_url=gw.v1, api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT_SECONDS)
+        answer = client.chat.completions.with_raw_response.create(model="m", messages=CHAT["messages"])
         hung.release()
     assert answer.headers["x-latgate-provider"] == "spare"
     assert answer.parse().choices[0].message.content == "ok"
-    assert len(hung.requests) == 1 and len(spare.requests) == 1
+    assert len(hung.posts()) == 1 and len(spare.posts()) == 1
     (line,) = access_lines(caplog)
     assert line["status"] == 200 and line["attempts"] == 2
     assert_clean_logs(caplog)

@@ -17,7 +17,16 @@ import httpx
 import openai
 import pytest
 from completions import DONE, ROLE, chat_chunk, content, event
-from h1_upstreams import SECRET, SSE_HEAD, RawUpstream, access_lines, assert_clean_logs, chunk, stack_on
+from h1_upstreams import (
+    SECRET,
+    SSE_HEAD,
+    RawUpstream,
+    access_lines,
+    assert_clean_logs,
+    chunk,
+    fallback_config,
+    stack_on,
+)
 from stack import gateway
 
 from latgate.proxy.stream_start import StreamStart
@@ -60,20 +69,6 @@ def answering(head: bytes, *pieces: bytes, hold: bool = False):
     return handler
 
 
-def two_providers(first: str, second: str, *, extra: str = "") -> str:
-    return (
-        "[defaults]\ntimeout_sec = 30\nconnect_timeout_sec = 2\nfirst_token_timeout_sec = 20\nmax_retries = 0\n"
-        f'{extra}[providers.up]\napi_base = "{first}"\napi_key_env = "UP_KEY"\n'
-        f'[providers.spare]\napi_base = "{second}"\n'
-        '[routing]\ndefault_route = "up"\nfallbacks = { up = ["spare"] }\n'
-    )
-
-
-def posts(up: RawUpstream) -> list[bytes]:
-    """The completions ``up`` was sent (not the gateway's readiness probes)."""
-    return [request for request in up.requests if request.startswith(b"POST ")]
-
-
 def error_counts(url: str, kind: str) -> float:
     text = httpx.get(url + "/metrics", timeout=10).text
     prefix = f'latgate_upstream_errors_total{{kind="{kind}",provider="up"}} '
@@ -87,7 +82,7 @@ def test_garbage_before_the_first_content_fails_over_and_never_reaches_the_clien
     with (
         RawUpstream(answering(SSE_HEAD, GARBAGE[name], hold=hold)) as bad,
         RawUpstream(answering(SSE_HEAD, GOOD_STREAM)) as spare,
-        gateway(two_providers(bad.base_url, spare.base_url), env={"UP_KEY": SECRET}) as gw,
+        gateway(fallback_config(bad.base_url, spare.base_url), env={"UP_KEY": SECRET}) as gw,
     ):
         client = openai.OpenAI(base_url=gw.v1, api_key="k", max_retries=0, timeout=15)
         raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES, stream=True)
@@ -97,7 +92,7 @@ def test_garbage_before_the_first_content_fails_over_and_never_reaches_the_clien
         bad.release()
     assert raw.headers["x-latgate-provider"] == "spare"
     assert text == "Hello"
-    assert len(posts(bad)) == 1 and len(posts(spare)) == 1
+    assert len(bad.posts()) == 1 and len(spare.posts()) == 1
     (line,) = access_lines(caplog)
     assert line["status"] == 200 and line["attempts"] == 2
     assert_clean_logs(caplog)
@@ -105,9 +100,12 @@ def test_garbage_before_the_first_content_fails_over_and_never_reaches_the_clien
 
 @pytest.mark.parametrize("name", list(GARBAGE))
 def test_garbage_with_nothing_left_to_try_is_a_clear_502(name: str, caplog) -> None:
-    with stack_on(answering(SSE_HEAD, GARBAGE[name])) as (_, v1, _app):
-        with httpx.stream("POST", v1 + "/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}, timeout=15) as r:
-            body = r.read()
+    request = {"model": "m", "messages": MESSAGES, "stream": True}
+    with (
+        stack_on(answering(SSE_HEAD, GARBAGE[name])) as (_, v1, _app),
+        httpx.stream("POST", v1 + "/chat/completions", json=request, timeout=15) as r,
+    ):
+        body = r.read()
     assert r.status_code == 502 and r.headers["content-type"].startswith("application/json")
     message = httpx.Response(502, content=body).json()["error"]["message"]
     assert SHOWN[name] in message, message
@@ -120,21 +118,23 @@ def test_a_json_client_error_answered_to_a_stream_is_the_upstream_s_400_not_retr
     with (
         RawUpstream(answering(JSON_HEAD, too_long)) as bad,
         RawUpstream(answering(SSE_HEAD, GOOD_STREAM)) as spare,
-        gateway(two_providers(bad.base_url, spare.base_url), env={"UP_KEY": SECRET}) as gw,
+        gateway(fallback_config(bad.base_url, spare.base_url), env={"UP_KEY": SECRET}) as gw,
     ):
         client = openai.OpenAI(base_url=gw.v1, api_key="k", max_retries=0, timeout=15)
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
     assert "maximum context length is 4096 tokens" in caught.value.body["message"]
-    assert posts(spare) == []
+    assert spare.posts() == []
 
 
 def test_garbage_on_v1_messages_is_an_anthropic_api_error(caplog) -> None:
     with stack_on(answering(SSE_HEAD, HTML_PAGE)) as (_, v1, _app):
         client = anthropic.Anthropic(base_url=v1.removesuffix("/v1"), api_key="k", max_retries=0, timeout=15)
-        with pytest.raises(anthropic.APIStatusError) as caught:
-            with client.messages.stream(model="m", max_tokens=16, messages=MESSAGES) as stream:
-                stream.get_final_message()
+        with (
+            pytest.raises(anthropic.APIStatusError) as caught,
+            client.messages.stream(model="m", max_tokens=16, messages=MESSAGES) as stream,
+        ):
+            stream.get_final_message()
     assert caught.value.status_code == 502
     body = caught.value.body
     assert body["type"] == "error" and body["error"]["type"] == "api_error", body
@@ -154,20 +154,21 @@ def test_garbage_after_the_keep_alive_head_ends_the_stream_with_an_error_event_a
         writer.write(chunk(HTML_PAGE) + b"0\r\n\r\n")
         await writer.drain()
 
-    extra = "first_token_keepalive_sec = 0.05\n"
     with RawUpstream(handler) as up:
         config = (
             "[defaults]\ntimeout_sec = 30\nconnect_timeout_sec = 2\nfirst_token_timeout_sec = 20\nmax_retries = 0\n"
-            f'{extra}[providers.up]\napi_base = "{up.base_url}"\napi_key_env = "UP_KEY"\n'
+            f'first_token_keepalive_sec = 0.05\n[providers.up]\napi_base = "{up.base_url}"\napi_key_env = "UP_KEY"\n'
         )
-        with gateway(config, env={"UP_KEY": SECRET}) as gw:
-            body = {"model": "m", "messages": MESSAGES, "stream": True}
-            with httpx.stream("POST", gw.v1 + "/chat/completions", json=body, timeout=15) as r:
-                received = b""
-                for piece in r.iter_raw():
-                    received += piece
-                    if b": keep-alive" in received:
-                        up.release()
+        body = {"model": "m", "messages": MESSAGES, "stream": True}
+        with (
+            gateway(config, env={"UP_KEY": SECRET}) as gw,
+            httpx.stream("POST", gw.v1 + "/chat/completions", json=body, timeout=15) as r,
+        ):
+            received = b""
+            for piece in r.iter_raw():
+                received += piece
+                if b": keep-alive" in received:
+                    up.release()
     assert r.status_code == 200 and received.startswith(b": keep-alive")
     assert b"<html>" not in received and SECRET.encode() not in received and b"[DONE]" not in received
     assert received.count(b"data: ") == 1 and b"an HTML page instead of an event stream" in received

@@ -15,7 +15,16 @@ import sys
 import httpx
 import openai
 import pytest
-from h1_upstreams import CHAT, SECRET, RawUpstream, access_lines, assert_clean_logs, config, json_reply, keep_serving
+from h1_upstreams import (
+    CHAT,
+    SECRET,
+    RawUpstream,
+    access_lines,
+    assert_clean_logs,
+    config,
+    json_reply,
+    keep_serving,
+)
 from stack import gateway
 from tls_upstreams import AlertingTLSUpstream, private_ca
 

@@ -12,6 +12,7 @@ import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import trustme
 
@@ -74,7 +75,7 @@ class AlertingTLSUpstream:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
-    def __enter__(self) -> AlertingTLSUpstream:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -97,10 +98,9 @@ class AlertingTLSUpstream:
                 self.failures.append(str(getattr(exc, "reason", exc)))
                 self._linger(socket.socket(fileno=conn.detach()))
                 continue
-            with conn:
-                with contextlib.suppress(OSError):
-                    conn.recv(65536)
-                    conn.sendall(self._reply)
+            with conn, contextlib.suppress(OSError):
+                conn.recv(65536)
+                conn.sendall(self._reply)
 
     @staticmethod
     def _linger(sock: socket.socket) -> None:
