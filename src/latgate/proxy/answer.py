@@ -61,17 +61,22 @@ class KeepalivePrelude:
 
     Attributes:
         seen: keep-alive bytes skipped so far.
+        found: the first real byte came.
     """
 
-    __slots__ = ("_in_comment", "seen")
+    __slots__ = ("_in_comment", "found", "seen")
 
     def __init__(self) -> None:
         self._in_comment = False
+        self.found = False
         self.seen = 0
 
     def start(self, data: bytes) -> int:
         """The offset in ``data`` of the answer's first real byte, or -1 when every byte
         of it is still keep-alive (then read on)."""
+        if data[:1] == b"{":  # the common answer: no keep-alives
+            self.found = True
+            return 0
         i, n = 0, len(data)
         while i < n:
             if self._in_comment:
@@ -88,6 +93,7 @@ class KeepalivePrelude:
                 self._in_comment = True
                 continue
             if byte not in _JSON_WHITESPACE:
+                self.found = True
                 return i
             self.seen += 1
             i += 1

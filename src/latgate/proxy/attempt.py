@@ -35,7 +35,6 @@ from latgate.proxy.transform import ResponseTransform, UntranslatableAnswer
 from latgate.proxy.upstream import (
     UpstreamClient,
     UpstreamFailure,
-    answer_start,
     read_at_most,
     upstream_errors,
     upstream_headers,
@@ -315,15 +314,14 @@ class AttemptSender:
             raise await self.failures.wrong_content_type(provider, endpoint, content_type, None)
         prelude = KeepalivePrelude()
         try:
-            body = response.aiter_raw()
-            async with asyncio.timeout_at(whole_by if first_by is None else first_by):
+            async with asyncio.timeout_at(whole_by if first_by is None else first_by) as budget:
+                on_start = None if first_by is None else (lambda: budget.reschedule(whole_by))
                 with upstream_errors():
-                    first = await answer_start(body, prelude)
-            async with asyncio.timeout_at(whole_by):
-                with upstream_errors():
-                    data = await read_at_most(response, self.config.defaults.max_response_bytes, first=first, body=body)
+                    data = await read_at_most(
+                        response, self.config.defaults.max_response_bytes, prelude=prelude, on_start=on_start
+                    )
         except TimeoutError:
-            if first_by is not None and asyncio.get_running_loop().time() < whole_by:
+            if first_by is not None and not prelude.found:
                 ticket.censored = True
                 missed = self._no_first_byte(keepalives=prelude.seen > 0)
                 raise self.failures.failed(provider, endpoint, missed) from None

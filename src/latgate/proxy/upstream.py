@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -42,7 +42,7 @@ from latgate.proxy.errors import (
 )
 from latgate.proxy.h1 import H1Pool, H1Response
 
-__all__ = ["UpstreamClient", "UpstreamFailure", "answer_start", "read_at_most", "upstream_errors", "upstream_headers"]
+__all__ = ["UpstreamClient", "UpstreamFailure", "read_at_most", "upstream_errors", "upstream_headers"]
 
 USER_AGENT = f"latgate/{__version__}"
 #: Redirects that keep the method and body (RFC 9110 sections 15.4.8 and 15.4.9): one is
@@ -113,10 +113,17 @@ def _root_cause(exc: BaseException) -> OSError | None:
     return found
 
 
-async def read_at_most(response: object, limit: int, *, first: bytes = b"", body: Any = None) -> bytes:
+async def read_at_most(
+    response: object,
+    limit: int,
+    *,
+    prelude: KeepalivePrelude | None = None,
+    on_start: Callable[[], object] | None = None,
+) -> bytes:
     """The whole body of ``response`` (an upstream response: ``headers``,
-    ``aiter_raw()``), at most ``limit`` bytes. ``first``: its bytes read already from
-    ``body`` (the iterator they came from, read on; default ``response.aiter_raw()``).
+    ``aiter_raw()``), at most ``limit`` bytes. ``prelude``: keep-alives before the body's
+    first real byte are skipped (not kept, not counted) and ``on_start`` is called once
+    that byte came (e.g. to move a deadline on).
 
     Raises:
         UpstreamFailure: ``too_large`` as soon as the declared (``content-length``) or
@@ -126,30 +133,24 @@ async def read_at_most(response: object, limit: int, *, first: bytes = b"", body
     declared = response.headers.get("content-length")  # type: ignore[attr-defined]
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise UpstreamFailure("too_large", f"its answer of {int(declared)} bytes exceeds max_response_bytes ({limit})")
-    chunks: list[bytes] = [first] if first else []
-    size = len(first)
-    async for chunk in response.aiter_raw() if body is None else body:  # type: ignore[attr-defined]
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_raw():  # type: ignore[attr-defined]
+        if prelude is not None:
+            start = prelude.start(chunk)
+            if start < 0:
+                continue  # keep-alives only
+            if start:
+                chunk = chunk[start:]
+            prelude = None
+            if on_start is not None:
+                on_start()
         size += len(chunk)
         if size > limit:
             chunks.clear()
             raise UpstreamFailure("too_large", f"its answer exceeds max_response_bytes ({limit} bytes)")
         chunks.append(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def answer_start(body: Any, prelude: KeepalivePrelude) -> bytes:
-    """Read ``body`` (an upstream body's ``aiter_raw()`` iterator) up to its first real
-    byte past the keep-alives ``prelude`` skips; the bytes from there (``b""``: the body
-    ended first). Nothing skipped is kept, so no size bound is needed here.
-
-    Raises:
-        UpstreamFailure: as the body's reads raise them.
-    """
-    async for data in body:
-        start = prelude.start(data)
-        if start >= 0:
-            return data[start:] if start else data
-    return b""
 
 
 class UpstreamClient:
