@@ -1,4 +1,6 @@
-"""A whole (non-streamed) upstream answer sent to the client as a raw ASGI response."""
+"""A whole (non-streamed) upstream answer: where its JSON begins past an upstream's
+keep-alives (:class:`KeepalivePrelude`), and the answer sent to the client as a raw
+ASGI response (:class:`Answer`)."""
 
 from __future__ import annotations
 
