@@ -312,7 +312,8 @@ class AttemptSender:
         content_type = response.headers.get("content-type", "")
         if content_type.startswith(("text/html", "text/event-stream")):  # a page, or a stream nobody asked for
             raise await self.failures.wrong_content_type(provider, endpoint, content_type, None)
-        prelude = KeepalivePrelude()
+        # keep-alives come before an answer whose length was not known when its head was sent
+        prelude = KeepalivePrelude() if first_by is not None or "content-length" not in response.headers else None
         try:
             async with asyncio.timeout_at(whole_by if first_by is None else first_by) as budget:
                 on_start = None if first_by is None else (lambda: budget.reschedule(whole_by))
@@ -321,7 +322,7 @@ class AttemptSender:
                         response, self.config.defaults.max_response_bytes, prelude=prelude, on_start=on_start
                     )
         except TimeoutError:
-            if first_by is not None and not prelude.found:
+            if first_by is not None and prelude is not None and not prelude.found:
                 ticket.censored = True
                 missed = self._no_first_byte(keepalives=prelude.seen > 0)
                 raise self.failures.failed(provider, endpoint, missed) from None
