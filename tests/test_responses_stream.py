@@ -236,3 +236,18 @@ def test_a_call_to_a_flattened_namespace_function_gets_its_namespace_back() -> N
     (item,) = events[-1]["response"]["output"]
     assert (item["namespace"], item["name"]) == ("ns", "spawn")
     assert [e["name"] for e in events if e["type"] == "response.function_call_arguments.done"] == ["spawn"]
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        {"choices": [{"index": 0, "delta": "x"}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": "x"}]}}]},
+    ],
+    ids=["delta-not-object", "function-not-object"],
+)
+def test_a_malformed_chunk_is_skipped_and_the_rest_still_translated(chunk: dict) -> None:
+    transform = _transform()
+    out = transform.feed(event(chunk) + event(chat_chunk({"content": "after"})))
+    out += transform.finish(error=None)
+    assert b"response.completed" in out and b'"delta":"after"' in out

@@ -181,7 +181,9 @@ class ResponsesStreamTransform:
         for choice in chunk.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue  # the Responses API has one output per response
-            delta = choice.get("delta") or {}
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                delta = {}  # a malformed delta carries nothing readable
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             if isinstance(reasoning, str) and reasoning:
                 self._reasoning_delta(reasoning, out)
@@ -228,7 +230,9 @@ class ResponsesStreamTransform:
 
     def _tool_call_delta(self, call: dict[str, Any], out: list[bytes]) -> None:
         index = call.get("index", 0)
-        function = call.get("function") or {}
+        function = call.get("function")
+        if not isinstance(function, dict):
+            function = {}
         item = self._calls.get(index)
         if item is None:
             item = _Item("function_call", new_id("fc"), len(self._items))
