@@ -62,6 +62,8 @@ def _reply(mode: str, key: str) -> bytes:
         return SSE_HEAD + chunk(b"data: " + error + b"\n\n") + b"0\r\n\r\n"
     if kind == "mid":  # an error event after output began (written once the client has "partial")
         return chunk(b"data: " + error + b"\n\n") + b"0\r\n\r\n"
+    if kind == "midbad":  # the same, with a byte that is not UTF-8 in it (read as U+FFFD)
+        return chunk(b"data: " + error.replace(b"here", b"here \xff") + b"\n\n") + b"0\r\n\r\n"
     raise AssertionError(mode)
 
 
@@ -73,7 +75,7 @@ async def _echo(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.S
         auth = next(line for line in head.split(b"\r\n") if line.lower().startswith(b"authorization:"))
         key = auth.split(b" ", 2)[-1].decode()
         mode = json.loads(body)["model"]
-        if mode.startswith("mid"):
+        if mode.startswith("mid"):  # mid, midbad
             writer.write(SSE_HEAD + chunk(content("partial")))
             await writer.drain()
             await up.released.wait()
@@ -141,7 +143,7 @@ def test_an_echoed_key_in_an_error_status_never_reaches_the_client(
 
 
 @pytest.mark.parametrize("api", ROUTES, ids=["chat", "messages", "responses"])
-@pytest.mark.parametrize("mode", ["first-slash", "first-unicode", "mid-slash", "mid-prefix"])
+@pytest.mark.parametrize("mode", ["first-slash", "first-unicode", "mid-slash", "mid-prefix", "midbad-plain"])
 def test_an_echoed_key_in_a_streams_error_event_never_reaches_the_client(
     api: str, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:

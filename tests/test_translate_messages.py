@@ -617,9 +617,10 @@ def test_mid_stream_failure_ends_with_an_error_event_and_no_message_stop() -> No
 
 
 def test_in_band_error_event_after_content_becomes_an_anthropic_error_event() -> None:
-    error = b'data: {"error": {"message": "engine died", "type": "api_error"}}\n\n'
+    error = b'data: {"error": {"message": "engine died, key sk-secret-1234567890", "type": "api_error"}}\n\n'
     stream = run_stream(chunk({"content": "x"}), error + chunk({"content": "ignored"}))
-    assert stream[-1][0] == "error" and "engine died" in stream[-1][1]["error"]["message"]
+    assert stream[-1][0] == "error" and "error mid-stream" in stream[-1][1]["error"]["message"]
+    assert "sk-secret" not in stream[-1][1]["error"]["message"]  # the relay reports the upstream's words, redacted
     assert assembled(stream) == [{"type": "text", "text": "x"}]
 
 

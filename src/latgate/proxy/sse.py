@@ -355,7 +355,10 @@ class StreamTap:
         try:
             chunk = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            return 0
+            try:  # bytes that are not UTF-8 (U+FFFD): an error event so written is still one
+                chunk = orjson.loads(payload.decode("utf-8", "replace"))
+            except orjson.JSONDecodeError:
+                return 0
         if not isinstance(chunk, dict):
             return 0
         error = chunk.get("error")

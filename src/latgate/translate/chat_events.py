@@ -21,6 +21,8 @@ from latgate.proxy.transform import UntranslatableAnswer
 BOM = b"\xef\xbb\xbf"
 #: the error of an event whose data is not JSON even decoded with replacement
 UNDECODABLE_EVENT = "the upstream sent an event latgate cannot read (not JSON); the response is incomplete"
+#: the error of an upstream error event, whose own text (it may echo a key) is not shown
+UPSTREAM_ERROR_EVENT = "the upstream reported an error mid-stream; the response is incomplete"
 
 
 def data_payloads(events: bytes) -> Iterator[bytes]:
@@ -41,7 +43,9 @@ def chat_chunks(events: bytes) -> Iterator[dict[str, Any]]:
     that is not an object. Bytes that are not UTF-8 are read as U+FFFD (the text
     around them kept); ``data`` that is not JSON even so becomes an error chunk
     (``{"error": {"message": UNDECODABLE_EVENT}}``), so the translated stream ends
-    with an error rather than as a success without that content."""
+    with an error rather than as a success without that content. An upstream error
+    chunk is yielded with latgate's own message (:data:`UPSTREAM_ERROR_EVENT`), never
+    its text."""
     for data in data_payloads(events):
         if data == b"[DONE]" or not data.strip():
             continue
@@ -53,6 +57,9 @@ def chat_chunks(events: bytes) -> Iterator[dict[str, Any]]:
             except orjson.JSONDecodeError:
                 chunk = {"error": {"message": UNDECODABLE_EVENT, "type": "api_error"}}
         if isinstance(chunk, dict):
+            if chunk.get("error") is not None and chunk["error"] != {"message": UNDECODABLE_EVENT, "type": "api_error"}:
+                # the relay's tap reports an upstream error event itself, redacted; its text is never shown from here
+                chunk = {"error": {"message": UPSTREAM_ERROR_EVENT, "type": "api_error"}}
             yield chunk
 
 
