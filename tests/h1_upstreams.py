@@ -194,11 +194,11 @@ def config(base: str, *, retries: int = 0, ftt: float = 10, timeout: float = 10,
     )
 
 
-def fallback_config(first: str, second: str, *, ftt: float = 20, extra: str = "") -> str:
+def fallback_config(first: str, second: str, *, ftt: float = 20, timeout: float = 30, extra: str = "") -> str:
     """Provider ``up`` at ``first`` (the default route, keyed), failing over to ``spare``
-    at ``second``; no retries on the same provider, ``timeout_sec`` 30."""
+    at ``second``; no retries on the same provider, ``timeout_sec`` ``timeout``."""
     return (
-        f"[defaults]\ntimeout_sec = 30\nconnect_timeout_sec = 2\nfirst_token_timeout_sec = {ftt}\nmax_retries = 0\n"
+        f"[defaults]\ntimeout_sec = {timeout}\nconnect_timeout_sec = 2\nfirst_token_timeout_sec = {ftt}\nmax_retries = 0\n"
         f'{extra}[providers.up]\napi_base = "{first}"\napi_key_env = "UP_KEY"\n'
         f'[providers.spare]\napi_base = "{second}"\n'
         '[routing]\ndefault_route = "up"\nfallbacks = { up = ["spare"] }\n'

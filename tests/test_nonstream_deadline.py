@@ -2,10 +2,10 @@
 upstream does: an event stream sent to a ``stream: false`` request (keep-alive
 comments, empty deltas) is refused at once as the provider's failure (502), and a JSON
 answer trickling in a byte at a time (never silent for ``timeout_sec``) ends in 504
-once ``timeout_sec`` has passed since the request was sent. Its first real byte is
-due by ``first_token_timeout_sec``, as a stream's first content is: keep-alive
-whitespace and ``: ping`` comment lines a hosted upstream writes during a long prefill
-do not count, and are skipped when the JSON follows. Through a real gateway, raw
+once ``timeout_sec`` has passed since the request was sent. ``first_token_timeout_sec``
+does not apply: an engine writes a non-streamed answer only once it is all generated.
+Keep-alive whitespace and ``: ping`` comment lines a hosted upstream writes meanwhile
+are no answer, and are skipped when the JSON follows. Through a real gateway, raw
 upstreams on loopback and the openai / anthropic SDKs."""
 
 from __future__ import annotations
@@ -86,35 +86,61 @@ async def _keepalives_forever(up: RawUpstream, reader: asyncio.StreamReader, wri
         await asyncio.sleep(0.05)
 
 
-def test_keep_alives_are_not_an_answer_a_non_streamed_request_gets_504_at_the_first_token_timeout(caplog) -> None:
+def test_keep_alives_are_not_an_answer_a_non_streamed_request_gets_504_at_timeout_sec(caplog) -> None:
     caplog.set_level(logging.INFO, logger="latgate.access")
-    with stack_on(_keepalives_forever, timeout=30, ftt=1) as (_, v1, _app):
+    with stack_on(_keepalives_forever, timeout=2, ftt=1) as (_, v1, _app):
         client = openai.OpenAI(base_url=v1, api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT_SECONDS)
         with pytest.raises(openai.APIStatusError) as caught:
             client.chat.completions.create(model="m", messages=CHAT["messages"])
     assert caught.value.status_code == 504
     error = caught.value.body
     assert error["code"] == "upstream_timeout"
-    assert "only keep-alives, no answer within first_token_timeout_sec (1 s)" in error["message"], error
+    assert "only keep-alives, no answer within timeout_sec (2 s)" in error["message"], error
     (line,) = access_lines(caplog)
-    assert line["status"] == 504 and line["cause"] == "only keep-alives, no answer within first_token_timeout_sec (1 s)"
+    assert line["status"] == 504 and line["cause"] == "only keep-alives, no answer within timeout_sec (2 s)"
     assert_clean_logs(caplog)
 
 
 def test_keep_alives_on_v1_messages_end_in_an_anthropic_timeout_error(caplog) -> None:
-    with stack_on(_keepalives_forever, timeout=30, ftt=1) as (_, v1, _app):
+    with stack_on(_keepalives_forever, timeout=2, ftt=1) as (_, v1, _app):
         client = anthropic.Anthropic(base_url=v1.removesuffix("/v1"), api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT_SECONDS)
         with pytest.raises(anthropic.APIStatusError) as caught:
             client.messages.create(model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
     assert caught.value.status_code == 504
     body = caught.value.body
     assert body["type"] == "error" and body["error"]["type"] == "timeout_error", body
-    assert "first_token_timeout_sec" in body["error"]["message"]
+    assert "timeout_sec" in body["error"]["message"]
     assert_clean_logs(caplog)
 
 
-def test_a_silent_upstream_of_a_non_streamed_request_is_failed_over_at_the_first_token_timeout(caplog) -> None:
-    """No head at all (a silent prefill past the deadline): the fallback answers."""
+def test_a_non_streamed_generation_longer_than_the_first_token_timeout_is_answered_once(caplog) -> None:
+    """A silent upstream past ``first_token_timeout_sec`` is generating the whole answer:
+    it is waited for (up to ``timeout_sec``), neither cut nor sent to the fallback."""
+
+    async def slow_generation(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await up.request(reader)
+        await asyncio.sleep(1.5)  # the upstream generating, three first-token timeouts long
+        writer.write(json_reply())
+        await writer.drain()
+
+    caplog.set_level(logging.INFO, logger="latgate.access")
+    with (
+        RawUpstream(slow_generation) as slow,
+        RawUpstream(keep_serving(json_reply())) as spare,
+        gateway(fallback_config(slow.base_url, spare.base_url, ftt=0.5, timeout=20), env={"UP_KEY": SECRET}) as gw,
+    ):
+        client = openai.OpenAI(base_url=gw.v1, api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT_SECONDS)
+        answer = client.chat.completions.with_raw_response.create(model="m", messages=CHAT["messages"])
+    assert answer.headers["x-latgate-provider"] == "up"
+    assert answer.parse().choices[0].message.content == "ok"
+    assert len(slow.posts()) == 1 and len(spare.posts()) == 0
+    (line,) = access_lines(caplog)
+    assert line["status"] == 200 and line["attempts"] == 1
+    assert_clean_logs(caplog)
+
+
+def test_a_silent_upstream_of_a_non_streamed_request_is_failed_over_at_timeout_sec(caplog) -> None:
+    """No head at all within ``timeout_sec``: the fallback answers."""
 
     async def silent(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await up.request(reader)
@@ -124,7 +150,7 @@ def test_a_silent_upstream_of_a_non_streamed_request_is_failed_over_at_the_first
     with (
         RawUpstream(silent) as hung,
         RawUpstream(keep_serving(json_reply())) as spare,
-        gateway(fallback_config(hung.base_url, spare.base_url, ftt=1), env={"UP_KEY": SECRET}) as gw,
+        gateway(fallback_config(hung.base_url, spare.base_url, ftt=0.5, timeout=2), env={"UP_KEY": SECRET}) as gw,
     ):
         client = openai.OpenAI(base_url=gw.v1, api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT_SECONDS)
         answer = client.chat.completions.with_raw_response.create(model="m", messages=CHAT["messages"])

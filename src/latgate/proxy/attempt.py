@@ -157,12 +157,8 @@ class AttemptSender:
                 self.metrics.record_overhead(time.perf_counter() - exchange.received_at)
             deadline = None
             whole_by = None  # a non-streamed answer: whole within timeout_sec of sending (docs/configuration.md)
-            if tap is None:
-                now = asyncio.get_running_loop().time()
-                whole_by = now + self._timeout_seconds(provider)
-                configured_ms = self.selector.configured_deadline_ms  # its first real byte by then (not a budget's)
-                if configured_ms and now + configured_ms / 1000.0 < whole_by:
-                    deadline = now + configured_ms / 1000.0
+            if tap is None:  # no first-token deadline: its first byte comes once it is all generated
+                whole_by = asyncio.get_running_loop().time() + self._timeout_seconds(provider)
             else:
                 deadline_ms = self.selector.deadline_ms(plan, predicted_ttft_ms=predicted_ms, last_attempt=attempt.last)
                 if deadline_ms:
@@ -177,8 +173,7 @@ class AttemptSender:
                     )  # fmt: skip
             except TimeoutError:
                 ticket.censored = True
-                missed = NO_FIRST_TOKEN if tap is not None else self._no_first_byte(keepalives=False)
-                raise self.failures.failed(provider, endpoint, missed, health=not ticket.budget_deadline) from None
+                raise self.failures.failed(provider, endpoint, NO_FIRST_TOKEN, health=not ticket.budget_deadline) from None
             except UpstreamFailure as failure:
                 raise self.failures.failed(provider, endpoint, failure) from None
             stack.push_async_callback(response.aclose)
@@ -197,7 +192,7 @@ class AttemptSender:
                 provider.stream_options.accepted()  # taken again after a refusal
             if tap is None:
                 assert whole_by is not None
-                return await self._complete(attempt, response, ticket, first_by=deadline, whole_by=whole_by)
+                return await self._complete(attempt, response, ticket, whole_by=whole_by)
             relay = await self._start_stream(attempt, response, tap, stack, deadline, ticket)
             handed_off = True
             return relay
@@ -299,34 +294,28 @@ class AttemptSender:
             secrets=provider_secrets(provider),
         )
 
-    async def _complete(
-        self, attempt: Attempt, response: Any, ticket: Ticket, *, first_by: float | None, whole_by: float
-    ) -> Answer:
-        """A non-streamed answer: its first real byte by ``first_by`` (the first-token
-        deadline; keep-alive whitespace and ``:`` comment lines before it do not count,
-        :class:`~latgate.proxy.answer.KeepalivePrelude`), read whole by ``whole_by``
-        (event-loop times), its usage taken, the model name rewritten. An event stream
-        (the request's ``stream: false`` ignored) or an HTML page is refused unread, as
-        the provider's failure."""
+    async def _complete(self, attempt: Attempt, response: Any, ticket: Ticket, *, whole_by: float) -> Answer:
+        """A non-streamed answer, read whole by ``whole_by`` (an event-loop time:
+        ``timeout_sec`` after sending). No first-token deadline applies: an engine writes
+        a non-streamed answer only once the whole completion is generated, so one would
+        cut, and re-run elsewhere, every long generation. Keep-alive whitespace and ``:``
+        comment lines before a chunked answer are skipped
+        (:class:`~latgate.proxy.answer.KeepalivePrelude`). Its usage is taken and the
+        model name rewritten. An event stream (the request's ``stream: false`` ignored)
+        or an HTML page is refused unread, as the provider's failure."""
         provider, endpoint, exchange = attempt.provider, attempt.endpoint, attempt.routed.exchange
         content_type = response.headers.get("content-type", "")
         if content_type.startswith(("text/html", "text/event-stream")):  # a page, or a stream nobody asked for
             raise await self.failures.wrong_content_type(provider, endpoint, content_type, None)
         # keep-alives come before an answer whose length was not known when its head was sent
-        prelude = KeepalivePrelude() if first_by is not None or "content-length" not in response.headers else None
+        prelude = None if "content-length" in response.headers else KeepalivePrelude()
         try:
-            async with asyncio.timeout_at(whole_by if first_by is None else first_by) as budget:
-                on_start = None if first_by is None else (lambda: budget.reschedule(whole_by))
+            async with asyncio.timeout_at(whole_by):
                 with upstream_errors():
-                    data = await read_at_most(
-                        response, self.config.defaults.max_response_bytes, prelude=prelude, on_start=on_start
-                    )
+                    data = await read_at_most(response, self.config.defaults.max_response_bytes, prelude=prelude)
         except TimeoutError:
-            if first_by is not None and prelude is not None and not prelude.found:
-                ticket.censored = True
-                missed = self._no_first_byte(keepalives=prelude.seen > 0)
-                raise self.failures.failed(provider, endpoint, missed) from None
-            raise self.failures.failed(provider, endpoint, self._late_answer(provider)) from None
+            missed = self._late_answer(provider, keepalives_only=prelude is not None and not prelude.found and prelude.seen > 0)
+            raise self.failures.failed(provider, endpoint, missed) from None
         except UpstreamFailure as failure:
             raise self.failures.failed(provider, endpoint, failure) from None
         try:
@@ -373,13 +362,8 @@ class AttemptSender:
         silence, and the whole of a non-streamed answer."""
         return provider.config.timeout_sec or self.config.defaults.timeout_sec
 
-    def _no_first_byte(self, *, keepalives: bool) -> UpstreamFailure:
-        """The failure of a non-streamed answer whose first real byte missed
-        ``first_token_timeout_sec`` (``keepalives``: only keep-alives came before)."""
-        seconds = (self.selector.configured_deadline_ms or 0.0) / 1000.0
-        what = "only keep-alives, no answer" if keepalives else "no answer"
-        return UpstreamFailure("timeout", f"{what} within first_token_timeout_sec ({seconds:g} s)")
-
-    def _late_answer(self, provider: ProviderRuntime) -> UpstreamFailure:
-        """The failure of a non-streamed answer not whole within :meth:`_timeout_seconds`."""
-        return UpstreamFailure("timeout", f"no whole answer within timeout_sec ({self._timeout_seconds(provider):g} s)")
+    def _late_answer(self, provider: ProviderRuntime, *, keepalives_only: bool = False) -> UpstreamFailure:
+        """The failure of a non-streamed answer not whole within :meth:`_timeout_seconds`
+        (``keepalives_only``: only keep-alives came)."""
+        what = "only keep-alives, no answer" if keepalives_only else "no whole answer"
+        return UpstreamFailure("timeout", f"{what} within timeout_sec ({self._timeout_seconds(provider):g} s)")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -118,12 +118,10 @@ async def read_at_most(
     limit: int,
     *,
     prelude: KeepalivePrelude | None = None,
-    on_start: Callable[[], object] | None = None,
 ) -> bytes:
     """The whole body of ``response`` (an upstream response: ``headers``,
     ``aiter_raw()``), at most ``limit`` bytes. ``prelude``: keep-alives before the body's
-    first real byte are skipped (not kept, not counted) and ``on_start`` is called once
-    that byte came (e.g. to move a deadline on).
+    first real byte are skipped (not kept, not counted).
 
     Raises:
         UpstreamFailure: ``too_large`` as soon as the declared (``content-length``) or
@@ -143,8 +141,6 @@ async def read_at_most(
             if start:
                 chunk = chunk[start:]
             prelude = None
-            if on_start is not None:
-                on_start()
         size += len(chunk)
         if size > limit:
             chunks.clear()
