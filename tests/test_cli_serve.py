@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from gateway_process import GatewayProcess
 from servers import listening_socket
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,13 +38,19 @@ def wait_for_line(proc: subprocess.Popen, pattern: str) -> str:
     raise AssertionError(f"process ended without printing {pattern!r}:\n{''.join(seen)}")
 
 
-def test_demo_serves_the_bundled_system_and_stops_on_ctrl_c(tmp_path) -> None:
+def bundled_config_on_free_ports(tmp_path) -> tuple[Path, int]:
+    """The bundled config.toml with its simulators on free ports, and a free gateway port."""
     gw, *sims = free_ports(4)
     text = (ROOT / "config.toml").read_text()
     for old, new in zip(("9101", "9102", "9103"), sims):
         text = text.replace(f"127.0.0.1:{old}", f"127.0.0.1:{new}")
     cfg = tmp_path / "config.toml"
     cfg.write_text(text)
+    return cfg, gw
+
+
+def test_demo_serves_the_bundled_system_and_stops_on_ctrl_c(tmp_path) -> None:
+    cfg, gw = bundled_config_on_free_ports(tmp_path)
     proc = start(["demo", "--config", str(cfg), "--port", str(gw)])
     try:
         wait_for_line(proc, rf"gateway on http://127\.0\.0\.1:{gw}/v1")
@@ -61,6 +68,28 @@ def test_demo_serves_the_bundled_system_and_stops_on_ctrl_c(tmp_path) -> None:
         rest = proc.stderr.read()
         assert proc.wait(timeout=20) == 0
     assert "Traceback" not in rest
+
+
+def test_demo_reloads_its_config_on_sighup_and_keeps_serving(tmp_path) -> None:
+    cfg, gw = bundled_config_on_free_ports(tmp_path)
+    url = f"http://127.0.0.1:{gw}"
+    demo = GatewayProcess(["--config", str(cfg), "--port", str(gw)], command=[sys.executable, "-m", "latgate", "demo"])
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    try:
+        demo.wait_for(rf"gateway on {url}/v1")
+        assert httpx.post(url + "/v1/chat/completions", json=chat).headers["x-latgate-provider"] == "vllm"
+        cfg.write_text(cfg.read_text().replace('default_route = "vllm"', 'default_route = "tile-rt"'))
+        demo.signal(signal.SIGHUP)
+        demo.wait_for("SIGHUP: reloading the config")
+        line = demo.wait_for(r"reloaded .*config\.toml: providers tile-rt, vllm, taotoken").string
+        assert "restart" not in line  # --port pins the listen port
+        r = httpx.post(url + "/v1/chat/completions", json=chat)
+        assert r.status_code == 200 and r.headers["x-latgate-provider"] == "tile-rt"  # its simulator still runs
+        demo.signal(signal.SIGINT)
+        assert demo.wait_exit(timeout=20) == 0
+    finally:
+        demo.stop()
+    assert not any("Traceback" in line for line in demo.lines)
 
 
 def test_serve_reports_a_taken_port_in_one_line(tmp_path) -> None:

@@ -4,7 +4,8 @@ A provider gets a simulator when its endpoint is on loopback (``127.0.0.1``,
 ``localhost``, ``::1``); others (a real upstream reached through an environment
 variable) are left alone. The simulators' timing profiles come from each provider's
 role, engine and capacity hints (:func:`latgate.sim.profile_for`). Everything runs in
-one process on one event loop; Ctrl-C stops all.
+one process on one event loop; Ctrl-C stops all; SIGHUP reloads the gateway's config
+(as under ``serve``), the simulators keep running.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from urllib.parse import urlsplit
 
 from latgate.config import ConfigError
 from latgate.listen import ListenError, bind_socket
-from latgate.server import LOG_LEVELS, argument_error, describe, startup
+from latgate.server import LOG_LEVELS, argument_error, describe, pinned_listen_keys, startup
 
 log = logging.getLogger("latgate")
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -59,7 +61,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"latgate: error: {exc}", file=sys.stderr)
         return 1
     try:
-        asyncio.run(_run(config, sockets=sockets, log_level=args.log_level))
+        pinned = pinned_listen_keys(args)
+        asyncio.run(_run(config, sockets=sockets, log_level=args.log_level, listen_host=host, pinned=pinned))
     except KeyboardInterrupt:
         pass
     except ConfigError as exc:  # found only while building the gateway
@@ -69,17 +72,21 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(config, *, sockets: list, log_level: str) -> None:
+async def _run(config, *, sockets: list, log_level: str, listen_host: str, pinned: frozenset[str]) -> None:
     import uvicorn
 
     from latgate.app import create_app
+    from latgate.lifecycle import reload_on_sighup
+    from latgate.reload import ListenAddress
     from latgate.sim import create_sim_app, profile_for
 
     uv_level = "warning" if log_level == "info" else log_level
     servers = []
     for name, sock in sockets:
         if name == "gateway":
-            app = create_app(config)
+            app = gateway = create_app(config)
+            port = sock.getsockname()[1]  # the one the kernel chose for --port 0
+            gateway.state.reloader.listening = ListenAddress(host=listen_host, port=port, pinned=pinned)
         else:
             app = create_sim_app(profile_for(config.providers[name]))
             log.info("simulator for %s on http://%s", name, _address(sock))
@@ -91,7 +98,10 @@ async def _run(config, *, sockets: list, log_level: str) -> None:
     log.info("gateway on %s/v1 -- try: curl %s/v1/models", url, url)
     log.info("live routing page: %s/ui", url)
     # Each server installs its signal handler over the previous one and, on exit, hands
-    # the captured signal back down the chain: one Ctrl-C stops them all.
+    # the captured signal back down the chain: one Ctrl-C stops them all. uvicorn leaves
+    # SIGHUP alone (its default would end the process): it reloads the gateway's config
+    # as under ``serve``; the simulators keep running.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload_on_sighup, gateway.state.reloader)
     await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
 
 

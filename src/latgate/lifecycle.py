@@ -106,6 +106,13 @@ def uvicorn_config(
     )
 
 
+def reload_on_sighup(reloader: Reloader) -> None:
+    """What SIGHUP does to a serving gateway (``serve`` and ``demo``): log it, then
+    reload the config file (:meth:`Reloader.reload_logged`); serving goes on either way."""
+    log.info("SIGHUP: reloading the config")
+    reloader.reload_logged()
+
+
 class GatewayServer(uvicorn.Server):
     """uvicorn's ``Server`` with SIGTERM drain and SIGHUP reload (see the module docstring).
 
@@ -171,8 +178,7 @@ class GatewayServer(uvicorn.Server):
         name = signal.Signals(sig).name
         if sig == signal.SIGHUP:
             if self._reloader is not None and not self.should_exit:
-                log.info("SIGHUP: reloading the config")
-                self._reloader.reload_logged()
+                reload_on_sighup(self._reloader)
             return
         if self.should_exit:
             if sig == signal.SIGINT:

@@ -51,6 +51,12 @@ def argument_error(args: argparse.Namespace) -> str | None:
     return None
 
 
+def pinned_listen_keys(args: argparse.Namespace) -> frozenset[str]:
+    """The listen keys the command line set (``"host"`` for ``--host``, ``"port"`` for
+    ``--port``), which a reload never asks a restart for (:class:`latgate.reload.ListenAddress`)."""
+    return frozenset(key for key in ("host", "port") if getattr(args, key) not in (None, ""))
+
+
 def setup_logging(level: str, log_format: str = "text") -> None:
     """One line per record on stderr, text or JSON (:mod:`latgate.logs`)."""
     configure_logging(level=level, log_format=log_format)
@@ -129,7 +135,7 @@ def main(args: argparse.Namespace) -> int:
         log_format=args.log_format,
         drain_timeout_seconds=args.drain_timeout,
         config_path=str(path),
-        pinned=frozenset(key for key in ("host", "port") if getattr(args, key) not in (None, "")),
+        pinned=pinned_listen_keys(args),
     )
 
 
