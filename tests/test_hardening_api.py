@@ -4,6 +4,8 @@ and bad bodies of every kind get 400 envelopes."""
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 import schemathesis
@@ -106,6 +108,7 @@ def test_bad_bodies_get_a_400_envelope_never_a_500(
         error = r.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}
         assert error["type"] == "invalid_request_error"
+        assert re.fullmatch(r"[0-9a-f]{32}", r.headers["x-request-id"])  # a fresh id, never "-"
         if words:
             assert words in error["message"]
     assert "Traceback" not in r.text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 
 import httpx
@@ -68,6 +69,9 @@ def test_reload_endpoint_rejects_an_invalid_config_with_its_reason_and_keeps_ser
     assert error["type"] == "invalid_request_error" and error["code"] == "invalid_config"
     assert 'routing.defualt_route: unknown key; did you mean "default_route"?' in error["message"]
     assert "still serving the previous one" in error["message"]
+    assert re.fullmatch(r"[0-9a-f]{32}", response.headers["x-request-id"])  # a fresh one, as every answer has
+    given = httpx.post(url + "/admin/reload", headers={"x-request-id": "reload-1"})
+    assert given.status_code == 400 and given.headers["x-request-id"] == "reload-1"
     assert provider_of(url) == "a"  # the previous config's default route
 
 

@@ -33,7 +33,7 @@ from latgate.api.body import error_response
 from latgate.config import ConfigError, load_config
 from latgate.config.schema import Config, ServerConfig
 from latgate.errors import InvalidRequest
-from latgate.gateway import Gateway
+from latgate.gateway import Gateway, request_id
 from latgate.proxy.upstream import UpstreamClient
 
 log = logging.getLogger("latgate")
@@ -217,7 +217,7 @@ async def reload_endpoint(request: Request) -> Response:
     except ConfigError as exc:
         log.error("reload rejected, still serving the previous config: %s", exc)
         error = ConfigRejected(exc)
-        return error_response(error, request_id=request.headers.get("x-request-id", "-")[:128])
+        return error_response(error, request_id=request_id(request.headers.get("x-request-id")))
     if reloader.notify is not None:
         reloader.notify()
     return Response(orjson.dumps(result.as_dict()), media_type="application/json")

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from latgate import __version__
 from latgate.api.body import error_response, read_json_object
 from latgate.errors import GatewayError
-from latgate.gateway import Gateway
+from latgate.gateway import Gateway, request_id
 from latgate.providers import ProviderRuntime
 from latgate.providers.monitor import Monitor
 from latgate.routing.dryrun import decision_json
@@ -81,12 +81,11 @@ async def route(request: Request) -> Response:
     the endpoints considered and their predicted TTFT. Nothing is sent upstream and no
     state changes (``latgate route --url`` prints it)."""
     gateway = _gateway(request)
-    request_id = request.headers.get("x-request-id", "-")[:128]
     try:
         body = await read_json_object(request, max_bytes=gateway.config.server.max_body_bytes)
         decision = gateway.decide(body, request.headers)
     except GatewayError as error:
-        return error_response(error, request_id=request_id)
+        return error_response(error, request_id=request_id(request.headers.get("x-request-id")))
     plan = gateway.forwarder.selector.plan(decision, body, commit=False)
     return Response(orjson.dumps(decision_json(decision, gateway.config, plan)), media_type="application/json")
 
