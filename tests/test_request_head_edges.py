@@ -69,3 +69,15 @@ def test_a_body_that_is_not_utf8_is_named_so(port: int) -> None:
     answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=10)
     assert answer.status_code == 400
     assert answer.json()["error"]["message"] == "request body is not valid UTF-8: send JSON text encoded as UTF-8"
+
+
+def test_a_bad_latency_sensitive_value_is_told_every_value_accepted(port: int) -> None:
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    bad = httpx.post(url, json=chat, headers={"X-Latency-Sensitive": "maybe"}, timeout=10)
+    message = bad.json()["error"]["message"]
+    assert bad.status_code == 400 and message.endswith(", not 'maybe'"), bad.text
+    listed = message.removeprefix("X-Latency-Sensitive must be ").removesuffix(", not 'maybe'").replace(" or ", ", ").split(", ")
+    assert {"on", "off", "1", "0"} <= set(listed)  # docs/routing.md names on/off too
+    for value in listed:  # each value the message names is one the gateway takes
+        assert httpx.post(url, json=chat, headers={"X-Latency-Sensitive": value}, timeout=10).status_code == 200, value

@@ -11,8 +11,10 @@ import re
 
 from latgate.errors import InvalidRequest
 
-_TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
-_FALSE_VALUES = frozenset({"0", "false", "no", "off"})
+_TRUE_VALUES = ("1", "true", "yes", "on")
+_FALSE_VALUES = ("0", "false", "no", "off")
+#: every value ``X-Latency-Sensitive`` accepts, for its error message
+_FLAG_VALUES_TEXT = ", ".join((*_TRUE_VALUES, *_FALSE_VALUES)[:-1]) + f" or {_FALSE_VALUES[-1]}"
 _DIGITS = re.compile(r"[0-9]{1,12}")
 
 
@@ -43,7 +45,7 @@ def flag_header(value: str | None) -> bool:
     if text in _FALSE_VALUES or not text:
         return False
     raise InvalidRequest(
-        f"X-Latency-Sensitive must be 1, true, yes, 0, false or no, not {shown_value(value)}",
+        f"X-Latency-Sensitive must be {_FLAG_VALUES_TEXT}, not {shown_value(value)}",
         param="X-Latency-Sensitive",
     )
 
