@@ -139,17 +139,25 @@ def cursor(s: ClientSettings) -> tuple[str, list[str]]:
 
 
 def openai_sdk(s: ClientSettings) -> tuple[str, list[str]]:
-    lines = [f"export OPENAI_BASE_URL={shlex.quote(s.v1)}", f"export OPENAI_API_KEY={shlex.quote(s.key)}"]
-    arguments = f"default_headers={json.dumps(s.headers)}" if s.headers else ""
+    """A Python program for the openai SDK (``base_url`` with ``/v1``; openai-python
+    ``OpenAI``), and the ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` exports other
+    OpenAI-compatible tools read as a note."""
+    arguments = [f"base_url={json.dumps(s.v1)}", f"api_key={json.dumps(s.key)}"]
+    if s.headers:
+        arguments.append(f"default_headers={json.dumps(s.headers)}")
     message = json.dumps([{"role": "user", "content": "hello"}])
-    lines += [
-        "# Python (base URL and key from the environment):",
-        "#   from openai import OpenAI",
-        f"#   client = OpenAI({arguments})",
-        f"#   reply = client.chat.completions.create(model={json.dumps(s.model)}, messages={message})",
-        "#   print(reply.choices[0].message.content)",
+    lines = [
+        "from openai import OpenAI",
+        "",
+        f"client = OpenAI({', '.join(arguments)}, timeout={s.timeout_ms / 1000:g})",
+        f"reply = client.chat.completions.create(model={json.dumps(s.model)}, messages={message})",
+        "print(reply.choices[0].message.content)",
     ]
-    return "\n".join(lines), []
+    exports = f"export OPENAI_BASE_URL={shlex.quote(s.v1)} OPENAI_API_KEY={shlex.quote(s.key)}"
+    return "\n".join(lines), [
+        "save as a .py file and run it with python (pip install openai)",
+        f"other OpenAI-compatible tools read the environment: {exports}",
+    ]
 
 
 def anthropic_sdk(s: ClientSettings) -> tuple[str, list[str]]:
