@@ -79,6 +79,16 @@ def test_check_says_where_a_failed_request_goes_when_no_fallbacks_are_set():
     assert "then: tile-rt -> vllm -> taotoken; vllm -> taotoken" in bundled.stdout
 
 
+def test_check_of_the_bundled_config_says_its_loopback_upstream_may_need_no_key():
+    bundled = run_check("--config", str(Path(__file__).parent.parent / "config.toml"))
+    assert bundled.returncode == 0, bundled.stderr
+    (warning,) = [line for line in bundled.stdout.splitlines() if "TAOTOKEN_API_KEY is not set" in line]
+    assert "its endpoints are on this machine, so fine for latgate demo's simulators" in warning
+    assert "expect 401" not in warning
+    remote = run_check("--config", str(Path(__file__).parent.parent / "config.toml"), env={"TAOTOKEN_API_BASE": "https://taotoken.net/api"})
+    assert 'provider "taotoken": api_key_env TAOTOKEN_API_KEY is not set; requests to it will be sent without a key (expect 401' in remote.stdout
+
+
 def test_check_on_seed1_verbatim_names_both_missing_addresses_in_one_run():
     result = run_check("--config", str(SEEDS / "seed1.config.toml"))
     assert result.returncode == 1

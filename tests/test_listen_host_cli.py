@@ -93,6 +93,9 @@ def test_check_warns_when_a_valid_address_is_not_one_of_this_machine(tmp_path) -
         "  server.host 192.0.2.1 is not an address of this machine (Cannot assign requested address): "
         "latgate serve here cannot listen on it (fine if this config is for another machine"
     ) in result.stdout
+    assert "reachable from other machines" not in result.stdout
+    other = latgate("check", "--config", str(write_config(tmp_path, "0.0.0.0")))  # one it listens on
+    assert "server.host 0.0.0.0 is reachable from other machines and [auth] is absent" in other.stdout
 
 
 @offline_only
@@ -113,6 +116,7 @@ def test_check_says_a_host_name_that_does_not_resolve_will_not_serve_here(tmp_pa
     assert (
         "latgate serve here cannot listen on it (fine if this config is for another machine)" in result.stdout
     )
+    assert "reachable from other machines" not in result.stdout  # it is reachable from nowhere here
 
 
 def _hosts_file_name() -> str | None:

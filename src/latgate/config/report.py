@@ -63,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     out = sys.stdout
     resolved, listen_warning = probe_listen_host(config.server.host)
-    warnings = [*([listen_warning] if listen_warning else []), *config_warnings(config)]
+    warnings = [*([listen_warning] if listen_warning else []), *config_warnings(config, can_listen=listen_warning is None)]
     lines = report_lines(config, warnings=warnings, env=os.environ, host_resolves_to=resolved)
     out.write("\n".join(lines) + "\n")
     if not args.probe:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 from latgate.config.apikeys import key_problem
 from latgate.config.masking import mask_secrets
@@ -15,13 +16,16 @@ _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 _MIN_SANE_TIMEOUT_SECONDS = 1.0
 
 
-def config_warnings(config: Config, env: Mapping[str, str] | None = None) -> list[str]:
+def config_warnings(config: Config, env: Mapping[str, str] | None = None, *, can_listen: bool = True) -> list[str]:
     """One line per problem that does not stop the gateway from starting.
 
     - a provider's ``api_key_env`` is not set in ``env`` (requests then go without a
-      key, and the upstream answers 401), is empty, or holds what an HTTP header cannot
-      carry (see :mod:`latgate.config.apikeys`);
-    - ``[auth]`` is absent while ``server.host`` is not a loopback address;
+      key, and the upstream answers 401; said mildly when all its endpoints are on
+      loopback, as the demo's keyless simulators are), is empty, or holds what an HTTP
+      header cannot carry (see :mod:`latgate.config.apikeys`);
+    - ``[auth]`` is absent while ``server.host`` is not a loopback address (unless
+      ``can_listen`` is False: ``latgate check`` found this machine cannot listen on it,
+      :func:`~latgate.config.listen_host.probe_listen_host`, and says that instead);
     - a proxy variable (``HTTPS_PROXY``...) that is not an ``http://`` URL;
     - a provider with ``verify = false`` (TLS certificates not checked);
     - a timeout under 1 s (such timeouts cause retry storms and explode tail latency);
@@ -39,7 +43,13 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None) -> lis
     for p in config.providers.values():
         if not p.api_key_env:
             continue
-        if p.api_key_env not in env:
+        if p.api_key_env not in env and p.endpoints and all(_on_loopback(e.api_base) for e in p.endpoints):
+            warnings.append(
+                f'provider "{p.name}": api_key_env {p.api_key_env} is not set; its endpoints are on this '
+                "machine, so fine for latgate demo's simulators and keyless engines (one started with an "
+                "API key answers 401)"
+            )
+        elif p.api_key_env not in env:
             warnings.append(
                 f'provider "{p.name}": api_key_env {p.api_key_env} is not set; requests to it will be sent '
                 "without a key (expect 401 from the upstream)"
@@ -54,7 +64,7 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None) -> lis
                 f'provider "{p.name}": verify = false: its TLS certificates are not checked, so anyone on the '
                 "path can read and change its traffic and its key (trust its CA with ca_file instead)"
             )
-    if config.auth is None and not is_loopback(config.server.host):
+    if config.auth is None and can_listen and not is_loopback(config.server.host):
         warnings.append(
             f"server.host {config.server.host} is reachable from other machines and [auth] is absent: "
             "anyone who can connect may use the providers (add [[auth.keys]] or bind to 127.0.0.1)"
@@ -88,6 +98,10 @@ def _latency_threshold_unrouted(config: Config) -> list[str]:
         "low-latency provider"
     )
     return [warning]
+
+
+def _on_loopback(api_base: str) -> bool:
+    return is_loopback(urlsplit(api_base).hostname or "")
 
 
 def is_loopback(host: str) -> bool:
