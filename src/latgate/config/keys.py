@@ -228,16 +228,28 @@ def _report(error: ErrorDetails, model_cls: type[BaseModel], problems: Problems,
     if kind == "missing":
         problems.add(key, "missing", f"add {leaf} = ...")
         return
-    message = str(error["msg"])
+    message = _MESSAGES.get(kind.split("_")[0]) or str(error["msg"])
     message = message[0].lower() + message[1:]
     field = _field(model_cls, loc)
-    problems.add(key, f"{message} (got {show(error.get('input'))})", _type_fix(kind, leaf, field))
+    value = error.get("input")
+    problems.add(key, f"{message} (got {show(value)})", _type_fix(kind, leaf, field, value))
+
+
+_MESSAGES = {
+    "list": "input should be a list",
+    "tuple": "input should be a list",
+    "set": "input should be a list",
+    "dict": "input should be a table",
+}
+"""Pydantic's Python type words replaced by TOML's (a ``tuple`` is written as a list)."""
+TABLE_EXAMPLES = {"fallbacks": 'fallbacks = { PROVIDER = ["NEXT", ...] }'}
+"""The shape of the table keys whose entries are not plain ``name = "value"``."""
 
 
 _NUMBER_BOUNDS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
 
 
-def _type_fix(kind: str, leaf: str, field: FieldInfo | None) -> str:
+def _type_fix(kind: str, leaf: str, field: FieldInfo | None, value: object = None) -> str:
     example = f"{leaf} = {example_number(field, leaf)}"
     bounds = number_range(field)
     within = f" {bounds}" if bounds else ""
@@ -254,9 +266,10 @@ def _type_fix(kind: str, leaf: str, field: FieldInfo | None) -> str:
     if kind.startswith("string_"):
         return f'write a quoted string, e.g. {leaf} = "..."'
     if kind.startswith(("list_", "tuple_", "set_")):
-        return f'write a list, e.g. {leaf} = ["a", "b"]'
+        item = json.dumps(value, ensure_ascii=False) if isinstance(value, str) and len(value) <= 60 else '"a", "b"'
+        return f"write a list, e.g. {leaf} = [{item}]"
     if kind.startswith(("dict_", "model_")):
-        return f'write a table, e.g. {leaf} = {{ name = "value" }}'
+        return "write a table, e.g. " + TABLE_EXAMPLES.get(leaf, f'{leaf} = {{ name = "value" }}')
     if kind == "literal_error":
         return "use one of the values listed"
     return "change the value"
