@@ -5,7 +5,9 @@ One section gives its address as ``api_base`` (``base_url`` is a synonym) or as
 ``NAME-0``, ``NAME-1``... in order (one ``api_base`` is the endpoint ``NAME-0``); a
 table entry may also give that replica's ``max_batch_size`` and ``weight``. URLs
 must be http(s) with a host, without whitespace, query or fragment (not even an empty
-``?`` or ``#``: paths are appended to the base), and without ``user:password@`` when
+``?`` or ``#``: paths are appended to the base), not ending in an operation path
+(``/chat/completions``, ``/completions``, ``/embeddings``, ``/messages``, ``/responses``:
+a full URL pasted, which would call the operation twice), and without ``user:password@`` when
 ``api_key_env`` is set (the upstream can take one ``Authorization`` only); only a
 trailing slash is removed (the version segment is :attr:`EndpointConfig.base_url`'s
 business; ``api_base_exact = true`` uses each URL as given). Two endpoints that call the same versioned URL (``http://h:1`` and
@@ -186,6 +188,14 @@ def _endpoints(section: ProviderSection, table: dict[str, object], problems: Pro
                 "but an upstream request takes one Authorization only",
                 "remove the user:password@ part, or remove api_key_env",
             )
+        if (operation := _operation_in_base(api_base)) is not None:
+            problems.add(
+                key,
+                f"{show(api_base)} ends with the operation path {operation}, but latgate appends the "
+                f"operation to the base URL, even with api_base_exact (it would call ...{operation}/chat/completions)",
+                _base_fix(key, api_base[: -len(operation)]),
+            )
+            continue
         exact = table.get("api_base_exact") is True
         calls = versioned_base(api_base, exact=exact)
         if calls in seen:
@@ -271,6 +281,21 @@ def _url_problem(url: str) -> str | None:
     if "?" in url or "#" in url:
         return f"{show(url)} has a query or fragment (? or #), which a base URL cannot have"
     return None
+
+
+_OPERATIONS = ("/chat/completions", "/completions", "/embeddings", "/messages", "/responses")
+"""Paths latgate appends to a base URL: a base ending in one is a full URL pasted."""
+
+
+def _base_fix(key: str, base: str) -> str:
+    leaf = key.rsplit(".", 1)[-1]
+    return f"write {show(base)} (the base URL)" if leaf.endswith("]") else f"write {leaf} = {show(base)}"
+
+
+def _operation_in_base(url: str) -> str | None:
+    """The operation path ``url`` (checked, no trailing slash) ends with, if any."""
+    path = urlsplit(url).path
+    return next((op for op in _OPERATIONS if path.endswith(op)), None)
 
 
 def _check_tokenizer(tokenizer: str | None, problems: Problems, *, key: str) -> None:
