@@ -9,8 +9,9 @@ expanded again. The rule for a variable that has no value:
 - ``${VAR:-default}`` (also ``${env:VAR:-default}``) uses ``default`` when ``VAR`` is
   unset *or* empty, as POSIX shells do.
 
-Provider keys are not expanded here at all: ``api_key_env`` names a variable that is
-read when a request is sent, so a key never sits in the resolved config.
+``api_key_env`` names a variable that is read when a request is sent, so a key never
+sits in the resolved config: a ``${...}`` there is reported (write the name itself), not
+expanded.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ def expand_env(value: object, *, env: Mapping[str, str], problems: Problems, key
     reported to ``problems`` and the string is kept as written (any later check of
     that key is not reported again, see :class:`~latgate.config.errors.Problems`).
     """
+    if isinstance(value, str) and key.rsplit(".", 1)[-1] == "api_key_env" and "${" in value:
+        name = _BODY.fullmatch(value.strip()[2:-1])
+        problems.add(
+            key,
+            f"{show(value)} is a ${{...}} reference, which stands for a variable's value",
+            f'api_key_env names the variable: write api_key_env = "{name.group("name") if name else "MY_API_KEY"}"',
+        )
+        return value
     if isinstance(value, str):
         return _expand_string(value, env=env, problems=problems, key=key)
     if isinstance(value, Mapping):
