@@ -46,7 +46,7 @@ EXPECTED = [
     # the names between sections, after the structure
     (26, "routing.default_route"),
     (28, "routing.fallbacks.fast[0]"),
-    (32, "aliases.pinned.fast"),
+    # not aliases.pinned.fast (line 32): [providers.fast] has a mistake of its own
     (42, "auth.keys[1].policy"),
 ]
 
@@ -90,7 +90,6 @@ def test_check_names_every_mistake_of_every_kind_in_one_run() -> None:
         "auth.keys[0].key: environment variable CI_KEY is not set",
         'routing.default_route: unknown provider "vlm"; did you mean "vllm"?',
         'routing.fallbacks.fast[0]: unknown provider "fsat"; did you mean "fast"?',
-        'aliases.pinned.fast: provider "fast" does not serve "glm-slow"; did you mean "glm-fast"?',
         'auth.keys[1].policy: unknown policy "fats"; define [routing.policies.fats]',
         'auth.keys[2].name: duplicate key name "dev"; give each key its own name',
         'prefill.engine: provider "fast" is defined twice (also at providers.fast)',
@@ -99,7 +98,7 @@ def test_check_names_every_mistake_of_every_kind_in_one_run() -> None:
     # secrets masked: a key pasted as api_key_env, a key in a URL's query
     assert '"sk-***" is not an environment variable name' in text and "sk-proj-4eC39" not in text
     assert "?key=***" in text and "key=abc" not in text
-    assert "Traceback" not in text
+    assert "Traceback" not in text and "aliases.pinned" not in text
 
 
 def test_the_same_file_gives_the_same_errors_in_the_same_order_every_run() -> None:
@@ -154,6 +153,78 @@ def test_a_toml_syntax_error_is_one_error_with_its_line_and_column(tmp_path: Pat
             "(strings need double quotes, sections are [name], key = value lines)"
         )
     ]
+
+
+def check_errors(tmp_path: Path, text: str) -> list[str]:
+    """``LINE: KEY: ...`` of each mistake ``latgate check`` reports in a config ``text``."""
+    path = tmp_path / "config.toml"
+    path.write_text(textwrap.dedent(text))
+    result = latgate("check", "--config", str(path))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    prefix = f"latgate: error: {path}:"
+    return [line.removeprefix(prefix) for line in result.stderr.splitlines() if line.startswith(prefix)]
+
+
+def test_a_list_key_written_as_a_string_or_a_table_as_a_list_gets_the_shape_to_write(tmp_path: Path) -> None:
+    errors = check_errors(
+        tmp_path,
+        """\
+        [providers.openai]
+        api_base = "http://127.0.0.1:9102/v1"
+        models = "glm-5.1"
+        [routing]
+        fallbacks = ["openai"]
+        """,
+    )
+    assert errors[:2] == [
+        '3: providers.openai.models: input should be a list (got "glm-5.1"); write a list, e.g. models = ["glm-5.1"]',
+        '5: routing.fallbacks: input should be a table (got a list); write a table, e.g. fallbacks = { PROVIDER = ["NEXT", ...] }',
+    ]
+    errors = check_errors(tmp_path, '[providers.a]\napi_base = "http://127.0.0.1:1/v1"\n[routing]\nfallbacks = { a = "b" }\n')
+    assert errors[0] == '4: routing.fallbacks.a: input should be a list (got "b"); write a list, e.g. a = ["b"]'
+    assert not any("valid tuple" in e or "valid list" in e for e in errors)
+
+
+BASE_FIX = 'write api_base = "http://127.0.0.1:9102/v1"'
+URL_FIX = 'write url = "http://127.0.0.1:9103/serving"'
+
+
+@pytest.mark.parametrize("operation", ["/chat/completions", "/completions", "/embeddings", "/messages", "/responses"])
+def test_an_api_base_ending_in_an_operation_path_is_refused_with_the_base_to_write(tmp_path: Path, operation: str) -> None:
+    errors = check_errors(
+        tmp_path,
+        f"""\
+        [providers.openai]
+        api_base = "http://127.0.0.1:9102/v1{operation}/"
+        [providers.exact]
+        endpoints = [{{ url = "http://127.0.0.1:9103/serving{operation}" }}]
+        api_base_exact = true
+        """,
+    )
+    twice = (
+        f"ends with the operation path {operation}, but latgate appends the operation to the base URL, "
+        f"even with api_base_exact (it would call ...{operation}/chat/completions)"
+    )
+    assert errors == [
+        f'2: providers.openai.api_base: "http://127.0.0.1:9102/v1{operation}" {twice}; {BASE_FIX}',
+        f'4: providers.exact.endpoints[0].url: "http://127.0.0.1:9103/serving{operation}" {twice}; {URL_FIX}',
+    ]
+
+
+def test_a_variable_reference_as_api_key_env_is_told_to_name_the_variable(tmp_path: Path) -> None:
+    errors = check_errors(
+        tmp_path,
+        """\
+        [providers.openai]
+        api_base = "http://127.0.0.1:9102/v1"
+        api_key_env = "${OPENAI_KEY_MISSING}"
+        """,
+    )
+    said = (
+        '3: providers.openai.api_key_env: "${OPENAI_KEY_MISSING}" is a ${...} reference, which stands for a '
+        'variable\'s value; api_key_env names the variable: write api_key_env = "OPENAI_KEY_MISSING"'
+    )
+    assert errors == [said]
 
 
 # --- no cascades: plain data ------------------------------------------------------------

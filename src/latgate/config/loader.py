@@ -221,6 +221,7 @@ def _build(document: Document, problems: Problems) -> Config | None:
         names_complete=bool(document.seen_names) and not document.nameless_providers,
         providers=providers,
         complete=bool(providers) and len(providers) == len(built) and not document.broken_names,
+        broken=frozenset(section.name for section in document.providers if problems.has(section.key)),
     )
     if routing is not None:
         check_routing(routing, known, problems, default_route_key=document.default_route_key)

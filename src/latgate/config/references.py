@@ -48,13 +48,15 @@ class Known:
     ``providers``: those that could be built, the keys with mistakes left at their
     defaults (a provider whose ``models`` was wrong accepts any model, so nothing is
     reported against it); ``complete``: every provider section could be built, so a
-    model no one serves really is missing.
+    model no one serves really is missing. ``broken``: the providers whose section had
+    a mistake of its own (built or not): nothing is reported against them by name.
     """
 
     declared: frozenset[str]
     names_complete: bool
     providers: Mapping[str, ProviderConfig]
     complete: bool
+    broken: frozenset[str] = frozenset()
 
 
 def build_routing(
@@ -218,7 +220,7 @@ def expand_aliases(
                     problems.add(
                         entry, f'unknown provider "{provider}"', suggestion(provider, sorted(known.declared), noun="provider")
                     )
-            elif provider in providers and not providers[provider].serves(served):
+            elif provider in providers and provider not in known.broken and not providers[provider].serves(served):
                 problems.add(
                     entry,
                     f'provider "{provider}" does not serve "{served}"',
