@@ -138,21 +138,30 @@ def cursor(s: ClientSettings) -> tuple[str, list[str]]:
     return "\n".join(lines), notes
 
 
+def _sdk_program(
+    s: ClientSettings, module: str, client: str, base_url: str, call: str, extra: str, answer: str
+) -> list[str]:
+    """The lines of a Python program that sends one ``hello`` through an SDK's ``client``
+    class at ``base_url`` (``call``: the method path; ``extra``: its arguments before
+    ``messages``; ``answer``: the expression printed)."""
+    arguments = [f"base_url={json.dumps(base_url)}", f"api_key={json.dumps(s.key)}"]
+    if s.headers:
+        arguments.append(f"default_headers={json.dumps(s.headers)}")
+    message = json.dumps([{"role": "user", "content": "hello"}])
+    return [
+        f"from {module} import {client}",
+        "",
+        f"client = {client}({', '.join(arguments)}, timeout={s.timeout_ms / 1000:g})",
+        f"reply = client.{call}(model={json.dumps(s.model)}, {extra}messages={message})",
+        f"print({answer})",
+    ]
+
+
 def openai_sdk(s: ClientSettings) -> tuple[str, list[str]]:
     """A Python program for the openai SDK (``base_url`` with ``/v1``; openai-python
     ``OpenAI``), and the ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` exports other
     OpenAI-compatible tools read as a note."""
-    arguments = [f"base_url={json.dumps(s.v1)}", f"api_key={json.dumps(s.key)}"]
-    if s.headers:
-        arguments.append(f"default_headers={json.dumps(s.headers)}")
-    message = json.dumps([{"role": "user", "content": "hello"}])
-    lines = [
-        "from openai import OpenAI",
-        "",
-        f"client = OpenAI({', '.join(arguments)}, timeout={s.timeout_ms / 1000:g})",
-        f"reply = client.chat.completions.create(model={json.dumps(s.model)}, messages={message})",
-        "print(reply.choices[0].message.content)",
-    ]
+    lines = _sdk_program(s, "openai", "OpenAI", s.v1, "chat.completions.create", "", "reply.choices[0].message.content")
     exports = f"export OPENAI_BASE_URL={shlex.quote(s.v1)} OPENAI_API_KEY={shlex.quote(s.key)}"
     return "\n".join(lines), [
         "save as a .py file and run it with python (pip install openai)",
@@ -163,17 +172,7 @@ def openai_sdk(s: ClientSettings) -> tuple[str, list[str]]:
 def anthropic_sdk(s: ClientSettings) -> tuple[str, list[str]]:
     """A Python program for the anthropic SDK; its ``base_url`` is the origin without
     ``/v1`` (the SDK appends ``/v1/messages``; anthropic-sdk-python ``Anthropic``)."""
-    arguments = [f"base_url={json.dumps(s.origin)}", f"api_key={json.dumps(s.key)}"]
-    if s.headers:
-        arguments.append(f"default_headers={json.dumps(s.headers)}")
-    message = json.dumps([{"role": "user", "content": "hello"}])
-    lines = [
-        "from anthropic import Anthropic",
-        "",
-        f"client = Anthropic({', '.join(arguments)}, timeout={s.timeout_ms / 1000:g})",
-        f"reply = client.messages.create(model={json.dumps(s.model)}, max_tokens=256, messages={message})",
-        "print(reply.content[0].text)",
-    ]
+    lines = _sdk_program(s, "anthropic", "Anthropic", s.origin, "messages.create", "max_tokens=256, ", "reply.content[0].text")
     return "\n".join(lines), ["save as a .py file and run it with python (pip install anthropic)"]
 
 
