@@ -45,6 +45,11 @@ Pass :func:`client_protocol`'s class as ``uvicorn.Config(http=...)``; under h11 
 pure-Python protocol, e.g. in tests) ``h11_max_incomplete_event_size`` gives a head
 limit instead (400) and none of the timeouts apply.
 
+The subclass reaches into uvicorn's private protocol (it replaces ``data_received`` and
+``send_400_response``, reads about ten private members): ``pyproject.toml`` pins uvicorn
+to the minor release this was audited on, and ``tests/test_uvicorn_contract.py`` fails,
+naming the method, when an installed uvicorn differs from it.
+
 Cost per request: a few counter updates in callbacks uvicorn already makes; one timer
 per connection (the head), one per request only when its body arrives in several reads.
 """
