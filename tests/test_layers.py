@@ -25,7 +25,7 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_source_tree_keeps_the_contract_and_the_docs_show_it() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "layers.py")], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "layers.py")], check=False, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-import latgate.httplimits as httplimits
+from latgate import httplimits
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -154,10 +154,10 @@ def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
     on_stack: set[str] = set()
     found: list[frozenset[str]] = []
     counter = 0
-    for root in graph:
+    for root, targets in graph.items():
         if root in index:
             continue
-        work = [(root, iter(sorted(graph[root])))]
+        work = [(root, iter(sorted(targets)))]
         index[root] = low[root] = counter
         counter += 1
         stack.append(root)
