@@ -60,9 +60,9 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "transport",
         "the upstream HTTP/1.1 client: pool, connections, egress, decoding",
-        ("latgate.proxy.upstream", "latgate.proxy.h1", "latgate.proxy.h1conn", "latgate.proxy.egress", "latgate.proxy.tunnel", "latgate.proxy.decoding", "latgate.proxy.errors"),
+        ("latgate.proxy.upstream", "latgate.proxy.h1", "latgate.proxy.h1conn", "latgate.proxy.egress", "latgate.proxy.tunnel", "latgate.proxy.decoding", "latgate.proxy.errors", "latgate.proxy.prelude"),
     ),
-    ("foundation", "config, the error tree, metrics, logs", ("latgate", "latgate.config*", "latgate.errors", "latgate.metrics", "latgate.logs", "latgate.decode_rate")),
+    ("foundation", "config, the error tree, metrics, logs", ("latgate", "latgate.config*", "latgate.errors", "latgate.metrics", "latgate.logs", "latgate.decode_rate", "latgate.scope_keys")),
 )
 
 #: pure leaves any layer may import
@@ -74,14 +74,8 @@ KNOWN_DEBTS: dict[tuple[str, str], str] = {
     ("latgate.api.routes", "latgate.reload"): "POST /admin/reload calls the reloader (to inject from the process layer)",
     ("latgate.api.routes", "latgate.ui"): "the route table lists /ui's routes",
     ("latgate.app", "latgate.reload"): "the app builds its reloader (to inject from the process layer)",
-    ("latgate.api.serve", "latgate.httplimits"): "ASGI scope keys defined beside the protocol that sets them",
-    ("latgate.gateway", "latgate.httplimits"): "ASGI scope keys defined beside the protocol that sets them",
-    ("latgate.proxy.relay", "latgate.httplimits"): "ASGI scope keys defined beside the protocol that sets them",
     ("latgate.gateway", "latgate.api.body"): "the body reader's limits",
-    ("latgate.proxy.forward", "latgate.api.largebody"): "large bodies encoded off the event loop (belongs below forwarding)",
-    ("latgate.proxy.wire", "latgate.api.largebody"): "large bodies encoded off the event loop (belongs below forwarding)",
     ("latgate.proxy.exchange", "latgate.tracing"): "Exchange.finish ends the span (Exchange is to become a plain record)",
-    ("latgate.proxy.upstream", "latgate.proxy.answer"): "the keep-alive prelude of a non-streamed answer is read in the client",
     ("latgate.config.loader", "latgate.store.resp"): "[state] redis_url parsed by the RESP client's address type",
     ("latgate.config.providers", "latgate.connectors"): "connector names checked against the registry at load",
     ("latgate.config.providers", "latgate.proxy.egress"): "proxy and TLS settings checked at load",

@@ -24,7 +24,6 @@ from latgate.api.body import error_response
 from latgate.auth import AuthGuard, Caller, forward_within_limits
 from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
-from latgate.httplimits import REQUEST_ID_SCOPE_KEY
 from latgate.metrics import Metrics
 from latgate.providers import ProviderPool
 from latgate.providers.catalog import public_model_object
@@ -34,6 +33,7 @@ from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
 from latgate.proxy.wire import check_stream_options, nesting_too_deep
 from latgate.routing.decision import RouteDecision, Router
+from latgate.scope_keys import REQUEST_ID_SCOPE_KEY
 from latgate.store import HealthSync, RedisStore, SharedStore, open_store
 from latgate.tracing import Tracing
 

@@ -37,7 +37,7 @@ for as long as it likes. Here, before anything reaches the app:
 These are the nginx ``client_header_timeout`` / ``client_body_timeout`` /
 ``send_timeout`` (408) of the reference servers. Every refusal written here is an
 OpenAI error envelope with ``connection: close``; timeouts met during a request put
-their kind in the ASGI scope under :data:`TIMEOUT_SCOPE_KEY`, so the app records the
+their kind in the ASGI scope under :data:`~latgate.scope_keys.TIMEOUT_SCOPE_KEY`, so the app records the
 request (access line and metric) with it. Refusals before any request reached the app
 are recorded through :attr:`ClientLimits.on_refused`.
 
@@ -65,15 +65,11 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from latgate.scope_keys import REQUEST_ID_SCOPE_KEY, TIMEOUT_SCOPE_KEY
+
 MAX_HEAD_BYTES = 64 * 1024
 MAX_FIELD_BYTES = 16 * 1024
 MAX_FIELDS = 100
-#: Where a client timeout met during a request is noted: ``header_timeout``,
-#: ``body_timeout`` or ``send_timeout``.
-TIMEOUT_SCOPE_KEY = "latgate.client_timeout"
-#: where the app puts the request id it logs (:meth:`Gateway.new_exchange`), so a 408
-#: written here carries the id of the request's access line
-REQUEST_ID_SCOPE_KEY = "latgate.request_id"
 #: At most one "connection limit reached" warning per this many seconds.
 CAP_LOG_INTERVAL_SECONDS = 1.0
 

@@ -10,7 +10,6 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from latgate.api.largebody import LARGE_BODY_BYTES, join_and_parse, release_when_freed
 from latgate.errors import (
     BodyTooLarge,
     ClientClosedRequest,
@@ -18,6 +17,7 @@ from latgate.errors import (
     InvalidRequest,
     UnsupportedMediaType,
 )
+from latgate.proxy.largebody import LARGE_BODY_BYTES, join_and_parse, release_when_freed
 
 T = TypeVar("T")
 
@@ -25,7 +25,7 @@ T = TypeVar("T")
 class ClientBody(dict):
     """A request body parsed from JSON: a plain ``dict`` of its members that can be
     weakly referenced (a large body's memory is released off the event loop once it is
-    freed: :func:`latgate.api.largebody.release_when_freed`)."""
+    freed: :func:`latgate.proxy.largebody.release_when_freed`)."""
 
     __slots__ = ("__weakref__",)
 
@@ -114,7 +114,7 @@ async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
     if not size:
         raise InvalidRequest("request body is empty; expected a JSON object")
     try:
-        if size > LARGE_BODY_BYTES:  # joined and parsed off the event loop, in slices (latgate.api.largebody)
+        if size > LARGE_BODY_BYTES:  # joined and parsed off the event loop, in slices (latgate.proxy.largebody)
             body = await asyncio.to_thread(join_and_parse, chunks)
         else:
             raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -36,10 +36,10 @@ from latgate.api.body import error_response, read_json_object, until_client_leav
 from latgate.auth import AuthGuard, Caller
 from latgate.errors import GatewayError, RateLimited
 from latgate.gateway import MAX_LOGGED_MODEL_CHARS, REFUSING_DEEP_NESTING, Gateway, drain_cut_error
-from latgate.httplimits import TIMEOUT_SCOPE_KEY
 from latgate.proxy.exchange import CLIENT_CLOSED, Exchange, is_drain_cut
 from latgate.proxy.transform import ResponseTransform
 from latgate.routing.decision import RouteDecision
+from latgate.scope_keys import TIMEOUT_SCOPE_KEY
 
 log = logging.getLogger("latgate")
 

@@ -24,10 +24,11 @@ import orjson
 from latgate.config.schema import Config
 from latgate.metrics import Metrics
 from latgate.providers import EndpointRuntime, ProviderPool, ProviderRuntime, Ticket
-from latgate.proxy.answer import Answer, KeepalivePrelude
+from latgate.proxy.answer import Answer
 from latgate.proxy.exchange import Exchange
 from latgate.proxy.failures import NO_FIRST_TOKEN, Failures, aborted_answer, provider_secrets
 from latgate.proxy.hedge import LostRace, Race
+from latgate.proxy.prelude import KeepalivePrelude
 from latgate.proxy.relay import StreamRelay
 from latgate.proxy.sse import StreamTap
 from latgate.proxy.stream_start import StreamStart
@@ -300,7 +301,7 @@ class AttemptSender:
         a non-streamed answer only once the whole completion is generated, so one would
         cut, and re-run elsewhere, every long generation. Keep-alive whitespace and ``:``
         comment lines before a chunked answer are skipped
-        (:class:`~latgate.proxy.answer.KeepalivePrelude`). Its usage is taken and the
+        (:class:`~latgate.proxy.prelude.KeepalivePrelude`). Its usage is taken and the
         model name rewritten. An event stream (the request's ``stream: false`` ignored)
         or an HTML page is refused unread, as the provider's failure."""
         provider, endpoint, exchange = attempt.provider, attempt.endpoint, attempt.routed.exchange

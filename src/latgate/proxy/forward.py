@@ -36,7 +36,6 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from latgate.api.largebody import is_large
 from latgate.config.schema import Config
 from latgate.errors import ContextLengthExceeded, GatewayError, UpstreamUnavailable
 from latgate.metrics import Metrics
@@ -47,6 +46,7 @@ from latgate.proxy.exchange import Exchange
 from latgate.proxy.failures import AttemptFailed, Failures
 from latgate.proxy.hedge import Race, run_hedged
 from latgate.proxy.keepalive import EarlyHead, EarlyStream, keepalive_seconds, wait_briefly
+from latgate.proxy.largebody import is_large
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
 from latgate.proxy.wire import upstream_payload
@@ -176,7 +176,7 @@ class Forwarder:
             elif previous is not None:
                 self._metrics.record_fallback(from_provider=previous, to_provider=target.provider)
             previous = target.provider
-            if is_large(body):  # encoded in slices off the event loop (latgate.api.largebody)
+            if is_large(body):  # encoded in slices off the event loop (latgate.proxy.largebody)
                 payload = await asyncio.to_thread(upstream_payload, body, target, provider, stream=exchange.stream, path=routed.path)
             else:
                 payload = upstream_payload(body, target, provider, stream=exchange.stream, path=routed.path)

@@ -30,13 +30,13 @@ from collections.abc import AsyncIterator, Callable
 
 import orjson
 
-from latgate.httplimits import TIMEOUT_SCOPE_KEY
 from latgate.metrics import Metrics
 from latgate.proxy.exchange import CLIENT_CLOSED, DRAIN_CUT_STATUS, Exchange, is_drain_cut
 from latgate.proxy.redact import redact_text
 from latgate.proxy.sse import StreamTap, stream_unfinished
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamFailure, upstream_errors
+from latgate.scope_keys import TIMEOUT_SCOPE_KEY
 
 Scope = dict
 Receive = Callable

@@ -30,7 +30,6 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from latgate import __version__
-from latgate.proxy.answer import KeepalivePrelude
 from latgate.proxy.decoding import DecodedResponse, decoder_problem
 from latgate.proxy.egress import Egress
 from latgate.proxy.errors import (
@@ -41,6 +40,7 @@ from latgate.proxy.errors import (
     failure_cause,
 )
 from latgate.proxy.h1 import H1Pool, H1Response
+from latgate.proxy.prelude import KeepalivePrelude
 
 __all__ = ["UpstreamClient", "UpstreamFailure", "read_at_most", "upstream_errors", "upstream_headers"]
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import orjson
 
-from latgate.api.largebody import dumps_in_slices, is_large
 from latgate.errors import GatewayError, InvalidRequest
 from latgate.providers.pool import ProviderRuntime
 from latgate.providers.stream_options import OWN_STREAM_OPTIONS
 from latgate.proxy.exchange import Exchange
+from latgate.proxy.largebody import dumps_in_slices, is_large
 from latgate.routing.targets import Target
 
 
