@@ -138,6 +138,7 @@ class AttemptSender:
                 model_rewrite=model_rewrite(body, target),
                 max_event_bytes=self.config.defaults.max_event_bytes,
                 text_error=provider.connector.text_error,
+                secrets=provider_secrets(provider),
             )
         stack = contextlib.AsyncExitStack()
         if plan.reserved and endpoint is plan.endpoint:  # counted in flight from here on
