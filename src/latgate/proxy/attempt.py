@@ -171,6 +171,7 @@ class AttemptSender:
                         url=url, payload=attempt.payload, headers=headers, read_timeout_seconds=provider.config.timeout_sec,
                         egress=provider.egress, group=provider.name,
                         max_connections=provider.config.max_connections or self.config.defaults.max_connections,
+                        max_decoded_bytes=self.config.defaults.max_response_bytes,
                     )  # fmt: skip
             except TimeoutError:
                 ticket.censored = True
