@@ -28,7 +28,7 @@ from latgate.proxy.answer import Answer, KeepalivePrelude
 from latgate.proxy.exchange import Exchange
 from latgate.proxy.failures import NO_FIRST_TOKEN, Failures, aborted_answer, provider_secrets
 from latgate.proxy.hedge import LostRace, Race
-from latgate.proxy.relay import StreamRelay
+from latgate.proxy.relay import StreamRelay, max_stream_seconds
 from latgate.proxy.sse import StreamTap
 from latgate.proxy.stream_start import StreamStart
 from latgate.proxy.transform import ResponseTransform, UntranslatableAnswer
@@ -294,6 +294,8 @@ class AttemptSender:
             on_upstream_failure=lambda kind: self.pool.record_outcome(provider, endpoint, ok=False),
             transform=transform,
             secrets=provider_secrets(provider),
+            max_stream_seconds=max_stream_seconds(self.config, attempt.routed.decision.policy, provider.name),
+            quiet_seconds=self._timeout_seconds(provider),
         )
 
     async def _complete(self, attempt: Attempt, response: Any, ticket: Ticket, *, whole_by: float) -> Answer:
