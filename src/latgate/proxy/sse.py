@@ -65,7 +65,6 @@ _TEMPLATE_BUDGET = 4
 _FOREIGN = -2
 #: every line ending a client's SSE parser knows (HTML Living Standard 9.2.6)
 _LINE_END = re.compile(rb"\r\n|\r|\n")
-_CR_LF = (10, 13)
 
 
 class StreamTap:
@@ -206,12 +205,13 @@ class StreamTap:
                     return self._rewritten(self._release(_LF_SEP) + data), 0
                 return data, 0
             units = self._chunk(payload)
-            if units == _FOREIGN:
-                data, units = self._foreign(data[:-2], _LF_SEP) + _LF_SEP, 0
-            elif units < 0:
-                if self._held is not None:
+            if units < 0:
+                if units == _FOREIGN:  # not a chunk: forwarded redacted
+                    data, units = self._foreign(data[:-2], _LF_SEP) + _LF_SEP, 0
+                elif self._held is not None:
                     return self._rewritten(self._release(_LF_SEP)), 0
-                return b"", 0
+                else:
+                    return b"", 0
             if self._strip is not None:
                 data = self._stripped() + b"\n\n"
             if self._held is not None or self._unstamped:
@@ -278,24 +278,19 @@ class StreamTap:
         edited = False
         kept: list[bytes] = []
         events = complete.split(sep)
-        last = len(events) - 1
+        trailer = events.pop()  # b"" after the last separator; or line ends alone, or (flush) a cut event
+        if trailer and trailer.strip(b"\r\n"):
+            events.append(trailer)
+            trailer = b""
         failed = self.error is not None
-        trailer = b""
-        for index, event in enumerate(events):
-            if not event or (event[0] in _CR_LF and not event.strip(b"\r\n")):
-                # blank lines more: kept as they came, so an edit leaves the rest as it was
-                if failed:
-                    pass
-                elif index < last:
+        for event in events:
+            if not event:  # a blank line more: kept, so an edit leaves the rest as it came
+                if not failed:
                     kept.append(event)
-                else:
-                    trailer = event
                 continue
             self.events += 1
             if event.startswith(_DATA) and 10 not in event and event != b"data: [DONE]":
                 result = self._chunk(event[6:])  # the common one-line event, inline
-                if result == _FOREIGN:
-                    event, result, edited = self._foreign(event, sep), 0, True
             else:
                 result, replaced = self._inspect(event, sep)
                 if replaced is not None:
@@ -311,6 +306,8 @@ class StreamTap:
                 edited = True
             if result < 0:
                 edited = True
+                if result == _FOREIGN:  # not a chunk: forwarded redacted
+                    kept.append(self._foreign(event, sep))
                 continue
             units += result
             if self._held is not None or self._unstamped:
