@@ -21,7 +21,7 @@ engine wrote it, and recorded as the upstream's failure (status 502, error
 ``aborted``; passive health), not as a success.
 
 Two bounds hold a stream that goes on without end (issue 23): ``max_stream_sec`` (from
-the request's arrival; latgate's own limit, status 504, error ``stream_max_duration``,
+the request's arrival, checked at each read; latgate's own limit, status 504, error ``stream_max_duration``,
 nothing against the upstream's health), and, after the first content, reads that bring
 no content (keep-alive comments, empty deltas) for longer than ``timeout_sec`` since
 the last content: the upstream's failure, as silence is (``stream_timeout``). Either
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -49,6 +50,10 @@ from latgate.proxy.upstream import UpstreamFailure, upstream_errors
 Scope = dict
 Receive = Callable
 Send = Callable
+
+
+class _MaxDuration(Exception):
+    """The stream passed its ``max_stream_sec``."""
 
 
 def max_stream_seconds(config: Config, policy: str | None, provider: str) -> float:
@@ -188,28 +193,32 @@ class StreamRelay:
             if self.head_units:
                 self._first_token(clock())
         failure: str | None = None
-        quiet = self.quiet_seconds
-        ends_at = None
-        if self.max_stream_seconds:
-            ends_at = asyncio.get_running_loop().time() + self.max_stream_seconds - (clock() - ex.received_at)
+        quiet = math.inf if self.quiet_seconds is None else self.quiet_seconds
+        # checked at each read (no timer per stream): a silent upstream is cut by timeout_sec
+        ends_at = ex.received_at + self.max_stream_seconds if self.max_stream_seconds else math.inf
         try:
-            async with asyncio.timeout_at(ends_at):
-                with upstream_errors():
-                    async for data in self.body if not tap.done else _nothing():
-                        out, units = feed(data)
-                        if out:
-                            await send({"type": "http.response.body", "body": out, "more_body": True})
-                            if units:
-                                now = clock()
-                                last = ex.last_token_at
-                                if last is None:
-                                    self._first_token(now)
-                                else:
-                                    observe_gap(now - last)
-                                    ex.last_token_at = now
-                        if tap.error is not None or tap.done:
-                            break  # an in-band error, or the end: stop reading even if the upstream idles on
-                        if not units and quiet is not None and ex.last_token_at is not None and clock() - ex.last_token_at > quiet:
+            with upstream_errors():
+                async for data in self.body if not tap.done else _nothing():
+                    out, units = feed(data)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                        if units:
+                            now = clock()
+                            last = ex.last_token_at
+                            if last is None:
+                                self._first_token(now)
+                            else:
+                                observe_gap(now - last)
+                                ex.last_token_at = now
+                            if now > ends_at:
+                                raise _MaxDuration
+                    if tap.error is not None or tap.done:
+                        break  # an in-band error, or the end: stop reading even if the upstream idles on
+                    if not units:  # keep-alives after content do not hold a stream for ever
+                        now = clock()
+                        if now > ends_at:
+                            raise _MaxDuration
+                        if ex.last_token_at is not None and now - ex.last_token_at > quiet:
                             raise UpstreamFailure("timeout", f"only keep-alives for timeout_sec ({quiet:g} s) after content")
             if tap.error is None and not tap.done:
                 out, units = tap.flush()
@@ -225,10 +234,10 @@ class StreamRelay:
                     failure = self._fail(*unfinished)
                 elif not tap.done and not tap.responses and self.transform is None:
                     await send({"type": "http.response.body", "body": tap.done_event(), "more_body": True})
-        except (UpstreamFailure, TimeoutError) as err:
+        except (UpstreamFailure, _MaxDuration) as err:
             # A partial trailing event is dropped (the SSE spec discards an event cut
             # before its blank line), so the error event below stays a well-formed event.
-            if isinstance(err, TimeoutError):  # max_stream_sec: latgate's own limit
+            if isinstance(err, _MaxDuration):  # max_stream_sec: latgate's own limit
                 failure = self._fail("stream_max_duration", f"{self.max_stream_seconds:g} s", status=504)
             else:
                 failure = self._fail("stream_" + err.kind, str(err))
