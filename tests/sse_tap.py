@@ -3,6 +3,7 @@ order, then a flush at the end of the stream."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from latgate.proxy.sse import StreamTap
@@ -19,3 +20,9 @@ def tap_pieces(pieces: Iterable[bytes], tap: StreamTap) -> tuple[bytes, int]:
     data, n = tap.flush()
     out.append(data)
     return b"".join(out), units + n
+
+
+def as_forwarded(body: bytes) -> bytes:
+    """A well-formed upstream ``body`` as the tap forwards it: each comment line a bare
+    ``:`` (its text, which may echo a key, never reaches a client), all else as it came."""
+    return re.sub(rb"(?m)^:[^\r\n]*", b":", body)

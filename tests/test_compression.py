@@ -6,7 +6,10 @@ provider's clear error. Scripted raw upstreams on loopback (tests/h1_upstreams.p
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import gzip
+import json
 import zlib
 from collections.abc import Callable
 
@@ -28,6 +31,9 @@ from h1_upstreams import (
     stack_on,
 )
 from stack import gateway
+
+from latgate.proxy.decoding import STEP_BYTES, DecodedResponse
+from latgate.proxy.errors import UpstreamFailure
 
 
 def raw_deflate(data: bytes) -> bytes:
@@ -124,18 +130,105 @@ def test_a_bad_compressed_answer_is_a_clear_provider_error(
     logs()
 
 
-def test_a_compression_bomb_stops_at_the_decoded_size_bound(
-    monkeypatch: pytest.MonkeyPatch, logs: Callable[[], None]
+#: a bomb: this many zero bytes, compressed (each coding to a few KiB or less), more
+#: than latgate's former fixed 64 MiB bound
+BOMB_BYTES = 72 * 1024 * 1024
+BOMB_LIMIT = 1024 * 1024  # the max_response_bytes the bomb tests configure
+BOMB_CODINGS = {
+    "gzip": lambda data: gzip.compress(data, 9),
+    "br": lambda data: brotli.compress(data, quality=5),
+    "zstd": lambda data: zstandard.ZstdCompressor(level=3).compress(data),
+}
+
+
+@functools.cache
+def bomb(coding: str) -> bytes:
+    return BOMB_CODINGS[coding](bytes(BOMB_BYTES))
+
+
+async def _bombing(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers model ``bomb-CODING`` (``-stream``: as an event stream) with a bomb in
+    one write, any other model with a plain answer."""
+    while True:
+        request = await up.request(reader)
+        model = json.loads(request.partition(b"\r\n\r\n")[2])["model"]
+        if not model.startswith("bomb-"):
+            writer.write(json_reply())
+        else:
+            coding, _, stream = model.removeprefix("bomb-").partition("-")
+            kind = b"text/event-stream" if stream else b"application/json"
+            head = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-encoding: %s\r\n" % (kind, coding.encode())
+            writer.write(head + b"transfer-encoding: chunked\r\n\r\n" + chunk(bomb(coding)) + b"0\r\n\r\n")
+        await writer.drain()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["answer", "stream"])
+@pytest.mark.parametrize("coding", sorted(BOMB_CODINGS))
+def test_a_compression_bomb_stops_at_max_response_bytes_and_others_go_on(
+    coding: str, stream: bool, logs: Callable[[], None]
 ) -> None:
-    monkeypatch.setattr("latgate.proxy.decoding.MAX_DECODED_BYTES", 1024 * 1024)
-    bomb = gzip.compress(b" " * (8 * 1024 * 1024))  # ~8 KiB that decode to 8 MiB
-    with stack_on(keep_serving(json_reply(bomb, extra=b"content-encoding: gzip\r\n"))) as (_up, v1, _app):
-        response = httpx.post(v1 + "/chat/completions", json=CHAT, timeout=15)
-    assert response.status_code == 502
-    assert "decodes to more than 1048576 bytes" in response.json()["error"]["message"]
-    # latgate's own bound, like max_response_bytes: not retried, not the upstream's failure
-    assert response.json()["error"]["code"] == "response_too_large"
+    with RawUpstream(_bombing) as up:
+        text = (
+            f"[defaults]\nmax_retries = 0\nmax_response_bytes = {BOMB_LIMIT}\n"
+            f'[providers.up]\napi_base = "{up.base_url}"\n'
+        )
+        with gateway(text) as gw:
+
+            async def together() -> list[httpx.Response]:
+                async with httpx.AsyncClient(timeout=60) as client:
+                    model = f"bomb-{coding}" + ("-stream" if stream else "")
+                    bombs = [client.post(gw.v1 + "/chat/completions", json={**CHAT, "model": model, "stream": stream}) for _ in range(3)]
+                    return await asyncio.gather(*bombs, client.post(gw.v1 + "/chat/completions", json=CHAT))
+
+            *bombed, plain = asyncio.run(together())
+            after = httpx.post(gw.v1 + "/chat/completions", json=CHAT, timeout=15)
+    assert plain.status_code == 200 and after.status_code == 200, (plain.text, after.text)
+    for response in bombed:
+        if stream:  # before any content: an error answer; bounded by the decoded size or by one event's
+            assert response.status_code == 502, response.text
+        else:
+            assert response.status_code == 502, response.text
+            error = response.json()["error"]
+            assert f"decodes to more than {BOMB_LIMIT} bytes" in error["message"]  # the configured bound
+            assert error["code"] == "response_too_large"  # latgate's own bound: not the upstream's failure
     logs()
+
+
+class _Reads:
+    """A response whose raw body is ``reads``, one per ``anext``."""
+
+    def __init__(self, reads: list[bytes]) -> None:
+        self.status_code, self.headers = 200, {}
+        self._reads = iter(reads)
+
+    def aiter_raw(self) -> _Reads:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return next(self._reads)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+
+@pytest.mark.parametrize("coding", sorted(BOMB_CODINGS))
+def test_a_bomb_in_one_read_is_decoded_in_bounded_steps_up_to_the_bound(coding: str) -> None:
+    """What decoding a bomb costs is bounded: no read of the decoded body is more than
+    one step, and it stops one step past the bound (bytes produced, not time)."""
+    decoded = DecodedResponse(_Reads([bomb(coding)]), coding, max_decoded_bytes=BOMB_LIMIT)
+
+    async def drain() -> list[int]:
+        sizes: list[int] = []
+        with pytest.raises(UpstreamFailure) as failed:
+            async for piece in decoded:
+                sizes.append(len(piece))
+        assert failed.value.kind == "too_large"
+        return sizes
+
+    sizes = asyncio.run(drain())
+    assert max(sizes) <= STEP_BYTES
+    assert sum(sizes) <= BOMB_LIMIT
+    assert sum(decoder.produced for decoder in decoded._decoders) <= BOMB_LIMIT + STEP_BYTES
 
 
 def test_a_compressed_error_answer_keeps_its_message() -> None:

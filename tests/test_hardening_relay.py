@@ -14,7 +14,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from replay import load_expect, load_stream, split_bytes, stream_fixture_names
-from sse_tap import tap_pieces
+from sse_tap import as_forwarded, tap_pieces
 
 from latgate.metrics import Metrics
 from latgate.proxy.exchange import Exchange
@@ -126,7 +126,7 @@ def test_relay_forwards_the_same_bytes_and_counts_for_any_split(case: tuple[str,
     name, pieces = case
     forwarded, exchange, closes, _ = asyncio.run(run_relay(pieces))
     expect = load_expect(name)
-    whole = b"".join(pieces)
+    whole = as_forwarded(b"".join(pieces))
     assert forwarded == (whole if expect.done else whole + b"data: [DONE]" + (b"\r\n\r\n" if b"\r\n" in whole else b"\n\n"))
     assert exchange.status == 200 and exchange.finished and closes == 1
     if expect.usage:

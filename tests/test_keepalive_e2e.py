@@ -83,8 +83,9 @@ def test_a_silent_prefill_gets_the_head_then_keep_alives_then_the_stream_unchang
 
 
 def test_upstream_comments_are_passed_on_as_they_come() -> None:
-    comment = b": OPENROUTER PROCESSING\n\n"
-    script = silent(comment, STREAM, hold_after_pieces=1)
+    upstream_comment = b": OPENROUTER PROCESSING\n\n"
+    comment = b":\n\n"  # as forwarded: a bare comment, the upstream's text never reaches a client
+    script = silent(upstream_comment, STREAM, hold_after_pieces=1)
     with replay_server(script) as up, gateway(config(up.base_url)) as gw:
         with httpx.stream("POST", gw.v1 + "/chat/completions", json=CHAT, timeout=10) as r:
             received = b""

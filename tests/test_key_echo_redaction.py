@@ -20,7 +20,7 @@ from completions import content
 from h1_upstreams import SSE_HEAD, RawUpstream, chunk, config, json_reply
 from stack import gateway
 
-from latgate.proxy.redact import MIN_KEY_PREFIX_CHARS
+from latgate.proxy.redact import MIN_KEY_RUN_CHARS
 
 #: a base64-style key: ``/`` and ``+`` in it, as Azure and self-hosted gateways issue
 KEY = "AbCdEf/GhIjKl+MnOpQr1234=="
@@ -95,8 +95,8 @@ def _decoded(text: str) -> str:
 
 def _assert_no_key(text: str, key: str = KEY) -> None:
     decoded = _decoded(text)
-    assert key[:MIN_KEY_PREFIX_CHARS] not in decoded, decoded
-    assert slash_escaped(key[:MIN_KEY_PREFIX_CHARS]) not in decoded, decoded
+    assert key[:MIN_KEY_RUN_CHARS] not in decoded, decoded
+    assert slash_escaped(key[:MIN_KEY_RUN_CHARS]) not in decoded, decoded
     assert "bad key" in decoded, decoded  # the upstream's own words stay
 
 
@@ -104,7 +104,7 @@ def _assert_clean_logs(caplog: pytest.LogCaptureFixture) -> None:
     lines = [r.getMessage() for r in caplog.records if r.name.startswith(("latgate", "uvicorn"))]
     assert any(r.name == "latgate.access" for r in caplog.records)
     for line in lines:
-        assert KEY[:MIN_KEY_PREFIX_CHARS] not in line and slash_escaped(KEY[:MIN_KEY_PREFIX_CHARS]) not in line, line
+        assert KEY[:MIN_KEY_RUN_CHARS] not in line and slash_escaped(KEY[:MIN_KEY_RUN_CHARS]) not in line, line
 
 
 def _post(v1: str, api: str, mode: str, *, stream: bool) -> httpx.Response:

@@ -209,22 +209,48 @@ class Gateway:
         exchange.finish(self.metrics)
         return exchange.request_id
 
-    def models(self) -> Response:
+    def models(self, caller: Caller | None = None) -> Response:
         """``GET /v1/models``: the union of providers' models and aliases (OpenAI list
         shape), each the engine's own model object where an engine reported one
-        (``max_model_len``, ``created``... kept: :mod:`latgate.providers.catalog`)."""
+        (``max_model_len``, ``created``... kept: :mod:`latgate.providers.catalog`);
+        with a ``caller`` whose key has a model allow-list, only the models it may use."""
         catalogs = self._catalogs()
-        if not catalogs:
+        scoped = caller is not None and caller.models is not None
+        if not catalogs and not scoped:
             return Response(self.models_body, media_type="application/json")
-        data = [self._model_object(name, catalogs) for name in self.config.public_models()]
+        names = self.config.public_models()
+        if scoped:
+            names = [name for name in names if caller.may_use(name)]  # type: ignore[union-attr]
+        data = [self._model_object(name, catalogs) for name in names]
         return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
 
-    def model(self, model_id: str) -> Response:
-        """``GET /v1/models/{id}``: one model object, or a 404 envelope."""
-        if model_id in self.config.public_models() or self.router.serves(model_id):
+    def model(self, model_id: str, caller: Caller | None = None) -> Response:
+        """``GET /v1/models/{id}``: one model object, or a 404 envelope (also for a
+        model the ``caller``'s key may not use: it is not shown to exist)."""
+        usable = caller is None or caller.may_use(model_id)
+        if usable and (model_id in self.config.public_models() or self.router.serves(model_id)):
             return Response(orjson.dumps(self._model_object(model_id, self._catalogs())), media_type="application/json")
         error = NotFound(self.router.not_found_message(model_id), param="model", code="model_not_found")
+        if caller is not None and caller.models is not None:
+            error = self.scoped_error(error, caller, model=model_id, route_to=None)
         return error_response(error, request_id=request_id(None))
+
+    def scoped_error(self, error: GatewayError, caller: Caller, *, model: str | None, route_to: str | None) -> GatewayError:
+        """``error`` as a key with a model allow-list may see it: a 404
+        ``model_not_found`` lists only the models it may use, an ``X-Route-To`` 400
+        only the providers serving them (``model``: the name asked for; ``route_to``:
+        the header's value). Any other error as it is."""
+        usable = [name for name in self.config.public_models() if caller.may_use(name)]
+        if error.code == "model_not_found":
+            shown = "none" if not usable else ", ".join(usable)
+            return NotFound(f"model {model!r} is not served here; models this key may use: {shown}", param="model", code="model_not_found")
+        if error.param == "X-Route-To" and route_to is not None:
+            providers = [name for name in self.config.providers if any(name in self.router.serving_providers(m) for m in usable)]
+            return InvalidRequest(
+                f"X-Route-To names unknown provider {route_to.strip()[:64]!r}; providers this key may use: {', '.join(providers) or 'none'}",
+                param="X-Route-To",
+            )
+        return error
 
 
     def _catalogs(self) -> list[dict[str, dict[str, Any]]]:

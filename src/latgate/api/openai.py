@@ -15,11 +15,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from latgate.api.body import require
+from latgate.api.body import error_response, require
 from latgate.api.serve import Api, Forward, Prepare
 from latgate.auth import Caller
-from latgate.gateway import Gateway
+from latgate.errors import GatewayError
+from latgate.gateway import Gateway, request_id
 from latgate.proxy.exchange import Exchange
+from latgate.routing.headers import refuse_duplicate_headers
 
 PREFIXES = ("/v1", "")
 
@@ -68,11 +70,27 @@ EMBEDDINGS = _openai_api(
 )
 
 
+def _model_caller(request: Request) -> Caller | None:
+    """The key of a model-list request (``None`` without ``[auth]``: the app let only
+    a valid key through); a header latgate acts on sent twice is refused (400)."""
+    refuse_duplicate_headers(request.scope["headers"])
+    guard = request.app.state.gateway.guard
+    return None if guard is None else guard.authenticate(request.headers)
+
+
 async def list_models(request: Request) -> Response:
-    """``GET /v1/models``: see :meth:`Gateway.models`."""
-    return request.app.state.gateway.models()
+    """``GET /v1/models``: see :meth:`Gateway.models` (only the models the key may use)."""
+    try:
+        caller = _model_caller(request)
+    except GatewayError as error:
+        return error_response(error, request_id=request_id(None))
+    return request.app.state.gateway.models(caller)
 
 
 async def get_model(request: Request) -> Response:
-    """``GET /v1/models/{id}``: see :meth:`Gateway.model`."""
-    return request.app.state.gateway.model(request.path_params["model_id"])
+    """``GET /v1/models/{id}``: see :meth:`Gateway.model` (404 for a model the key may not use)."""
+    try:
+        caller = _model_caller(request)
+    except GatewayError as error:
+        return error_response(error, request_id=request_id(None))
+    return request.app.state.gateway.model(request.path_params["model_id"], caller)

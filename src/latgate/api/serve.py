@@ -39,6 +39,7 @@ from latgate.gateway import MAX_LOGGED_MODEL_CHARS, REFUSING_DEEP_NESTING, Gatew
 from latgate.proxy.exchange import CLIENT_CLOSED, Exchange, is_drain_cut
 from latgate.proxy.transform import ResponseTransform
 from latgate.routing.decision import RouteDecision
+from latgate.routing.headers import refuse_duplicate_headers
 from latgate.scope_keys import TIMEOUT_SCOPE_KEY
 
 log = logging.getLogger("latgate")
@@ -128,6 +129,7 @@ async def serve(gateway: Gateway, api: Api, request: Request) -> Any:
     exchange = gateway.new_exchange(request, path=api.name)
     try:
         guard, caller = gateway.guard, None
+        refuse_duplicate_headers(request.scope["headers"])
         if guard is not None:
             caller = guard.authenticate(request.headers)
             if caller.rpm is not None:
@@ -158,6 +160,8 @@ async def serve(gateway: Gateway, api: Api, request: Request) -> Any:
         )
         return await until_client_leaves(request, forwarded)
     except GatewayError as error:
+        if caller is not None and caller.models is not None:
+            error = gateway.scoped_error(error, caller, model=exchange.public_model, route_to=request.headers.get("x-route-to"))
         if caller is not None and caller.rpm is not None and not exchange.limits_charged:
             await charge_refused_request(gateway.guard, caller, error)  # type: ignore[arg-type]
         return refuse(gateway, api, exchange, error)

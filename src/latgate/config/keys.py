@@ -62,6 +62,7 @@ PROVIDER_KEYS = (
     "timeout_sec",
     "max_connections",
     "first_token_keepalive_sec",
+    "max_stream_sec",  # (sec, issue 23)
     "hints",
     "api_base_exact",
     "proxy",
@@ -331,6 +332,7 @@ NUMBER_EXAMPLES: dict[str, int] = {
     "first_token_timeout_sec": 30,
     "max_connections": 256,
     "first_token_keepalive_sec": 15,
+    "max_stream_sec": 3600,  # (sec, issue 23)
     "latency_threshold_ms": 200,
     "latency_budget_ms": 200,
     "long_context_threshold": 16384,

@@ -104,6 +104,9 @@ class DefaultsConfig(Frozen):
     #: a stream still without content this long has its 200 head sent and an SSE
     #: keep-alive every as long until content (0: off; see latgate.proxy.keepalive)
     first_token_keepalive_sec: float = Field(default=15.0, ge=0)
+    #: (sec, issue 23) the longest a stream may last in all, from the request's arrival
+    #: (0: no bound; see latgate.proxy.relay)
+    max_stream_sec: float = Field(default=3600.0, ge=0)
 
 
 class EndpointConfig(Frozen):
@@ -160,6 +163,7 @@ class ProviderConfig(Frozen):
     timeout_sec: float | None = Field(default=None, gt=0)
     max_connections: int | None = Field(default=None, gt=0)
     first_token_keepalive_sec: float | None = Field(default=None, ge=0)
+    max_stream_sec: float | None = Field(default=None, ge=0)  # (sec, issue 23)
     hints: dict[str, object] = Field(default_factory=dict)
     api_base_exact: bool = Field(default=False, strict=True)
     proxy: str | Literal[False] | None = None
@@ -182,6 +186,7 @@ class PolicyConfig(Frozen):
     latency_budget_ms: int | None = Field(default=None, gt=0)
     hedge: bool = False
     first_token_keepalive_sec: float | None = Field(default=None, ge=0)
+    max_stream_sec: float | None = Field(default=None, ge=0)  # (sec, issue 23)
 
 
 STRATEGIES = ("latgate", "round_robin", "least_outstanding", "rules")

@@ -29,7 +29,7 @@ from latgate.proxy.exchange import Exchange
 from latgate.proxy.failures import NO_FIRST_TOKEN, Failures, aborted_answer, provider_secrets
 from latgate.proxy.hedge import LostRace, Race
 from latgate.proxy.prelude import KeepalivePrelude
-from latgate.proxy.relay import StreamRelay
+from latgate.proxy.relay import StreamRelay, max_stream_seconds
 from latgate.proxy.sse import StreamTap
 from latgate.proxy.stream_start import StreamStart
 from latgate.proxy.transform import ResponseTransform, UntranslatableAnswer
@@ -139,6 +139,7 @@ class AttemptSender:
                 model_rewrite=model_rewrite(body, target),
                 max_event_bytes=self.config.defaults.max_event_bytes,
                 text_error=provider.connector.text_error,
+                secrets=provider_secrets(provider),
             )
         stack = contextlib.AsyncExitStack()
         if plan.reserved and endpoint is plan.endpoint:  # counted in flight from here on
@@ -171,6 +172,7 @@ class AttemptSender:
                         url=url, payload=attempt.payload, headers=headers, read_timeout_seconds=provider.config.timeout_sec,
                         egress=provider.egress, group=provider.name,
                         max_connections=provider.config.max_connections or self.config.defaults.max_connections,
+                        max_decoded_bytes=self.config.defaults.max_response_bytes,
                     )  # fmt: skip
             except TimeoutError:
                 ticket.censored = True
@@ -293,6 +295,8 @@ class AttemptSender:
             on_upstream_failure=lambda kind: self.pool.record_outcome(provider, endpoint, ok=False),
             transform=transform,
             secrets=provider_secrets(provider),
+            max_stream_seconds=max_stream_seconds(self.config, attempt.routed.decision.policy, provider.name),
+            quiet_seconds=self._timeout_seconds(provider),
         )
 
     async def _complete(self, attempt: Attempt, response: Any, ticket: Ticket, *, whole_by: float) -> Answer:

@@ -17,7 +17,8 @@ class ChunkTemplate:
     unit, with no usage and no error, like the chunk the template came from.
 
     The body test is conservative: no ``"`` at all (an escaped quote sends the chunk
-    to the parser) and no trailing backslash (which could escape the closing quote).
+    to the parser), no CR (which JSON forbids there and a client's SSE parser reads
+    as a line end) and no trailing backslash (which could escape the closing quote).
     Its escapes and UTF-8 are not checked: a chunk of this shape whose text is not
     valid JSON counts as content (forwarded as it is either way), where a parse would
     count nothing. Chunks that also change elsewhere (a per-chunk ``created``, a random
@@ -34,7 +35,7 @@ class ChunkTemplate:
         if not (payload.startswith(self.head) and payload.endswith(self.tail)):
             return False
         text = payload[self._head_len : len(payload) - self._tail_len]
-        return bool(text) and 34 not in text and text[-1] != 92  # 34: a quote, 92: a backslash
+        return bool(text) and 34 not in text and 13 not in text and text[-1] != 92  # a quote, a CR, a backslash
 
     @classmethod
     def of(cls, payload: bytes, delta: dict[str, Any]) -> ChunkTemplate | None:

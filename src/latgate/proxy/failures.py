@@ -41,7 +41,7 @@ from latgate.errors import (
 )
 from latgate.metrics import Metrics
 from latgate.providers import EndpointRuntime, ProviderPool, ProviderRuntime
-from latgate.proxy.redact import redact, redact_json, redact_text
+from latgate.proxy.redact import redact, redact_json, redact_text, upstream_label
 from latgate.proxy.upstream import (
     SAME_ORIGIN_REDIRECTS,
     UpstreamFailure,
@@ -369,8 +369,8 @@ def upstream_error(provider: ProviderRuntime, status: int, data: bytes) -> Gatew
             return UpstreamClientError(err, status=status)
         if isinstance(err, dict):
             message = err.get("message") or err.get("detail")
-            err_type = str(err.get("type") or err_type)
-            code = err.get("code") if isinstance(err.get("code"), str) else None
+            err_type = upstream_label(err.get("type")) or err_type  # the access log's and /ui's error kind:
+            code = upstream_label(err.get("code"))  # bounded, no control characters
             param = err.get("param") if isinstance(err.get("param"), str) else None
         elif isinstance(err, str):
             message = err

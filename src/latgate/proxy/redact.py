@@ -1,29 +1,49 @@
 """Removing what must never reach a client from upstream text: internal URLs and
 addresses, bearer tokens, the provider's own key (an upstream may echo what it was
-sent), anything else that looks like a key, and stack traces.
+sent), anything else that looks like a key, and stack traces; and bounding it.
 
-The provider's key is found in every form an upstream may write it in: as is, with
-any of its characters JSON-escaped (``\\/`` as PHP's ``json_encode`` and several Java
-encoders write ``/``, ``\\u002f``, ``\\"``; escaped once more inside an embedded JSON
-string), percent-encoded (``%2F``), and cut short: any prefix of at least
-:data:`MIN_KEY_PREFIX_CHARS` characters (``Incorrect API key provided: sk-proj-AbCd...``).
-A key shorter than that is redacted only where it stands as a word of its own, so a
-one-character key does not blank out every word holding that letter. Used on error
-paths only (an error status's body, an error event), never per chunk.
+The provider's key is found in every form an upstream may write it in, and in any
+piece of it: any run of at least :data:`MIN_KEY_RUN_CHARS` consecutive characters of
+the key (a prefix ``Incorrect API key provided: sk-proj-AbCd...``, its last 12
+characters ``...1a2B3c4D5e6F``, a run from inside it), matched case-insensitively
+(``SK-PROJ-ABCD``) after reading the text as a client would show it: JSON escapes
+(``\\/`` as PHP's ``json_encode`` and several Java encoders write ``/``,
+``\\u002f``, ``\\"``; escaped once more inside an embedded JSON string),
+percent-encoding (``%2F``), HTML character references (``&#115;``, ``&#x6b;``,
+``&sol;``) decoded, Unicode NFKC applied (fullwidth ``ｓｋ`` is ``sk``), and
+whitespace and zero-width characters (U+200B-U+200D, U+2060, U+FEFF, a soft hyphen)
+between the characters dropped (``s k - p r o j``). The whole run found is replaced,
+with whatever escapes, spaces or entities it was written with. A key shorter than
+:data:`MIN_KEY_RUN_CHARS` is redacted only where it stands whole as a word of its
+own, so a one-character key does not blank out every word holding that letter.
+
+Used on error paths and on stream bytes that are not chunks only, never per chunk;
+the common case (ASCII text without ``\\``, ``%`` or ``&``) is read with string
+methods, not character by character.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
+import html.entities
 import re
+import unicodedata
 from typing import Any
 
 from latgate.config.masking import mask_secrets
 
 REDACTED = "<redacted>"
-#: the shortest prefix of the provider's key that is redacted when an upstream echoes it
-#: (enough to narrow a key search; vendor prefixes such as ``sk-proj-`` are this long)
-MIN_KEY_PREFIX_CHARS = 8
+#: the shortest run of the provider's key's characters that is redacted where an
+#: upstream echoes it: long enough that it does not occur by chance in a message (a
+#: random 8-character run of a 62-letter alphabet is one in 2e14), short enough to
+#: cover a vendor prefix shown alone (``sk-proj-``) and a key's last 12 characters
+MIN_KEY_RUN_CHARS = 8
+#: the longest upstream-authored text (a message) shown to a client, in characters
+MAX_UPSTREAM_TEXT_CHARS = 2048
+#: the longest upstream-provided label (an error ``code`` or ``type``) kept for the
+#: access log and ``/ui``, in characters
+MAX_UPSTREAM_LABEL_CHARS = 64
 
 _URL = re.compile(r"https?://[^\s\"'<>]+")
 _BEARER = re.compile(r"(?i)bearer\s+[^\s\"',;]+")
@@ -34,60 +54,186 @@ _ADDRESS = re.compile(
 )
 #: where a Python traceback starts: it and all that follows are dropped from a message
 _TRACEBACK = "Traceback (most recent call last)"
+#: characters that take no room between a key's characters
+_INVISIBLE = "\u00ad\u180e\u200b\u200c\u200d\u2060\ufeff"
+#: one unit of text as a client would read it: an escape or reference (one character),
+#: a run of whitespace or invisible characters (none), a run of plain ASCII (itself),
+#: or any other single character (NFKC'd)
+_UNIT = re.compile(
+    r"(?P<json>\\+u[0-9A-Fa-f]{4}|\\+[/\"\\nrtbf])"
+    r"|(?P<pct>%[0-7][0-9A-Fa-f])"
+    r"|(?P<ref>&#[0-9]{1,7};|&#[xX][0-9A-Fa-f]{1,6};|&[A-Za-z][A-Za-z0-9]{1,31};)"
+    rf"|(?P<gap>[\s{_INVISIBLE}]+)"
+    r"|(?P<run>[!-$'-\[\]-~]+)"
+    r"|(?P<other>.)",
+    re.DOTALL,
+)
+#: the escapes and references of :data:`_UNIT`, alone (a quick first reading)
+_ESCAPE = re.compile(_UNIT.pattern.split("|(?P<gap>")[0])
+_NO_INVISIBLE = dict.fromkeys(map(ord, _INVISIBLE))
+_JSON_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "b": "\b", "f": "\f"}
+#: control characters (C0 but tab and newline, DEL, C1) and bidirectional overrides
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_LABEL_OTHER = re.compile(r"[^A-Za-z0-9_.:/-]+")
 
 
-def _hex_either_case(value: str) -> str:
-    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in value)
+def _decoded_unit(match: re.Match[str]) -> str:
+    """The character an escape or reference stands for ("" for whitespace)."""
+    kind, text = match.lastgroup, match.group()
+    if kind == "json":
+        tail = text.lstrip("\\")
+        char = chr(int(tail[1:], 16)) if tail[0] == "u" and len(tail) == 5 else _JSON_ESCAPES.get(tail, tail)
+    elif kind == "pct":
+        char = chr(int(text[1:], 16))
+    elif text.startswith("&#"):
+        code = int(text[3:-1], 16) if text[2] in "xX" else int(text[2:-1])
+        char = chr(code) if code < 0x110000 else ""
+    else:
+        char = html.entities.html5.get(text[1:], text)
+    return _folded_char(char) if len(char) == 1 else char.lower()
 
 
-@functools.lru_cache(maxsize=256)
-def _char_forms(char: str) -> str:
-    """A pattern matching ``char`` as written, JSON-escaped (``\\uXXXX``, and ``\\/``
-    ``\\"`` ``\\\\`` for those three; with any number of backslashes, for JSON inside a
-    JSON string) or percent-encoded."""
-    code = ord(char)
-    forms = [re.escape(char), r"(?:\\)+u" + _hex_either_case(f"{code:04x}")]
-    if char in '/"\\':
-        forms.append(r"(?:\\)+" + re.escape(char))
-    if code < 0x80:
-        forms.append("%" + _hex_either_case(f"{code:02x}"))
-    return "(?:" + "|".join(forms) + ")"
+def _folded_char(char: str) -> str:
+    if char.isspace() or char in _INVISIBLE:
+        return ""
+    return unicodedata.normalize("NFKC", char).lower()
+
+
+def _quick_fold(text: str) -> str:
+    """``text`` folded as :func:`_fold` does, without the map back (NFKC over the whole
+    text at once): whether a key can be in it at all, at the speed of string methods."""
+    if not (text.isascii() and "\\" not in text and "%" not in text and "&" not in text):
+        text = unicodedata.normalize("NFKC", _ESCAPE.sub(_decoded_unit, text)).translate(_NO_INVISIBLE)
+    return "".join(text.lower().split())
+
+
+def _fold(text: str) -> tuple[str, list[int], list[int], list[int]]:
+    """``text`` as it is compared with a key: escapes and references decoded, NFKC,
+    lower case, whitespace and invisible characters dropped. Returns ``(folded,
+    starts, origins, ends)``: folded piece ``i`` begins at ``starts[i]`` in ``folded``
+    and came from ``text[origins[i]:ends[i]]``; a plain run maps character for
+    character (``ends[i] == -1``)."""
+    starts, origins, ends, folded = [], [], [], []
+    at = 0
+    for match in _UNIT.finditer(text):
+        kind = match.lastgroup
+        if kind == "gap":
+            continue
+        if kind == "run":
+            piece, end = match.group().lower(), -1
+        elif kind == "other":
+            piece, end = _folded_char(match.group()), match.end()
+        else:
+            piece, end = _decoded_unit(match), match.end()
+        if not piece:
+            continue
+        starts.append(at)
+        origins.append(match.start())
+        ends.append(end)
+        folded.append(piece)
+        at += len(piece)
+    return "".join(folded), starts, origins, ends
+
+
+def _original_span(index: tuple[list[int], list[int], list[int]], first: int, last: int) -> tuple[int, int]:
+    """The span of the original text that folded characters ``first..last`` came from."""
+    starts, origins, ends = index
+    i = bisect.bisect_right(starts, first) - 1
+    j = bisect.bisect_right(starts, last) - 1
+    begin = origins[i] + (first - starts[i] if ends[i] < 0 else 0)
+    end = origins[j] + (last - starts[j] + 1) if ends[j] < 0 else ends[j]
+    return begin, end
 
 
 @functools.lru_cache(maxsize=16)  # one or two keys per provider
-def _key_patterns(secret: str) -> tuple[re.Pattern[str], tuple[re.Pattern[str], ...]]:
-    """(the pattern of the key's shortest redacted prefix, one pattern per further
-    character): a match of the first, extended as far as the rest of the key goes."""
-    if len(secret) < MIN_KEY_PREFIX_CHARS:  # a short key: only as a word of its own
-        whole = "".join(_char_forms(c) for c in secret)
-        return re.compile(rf"(?<![A-Za-z0-9]){whole}(?![A-Za-z0-9])"), ()
-    head = "".join(_char_forms(c) for c in secret[:MIN_KEY_PREFIX_CHARS])
-    rest = tuple(re.compile(_char_forms(c)) for c in secret[MIN_KEY_PREFIX_CHARS:])
-    return re.compile(head), rest
+def _folded_key(secret: str) -> str:
+    return _fold(secret)[0]
+
+
+def _key_runs(folded: str, key: str) -> list[tuple[int, int]]:
+    """The maximal runs (first, last folded index) of ``folded`` that are runs of
+    ``key`` of at least :data:`MIN_KEY_RUN_CHARS` characters, merged."""
+    found: list[tuple[int, int]] = []
+    width = MIN_KEY_RUN_CHARS
+    for k in range(len(key) - width + 1):
+        gram = key[k : k + width]
+        at = folded.find(gram)
+        while at >= 0:
+            back = 0
+            while back < k and at - back > 0 and folded[at - back - 1] == key[k - back - 1]:
+                back += 1
+            end = at + width
+            while end < len(folded) and k + end - at < len(key) and folded[end] == key[k + end - at]:
+                end += 1
+            found.append((at - back, end - 1))
+            at = folded.find(gram, end)
+    found.sort()
+    merged: list[tuple[int, int]] = []
+    for first, last in found:
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    return merged
 
 
 def redact_key(text: str, secret: str) -> str:
-    """``text`` with every echo of ``secret`` (in any form the module docstring names,
-    whole or a prefix of :data:`MIN_KEY_PREFIX_CHARS` or more characters) replaced by
-    ``<redacted>``."""
-    if not secret:
+    """``text`` with every echo of ``secret`` (any run of :data:`MIN_KEY_RUN_CHARS` or
+    more of its characters, in any form the module docstring names) replaced by
+    ``<redacted>``; a shorter key only where it stands whole as a word."""
+    key = _folded_key(secret) if secret else ""
+    if not key:
         return text
-    head, rest = _key_patterns(secret)
+    quick = _quick_fold(text)
+    if len(key) < MIN_KEY_RUN_CHARS:
+        if key not in quick:
+            return text
+    elif not any(key[k : k + MIN_KEY_RUN_CHARS] in quick for k in range(len(key) - MIN_KEY_RUN_CHARS + 1)):
+        return text  # the common case: no piece of the key anywhere
+    folded, *index = _fold(text)
+    if len(key) < MIN_KEY_RUN_CHARS:
+        runs = []
+        at = folded.find(key)
+        while at >= 0:
+            runs.append((at, at + len(key) - 1))
+            at = folded.find(key, at + len(key))
+    else:
+        runs = _key_runs(folded, key)
     pieces: list[str] = []
     pos = 0
-    while (match := head.search(text, pos)) is not None:
-        end = match.end()
-        for char in rest:
-            more = char.match(text, end)
-            if more is None:
-                break
-            end = more.end()
-        pieces += (text[pos : match.start()], REDACTED)
+    for first, last in runs:
+        begin, end = _original_span((index[0], index[1], index[2]), first, last)
+        if len(key) < MIN_KEY_RUN_CHARS and (_word_char(text, begin - 1) or _word_char(text, end)):
+            continue
+        pieces += (text[pos:begin], REDACTED)
         pos = end
     if not pieces:
         return text
     pieces.append(text[pos:])
     return "".join(pieces)
+
+
+def _word_char(text: str, at: int) -> bool:
+    return 0 <= at < len(text) and text[at].isascii() and text[at].isalnum()
+
+
+def bounded_text(text: str, limit: int = MAX_UPSTREAM_TEXT_CHARS) -> str:
+    """Upstream text made safe to show or log: control characters (but tab and
+    newline) and bidirectional overrides removed, cut to ``limit`` characters
+    (``...`` marks a cut)."""
+    text = _CONTROL.sub("", text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def upstream_label(value: object, secrets: tuple[bytes, ...] = ()) -> str | None:
+    """An upstream's error ``code`` or ``type`` as the access log and ``/ui`` show it:
+    ``None`` unless a non-empty string; redacted (:func:`redact_text`), every run of
+    characters other than letters, digits and ``_.:/-`` made one ``_``, cut to
+    :data:`MAX_UPSTREAM_LABEL_CHARS`."""
+    if not isinstance(value, str) or not value:
+        return None
+    label = _LABEL_OTHER.sub("_", redact_text(value[: MAX_UPSTREAM_TEXT_CHARS], secrets))
+    return label[:MAX_UPSTREAM_LABEL_CHARS] or None
 
 
 def _redact_str(text: str, secrets: tuple[bytes, ...]) -> str:
@@ -111,12 +257,13 @@ def redact(data: bytes, secrets: tuple[bytes, ...] = ()) -> bytes:
 def redact_text(text: str, secrets: tuple[bytes, ...] = ()) -> str:
     """An upstream-authored message as a client may see it: :func:`redact`, then every
     word that looks like a key masked (:func:`latgate.config.masking.mask_secrets`,
-    ``sk-proj-...`` -> ``sk-***``), and a Python traceback and all after it replaced by
-    ``(traceback removed)``."""
+    ``sk-proj-...`` -> ``sk-***``), a Python traceback and all after it replaced by
+    ``(traceback removed)``, and bounded (:func:`bounded_text`)."""
+    text = text[: MAX_UPSTREAM_TEXT_CHARS + 1]  # no more is shown: no more is read (a key cut here is a run still)
     cut = text.find(_TRACEBACK)
     if cut >= 0:
         text = text[:cut].rstrip() + " (traceback removed)"
-    return mask_secrets(_redact_str(text, secrets))
+    return bounded_text(mask_secrets(_redact_str(text, secrets)))
 
 
 #: how deep :func:`redact_json` goes into an error object; anything deeper is dropped

@@ -19,17 +19,26 @@ silently truncated answer (the OpenAI Python SDK raises ``APIError`` on such an 
 A stream the engine itself ended with ``finish_reason: "abort"`` is relayed as the
 engine wrote it, and recorded as the upstream's failure (status 502, error
 ``aborted``; passive health), not as a success.
+
+Two bounds hold a stream that goes on without end (issue 23): ``max_stream_sec`` (from
+the request's arrival, checked at each read; latgate's own limit, status 504, error ``stream_max_duration``,
+nothing against the upstream's health), and, after the first content, reads that bring
+no content (keep-alive comments, empty deltas) for longer than ``timeout_sec`` since
+the last content: the upstream's failure, as silence is (``stream_timeout``). Either
+ends the stream with an error event in the route's envelope and no ``[DONE]``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 
 import orjson
 
+from latgate.config.schema import Config
 from latgate.metrics import Metrics
 from latgate.proxy.exchange import CLIENT_CLOSED, DRAIN_CUT_STATUS, Exchange, is_drain_cut
 from latgate.proxy.redact import redact_text
@@ -41,6 +50,20 @@ from latgate.scope_keys import TIMEOUT_SCOPE_KEY
 Scope = dict
 Receive = Callable
 Send = Callable
+
+
+class _MaxDuration(Exception):
+    """The stream passed its ``max_stream_sec``."""
+
+
+def max_stream_seconds(config: Config, policy: str | None, provider: str) -> float:
+    """The stream's ``max_stream_sec``: its route policy's, else the provider's, else
+    ``[defaults]``'s (seconds; 0: no bound)."""
+    chosen = config.routing.policies.get(policy) if policy else None
+    if chosen is not None and chosen.max_stream_sec is not None:
+        return chosen.max_stream_sec
+    own = config.providers[provider].max_stream_sec
+    return config.defaults.max_stream_sec if own is None else own
 
 
 def error_event(message: str, *, code: str = "upstream_error") -> bytes:
@@ -67,6 +90,10 @@ class StreamRelay:
         transform: converts forwarded events to another dialect (see
             :mod:`latgate.proxy.transform`); ``None`` relays bytes untouched.
         secrets: the provider's key, redacted from any upstream error text.
+        max_stream_seconds: the longest the stream may last from the request's arrival
+            (0: no bound).
+        quiet_seconds: after content, the longest reads may bring no content
+            (``timeout_sec``; ``None``: no bound).
 
     ``head_sent`` is set when the response head already went out (with keep-alives,
     :mod:`latgate.proxy.keepalive`): the relay then sends the body only.
@@ -86,6 +113,8 @@ class StreamRelay:
         on_upstream_failure: Callable[[str], None],
         transform: ResponseTransform | None = None,
         secrets: tuple[bytes, ...] = (),
+        max_stream_seconds: float = 0.0,
+        quiet_seconds: float | None = None,
     ) -> None:
         self.headers = headers
         self.head = head
@@ -98,6 +127,8 @@ class StreamRelay:
         self.on_upstream_failure = on_upstream_failure
         self.transform = transform
         self.secrets = secrets
+        self.max_stream_seconds = max_stream_seconds
+        self.quiet_seconds = quiet_seconds
         self._gaps: list[float] = []  # seconds between consecutive reads that carried content
         self.head_sent = False
 
@@ -162,6 +193,9 @@ class StreamRelay:
             if self.head_units:
                 self._first_token(clock())
         failure: str | None = None
+        quiet = math.inf if self.quiet_seconds is None else self.quiet_seconds
+        # checked at each read (no timer per stream): a silent upstream is cut by timeout_sec
+        ends_at = ex.received_at + self.max_stream_seconds if self.max_stream_seconds else math.inf
         try:
             with upstream_errors():
                 async for data in self.body if not tap.done else _nothing():
@@ -176,8 +210,16 @@ class StreamRelay:
                             else:
                                 observe_gap(now - last)
                                 ex.last_token_at = now
+                            if now > ends_at:
+                                raise _MaxDuration
                     if tap.error is not None or tap.done:
                         break  # an in-band error, or the end: stop reading even if the upstream idles on
+                    if not units:  # keep-alives after content do not hold a stream for ever
+                        now = clock()
+                        if now > ends_at:
+                            raise _MaxDuration
+                        if ex.last_token_at is not None and now - ex.last_token_at > quiet:
+                            raise UpstreamFailure("timeout", f"only keep-alives for timeout_sec ({quiet:g} s) after content")
             if tap.error is None and not tap.done:
                 out, units = tap.flush()
                 if out:
@@ -192,10 +234,13 @@ class StreamRelay:
                     failure = self._fail(*unfinished)
                 elif not tap.done and not tap.responses and self.transform is None:
                     await send({"type": "http.response.body", "body": tap.done_event(), "more_body": True})
-        except UpstreamFailure as err:
+        except (UpstreamFailure, _MaxDuration) as err:
             # A partial trailing event is dropped (the SSE spec discards an event cut
             # before its blank line), so the error event below stays a well-formed event.
-            failure = self._fail("stream_" + err.kind, str(err))
+            if isinstance(err, _MaxDuration):  # max_stream_sec: latgate's own limit
+                failure = self._fail("stream_max_duration", f"{self.max_stream_seconds:g} s", status=504)
+            else:
+                failure = self._fail("stream_" + err.kind, str(err))
             held = tap.release_held()
             if held:
                 await send({"type": "http.response.body", "body": held, "more_body": True})
@@ -238,11 +283,14 @@ class StreamRelay:
             await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    def _fail(self, kind: str, detail: str) -> str:
-        """Record a mid-stream upstream failure; returns the message for the client."""
+    def _fail(self, kind: str, detail: str, *, status: int = 502) -> str:
+        """Record a mid-stream failure (``status`` for the access log); returns the
+        message for the client."""
         ex = self.exchange
         ex.error_kind = kind
-        ex.status = 502
+        ex.status = status
+        if kind == "stream_max_duration":  # the stream's own bound: nothing the upstream did
+            return f"the stream reached max_stream_sec ({detail}); the response is incomplete"
         if kind != "stream_too_large":  # latgate's own limit: not the upstream's failure
             self.on_upstream_failure(kind)
         self.metrics.record_upstream_error(provider=ex.provider, kind=kind)

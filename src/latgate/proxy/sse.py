@@ -26,6 +26,16 @@ chunk, where the engine would have written it.
 Lone-CR line endings are forwarded untouched but not parsed (no known engine sends
 them).
 
+Nothing the tap did not read as a chunk reaches the client as the upstream wrote it:
+an upstream's text there may echo its key (``: debug auth=Bearer sk-...``). A comment
+is replaced by a bare ``:`` (it keeps an idle connection alive, its text means nothing
+to a client); any other bytes of an event that are not chunk data (``event:``/``id:``
+fields, ``data`` that is not JSON, a JSON value that is no chunk, a CR that a client
+would read as a line end) are forwarded redacted (:func:`~latgate.proxy.redact.redact_text`),
+their line endings normalised to the stream's own. An ``event: error`` block is an
+in-band error whatever its data (plain text too). The one field kept as written is a
+Responses stream's ``event:`` line naming its data's ``type``.
+
 Cost: reading events is the relay's per-token work, so the common case is kept to a
 few byte comparisons. A read holding exactly one one-line event skips the boundary
 search and split; and a chat chunk that differs from the stream's last parsed content
@@ -36,12 +46,14 @@ framing on every token) is counted from the bytes, without a JSON parse (see
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
 
 from latgate.proxy.chunk_template import ChunkTemplate
 from latgate.proxy.errors import UpstreamFailure
+from latgate.proxy.redact import redact_text
 
 _LF_SEP = b"\n\n"
 _CRLF_SEP = b"\r\n\r\n"
@@ -49,6 +61,10 @@ _DATA = b"data: "
 #: how many times one stream may (re)learn its chunk template: an upstream whose chunks
 #: vary outside the text (e.g. a random padding field) stops paying for the attempts
 _TEMPLATE_BUDGET = 4
+#: what :meth:`StreamTap._chunk` returns for data that is not a chunk (forwarded redacted)
+_FOREIGN = -2
+#: every line ending a client's SSE parser knows (HTML Living Standard 9.2.6)
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
 class StreamTap:
@@ -67,6 +83,7 @@ class StreamTap:
         text_error: a marker an engine writes into a content delta to report a failure
             in the text (TileRT: ``[decode error: ``); such a chunk is an in-band error
             (``error``), never forwarded.
+        secrets: the provider's key, redacted from forwarded bytes that are not chunks.
 
     Attributes (read after feeding):
         content_chunks: generated-content units seen (a choice whose delta carries
@@ -94,11 +111,13 @@ class StreamTap:
         "_drop_usage",
         "_fingerprint",
         "_held",
+        "_kind",
         "_learn",
         "_max_event",
         "_open",
         "_pending",
         "_rewrite",
+        "_secrets",
         "_sep",
         "_strip",
         "_template",
@@ -122,8 +141,11 @@ class StreamTap:
         model_rewrite: tuple[str, str] | None = None,
         max_event_bytes: int | None = None,
         text_error: bytes | None = None,
+        secrets: tuple[bytes, ...] = (),
     ) -> None:
         self._pending = b""
+        self._secrets = secrets
+        self._kind: str | None = None  # the type of the Responses event just parsed
         self._max_event = max_event_bytes
         self._text_error = text_error
         self._strip: dict[str, Any] | None = None  # the chunk just parsed, to forward without its usage
@@ -184,9 +206,12 @@ class StreamTap:
                 return data, 0
             units = self._chunk(payload)
             if units < 0:
-                if self._held is not None:
+                if units == _FOREIGN:  # not a chunk: forwarded redacted
+                    data, units = self._foreign(data[:-2], _LF_SEP) + _LF_SEP, 0
+                elif self._held is not None:
                     return self._rewritten(self._release(_LF_SEP)), 0
-                return b"", 0
+                else:
+                    return b"", 0
             if self._strip is not None:
                 data = self._stripped() + b"\n\n"
             if self._held is not None or self._unstamped:
@@ -253,15 +278,23 @@ class StreamTap:
         edited = False
         kept: list[bytes] = []
         events = complete.split(sep)
+        trailer = events.pop()  # b"" after the last separator; or line ends alone, or (flush) a cut event
+        if trailer and trailer.strip(b"\r\n"):
+            events.append(trailer)
+            trailer = b""
         failed = self.error is not None
         for event in events:
-            if not event:
+            if not event:  # a blank line more: kept, so an edit leaves the rest as it came
+                if not failed:
+                    kept.append(event)
                 continue
             self.events += 1
             if event.startswith(_DATA) and 10 not in event and event != b"data: [DONE]":
                 result = self._chunk(event[6:])  # the common one-line event, inline
             else:
-                result = self._inspect(event, sep)
+                result, replaced = self._inspect(event, sep)
+                if replaced is not None:
+                    event, edited = replaced, True
             if failed or self.error is not None:  # nothing from an error on is forwarded
                 failed, edited, self._strip = True, True, None
                 continue
@@ -273,6 +306,8 @@ class StreamTap:
                 edited = True
             if result < 0:
                 edited = True
+                if result == _FOREIGN:  # not a chunk: forwarded redacted
+                    kept.append(self._foreign(event, sep))
                 continue
             units += result
             if self._held is not None or self._unstamped:
@@ -281,7 +316,7 @@ class StreamTap:
                 continue
             kept.append(event)
         if edited:
-            complete = sep.join(kept) + sep if kept else b""
+            complete = (sep.join(kept) + sep if kept else b"") + trailer
         return self._rewritten(complete), units
 
     def _rewritten(self, data: bytes) -> bytes:
@@ -317,15 +352,58 @@ class StreamTap:
             out.append(event + sep)
         return b"".join(out)
 
-    def _inspect(self, event: bytes, sep: bytes) -> int:
-        """Content units in one event; -1 when the event is to be dropped."""
-        payload = _data_of(event, sep)
-        if payload is None:
-            return 0
+    def _inspect(self, event: bytes, sep: bytes) -> tuple[int, bytes | None]:
+        """Content units in one event that is not a lone ``data:`` line (-1: the event is
+        dropped), and the event to forward instead when some of its bytes are not chunk
+        data (``None``: as it is)."""
+        newline = b"\r\n" if sep == _CRLF_SEP else b"\n"
+        parts: list[bytes] = []
+        name: bytes | None = None
+        other = False
+        for line in event.split(newline):
+            if line.startswith(b"data:"):
+                parts.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif line.startswith(b"event:") and name is None:
+                name = line[7:] if line[6:7] == b" " else line[6:]
+            elif line:
+                other = True
+        payload = b"\n".join(parts)
+        if name == b"error":  # an in-band error, whatever its data says (plain text too)
+            if not parts or self._chunk(payload) != -1 or self.error is None:
+                text = payload.decode("utf-8", "replace").strip()
+                self.error = self.error or {"message": text or "the upstream sent an error event"}
+            return -1, None
+        if not parts:  # comments, fields without data; line ends alone are as harmless as they came
+            return 0, (self._foreign(event, sep) if event.strip(b"\r\n") else None)
         if payload == b"[DONE]":
             self.done = True
-            return 0
-        return self._chunk(payload)
+            result = 0
+        else:
+            self._kind = None
+            result = self._chunk(payload)
+            if result == _FOREIGN:
+                return 0, self._foreign(event, sep)
+        if other or (name is not None and (self._kind is None or name != self._kind.encode())):
+            return result, self._foreign(event, sep, keep_data=True)
+        return result, None
+
+    def _foreign(self, event: bytes, sep: bytes, *, keep_data: bool = False) -> bytes:
+        """``event`` (without its separator) as it may reach a client: each comment line
+        a bare ``:``, each other line redacted (``keep_data``: its ``data`` lines, read
+        as a chunk, as they are), lines ended in the stream's own line ending."""
+        newline = b"\r\n" if sep == _CRLF_SEP else b"\n"
+        lines: list[bytes] = []
+        for line in _LINE_END.split(event):
+            if not line:
+                continue
+            if line[0] == 58:  # ":", a comment
+                if not lines or lines[-1] != b":":
+                    lines.append(b":")
+            elif keep_data and line.startswith(b"data:"):
+                lines.append(line)
+            else:
+                lines.append(redact_text(line.decode("utf-8", "replace"), self._secrets).encode())
+        return newline.join(lines) if lines else b":"
 
     def _stripped(self) -> bytes:
         """The chunk just parsed, re-encoded without its ``usage``."""
@@ -358,9 +436,9 @@ class StreamTap:
             try:  # bytes that are not UTF-8 (U+FFFD): an error event so written is still one
                 chunk = orjson.loads(payload.decode("utf-8", "replace"))
             except orjson.JSONDecodeError:
-                return 0
-        if not isinstance(chunk, dict):
-            return 0
+                return _FOREIGN
+        if not isinstance(chunk, dict) or 13 in payload:  # 13: a CR, which a client reads as a line end
+            return _FOREIGN
         error = chunk.get("error")
         if error is not None:
             # Never forwarded as is (its text may name internal hosts or echo a key):
@@ -380,7 +458,7 @@ class StreamTap:
                 if isinstance(fingerprint, str):
                     self._fingerprint = orjson.dumps(fingerprint)
                 return -1
-            return 0
+            return 0 if choices is not None or usage else _FOREIGN
         units = 0
         for choice in choices:
             if not isinstance(choice, dict):
@@ -423,7 +501,8 @@ class StreamTap:
         carries ``response.usage``, an ``error`` event is an in-band error."""
         kind = chunk["type"]
         if not isinstance(kind, str):
-            return 0
+            return _FOREIGN
+        self._kind = kind
         if kind.endswith(".delta"):
             self.responses = True
             if chunk.get("delta"):
@@ -469,17 +548,3 @@ def stream_unfinished(tap: StreamTap) -> tuple[str, str] | None:
     if tap.done or tap.finished:
         return None
     return "stream_unfinished", "the stream ended before its finish reason"
-
-
-def _data_of(event: bytes, sep: bytes) -> bytes | None:
-    """The joined ``data`` field of one event, or ``None`` when it has none."""
-    if event.startswith(b"data:") and 10 not in event:  # the common one-line event (10: LF)
-        return event[6:] if event[5:6] == b" " else event[5:]
-    newline = b"\r\n" if sep == _CRLF_SEP else b"\n"
-    parts = []
-    for line in event.split(newline):
-        if line.startswith(b"data:"):
-            parts.append(line[6:] if line[5:6] == b" " else line[5:])
-    if not parts:
-        return None
-    return b"\n".join(parts)

@@ -30,7 +30,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from latgate import __version__
-from latgate.proxy.decoding import DecodedResponse, decoder_problem
+from latgate.proxy.decoding import MAX_DECODED_BYTES, DecodedResponse, decoder_problem
 from latgate.proxy.egress import Egress
 from latgate.proxy.errors import (
     LOCAL_ERRNOS,
@@ -202,12 +202,14 @@ class UpstreamClient:
         egress: Egress | None = None,
         group: str = "",
         max_connections: int | None = None,
+        max_decoded_bytes: int = MAX_DECODED_BYTES,
     ) -> H1Response | DecodedResponse | httpx.Response:
         """POST ``payload`` (JSON bytes) to ``url`` and return once the status and headers
         arrived; the body is left to stream (``aiter_raw``; the caller must ``aclose``).
         ``egress``: the provider's proxy and TLS settings (``None``: direct with the
         default TLS context). The connection is one of ``group``'s (a provider's), at
-        most ``max_connections`` of them (see :class:`~latgate.proxy.h1.H1Pool`).
+        most ``max_connections`` of them (see :class:`~latgate.proxy.h1.H1Pool`). A
+        compressed body decodes to at most ``max_decoded_bytes``.
 
         Returns:
             an :class:`~latgate.proxy.h1.H1Response` (a
@@ -229,7 +231,7 @@ class UpstreamClient:
         else:
             response = await self._send(url, payload, headers, read_timeout_seconds, egress, slot)
         if response.status_code in SAME_ORIGIN_REDIRECTS or "content-encoding" in response.headers:
-            return await self._unusual(response, url, payload, headers, read_timeout_seconds, egress, slot)
+            return await self._unusual(response, url, payload, headers, read_timeout_seconds, egress, slot, max_decoded_bytes)
         return response
 
     async def _unusual(
@@ -241,6 +243,7 @@ class UpstreamClient:
         read_timeout_seconds: float | None,
         egress: Egress | None,
         slot: tuple[str, int | None],
+        max_decoded_bytes: int = MAX_DECODED_BYTES,
     ) -> Any:
         """A same-origin 307/308 followed once (method and body kept, RFC 9110 section
         15.4.8/15.4.9), unless it names ``url`` itself (a loop: returned as it is, for
@@ -261,7 +264,7 @@ class UpstreamClient:
         if problem is not None:
             await response.aclose()
             raise UpstreamFailure("read", problem)
-        return DecodedResponse(response, encoding)
+        return DecodedResponse(response, encoding, max_decoded_bytes=max_decoded_bytes)
 
     async def _send(
         self,

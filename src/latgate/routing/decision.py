@@ -221,6 +221,11 @@ class Router:
         listed name, an alias, a provider without a model list, or the catch-all)."""
         return bool(self._serving(public))
 
+    def serving_providers(self, public: str) -> tuple[str, ...]:
+        """The providers a request for ``public`` could go to (file order); for
+        answers scoped to what one gateway key may use (sec, issue 23)."""
+        return tuple(self._serving(public))
+
     def not_found_message(self, public: str) -> str:
         """The 404 ``model_not_found`` message for ``public``: the available names."""
         return self._not_found(public)

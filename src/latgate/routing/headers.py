@@ -66,3 +66,33 @@ def budget_header(value: str | None) -> int | None:
             param="X-Latency-Budget-Ms",
         )
     return int(text)
+
+
+#: The request headers latgate acts on (authentication, routing, tracing of the
+#: request), by lowercase name, with the spelling an error names: each must come once.
+ACTED_ON_HEADERS = {
+    b"authorization": "Authorization",
+    b"x-api-key": "x-api-key",
+    b"x-latency-budget-ms": "X-Latency-Budget-Ms",
+    b"x-latency-sensitive": "X-Latency-Sensitive",
+    b"x-route-to": "X-Route-To",
+    b"x-route-policy": "X-Route-Policy",
+    b"x-latgate-debug": "X-Latgate-Debug",
+    b"x-request-id": "X-Request-Id",
+}
+
+
+def refuse_duplicate_headers(raw_headers: list[tuple[bytes, bytes]]) -> None:
+    """Raise :class:`~latgate.errors.InvalidRequest` (400, code ``duplicate_header``,
+    param the header) when one of :data:`ACTED_ON_HEADERS` comes more than once in
+    ``raw_headers`` (an ASGI scope's, lowercase names): which one latgate should act on
+    would be a guess (the first, for most frameworks; the last, for some proxies)."""
+    seen: set[bytes] = set()
+    for name, _ in raw_headers:
+        if name in ACTED_ON_HEADERS:
+            if name in seen:
+                shown = ACTED_ON_HEADERS[name]
+                raise InvalidRequest(
+                    f"the {shown} header was sent more than once; send it once", param=shown, code="duplicate_header"
+                )
+            seen.add(name)

@@ -1,0 +1,89 @@
+"""What a gateway key is told is what it may use: ``/v1/models`` and
+``/v1/models/{id}`` show only the models on its allow-list, a 404 for a model it asks
+about names only those, an ``X-Route-To`` 400 only the providers serving them; and a
+header latgate acts on (``Authorization``, ``X-Latency-Budget-Ms``, ...) sent twice is
+refused with a 400 naming it, in the route's envelope, instead of acting on the first.
+Through a real gateway (the openai SDK, httpx) and a replayed upstream."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from completions import chat_completion
+from replay import ReplayScript, replay_server
+from stack import gateway
+
+CONFIG = """
+[providers.public]
+api_base = "{base}"
+models = ["m"]
+[providers.internal]
+api_base = "{base}"
+models = ["secret-model"]
+[routing]
+default_route = "public"
+allow_route_override = true
+[[auth.keys]]
+name = "narrow"
+key = "sk-narrow"
+models = ["m"]
+[[auth.keys]]
+name = "wide"
+key = "sk-wide"
+"""
+NARROW = {"authorization": "Bearer sk-narrow"}
+
+
+@pytest.fixture(scope="module")
+def stack():
+    with replay_server(ReplayScript.json_response(200, chat_completion())) as up, gateway(CONFIG.format(base=up.base_url)) as gw:
+        yield gw
+
+
+def test_the_model_list_shows_only_what_the_key_may_use(stack) -> None:
+    narrow = openai.OpenAI(base_url=stack.v1, api_key="sk-narrow", max_retries=0)
+    assert [model.id for model in narrow.models.list()] == ["m"]
+    with pytest.raises(openai.NotFoundError) as missing:
+        narrow.models.retrieve("secret-model")
+    assert "secret-model" not in missing.value.response.json()["error"]["message"].split("use:")[1]
+    assert narrow.models.retrieve("m").id == "m"
+    wide = openai.OpenAI(base_url=stack.v1, api_key="sk-wide", max_retries=0)
+    assert sorted(model.id for model in wide.models.list()) == ["m", "secret-model"]
+
+
+def test_a_404_names_only_the_models_the_key_may_use(stack) -> None:
+    answer = httpx.get(stack.v1 + "/models/nope", headers=NARROW, timeout=10)
+    assert answer.status_code == 404, answer.text
+    message = answer.json()["error"]["message"]
+    assert "secret-model" not in message and "models this key may use: m" in message, message
+
+
+def test_an_x_route_to_400_names_only_the_providers_serving_the_keys_models(stack) -> None:
+    headers = {**NARROW, "x-route-to": "nowhere"}
+    answer = httpx.post(stack.v1 + "/chat/completions", headers=headers, json={"model": "m", "messages": []}, timeout=10)
+    assert answer.status_code == 400, answer.text
+    message = answer.json()["error"]["message"]
+    assert "internal" not in message and "providers this key may use: public" in message, message
+
+
+@pytest.mark.parametrize("header", ["Authorization", "X-Latency-Budget-Ms"])
+def test_a_header_latgate_acts_on_sent_twice_is_refused_naming_it(stack, header: str) -> None:
+    values = ["Bearer sk-wide", "Bearer sk-narrow"] if header == "Authorization" else ["10", "100000"]
+    headers = [(header, value) for value in values]
+    if header != "Authorization":
+        headers.append(("Authorization", "Bearer sk-wide"))
+    answer = httpx.post(stack.v1 + "/chat/completions", headers=headers, json={"model": "m", "messages": []}, timeout=10)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "duplicate_header" and error["param"] == header and header in error["message"]
+
+
+def test_a_duplicate_header_on_messages_is_refused_in_the_anthropic_envelope(stack) -> None:
+    headers = [("x-api-key", "sk-wide"), ("X-Latency-Budget-Ms", "10"), ("X-Latency-Budget-Ms", "20")]
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    answer = httpx.post(stack.v1 + "/messages", headers=headers, json=body, timeout=10)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", error
+    assert "X-Latency-Budget-Ms" in error["error"]["message"], error
