@@ -147,7 +147,15 @@ class Gateway:
             body["model"] = decision.public_model
         if caller is not None and caller.limited:
             exchange.limits_charged = True
-            reservation = await guard.admit(caller, body=body, prompt_tokens=decision.prompt_tokens)  # type: ignore[union-attr]
+            model = self.config.models.get(decision.public_model)
+            reservation = await guard.admit(  # type: ignore[union-attr]
+                caller,
+                body=body,
+                prompt_tokens=decision.prompt_tokens,
+                default_completion_tokens=self.config.routing.expected_completion_tokens,
+                observed_completion_tokens=self.pool.completion_tokens_mean,
+                context_tokens=None if model is None else model.max_context_tokens,
+            )
             if reservation is not None:
                 return await forward_within_limits(
                     reservation,
