@@ -123,9 +123,10 @@ def create_app(
     if tracing is None:
         tracing = tracing_from_env(os.environ if env is None else env)
 
-    def build_gateway(config: Config) -> Gateway:
+    def build_gateway(config: Config, previous: Gateway | None = None) -> Gateway:
         # Everything derived from the config hangs off the Gateway built here, so a
-        # reload (latgate/reload.py) replaces all of it in one swap.
+        # reload (latgate/reload.py) replaces all of it in one swap, carrying the live
+        # state of ``previous`` (the gateway replaced) that still applies.
         gateway = Gateway(
             config=config,
             client=clients.client_for(config),
@@ -134,6 +135,7 @@ def create_app(
             store=stores.store_for(config.state),
             tracing=tracing,
             recent=activity.requests,
+            previous=previous,
         )
         endpoints = [(name, ep.id) for name, p in config.providers.items() for ep in p.endpoints]
         metrics.reconfigure(providers=config.providers, models=_model_labels(config), endpoints=endpoints)
