@@ -145,7 +145,6 @@ class Gateway:
         exchange.prompt_tokens = exchange.routed_prompt_tokens = decision.prompt_tokens
         if caller is not None:
             guard.check_model(caller, decision.public_model)
-        self.metrics.record_route(provider=decision.provider, reason=decision.reason)
         if "model" not in body:
             body["model"] = decision.public_model
         if caller is not None and caller.limited:
