@@ -21,6 +21,7 @@ from latgate.config.apikeys import header_key
 from latgate.config.schema import Config, ProviderConfig
 from latgate.connectors import Connector, get_connector
 from latgate.metrics import Metrics
+from latgate.providers.carry import carry_live_state
 from latgate.providers.endpoint import EWMA_ALPHA, EndpointRuntime
 from latgate.providers.health import (
     CLOSED,
@@ -82,13 +83,6 @@ class ProviderRuntime:
         round-robin credit starts afresh (its endpoints may have changed)."""
         self.stream_options = previous.stream_options
         self.turn, self.budgeted, self.explored = previous.turn, previous.budgeted, previous.explored
-
-
-def same_engine(before: ProviderConfig, after: ProviderConfig) -> bool:
-    """Whether live numbers measured under ``before`` still describe a provider
-    configured as ``after``: the same connector, engine and role (the role seeds the
-    TTFT and ITL priors; the connector and engine decide what is measured and how)."""
-    return (before.connector, before.engine, before.role) == (after.connector, after.engine, after.role)
 
 
 @dataclass(slots=True, eq=False)
@@ -180,59 +174,10 @@ class ProviderPool:
             self.carry_from(previous)
 
     def carry_from(self, previous: ProviderPool) -> list[str]:
-        """Carry ``previous``'s live state over a config reload; returns the keys of the
-        endpoints carried. See docs/deploy.md ("What a reload keeps").
-
-        An endpoint is carried when its provider keeps its name, connector, engine and
-        role (:func:`same_engine`) and the endpoint its URL (``base_url``): the
-        :class:`EndpointRuntime` itself moves into this pool (:meth:`EndpointRuntime.rebind`
-        gives it the new config), so every number it holds is kept (TTFT and ITL
-        fits, counters, engine gauges, probes, catalog; new state added to it joins
-        with no line here), and requests of the old config still in flight end on the
-        same object: in-flight counts settle against what is carried, never below 0.
-        Its circuit record (open with its time left, failures counted, back-off) is
-        shared by both pools' circuit stores, so an old request's outcome counts too.
-        Other endpoints start afresh. Pool-wide: the expected completion length.
-        """
-        if previous.completion_tokens_mean is not None:
-            self.completion_tokens_mean = previous.completion_tokens_mean
-        records = {}
-        carried: list[str] = []
-        for name, runtime in self.providers.items():
-            before = previous.providers.get(name)
-            if before is None or not same_engine(before.config, runtime.config):
-                continue
-            runtime.carry_from(before)
-            by_url = {ep.config.base_url: ep for ep in before.endpoints}
-            for index, fresh in enumerate(runtime.endpoints):
-                old = by_url.pop(fresh.config.base_url, None)
-                if old is None:
-                    continue
-                records[fresh.key] = previous.breaker.store.get(old.key)
-                old.rebind(fresh, before=before.config, after=runtime.config)
-                runtime.endpoints[index] = old
-                carried.append(fresh.key)
-        for key, record in records.items():  # both stores: an old request's outcome lands here too
-            self.breaker.store.put(key, record)
-            previous.breaker.store.put(key, record)
-        for runtime in self.providers.values():
-            for endpoint in runtime.endpoints:
-                if endpoint.key in records:
-                    self._metrics.set_endpoint_health(
-                        provider=runtime.name, endpoint=endpoint.config.id, healthy=endpoint.healthy
-                    )
-        freed_before = previous.slot_freed
-
-        def freed(runtime: ProviderRuntime, endpoint: EndpointRuntime, seconds: float | None) -> None:
-            # an old request ending frees a slot of a carried endpoint: this pool's waiters too
-            if freed_before is not None:
-                freed_before(runtime, endpoint, seconds)
-            current = self.providers.get(runtime.name)
-            if self.slot_freed is not None and current is not None and endpoint in current.endpoints:
-                self.slot_freed(current, endpoint, seconds)
-
-        previous.slot_freed = freed
-        return carried
+        """Carry ``previous``'s live state over a config reload (see
+        :func:`latgate.providers.carry.carry_live_state`); returns the keys of the
+        endpoints carried."""
+        return carry_live_state(self, previous, metrics=self._metrics)
 
     def __getitem__(self, name: str) -> ProviderRuntime:
         return self.providers[name]
