@@ -147,10 +147,10 @@ def test_metrics_have_the_design_names_and_labels_after_traffic() -> None:
             'latgate_requests_total{code="200",model="glm-5.1",provider="vllm"} 1.0',
             'latgate_route_decisions_total{provider="vllm",reason="default"} 1.0',
             'latgate_time_to_first_token_seconds_count{model="glm-5.1",provider="vllm"} 1.0',
-            'latgate_e2e_request_latency_seconds_count{model="glm-5.1",provider="vllm"} 1.0',
-            'latgate_output_tokens_per_second_count{model="glm-5.1",provider="vllm"} 1.0',
-            'latgate_completion_tokens_total{model="glm-5.1",provider="vllm"} 8.0',
-            'latgate_prompt_tokens_total{model="glm-5.1",provider="vllm"}',
+            'latgate_e2e_request_latency_seconds_count{model="glm-5.1",outcome="ok",provider="vllm"} 1.0',
+            'latgate_output_tokens_per_second_count{model="glm-5.1",outcome="ok",provider="vllm"} 1.0',
+            'latgate_completion_tokens_total{model="glm-5.1",outcome="ok",provider="vllm"} 8.0',
+            'latgate_prompt_tokens_total{model="glm-5.1",outcome="ok",provider="vllm"}',
             'latgate_in_flight_requests{provider="vllm"} 0.0',
             'latgate_provider_healthy{endpoint="tile-rt-0",provider="tile-rt"} 1.0',
             "latgate_gateway_overhead_seconds_count 1.0",
@@ -258,7 +258,7 @@ def test_non_streamed_requests_are_measured_and_logged(caplog) -> None:
         client.completions.create(model="glm-5.1", prompt="x", max_tokens=3)
         text = httpx.get(stack.url + "/metrics").text
     assert 'latgate_requests_total{code="200",model="glm-5.1",provider="vllm"} 2.0' in text
-    assert 'latgate_completion_tokens_total{model="glm-5.1",provider="vllm"} 9.0' in text
-    assert 'latgate_e2e_request_latency_seconds_count{model="glm-5.1",provider="vllm"} 2.0' in text
+    assert 'latgate_completion_tokens_total{model="glm-5.1",outcome="ok",provider="vllm"} 9.0' in text
+    assert 'latgate_e2e_request_latency_seconds_count{model="glm-5.1",outcome="ok",provider="vllm"} 2.0' in text
     lines = [r.getMessage() for r in caplog.records if r.name == "latgate.access"]
     assert len(lines) == 2 and all('"stream":false' in line and '"status":200' in line for line in lines)

@@ -120,6 +120,29 @@ def test_estimate_adds_the_completion_cap_and_never_exceeds_the_limit() -> None:
     assert estimate_tokens({"max_tokens": 32000}, prompt_tokens=10, cap=1000) == 1000
 
 
+def test_estimate_without_a_cap_is_the_completion_routing_expects_within_the_models_window() -> None:
+    assert estimate_tokens({}, prompt_tokens=10, cap=1000, default_completion_tokens=256) == 266
+    assert estimate_tokens({}, prompt_tokens=10, cap=1000, default_completion_tokens=256, observed_completion_tokens=41.6) == 52
+    assert estimate_tokens({"max_tokens": 5}, prompt_tokens=10, cap=1000, default_completion_tokens=256) == 15
+    window = {"default_completion_tokens": 256, "context_tokens": 100}
+    assert estimate_tokens({}, prompt_tokens=90, cap=1000, **window) == 100  # 10 tokens left in the window
+    assert estimate_tokens({"max_tokens": 500}, prompt_tokens=90, cap=1000, **window) == 100
+
+
+def test_tokens_used_beyond_the_charge_leave_the_key_at_worst_full_for_one_minute() -> None:
+    clock = ManualClock()
+    limiter = RateLimiter(store=MemoryStore(clock=clock), fail_open=True)
+    caller = Caller(name="a", tpm=1000)
+    reservations = [run(limiter.admit(caller, body={"max_tokens": 10}, prompt_tokens=0)) for _ in range(10)]
+    for reservation in reservations:  # each used 1000 tokens: 10 minutes' worth against 100 charged
+        run(reservation.settle(used_tokens=1000))
+    with pytest.raises(RateLimited) as refused:
+        run(limiter.admit(caller, body={"max_tokens": 100}, prompt_tokens=0))
+    assert refused.value.headers["retry-after"] == "6"  # full: 100 tokens come back in 6 s, not 546 s
+    clock.now += 6
+    run(limiter.admit(caller, body={"max_tokens": 100}, prompt_tokens=0))
+
+
 def test_one_request_larger_than_the_limit_is_still_admitted_on_an_idle_minute() -> None:
     limiter = RateLimiter(store=MemoryStore(clock=ManualClock()), fail_open=True)
     run(limiter.admit(Caller(name="a", tpm=100), body={"max_tokens": 5000}, prompt_tokens=900))
@@ -188,14 +211,16 @@ def test_a_request_refused_for_its_body_still_counts_against_the_rpm() -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_tpm_is_corrected_from_the_reported_usage(stream: bool) -> None:
-    # Each answer reports 100 tokens while the estimate is ~10: with a TPM of 150 the
-    # third request must be refused (corrected: 200 used), though ~15 would fit estimates.
+    # Each answer reports 100 tokens while the estimate is ~10 (max_tokens 1): with a TPM
+    # of 150 the third request must be refused (corrected: 200 used), though ~15 would
+    # fit estimates. The debt is bounded: the key is at worst full (a 60 s window's
+    # worth), so the third waits its own ~10 tokens' share (4 s), not 24 s.
     script = (
         ReplayScript.sse(stream_with_usage(5, 95))
         if stream
         else ReplayScript.json_response(200, chat_completion(prompt_tokens=5, completion_tokens=95))
     )
-    body = {**CHAT_BODY, "stream": stream}
+    body = {**CHAT_BODY, "stream": stream, "max_tokens": 1}
     with replay_server(script) as upstream, gateway(limited_config(upstream.base_url, tpm=150)) as gw:
         codes = []
         for _ in range(3):
@@ -203,7 +228,7 @@ def test_tpm_is_corrected_from_the_reported_usage(stream: bool) -> None:
             r.read()
             codes.append(r.status_code)
         assert codes == [200, 200, 429]
-        assert 20 <= int(r.headers["retry-after"]) <= 30
+        assert 1 <= int(r.headers["retry-after"]) <= 10
 
 
 def test_failed_requests_give_their_token_estimate_back() -> None:

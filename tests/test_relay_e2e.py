@@ -53,9 +53,9 @@ def test_recorded_stream_reaches_the_client_unchanged(name: str, how: str) -> No
         metrics = httpx.get(gw.url + "/metrics").text
         assert 'latgate_requests_total{code="200",model="other",provider="up"} 1.0' in metrics
         if expect.usage:
-            assert f'latgate_completion_tokens_total{{model="other",provider="up"}} {float(expect.usage["completion_tokens"])}' in metrics
+            assert f'latgate_completion_tokens_total{{model="other",outcome="ok",provider="up"}} {float(expect.usage["completion_tokens"])}' in metrics
         else:
-            assert f'latgate_completion_tokens_total{{model="other",provider="up"}} {float(expect.content_chunks)}' in metrics
+            assert f'latgate_completion_tokens_total{{model="other",outcome="ok",provider="up"}} {float(expect.content_chunks)}' in metrics
 
 
 @pytest.mark.parametrize("framing", ["content-length", "close"])

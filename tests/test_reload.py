@@ -12,6 +12,8 @@ import signal
 import httpx
 import pytest
 from gateway_process import GatedUpstream, GatewayProcess
+from processes import poll
+from replay import ReplayScript, replay_server
 from servers import listening_socket, serve_app
 from stack import default_route_config, gateway_file, simulator_urls
 
@@ -244,3 +246,122 @@ def test_a_port_given_on_the_command_line_never_asks_for_a_restart(tmp_path, sim
         assert httpx.post(url + "/admin/reload").json()["restart_needed"] == ["server.host"]
     finally:
         gw.stop()
+
+
+# -- what a reload keeps: live state of endpoints whose identity is unchanged ---------
+
+CARRY_CONFIG = """
+[defaults]
+max_retries = 1
+
+[providers.pool]
+endpoints = ["{bad}", "{good}/v1"]
+
+[routing]
+default_route = "pool"
+
+[health]
+probe_interval_sec = 0
+failure_threshold = 1
+open_sec = 60
+"""
+UNRELATED_CHANGE = '\n[providers.spare]\napi_base = "http://127.0.0.1:9/v1"\n'  # and [defaults] timeout_sec
+
+
+def streamed_provider(url: str) -> str:
+    """The provider that answered a stream (read to its end)."""
+    with httpx.stream("POST", url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=10) as r:
+        assert r.status_code == 200
+        r.read()
+        return r.headers["x-latgate-provider"]
+
+
+def chat_posts(server) -> int:
+    return sum(1 for r in server.requests if r.path.endswith("/chat/completions"))
+
+
+def endpoints_of(url: str) -> dict[str, dict]:
+    providers = httpx.get(url + "/admin/providers", timeout=10).json()["providers"]
+    return {ep["id"]: ep for ep in providers["pool"]["endpoints"]}
+
+
+@pytest.mark.parametrize("change", ["same file", "unrelated change"])
+def test_a_reload_keeps_an_open_circuit_and_the_learnt_fits(tmp_path, sims, change: str) -> None:
+    failing = ReplayScript.json_response(500, {"error": {"message": "engine died", "type": "server_error"}})
+    with replay_server(failing) as bad:
+        path = tmp_path / "config.toml"
+        text = CARRY_CONFIG.format(bad=bad.base_url, good=sims["a"])
+        path.write_text(text)
+        with gateway_file(path) as stack:
+            url = stack.url
+            for _ in range(10):  # until a request met the dead replica (and was retried on the other)
+                assert streamed_provider(url) == "pool"
+                if endpoints_of(url)["pool-0"]["circuit"] == "open":
+                    break
+            before = endpoints_of(url)
+            assert before["pool-0"]["circuit"] == "open" and before["pool-0"]["circuit_reason"] == "errors"
+            assert before["pool-1"]["ttft_model"]["observations"] > 0
+            posts = chat_posts(bad)
+            if change == "unrelated change":
+                path.write_text(text.replace("max_retries = 1", "max_retries = 1\ntimeout_sec = 20") + UNRELATED_CHANGE)
+            assert httpx.post(url + "/admin/reload").status_code == 200
+            after = endpoints_of(url)
+            assert after["pool-0"]["circuit"] == "open"
+            assert 0 < after["pool-0"]["reopens_in_seconds"] <= before["pool-0"]["reopens_in_seconds"]
+            assert after["pool-0"]["failures"] == before["pool-0"]["failures"]
+            assert after["pool-1"]["ttft_model"] == {**before["pool-1"]["ttft_model"], "age_seconds": after["pool-1"]["ttft_model"]["age_seconds"]}
+            assert after["pool-1"]["requests"] == before["pool-1"]["requests"]
+            assert after["pool-1"]["itl_observations"] == before["pool-1"]["itl_observations"]
+            assert [streamed_provider(url) for _ in range(10)] == ["pool"] * 10
+            assert chat_posts(bad) == posts  # none of the 10 went to the dead replica
+            text_metrics = httpx.get(url + "/metrics").text
+            assert 'latgate_provider_healthy{endpoint="pool-0",provider="pool"} 0.0' in text_metrics
+
+
+def test_a_reload_moving_an_endpoint_to_another_url_starts_it_afresh(tmp_path, sims) -> None:
+    failing = ReplayScript.json_response(500, {"error": {"message": "engine died", "type": "server_error"}})
+    with replay_server(failing) as bad:
+        path = tmp_path / "config.toml"
+        path.write_text(CARRY_CONFIG.format(bad=bad.base_url, good=sims["a"]))
+        with gateway_file(path) as stack:
+            url = stack.url
+            for _ in range(10):
+                streamed_provider(url)
+                if endpoints_of(url)["pool-0"]["circuit"] == "open":
+                    break
+            assert endpoints_of(url)["pool-0"]["circuit"] == "open"
+            path.write_text(CARRY_CONFIG.format(bad=sims["b"] + "/v1", good=sims["a"]))  # pool-0 replaced
+            assert httpx.post(url + "/admin/reload").status_code == 200
+            after = endpoints_of(url)
+            assert after["pool-0"]["circuit"] == "closed" and after["pool-0"]["requests"] == 0
+            assert after["pool-1"]["requests"] > 0  # the other kept its numbers
+
+
+def test_a_stream_in_flight_across_a_reload_settles_against_the_carried_counts(tmp_path, sims) -> None:
+    gated = GatedUpstream()
+    with serve_app(gated) as gated_url:
+        path = tmp_path / "config.toml"
+        path.write_text(default_route_config({"gated": gated_url, "b": sims["b"]}, default="gated"))
+        with gateway_file(path) as stack, httpx.Client(timeout=30) as client:
+            url = stack.url
+            try:
+                stream = client.send(
+                    client.build_request("POST", url + "/v1/chat/completions", json={**CHAT, "stream": True}),
+                    stream=True,
+                )
+                assert gated.started.wait(timeout=10)
+                assert client.post(url + "/admin/reload").status_code == 200  # the same file
+                gated_endpoint = client.get(url + "/admin/providers").json()["providers"]["gated"]["endpoints"][0]
+                assert gated_endpoint["in_flight"] == 1  # the old stream, still running
+            finally:
+                gated.gate.set()
+            lines = [line for line in stream.iter_lines() if line]
+            stream.close()
+            assert lines[-1] == "data: [DONE]"
+
+            def settled() -> dict | None:
+                ep = client.get(url + "/admin/providers").json()["providers"]["gated"]["endpoints"][0]
+                return ep if ep["in_flight"] == 0 else None
+
+            assert poll(settled, timeout=10, what="the stream's end to be counted")["requests"] == 1
+            assert 'latgate_in_flight_requests{provider="gated"} 0.0' in client.get(url + "/metrics").text

@@ -216,8 +216,8 @@ def test_recorded_responses_stream_reaches_the_client_byte_for_byte() -> None:
             metrics = httpx.get(stack.url + "/metrics").text
     assert received == RECORDED
     assert upstream.requests[0].path == "/v1/responses" and orjson.loads(upstream.requests[0].body) == body
-    assert 'latgate_completion_tokens_total{model="up",provider="up"} 3.0' in metrics
-    assert 'latgate_prompt_tokens_total{model="up",provider="up"} 7.0' in metrics
+    assert 'latgate_completion_tokens_total{model="up",outcome="ok",provider="up"} 3.0' in metrics
+    assert 'latgate_prompt_tokens_total{model="up",outcome="ok",provider="up"} 7.0' in metrics
     assert re.search(r'latgate_time_to_first_token_seconds_count\{model="up",provider="up"\} 1\.0', metrics)
 
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from apis import post_head, read_answer
 from completions import CHAT_BODY, chat_completion, proxied_posts, stream_with_usage
+from processes import poll
 from redis.asyncio import Redis
 from redisd import redis_server
 from replay import ReplayScript, replay_server
@@ -113,8 +114,8 @@ def test_a_replica_refused_by_redis_refuses_that_key_before_its_body_is_read(flu
 @pytest.mark.parametrize("stream", [False, True])
 def test_tpm_in_redis_is_corrected_from_the_reported_usage(flushed, stream: bool) -> None:
     # As in process (test_limits): each answer reports 100 tokens against an estimate of
-    # ~10, so with a TPM of 150 the third request is refused; the corrections ride on
-    # the next charges' script calls.
+    # ~10 (max_tokens 1), so with a TPM of 150 the third request is refused; the
+    # corrections ride on the next charges' script calls, the debt bounded (full: 4 s).
     script = (
         ReplayScript.sse(stream_with_usage(5, 95))
         if stream
@@ -125,11 +126,84 @@ def test_tpm_in_redis_is_corrected_from_the_reported_usage(flushed, stream: bool
         with gateway(text) as gw:
             codes = []
             for _ in range(3):
-                r = httpx.post(gw.v1 + "/chat/completions", json={**CHAT_BODY, "stream": stream}, headers=KEY)
+                body = {**CHAT_BODY, "stream": stream, "max_tokens": 1}
+                r = httpx.post(gw.v1 + "/chat/completions", json=body, headers=KEY)
                 r.read()
                 codes.append(r.status_code)
     assert codes == [200, 200, 429]
-    assert 20 <= int(r.headers["retry-after"]) <= 30
+    assert 1 <= int(r.headers["retry-after"]) <= 10
+
+
+def limited_by_tpm(base: str, *, backend: str, request, tpm: int, expected_completion_tokens: int = 256) -> str:
+    """One upstream, a key limited by ``tpm``, its state in process or in Redis."""
+    state = f'[state]\nredis_url = "{request.getfixturevalue("flushed")}"\n\n' if backend == "redis" else ""
+    return (
+        f'[providers.up]\napi_base = "{base}"\n\n[routing]\nexpected_completion_tokens = {expected_completion_tokens}\n\n'
+        f'{state}[[auth.keys]]\nname = "team-a"\nkey = "sk-a"\ntpm = {tpm}\n'
+    )
+
+
+def held_stream(prompt_tokens: int, completion_tokens: int) -> ReplayScript:
+    """A stream whose first content is sent at once, the rest (usage: these counts) once
+    ``server.resume`` is set: streams provably in flight together."""
+    body = stream_with_usage(prompt_tokens, completion_tokens)
+    first = body.index(b"\n\n", body.index(b'"ok"')) + 2
+    return ReplayScript(
+        headers=(("content-type", "text/event-stream"),),
+        body_pieces=(body[:first], body[first:]),
+        hold_after_pieces=1,
+    )
+
+
+async def concurrent_streams(url: str, upstream, count: int) -> list[httpx.Response]:
+    """``count`` streams sent at once; once each has its status, the upstream goes on."""
+    heads = [asyncio.Event() for _ in range(count)]
+    async with httpx.AsyncClient(timeout=30) as client:
+
+        async def one(head: asyncio.Event) -> httpx.Response:
+            async with client.stream("POST", url, json={**CHAT_BODY, "stream": True}, headers=KEY) as r:
+                head.set()
+                await r.aread()
+                return r
+
+        tasks = [asyncio.create_task(one(head)) for head in heads]
+        await asyncio.gather(*(head.wait() for head in heads))
+        upstream.resume.set()
+        return await asyncio.gather(*tasks)
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_a_burst_of_streams_naming_no_max_tokens_is_charged_their_expected_completion(backend, request) -> None:
+    # Ten concurrent streams, tpm 1000, no max_tokens: each is charged its prompt plus
+    # the 256 completion tokens routing expects, so 3 go (using 3 x 305 = 915) and 7 get
+    # 429 at once. Charged for their prompts alone, all 10 went and spent 3,050.
+    with replay_server(held_stream(5, 300)) as upstream:
+        text = limited_by_tpm(upstream.base_url, backend=backend, request=request, tpm=1000)
+        with gateway(text) as gw:
+            answers = asyncio.run(concurrent_streams(gw.v1 + "/chat/completions", upstream, 10))
+            codes = sorted(r.status_code for r in answers)
+            assert codes == [200] * 3 + [429] * 7
+            assert proxied_posts(upstream) == 3
+            assert all(1 <= int(r.headers["retry-after"]) <= 60 for r in answers if r.status_code == 429)
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_tokens_used_beyond_the_charge_lock_a_key_out_for_at_most_a_minute(backend, request) -> None:
+    # A poor expectation (10 completion tokens) admits all ten streams; each uses 1,000
+    # tokens, ten minutes' worth of tpm 1000. The debt carried forward is bounded: the
+    # key is full, and a small request waits about a second (uncapped: ~9 minutes).
+    with replay_server(held_stream(5, 995)) as upstream:
+        text = limited_by_tpm(upstream.base_url, backend=backend, request=request, tpm=1000, expected_completion_tokens=10)
+        with gateway(text) as gw:
+            answers = asyncio.run(concurrent_streams(gw.v1 + "/chat/completions", upstream, 10))
+            assert [r.status_code for r in answers] == [200] * 10
+
+            def refused() -> httpx.Response | None:  # once the streams' settles have run
+                r = httpx.post(gw.v1 + "/chat/completions", json={**CHAT_BODY, "max_tokens": 1}, headers=KEY)
+                return r if r.status_code == 429 else None
+
+            after = poll(refused, timeout=10, what="the key to be refused")
+            assert int(after.headers["retry-after"]) <= 5
 
 
 def test_concurrent_charges_from_many_replicas_never_exceed_the_limit(flushed) -> None:
@@ -164,6 +238,43 @@ def test_redis_and_in_process_state_give_the_same_verdicts(flushed) -> None:
     assert [allowed for allowed, _, _ in redis_answers] == [True, True, True, True, False, False, False, False]
     # the waits to the next fitting charge: RPM full after the 4th request (15 s a unit)
     assert [rooms[0] for _, _, rooms in redis_answers] == [0, 0, 0, 15, 15, 15, 15, 15]
+
+
+def test_redis_and_in_process_state_give_the_same_verdicts_to_bursts(flushed) -> None:
+    # Bursts of ten concurrent charges (pipelined script calls on one connection) with
+    # the corrections of their settles in between: same answers from both stores.
+    async def burst(store, quota: Quota) -> list[tuple[bool, int]]:
+        answers = await asyncio.gather(*(store.acquire([quota]) for _ in range(10)))
+        return [(v.allowed, round(v.retry_after_seconds)) for v in answers]
+
+    async def verdicts(store) -> list[list[tuple[bool, int]]]:
+        out = []
+        # expected completions pre-charged (prompt 10 + 256), each used 305: close
+        expected = Quota(key="rl:{b}:tpm", limit=1000, cost=266)
+        first = await burst(store, expected)
+        for allowed, _ in first:
+            if allowed:
+                await store.adjust(expected, delta=305 - 266)
+        out += [first, await burst(store, expected)]
+        # a poor estimate (15 charged), each used 1000: ten minutes' worth in one burst
+        underestimated = Quota(key="rl:{c}:tpm", limit=1000, cost=15)
+        first = await burst(store, underestimated)
+        for allowed, _ in first:
+            if allowed:
+                await store.adjust(underestimated, delta=1000 - 15)
+        out += [first, await burst(store, underestimated)]
+        await store.aclose()
+        return out
+
+    redis_answers = asyncio.run(verdicts(RedisStore(url=flushed, timeout_seconds=2)))
+    assert redis_answers == asyncio.run(verdicts(MemoryStore()))
+    expected_first, expected_next, under_first, under_next = redis_answers
+    assert [a for a, _ in expected_first] == [True] * 3 + [False] * 7  # 3 x 266 fit 1000, a 4th not
+    assert expected_next == [(False, 11)] * 10  # 915 used: 266 more fit in 11 s
+    assert under_first == [(True, 0)] * 10
+    # the debt is bounded: the key is full (one window ahead), not 10 minutes in debt;
+    # a charge of 15 fits again in under a second (uncapped: 541 s)
+    assert under_next == [(False, 1)] * 10
 
 
 def test_one_replicas_ejection_is_seen_by_the_other_and_a_success_restores_it_everywhere(flushed) -> None:

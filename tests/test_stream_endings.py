@@ -135,7 +135,7 @@ def test_provider_rejecting_stream_options_is_asked_again_without_them_and_remem
         assert "stream_options" not in sent[1] and "stream_options" not in sent[2]
         metrics = httpx.get(gw.url + "/metrics").text
         # usage from latgate's own count: two content chunks per stream
-        assert 'latgate_completion_tokens_total{model="other",provider="up"} 4.0' in metrics
+        assert 'latgate_completion_tokens_total{model="other",outcome="ok",provider="up"} 4.0' in metrics
         assert 'latgate_requests_total{code="200",model="other",provider="up"} 2.0' in metrics
 
 

@@ -231,7 +231,7 @@ def test_usage_from_the_finish_chunk_is_counted_and_hidden_from_a_client_that_di
     assert '"usage"' not in plain.text and plain.text.rstrip().endswith("data: [DONE]")
     assert events(plain.text)[-2]["choices"][0]["finish_reason"] == "stop"
     assert '"usage": {"prompt_tokens"' in asked.text
-    assert 'latgate_completion_tokens_total{model="glm-5.1",provider="tile-rt"} 16.0' in metrics
+    assert 'latgate_completion_tokens_total{model="glm-5.1",outcome="ok",provider="tile-rt"} 16.0' in metrics
 
 
 @pytest.mark.parametrize("after", [0, 3])

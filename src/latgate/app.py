@@ -33,10 +33,10 @@ from latgate.api.body import ProxyRequest, error_response
 from latgate.api.routes import envelope_at, framework_routes, hot_routes, openapi_document
 from latgate.api.serve import Api, serve
 from latgate.auth import AuthGuard
-from latgate.config.schema import Config
+from latgate.config.schema import CATCH_ALL, Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
 from latgate.gateway import Gateway, request_id
-from latgate.metrics import Metrics
+from latgate.metrics import OTHER_MODEL, Metrics
 from latgate.providers.health import OpenReason
 from latgate.providers.monitor import run_monitor
 from latgate.reload import Reloader, UpstreamClients
@@ -123,9 +123,10 @@ def create_app(
     if tracing is None:
         tracing = tracing_from_env(os.environ if env is None else env)
 
-    def build_gateway(config: Config) -> Gateway:
+    def build_gateway(config: Config, previous: Gateway | None = None) -> Gateway:
         # Everything derived from the config hangs off the Gateway built here, so a
-        # reload (latgate/reload.py) replaces all of it in one swap.
+        # reload (latgate/reload.py) replaces all of it in one swap, carrying the live
+        # state of ``previous`` (the gateway replaced) that still applies.
         gateway = Gateway(
             config=config,
             client=clients.client_for(config),
@@ -134,9 +135,11 @@ def create_app(
             store=stores.store_for(config.state),
             tracing=tracing,
             recent=activity.requests,
+            previous=previous,
         )
         endpoints = [(name, ep.id) for name, p in config.providers.items() for ep in p.endpoints]
         metrics.reconfigure(providers=config.providers, models=_model_labels(config), endpoints=endpoints)
+        metrics.create_series(_served_model_labels(config))
         metrics.zero_event_counters(providers=config.providers, endpoints=endpoints, ejection_reasons=get_args(OpenReason))
         metrics.set_provider_info(
             (name, p.role or "", p.connector or "", p.engine or "") for name, p in config.providers.items()
@@ -227,6 +230,20 @@ def _key_required(guard: AuthGuard, scope: dict) -> Response | None:
     except GatewayError as error:
         return error_response(error, request_id="-")
     return None
+
+
+def _served_model_labels(config: Config) -> dict[str, set[str]]:
+    """Per provider, the model labels its requests can carry: the public names it
+    serves (listed, aliased to it, or any when it lists none), ``other`` when it
+    takes names no one lists (it lists none, or the catch-all alias names it)."""
+    public = config.public_models()
+    served: dict[str, set[str]] = {}
+    for name, provider in config.providers.items():
+        labels = {m for m in public if provider.serves(m) or name in config.aliases.get(m, {})}
+        if not provider.models or name in config.aliases.get(CATCH_ALL, {}):
+            labels.add(OTHER_MODEL)
+        served[name] = labels
+    return served
 
 
 def _model_labels(config: Config) -> set[str]:

@@ -58,6 +58,8 @@ class Gateway:
             default a new one for ``config.state``; see :class:`latgate.store.SharedStores`).
         tracing: starts a span per request (:mod:`latgate.tracing`); ``None``: off.
         recent: the ring finished requests join (``/ui``, :mod:`latgate.ui`); ``None``: off.
+        previous: the gateway this one replaces on a reload: its providers' live state
+            is carried over (:meth:`ProviderPool.carry_from`).
 
     Attributes (with ``[auth]`` / Redis only, else ``None``): ``guard`` checks keys
     (:mod:`latgate.auth`); ``health_sync`` shares endpoint health with other replicas.
@@ -73,6 +75,7 @@ class Gateway:
         store: SharedStore | None = None,
         tracing: Tracing | None = None,
         recent: deque[Exchange] | None = None,
+        previous: Gateway | None = None,
     ) -> None:
         self.config = config
         self.recent = recent
@@ -80,7 +83,7 @@ class Gateway:
         self.metrics = metrics
         self.client = client
         self.router = Router(config)
-        self.pool = ProviderPool(config, metrics=metrics, env=env)
+        self.pool = ProviderPool(config, metrics=metrics, env=env, previous=None if previous is None else previous.pool)
         self.forwarder = Forwarder(config=config, pool=self.pool, client=client, metrics=metrics)
         self.store = open_store(config.state) if store is None else store
         self.guard: AuthGuard | None = None
@@ -142,12 +145,19 @@ class Gateway:
         exchange.prompt_tokens = exchange.routed_prompt_tokens = decision.prompt_tokens
         if caller is not None:
             guard.check_model(caller, decision.public_model)
-        self.metrics.record_route(provider=decision.provider, reason=decision.reason)
         if "model" not in body:
             body["model"] = decision.public_model
         if caller is not None and caller.limited:
             exchange.limits_charged = True
-            reservation = await guard.admit(caller, body=body, prompt_tokens=decision.prompt_tokens)  # type: ignore[union-attr]
+            model = self.config.models.get(decision.public_model)
+            reservation = await guard.admit(  # type: ignore[union-attr]
+                caller,
+                body=body,
+                prompt_tokens=decision.prompt_tokens,
+                default_completion_tokens=self.config.routing.expected_completion_tokens,
+                observed_completion_tokens=self.pool.completion_tokens_mean,
+                context_tokens=None if model is None else model.max_context_tokens,
+            )
             if reservation is not None:
                 return await forward_within_limits(
                     reservation,

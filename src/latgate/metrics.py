@@ -58,6 +58,24 @@ OVERHEAD_BUCKETS_SECONDS = (
 
 OTHER_MODEL = "other"
 
+OUTCOMES = ("ok", "client_gone", "upstream_error", "gateway_error")
+"""Values of the ``outcome`` label of the token counters and the e2e and tokens/s
+histograms: how a request that got an answer (or part of one) ended. ``ok``: answered
+(2xx); ``client_gone``: the client left before the end (status 499); ``upstream_error``:
+the upstream failed after output began (502, 504); ``gateway_error``: latgate ended it
+(the drain deadline's 503, a 500)."""
+
+
+def request_outcome(status: int) -> str:
+    """The ``outcome`` label of a request that ended with HTTP ``status`` (see :data:`OUTCOMES`)."""
+    if 200 <= status < 300:
+        return "ok"
+    if status == 499:
+        return "client_gone"
+    if status in (502, 504):
+        return "upstream_error"
+    return "gateway_error"
+
 # No ``*_created`` series (a start timestamp per counter and histogram child): Prometheus
 # does not need them and they doubled /metrics. Process-wide, before any metric exists.
 disable_created_metrics()
@@ -94,14 +112,15 @@ class Metrics:
         self._models = frozenset(models)
         r = self.registry
         pm = ("provider", "model")
+        pmo = ("provider", "model", "outcome")
         self.requests = Counter("latgate_requests", "Requests answered, by final provider, model and HTTP status code", ("provider", "model", "code"), registry=r)
-        self.route_decisions = Counter("latgate_route_decisions", "Routing decisions by chosen provider and reason", ("provider", "reason"), registry=r)
+        self.route_decisions = Counter("latgate_route_decisions", "Routed requests by the provider that answered (or was tried last) and its route reason, as X-Latgate-Provider and X-Latgate-Route-Reason say", ("provider", "reason"), registry=r)
         self.ttft = Histogram("latgate_time_to_first_token_seconds", "Gateway receipt of the request to the first generated-content chunk written to the client", pm, buckets=TTFT_BUCKETS_SECONDS, registry=r)
         self.itl = Histogram("latgate_inter_token_latency_seconds", "Time between output tokens written to the client: each gap between content chunks divided among the tokens they carried (from usage)", pm, buckets=ITL_BUCKETS_SECONDS, registry=r)
-        self.e2e = Histogram("latgate_e2e_request_latency_seconds", "Gateway receipt of the request to the last byte written", pm, buckets=E2E_BUCKETS_SECONDS, registry=r)
-        self.tokens_per_second = Histogram("latgate_output_tokens_per_second", "Completion tokens / (last token time - first token time), as a client measures it, the span floored at 0.5 ms per token (bursts)", pm, buckets=TOKENS_PER_SECOND_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("latgate_prompt_tokens", "Prompt tokens (upstream usage when reported, else latgate's estimate)", pm, registry=r)
-        self.completion_tokens = Counter("latgate_completion_tokens", "Completion tokens (upstream usage when reported, else counted chunks)", pm, registry=r)
+        self.e2e = Histogram("latgate_e2e_request_latency_seconds", "Gateway receipt of the request to the last byte written, by outcome (ok, client_gone, upstream_error, gateway_error)", pmo, buckets=E2E_BUCKETS_SECONDS, registry=r)
+        self.tokens_per_second = Histogram("latgate_output_tokens_per_second", "Completion tokens / (last token time - first token time), as a client measures it, the span floored at 0.5 ms per token (bursts), by outcome", pmo, buckets=TOKENS_PER_SECOND_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("latgate_prompt_tokens", "Prompt tokens (upstream usage when reported, else latgate's estimate) of requests answered or partly answered, by outcome", pmo, registry=r)
+        self.completion_tokens = Counter("latgate_completion_tokens", "Completion tokens (upstream usage when reported, else counted chunks), streamed ones of a request that did not end ok included, by outcome", pmo, registry=r)
         self.in_flight = Gauge("latgate_in_flight_requests", "Requests being served, by provider", ("provider",), multiprocess_mode="livesum", registry=r)
         self.upstream_errors = Counter("latgate_upstream_errors", "Upstream failures by provider and kind", ("provider", "kind"), registry=r)
         self.retries = Counter("latgate_retries", "Retries of a request on the same provider", ("provider",), registry=r)
@@ -134,7 +153,10 @@ class Metrics:
     # typed recorders -----------------------------------------------------------------
 
     def record_route(self, *, provider: str, reason: str) -> None:
-        """A routing decision (``reason`` with its ``:NAME`` suffix dropped for policies)."""
+        """A routed request at its end: the provider that answered it (or was tried
+        last) and that attempt's route reason, the values of its ``X-Latgate-Provider``
+        and ``X-Latgate-Route-Reason`` headers (``fallback:FROM``...: suffixes are
+        configured provider and policy names, so cardinality stays bounded)."""
         self._child(self.route_decisions, provider, reason).inc()
 
     def record_request(self, *, provider: str, model: str, code: int | str) -> None:
@@ -161,17 +183,19 @@ class Metrics:
         prompt_tokens: int,
         completion_tokens: int,
         decode_seconds: float | None,
+        outcome: str = "ok",
     ) -> None:
-        """End of a successful request: e2e latency, token counters, tokens/s."""
+        """End of a request that got an answer or part of one: e2e latency, token
+        counters, tokens/s, under ``outcome`` (one of :data:`OUTCOMES`)."""
         label = self.model_label(model)
-        self._child(self.e2e, provider, label).observe(e2e_seconds)
+        self._child(self.e2e, provider, label, outcome).observe(e2e_seconds)
         if prompt_tokens:
-            self._child(self.prompt_tokens, provider, label).inc(prompt_tokens)
+            self._child(self.prompt_tokens, provider, label, outcome).inc(prompt_tokens)
         if completion_tokens:
-            self._child(self.completion_tokens, provider, label).inc(completion_tokens)
+            self._child(self.completion_tokens, provider, label, outcome).inc(completion_tokens)
         rate = decode_tokens_per_second(completion_tokens, decode_seconds)
         if rate is not None:
-            self._child(self.tokens_per_second, provider, label).observe(rate)
+            self._child(self.tokens_per_second, provider, label, outcome).observe(rate)
 
     def in_flight_gauge(self, provider: str):
         return self._child(self.in_flight, provider)
@@ -258,6 +282,23 @@ class Metrics:
         for provider, endpoint in endpoints:
             for reason in reasons:
                 self._child(self.ejections, provider, endpoint, reason)
+
+    def create_series(self, served: dict[str, Iterable[str]]) -> None:
+        """Export at 0, before any request, the series of every provider in ``served``
+        (provider name -> the model labels its requests can carry): its in-flight
+        gauge, and per model its TTFT and ITL histograms, its ``ok`` request count
+        (code 200), e2e and tokens/s histograms and token counters (outcome ``ok``).
+        So a panel or alert has a series to read from the start, and the first
+        request of a provider shows as an increase. Called at start and on reload."""
+        for provider, models in served.items():
+            self._child(self.in_flight, provider)
+            for model in models:
+                label = self.model_label(model)
+                self._child(self.requests, provider, label, "200")
+                for histogram in (self.ttft, self.itl):
+                    self._child(histogram, provider, label)
+                for series in (self.e2e, self.tokens_per_second, self.prompt_tokens, self.completion_tokens):
+                    self._child(series, provider, label, "ok")
 
     def _health_labels(self) -> list[tuple[str, str]]:
         return [key[1:] for key in self._children if key[0] == id(self.provider_healthy)]  # type: ignore[misc]

@@ -8,10 +8,13 @@ new requests get the new one. An invalid file changes nothing: its errors (every
 mistake, each with file, line, key and fix) are returned or logged, and the old
 config keeps serving.
 
-What carries over: the metrics (counters keep counting, so ``rate()`` stays continuous)
-and the pooled upstream client when the ``[defaults]`` timeouts are unchanged. What
-starts afresh: the providers' live numbers (in-flight counts, passive health). What
-needs a restart: the listen address (``[server] host``/``port``): a reload whose file
+What carries over: the metrics (counters keep counting, so ``rate()`` stays continuous),
+the pooled upstream client when the ``[defaults]`` timeouts are unchanged, the
+rate-limit state, and the live state of every endpoint whose provider keeps its name,
+connector, engine and role and whose URL is unchanged (TTFT and ITL fits, counters,
+in-flight counts, circuit state: :meth:`~latgate.providers.ProviderPool.carry_from`).
+What starts afresh: the live numbers of endpoints that are new, moved to another URL,
+or whose provider changed connector, engine or role. What needs a restart: the listen address (``[server] host``/``port``): a reload whose file
 names another address than the one the process listens on (:class:`ListenAddress`, not
 the previous file: a change reloaded back is no change) says so and keeps listening
 where it was.
@@ -152,7 +155,8 @@ class Reloader:
 
     Args:
         state: the app's state; ``state.gateway`` is read and replaced.
-        build_gateway: builds everything derived from a config (``create_app``'s).
+        build_gateway: builds everything derived from a config (``create_app``'s),
+            carrying the live state of the gateway it replaces (its second argument).
         env: variables for ``${VAR}`` expansion (``os.environ`` by default).
         notify: called after a reload requested over HTTP succeeded (a worker tells its
             supervisor, which reloads the other workers).
@@ -166,7 +170,7 @@ class Reloader:
         self,
         *,
         state: Any,
-        build_gateway: Callable[[Config], Gateway],
+        build_gateway: Callable[[Config, Gateway | None], Gateway],
         env: Mapping[str, str] | None = None,
         notify: Callable[[], None] | None = None,
     ) -> None:
@@ -185,7 +189,7 @@ class Reloader:
         """
         old: Gateway = self._state.gateway
         config = load_config(old.config.source, env=self._env)
-        gateway = self._build(config)
+        gateway = self._build(config, old)
         self._state.gateway = gateway
         result = _compare(old.config, config, self.listening)
         log.info(result.summary())

@@ -98,9 +98,25 @@ class AuthGuard:
         :meth:`RateLimiter.admit_request`)."""
         await self.limiter.admit_request(caller)
 
-    async def admit(self, caller: Caller, *, body: Mapping[str, Any], prompt_tokens: int) -> Reservation | None:
+    async def admit(
+        self,
+        caller: Caller,
+        *,
+        body: Mapping[str, Any],
+        prompt_tokens: int,
+        default_completion_tokens: int = 0,
+        observed_completion_tokens: float | None = None,
+        context_tokens: int | None = None,
+    ) -> Reservation | None:
         """Charge the caller's RPM/TPM (see :meth:`RateLimiter.admit`)."""
-        return await self.limiter.admit(caller, body=body, prompt_tokens=prompt_tokens)
+        return await self.limiter.admit(
+            caller,
+            body=body,
+            prompt_tokens=prompt_tokens,
+            default_completion_tokens=default_completion_tokens,
+            observed_completion_tokens=observed_completion_tokens,
+            context_tokens=context_tokens,
+        )
 
 
 async def forward_within_limits(

@@ -2,14 +2,24 @@
 
 Before the call, a request takes one unit of its key's RPM quota and an *estimate* of
 its tokens from the TPM quota: latgate's prompt-token estimate plus the completion
-tokens it asks for at most (``max_completion_tokens`` / ``max_tokens``), capped at
-the key's TPM so one request alone always fits an idle minute. Both are taken
+tokens routing expects of it (:func:`latgate.routing.policies.e2e.expected_completion_tokens`:
+its ``max_completion_tokens`` / ``max_tokens`` / ``max_output_tokens``, else the
+recency-weighted length of the streams answered so far, else ``[routing]
+expected_completion_tokens``), the completion at most what the model's context window
+(``[models.X] max_context_tokens``) leaves after the prompt, the whole capped at the
+key's TPM so one request alone always fits an idle minute. So a burst of requests that
+name no ``max_tokens`` is admitted for what they are expected to use, not for their
+prompts alone. Both are taken
 atomically or not at all, in one call to the store once the body is read; before it
 is read, a key whose last charge on this replica left no room for another request is
 refused without a call (:meth:`RateLimiter.check_request_rate`). After the call,
 :meth:`Reservation.settle` corrects the TPM charge to what the upstream reported in
-``usage`` (prompt + completion tokens), or to nothing when no upstream answered, so
-keys are charged for tokens really used.
+``usage`` (prompt + completion tokens; the tokens streamed before a client left or a
+stream broke), or to nothing when no upstream answered, so keys are charged for tokens
+really used. A request that used more than it was charged leaves its key in debt, but
+never more than one window's worth (:func:`latgate.store.base.corrected_tat`): after a
+correction the key is at worst full, and its next request waits at most its own share
+of the minute (at most 60 s), however far the upstream overshot.
 
 A refused request gets 429 ``rate_limit_exceeded`` with ``Retry-After`` (whole
 seconds, at least 1): the time until the quota has room for it. When the shared state
@@ -27,9 +37,8 @@ from typing import Any
 
 from latgate.auth.keys import Caller
 from latgate.errors import GatewayError, RateLimited
+from latgate.routing.policies.e2e import expected_completion_tokens
 from latgate.store.base import Quota, SharedStore, StoreUnavailable
-
-_MAX_TOKEN_FIELDS = ("max_completion_tokens", "max_tokens")
 
 
 class Reservation:
@@ -85,7 +94,16 @@ class RateLimiter:
                 raise _refusal(caller, wait)
             del self._requests_full_until[caller.name]
 
-    async def admit(self, caller: Caller, *, body: Mapping[str, Any], prompt_tokens: int) -> Reservation | None:
+    async def admit(
+        self,
+        caller: Caller,
+        *,
+        body: Mapping[str, Any],
+        prompt_tokens: int,
+        default_completion_tokens: int = 0,
+        observed_completion_tokens: float | None = None,
+        context_tokens: int | None = None,
+    ) -> Reservation | None:
         """Charge one request of ``caller`` (see the module docstring): its RPM unit and
         its token estimate, in one call to the store.
 
@@ -93,6 +111,8 @@ class RateLimiter:
             caller: an authenticated key with at least one limit.
             body: the OpenAI-shaped request body (its max-token fields are read).
             prompt_tokens: latgate's prompt-token estimate for it.
+            default_completion_tokens, observed_completion_tokens, context_tokens: as
+                :func:`estimate_tokens` takes them.
 
         Returns:
             the reservation to settle after the call; ``None`` when nothing needs
@@ -110,7 +130,14 @@ class RateLimiter:
         tpm_quota: Quota | None = None
         estimate = 0
         if caller.tpm is not None:
-            estimate = estimate_tokens(body, prompt_tokens=prompt_tokens, cap=caller.tpm)
+            estimate = estimate_tokens(
+                body,
+                prompt_tokens=prompt_tokens,
+                cap=caller.tpm,
+                default_completion_tokens=default_completion_tokens,
+                observed_completion_tokens=observed_completion_tokens,
+                context_tokens=context_tokens,
+            )
             tpm_quota = Quota(key=tpm_key, limit=caller.tpm, cost=estimate)
             quotas.append(tpm_quota)
         if not quotas or not await self._acquire(caller, quotas) or tpm_quota is None:
@@ -161,14 +188,25 @@ def _quota_keys(name: str) -> tuple[str, str]:
     return f"rl:{{{name}}}:rpm", f"rl:{{{name}}}:tpm"
 
 
-def estimate_tokens(body: Mapping[str, Any], *, prompt_tokens: int, cap: int) -> int:
-    """Tokens a request may use: prompt estimate + its completion token cap, at most ``cap``."""
-    completion = 0
-    for field in _MAX_TOKEN_FIELDS:
-        value = body.get(field)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            completion = value
-            break
+def estimate_tokens(
+    body: Mapping[str, Any],
+    *,
+    prompt_tokens: int,
+    cap: int,
+    default_completion_tokens: int = 0,
+    observed_completion_tokens: float | None = None,
+    context_tokens: int | None = None,
+) -> int:
+    """Tokens a request is charged before its call: ``prompt_tokens`` + the completion
+    tokens routing expects (:func:`~latgate.routing.policies.e2e.expected_completion_tokens`
+    of ``body``, ``default_completion_tokens`` and ``observed_completion_tokens``),
+    the completion at most ``context_tokens - prompt_tokens`` when the model's window
+    is known (``context_tokens``), the whole at most ``cap`` (the key's TPM)."""
+    completion, _ = expected_completion_tokens(
+        body, default_tokens=default_completion_tokens, observed_tokens=observed_completion_tokens
+    )
+    if context_tokens is not None:
+        completion = min(completion, max(0, context_tokens - prompt_tokens))
     return max(0, min(prompt_tokens + completion, cap))
 
 

@@ -155,6 +155,16 @@ class EndpointRuntime:
             itl=ItlEstimate(prior_ms=_PRIOR_ITL_MS.get(provider.role, _PRIOR_ITL_MS[None])),
         )
 
+    def rebind(self, fresh: EndpointRuntime, *, before: ProviderConfig, after: ProviderConfig) -> None:
+        """Keep these live numbers under a reloaded config: take ``fresh``'s config,
+        key and breaker (the new pool's), and its configured capacity when the config
+        changed it (``before`` / ``after``: the provider's configs; else a capacity the
+        engine reported stays). Everything measured stays (see
+        :meth:`ProviderPool.carry_from`)."""
+        if configured_capacity(before, self.config) != configured_capacity(after, fresh.config):
+            self.capacity = fresh.capacity
+        self.config, self.key, self.breaker = fresh.config, fresh.key, fresh.breaker
+
     def describe(self, now: float) -> dict[str, object]:
         """The endpoint's live numbers and circuit at ``now`` (``/admin/providers``, ``/ui``):
         its id, never its URL. Times in ms unless named."""

@@ -3,7 +3,10 @@
 An :class:`Exchange` is created when the gateway receives a request and finished
 exactly once, whatever path the request took (answered, failed over, upstream error,
 client gone). :meth:`Exchange.finish` turns it into metrics and one structured access
-log line. Times are ``time.perf_counter()`` seconds.
+log line: the route counted under the provider and reason the response headers named,
+and the tokens and latency of a request that got any output counted under its
+outcome (:func:`latgate.metrics.request_outcome`), a client that left or a stream
+that broke included. Times are ``time.perf_counter()`` seconds.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from latgate.logs import access_log
-from latgate.metrics import Metrics
+from latgate.metrics import Metrics, request_outcome
 from latgate.proxy.usage import usage_counts
 
 if TYPE_CHECKING:
@@ -106,18 +109,22 @@ class Exchange:
             self.trace.end(self)
         provider = self.provider or "none"
         metrics.record_request(provider=provider, model=self.public_model, code=self.status)
-        if 200 <= self.status < 300 and self.provider:
-            decode = None
-            if self.first_token_at is not None and self.last_token_at is not None:
-                decode = self.last_token_at - self.first_token_at
-            metrics.record_completion(
-                provider=provider,
-                model=self.public_model,
-                e2e_seconds=e2e,
-                prompt_tokens=self.prompt_tokens,
-                completion_tokens=self.completion_tokens,
-                decode_seconds=decode,
-            )
+        if self.provider:
+            # what the headers said: the provider that answered and its route reason
+            metrics.record_route(provider=provider, reason=self.reason)
+            if 200 <= self.status < 300 or self.first_token_at is not None:  # answered, or output began
+                decode = None
+                if self.first_token_at is not None and self.last_token_at is not None:
+                    decode = self.last_token_at - self.first_token_at
+                metrics.record_completion(
+                    provider=provider,
+                    model=self.public_model,
+                    e2e_seconds=e2e,
+                    prompt_tokens=self.prompt_tokens,
+                    completion_tokens=self.completion_tokens,
+                    decode_seconds=decode,
+                    outcome=request_outcome(self.status),
+                )
         if access_log.enabled():
             ttft = None if self.first_token_at is None else round((self.first_token_at - self.received_at) * 1000, 3)
             line = {

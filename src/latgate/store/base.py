@@ -90,8 +90,10 @@ class SharedStore(Protocol):
 
     async def adjust(self, quota: Quota, *, delta: float) -> None:
         """Correct a past charge by ``delta`` units (negative gives units back), e.g.
-        once the upstream reported the real token usage. Never raises: a correction
-        lost to an outage is only logged."""
+        once the upstream reported the real token usage. The correction is applied
+        with the next charge of the same quota (Redis: or on its own within a second),
+        bounded as :func:`corrected_tat` says. Never raises: a correction lost to an
+        outage is only logged."""
         ...
 
     async def aclose(self) -> None:
@@ -125,6 +127,15 @@ def room_in(new_tat: float, now: float, *, step_seconds: float, window_seconds: 
     return over if over > EPSILON_SECONDS else 0.0
 
 
-def adjusted_tat(tat: float, now: float, *, delta: float, limit: int, window_seconds: float) -> float:
-    """The TAT after correcting a charge by ``delta`` units (never before ``now``)."""
-    return max(max(tat, now) + delta * window_seconds / limit, now)
+def corrected_tat(tat: float, now: float, *, correction_seconds: float, window_seconds: float) -> float:
+    """The TAT after correcting past charges by ``correction_seconds`` (``delta * window /
+    limit``; negative gives units back): never before ``now``, and never more than one
+    window ahead of it.
+
+    The upper bound is the debt a quota carries forward: a request that used more than
+    it was charged (a stream longer than expected) fills the quota at worst, so the
+    next charge of ``cost`` waits at most ``cost * window / limit`` (<= one window,
+    60 s), however far the usage overshot. Without it a burst of long answers locked a
+    key out for minutes. The Redis script applies the same bound."""
+    return min(max(max(tat, now) + correction_seconds, now), now + window_seconds)
+

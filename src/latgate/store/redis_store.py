@@ -41,7 +41,8 @@ BACKOFF_SECONDS = 1.0
 # KEYS: the quotas. ARGV: three numbers per key in turn: its window (seconds), this
 # charge's step (cost * window / limit: how far it moves the TAT, seconds) and a
 # correction of past charges (seconds, may be negative). Corrections are applied
-# whatever the verdict; then every quota is charged, or none. Returns one string,
+# whatever the verdict, the TAT kept within [now, now + window] (the debt bound of
+# latgate.store.base.corrected_tat); then every quota is charged, or none. Returns one string,
 # "ALLOWED WAIT ROOM...": ALLOWED 1 when charged else 0, WAIT the seconds until every
 # charge would fit (0 when charged), then per key the seconds until a charge of the same
 # step would fit that key alone (0: it would now).
@@ -59,6 +60,7 @@ for i = 1, n do
   if correction ~= 0 then
     tat = tat + correction
     if tat < now then tat = now end
+    if tat > now + window then tat = now + window end
     corrected[i] = true
   end
   tats[i] = tat
