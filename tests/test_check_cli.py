@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from tls_upstreams import private_ca
 
-SEEDS = Path(__file__).parent / "fixtures" / "seeds"
+ACCEPTANCE = Path(__file__).parent / "fixtures" / "acceptance"
 KEY_VARS = ("TAOTOKEN_API_KEY", "SGLANG_LOCAL_KEY", "SGLANG_TILELANG_KEY", "LATGATE_CONFIG", "POOL_KEY")
 
 
@@ -42,8 +42,8 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_check_on_seed2_shows_providers_routes_and_warns_for_unset_key_variables():
-    result = run_check("--config", str(SEEDS / "seed2.config.toml"), env={"SGLANG_LOCAL_KEY": "k"})
+def test_check_on_provider_table_shows_providers_routes_and_warns_for_unset_key_variables():
+    result = run_check("--config", str(ACCEPTANCE / "provider-table.config.toml"), env={"SGLANG_LOCAL_KEY": "k"})
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for text in (
@@ -69,7 +69,7 @@ def test_check_on_seed2_shows_providers_routes_and_warns_for_unset_key_variables
 
 
 def test_check_says_where_a_failed_request_goes_when_no_fallbacks_are_set():
-    result = run_check("--config", str(SEEDS.parent / "seed1.with-addresses.config.toml"))
+    result = run_check("--config", str(ACCEPTANCE.parent / "pool-sections.with-addresses.config.toml"))
     assert result.returncode == 0, result.stderr
     (fallbacks,) = [line for line in result.stdout.splitlines() if line.lstrip().startswith("fallbacks ")]
     assert "retried on its own provider (max_retries 1), then with its [models] fallback_model" in fallbacks
@@ -89,16 +89,16 @@ def test_check_of_the_bundled_config_says_its_loopback_upstream_may_need_no_key(
     assert 'provider "taotoken": api_key_env TAOTOKEN_API_KEY is not set; requests to it will be sent without a key (expect 401' in remote.stdout
 
 
-def test_check_on_seed1_verbatim_names_both_missing_addresses_in_one_run():
-    result = run_check("--config", str(SEEDS / "seed1.config.toml"))
+def test_check_on_pool_sections_verbatim_names_both_missing_addresses_in_one_run():
+    result = run_check("--config", str(ACCEPTANCE / "pool-sections.config.toml"))
     assert result.returncode == 1
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 3, result.stderr
     assert all(line.startswith("latgate: error: ") for line in lines)
-    assert 'seed1.config.toml:13: decode.api_base: section [decode] (engine "tile-rt") gives no address' in lines[0]
-    assert 'seed1.config.toml:19: prefill.api_base: section [prefill] (engine "vllm") gives no address' in lines[1]
-    assert lines[2].endswith("2 errors in " + str(SEEDS / "seed1.config.toml"))
+    assert 'pool-sections.config.toml:13: decode.api_base: section [decode] (engine "tile-rt") gives no address' in lines[0]
+    assert 'pool-sections.config.toml:19: prefill.api_base: section [prefill] (engine "vllm") gives no address' in lines[1]
+    assert lines[2].endswith("2 errors in " + str(ACCEPTANCE / "pool-sections.config.toml"))
     assert "Traceback" not in result.stderr
 
 
@@ -187,7 +187,7 @@ def test_serve_masks_a_key_in_its_config_error(tmp_path):
 
 
 def test_check_reads_latgate_config_when_no_flag_is_given(tmp_path):
-    result = run_check(env={"LATGATE_CONFIG": str(SEEDS / "seed2.config.toml")}, cwd=tmp_path)
+    result = run_check(env={"LATGATE_CONFIG": str(ACCEPTANCE / "provider-table.config.toml")}, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "sglang_tilelang" in result.stdout
 
