@@ -100,9 +100,9 @@ def _latency_threshold_unrouted(config: Config) -> list[str]:
     others = [name for name in config.providers if name != routing.default_route]
     if routing.latency_threshold_ms is None or routing.route_latency_sensitive_to is not None or not others:
         return []
-    if any(config.providers[name].latency_sensitive for name in others):
-        return []  # latency-sensitive requests go to the first provider flagged so
     router = Router(config, exact_tokenizers={})
+    if router.latency_target is not None:
+        return []  # latency-sensitive requests go to the first provider flagged so
     models = [public for public in config.public_models() if router.serves(public)]
     decode = [
         name

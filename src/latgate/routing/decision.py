@@ -216,6 +216,12 @@ class Router:
         notes.append(f"{reason} rule skipped: {skipped_note(self._providers[provider], public)}")
         return None
 
+    @property
+    def latency_target(self) -> str | None:
+        """The provider latency-sensitive requests go to: ``route_latency_sensitive_to``,
+        else the first provider flagged ``latency_sensitive``, else None."""
+        return self._latency_target
+
     def rule_upstream(self, provider: str, public: str) -> str | None:
         """The model a configured rule (long context, latency-sensitive, a policy's
         ``route_to``, an override) sends ``provider`` for the public name ``public``,

@@ -82,9 +82,7 @@ def rule_reach(config: Config, router: Router | None = None) -> list[Reach]:
     rules: list[tuple[str, str, str]] = []
     if routing.long_context_threshold and routing.long_context_provider:
         rules.append(("long context", "routing.long_context_provider", routing.long_context_provider))
-    latency = routing.route_latency_sensitive_to or next(
-        (name for name, provider in config.providers.items() if provider.latency_sensitive), None
-    )
+    latency = router.latency_target
     if latency is not None:
         key = (
             "routing.route_latency_sensitive_to"
