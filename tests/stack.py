@@ -182,7 +182,7 @@ def demo_stack(
     env: Mapping[str, str] | None = None,
     max_retries: int = 1,
 ) -> Iterator[Stack]:
-    """The bundled seed1 system (decode pool, throughput pool, upstream) on simulators."""
+    """The pool-sections system (decode pool, throughput pool, upstream) on simulators."""
     opts = {
         "tile-rt": tile or SimOptions(name="tile-rt", **FAST),
         "vllm": vllm or SimOptions(name="vllm", **FAST),

@@ -20,7 +20,7 @@ from latgate.config import load_config_text
 from latgate.config.report import report_lines
 
 FORMS = [
-    ("/api", "/api/v1/chat/completions"),  # https://taotoken.net/api (the seeds' curl)
+    ("/api", "/api/v1/chat/completions"),  # https://taotoken.net/api (the acceptance configs' curl)
     ("", "/v1/chat/completions"),  # http://h:8000
     ("/v1", "/v1/chat/completions"),
     ("/v1/", "/v1/chat/completions"),

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from tls_upstreams import private_ca
 
-SEEDS = Path(__file__).parent / "fixtures" / "seeds"
+ACCEPTANCE = Path(__file__).parent / "fixtures" / "acceptance"
 KEY_VARS = ("TAOTOKEN_API_KEY", "SGLANG_LOCAL_KEY", "SGLANG_TILELANG_KEY", "LATGATE_CONFIG", "POOL_KEY")
 
 
@@ -42,8 +42,8 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_check_on_seed2_shows_providers_routes_and_warns_for_unset_key_variables():
-    result = run_check("--config", str(SEEDS / "seed2.config.toml"), env={"SGLANG_LOCAL_KEY": "k"})
+def test_check_on_provider_table_shows_providers_routes_and_warns_for_unset_key_variables():
+    result = run_check("--config", str(ACCEPTANCE / "provider-table.config.toml"), env={"SGLANG_LOCAL_KEY": "k"})
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for text in (
@@ -69,7 +69,7 @@ def test_check_on_seed2_shows_providers_routes_and_warns_for_unset_key_variables
 
 
 def test_check_says_where_a_failed_request_goes_when_no_fallbacks_are_set():
-    result = run_check("--config", str(SEEDS.parent / "seed1.with-addresses.config.toml"))
+    result = run_check("--config", str(ACCEPTANCE.parent / "pool-sections.with-addresses.config.toml"))
     assert result.returncode == 0, result.stderr
     (fallbacks,) = [line for line in result.stdout.splitlines() if line.lstrip().startswith("fallbacks ")]
     assert "retried on its own provider (max_retries 1), then with its [models] fallback_model" in fallbacks
@@ -89,16 +89,16 @@ def test_check_of_the_bundled_config_says_its_loopback_upstream_may_need_no_key(
     assert 'provider "taotoken": api_key_env TAOTOKEN_API_KEY is not set; requests to it will be sent without a key (expect 401' in remote.stdout
 
 
-def test_check_on_seed1_verbatim_names_both_missing_addresses_in_one_run():
-    result = run_check("--config", str(SEEDS / "seed1.config.toml"))
+def test_check_on_pool_sections_verbatim_names_both_missing_addresses_in_one_run():
+    result = run_check("--config", str(ACCEPTANCE / "pool-sections.config.toml"))
     assert result.returncode == 1
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 3, result.stderr
     assert all(line.startswith("latgate: error: ") for line in lines)
-    assert 'seed1.config.toml:13: decode.api_base: section [decode] (engine "tile-rt") gives no address' in lines[0]
-    assert 'seed1.config.toml:19: prefill.api_base: section [prefill] (engine "vllm") gives no address' in lines[1]
-    assert lines[2].endswith("2 errors in " + str(SEEDS / "seed1.config.toml"))
+    assert 'pool-sections.config.toml:13: decode.api_base: section [decode] (engine "tile-rt") gives no address' in lines[0]
+    assert 'pool-sections.config.toml:19: prefill.api_base: section [prefill] (engine "vllm") gives no address' in lines[1]
+    assert lines[2].endswith("2 errors in " + str(ACCEPTANCE / "pool-sections.config.toml"))
     assert "Traceback" not in result.stderr
 
 
@@ -187,7 +187,7 @@ def test_serve_masks_a_key_in_its_config_error(tmp_path):
 
 
 def test_check_reads_latgate_config_when_no_flag_is_given(tmp_path):
-    result = run_check(env={"LATGATE_CONFIG": str(SEEDS / "seed2.config.toml")}, cwd=tmp_path)
+    result = run_check(env={"LATGATE_CONFIG": str(ACCEPTANCE / "provider-table.config.toml")}, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "sglang_tilelang" in result.stdout
 
@@ -235,12 +235,13 @@ def test_a_latency_threshold_without_a_provider_to_route_to_is_a_warning_in_chec
     config = tmp_path / "config.toml"
     config.write_text(
         '[providers.bulk]\napi_base = "http://127.0.0.1:9/v1"\n[providers.fast]\napi_base = "http://127.0.0.1:9/v1"\n'
+        'role = "decode"\n'
         "[routing]\ndefault_route = \"bulk\"\nlatency_threshold_ms = 200\n[health]\nprobe_interval_sec = 0\n"
     )
     expected = (
         "routing.latency_threshold_ms = 200 is set without routing.route_latency_sensitive_to: requests it marks "
         'latency-sensitive (X-Latency-Budget-Ms <= 200) stay on default_route "bulk"; add '
-        'route_latency_sensitive_to = "fast" under [routing]'
+        'route_latency_sensitive_to = "fast" under [routing] to send them to the low-latency decode pool (role = "decode")'
     )
     result = run_check("--config", str(config))
     assert result.returncode == 0, result.stderr
@@ -331,3 +332,158 @@ def test_a_quoted_number_is_the_number_and_a_quoted_non_number_gets_the_range(tm
     (line,) = refused.stderr.splitlines()
     assert line.startswith(f"latgate: error: {config}:2: server.port: input should be "), line
     assert line.endswith(f'(got "{value}"); write a {"" if value == "99999" else "whole "}number from 0 to 65535, e.g. port = 8000')
+
+
+# -- rules and fallbacks that can never apply (what check and serve say, per model) -----
+
+#: the README's pairing: two vLLM replicas, an alias, and a hosted provider beside them
+README_PAIRING = """
+[providers.vllm]
+connector = "vllm"
+endpoints = ["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"]
+models = ["meta-llama/Meta-Llama-3-8B-Instruct"]
+
+[aliases]
+"llama-3-8b" = "meta-llama/Meta-Llama-3-8B-Instruct"
+
+[providers.openai]
+api_base = "https://api.openai.com/v1"
+api_key_env = "OPENAI_API_KEY"
+models = ["gpt-4o-mini"]
+
+[health]
+probe_interval_sec = 0
+
+[routing]
+default_route = "vllm"
+"""
+
+
+def _section(out: str, title: str) -> str:
+    return out.split(f"\n{title}", 1)[1].split("\n\n", 1)[0]
+
+
+def _serve_startup(config: Path) -> str:
+    """``latgate serve``'s start-up log for ``config`` (it then stops at a taken port)."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        serve = subprocess.run(
+            [sys.executable, "-m", "latgate", "serve", "--config", str(config), "--port", str(taken.getsockname()[1])],
+            capture_output=True, text=True, timeout=60, check=False,
+            env={k: v for k, v in os.environ.items() if k not in KEY_VARS},
+        )  # fmt: skip
+    finally:
+        taken.close()
+    assert serve.returncode == 1, serve.stderr
+    return serve.stderr
+
+
+def test_check_suggests_only_a_fallback_that_applies_and_warns_about_one_that_cannot(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(README_PAIRING)
+    hint = _section(run_check("--config", str(config)).stdout, "routing")
+    meta = "meta-llama/Meta-Llama-3-8B-Instruct"
+    aliased = f'{{ vllm = "{meta}", openai = "gpt-4o-mini" }}'
+    assert (
+        f'to fail over, e.g. fallbacks = {{ "vllm" = ["openai"] }}, with under [aliases]: "{meta}" = {aliased}; '
+        f'"llama-3-8b" = {aliased}'
+    ) in hint, hint
+
+    # as the hint used to say: the fallback alone, which openai can never take
+    config.write_text(README_PAIRING.replace('default_route = "vllm"', 'default_route = "vllm"\nfallbacks = { "vllm" = ["openai"] }'))
+    out = run_check("--config", str(config)).stdout
+    assert re.search(r"\n +vllm -> openai: never to meta-llama/Meta-Llama-3-8B-Instruct \(provider openai does not serve", out), out
+    (warning,) = [w for w in _section(out, "warnings").splitlines() if "routing.fallbacks.vllm" in w]
+    assert "openai can never take over from vllm" in warning and "with vllm down these requests fail" in warning
+    assert f'"llama-3-8b" = {aliased}' in warning
+    started = _serve_startup(config)
+    assert "routing.fallbacks.vllm: openai can never take over from vllm" in started
+    assert "fallback vllm -> openai: never to meta-llama/Meta-Llama-3-8B-Instruct" in started
+
+    # with the alias tables the hint named, the fallback applies to every model reaching vllm
+    config.write_text(
+        README_PAIRING.replace('"llama-3-8b" = "meta-llama/Meta-Llama-3-8B-Instruct"', f'"llama-3-8b" = {aliased}\n"{meta}" = {aliased}')
+        .replace('default_route = "vllm"', 'default_route = "vllm"\nfallbacks = { "vllm" = ["openai"] }')
+    )
+    out = run_check("--config", str(config)).stdout
+    assert (
+        f"vllm -> openai: applies to {meta} (sent as gpt-4o-mini), llama-3-8b (sent as gpt-4o-mini)"
+    ) in _section(out, "routing"), out
+    assert "routing.fallbacks" not in _section(out, "warnings")
+
+
+def test_check_warns_that_a_long_context_rule_to_a_provider_of_another_model_never_applies(tmp_path):
+    text = """
+[providers.p]
+api_base = "http://127.0.0.1:9/v1"
+models = ["m"]
+[providers.p_long]
+api_base = "http://127.0.0.1:10/v1"
+models = ["m-long"]
+[health]
+probe_interval_sec = 0
+[routing]
+default_route = "p"
+long_context_threshold = 8000
+long_context_provider = "p_long"
+"""
+    config = tmp_path / "config.toml"
+    config.write_text(text)
+    out = run_check("--config", str(config)).stdout
+    rules = _section(out, "routing")
+    assert re.search(
+        r"2\. long context +prompt > 8000 tokens -> p_long\n +applies to m-long; never to m "
+        r"\(provider p_long does not serve model 'm' \('m-long' is another model\)\)\n",
+        rules,
+    ), rules
+    (warning,) = [w for w in _section(out, "warnings").splitlines() if "long_context_provider" in w]
+    assert warning.startswith(
+        '  routing.long_context_provider = "p_long": the long context rule never changes where a request goes '
+        "(it applies only to m-long, which p_long alone serves): never for m"
+    ), warning
+    assert warning.endswith('to make it apply, map the names under [aliases]: "m" = { p = "m", p_long = "m-long" }')
+    assert "long context -> p_long: applies to m-long; never to m" in _serve_startup(config)
+
+    config.write_text(text + '[aliases]\n"m" = { p = "m", p_long = "m-long" }\n')  # as the warning says
+    out = run_check("--config", str(config)).stdout
+    assert "applies to m (sent as m-long on p_long" not in out  # the row names what is sent
+    assert re.search(r"prompt > 8000 tokens -> p_long\n +applies to m \(sent as m-long\), m-long\n", out), out
+    assert "long_context_provider" not in _section(out, "warnings")
+
+
+def test_check_warns_when_a_default_route_without_models_takes_a_model_another_provider_lists(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(README_PAIRING.replace('models = ["meta-llama/Meta-Llama-3-8B-Instruct"]\n', "", 1))
+    out = run_check("--config", str(config)).stdout
+    (warning,) = [w for w in _section(out, "warnings").splitlines() if "default_route" in w]
+    assert warning == (
+        '  routing.default_route = "vllm" lists no models, so it serves every name: requests for gpt-4o-mini '
+        "(listed by openai) go to vllm, not to the provider listing them (the model rule applies only to names "
+        "the default route does not serve); list in providers.vllm.models the names vllm serves"
+    )
+    config.write_text(README_PAIRING)  # the README's own config: vllm lists its model
+    assert "default_route" not in _section(run_check("--config", str(config)).stdout, "warnings")
+
+
+def test_the_latency_threshold_warning_names_a_decode_pool_never_a_hosted_api(tmp_path):
+    config = tmp_path / "config.toml"
+    threshold = 'default_route = "vllm"\nlatency_threshold_ms = 200'
+    config.write_text(README_PAIRING.replace('default_route = "vllm"', threshold))
+    (warning,) = [w for w in _section(run_check("--config", str(config)).stdout, "warnings").splitlines() if "latency_threshold_ms" in w]
+    assert '"openai"' not in warning and "low-latency provider" not in warning
+    assert warning.endswith(
+        'no provider is a low-latency decode pool (role = "decode") serving their models: add one '
+        '(TileRT: connector = "tile_rt_connector") and name it in route_latency_sensitive_to under [routing]'
+    ), warning
+
+    decode = '[providers.tile-rt]\nconnector = "tile_rt_connector"\napi_base = "http://127.0.0.1:11/v1"\n'
+    config.write_text(README_PAIRING.replace('default_route = "vllm"', threshold) + decode)
+    out = run_check("--config", str(config)).stdout
+    assert "tile-rt   (connector tile_rt_connector, role decode," in out  # inferred from the connector
+    (warning,) = [w for w in _section(out, "warnings").splitlines() if "latency_threshold_ms" in w]
+    assert warning.endswith(
+        'add route_latency_sensitive_to = "tile-rt" under [routing] to send them to the low-latency decode pool '
+        '(role = "decode")'
+    ), warning

@@ -85,22 +85,50 @@ def test_claude_code_settings_drive_the_anthropic_sdk_to_the_policy_route(
     )
 
 
-def test_cline_settings_carry_the_v1_base_url_and_the_custom_header(
-    capsys, config_file: str, demo: Stack
+#: ~/.cline/data/settings/providers.json as ``cline auth -p openai -b URL -k KEY -m MODEL``
+#: writes it (Cline CLI 3.0.65, the version tests/agents pins)
+CLINE_AUTH_WRITES = {
+    "version": 1,
+    "lastUsedProvider": "openai-compatible",
+    "modes": {},
+    "providers": {
+        "openai-compatible": {
+            "settings": {"provider": "openai-compatible", "apiKey": "KEY", "model": "MODEL", "baseUrl": "URL"},
+            "updatedAt": "2026-12-01T00:00:00.000Z",
+            "tokenSource": "manual",
+        }
+    },
+}
+
+
+def test_cline_commands_configure_the_cli_with_the_v1_base_url_and_the_custom_header(
+    capsys, config_file: str, demo: Stack, tmp_path: Path
 ) -> None:
-    settings = json.loads(
-        printed(capsys, "cline", "--config", config_file, "--base-url", demo.url, "--policy", "interactive")
-    )
-    assert settings["cline.apiProvider"] == "openai"
-    assert settings["cline.openai.baseUrl"] == demo.v1
-    assert settings["cline.customHeaders"] == {"X-Route-Policy": "interactive"}
+    code, out, err = run(capsys, "cline", "--config", config_file, "--base-url", demo.url, "--policy", "interactive")
+    assert code == 0, err
+    commands = [shlex.split(line) for line in out.splitlines() if line and not line.startswith("#")]
+    auth, edit = commands
+    assert auth[:2] == ["cline", "auth"] and auth[auth.index("-p") + 1] == "openai"
+    assert auth[auth.index("-b") + 1] == demo.v1
+    assert "# then: cline -P openai -m glm-5.1 'your task'" in out
+    assert "reads no settings.json keys" in err and 'API Provider "OpenAI Compatible"' in err
+
+    # the header edit, run on the file cline auth writes: the CLI sends settings.headers
+    written = tmp_path / ".cline" / "data" / "settings" / "providers.json"
+    written.parent.mkdir(parents=True)
+    written.write_text(json.dumps(CLINE_AUTH_WRITES))
+    assert edit[:2] == ["python3", "-c"]
+    subprocess.run([sys.executable, "-c", edit[2]], check=True, env={**os.environ, "HOME": str(tmp_path)}, timeout=60)
+    settings = json.loads(written.read_text())["providers"]["openai-compatible"]["settings"]
+    assert settings["headers"] == {"X-Route-Policy": "interactive"}
+
     client = openai.OpenAI(
-        base_url=settings["cline.openai.baseUrl"],
-        api_key=settings["cline.openai.apiKey"],
-        default_headers=settings["cline.customHeaders"],
+        base_url=auth[auth.index("-b") + 1],
+        api_key=auth[auth.index("-k") + 1],
+        default_headers=settings["headers"],
         max_retries=0,
     )
-    raw = client.chat.completions.with_raw_response.create(model=settings["cline.openai.model"], messages=ASK)
+    raw = client.chat.completions.with_raw_response.create(model=auth[auth.index("-m") + 1], messages=ASK)
     assert (raw.headers["x-latgate-provider"], raw.headers["x-latgate-route-reason"]) == (
         "tile-rt",
         "latency_sensitive",

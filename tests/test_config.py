@@ -1,4 +1,4 @@
-"""config.toml loading: both seed forms, env expansion, aliases, replicas, and every mistake
+"""config.toml loading: both accepted shapes, env expansion, aliases, replicas, and every mistake
 reported as one line naming the file, the key and the fix."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from latgate.config import ConfigError, config_warnings, load_config, load_config_text, resolve_config_path
 from latgate.connectors import known_connectors, registry
 
-SEEDS = Path(__file__).parent / "fixtures" / "seeds"
+ACCEPTANCE = Path(__file__).parent / "fixtures" / "acceptance"
 VLLM = '[providers.vllm]\napi_base = "http://127.0.0.1:8001/v1"\n'
 TWO_POOLS = VLLM + '[providers.fast]\napi_base = "http://127.0.0.1:8002/v1"\nmodels = ["glm-fast"]\n'
 
@@ -35,17 +35,17 @@ def error(text: str, *, env: dict[str, str] | None = None) -> str:
     return re.sub(r"^gw\.toml:\d+: ", "gw.toml: ", message)
 
 
-def seed1_with_addresses() -> str:
-    text = (SEEDS / "seed1.config.toml").read_text()
+def pool_sections_with_addresses() -> str:
+    text = (ACCEPTANCE / "pool-sections.config.toml").read_text()
     text = text.replace('engine = "tile-rt"\n', 'engine = "tile-rt"\napi_base = "http://127.0.0.1:8001/v1"\n')
     return text.replace('engine = "vllm"\n', 'engine = "vllm"\napi_base = "http://127.0.0.1:8002/v1/"\n')
 
 
-# --- the seeds -------------------------------------------------------------------------
+# --- the acceptance configs (tests/fixtures/acceptance) ------------------------------
 
 
-def test_seed2_loads_as_written():
-    config = load_config(SEEDS / "seed2.config.toml", env={})
+def test_provider_table_loads_as_written():
+    config = load_config(ACCEPTANCE / "provider-table.config.toml", env={})
     assert list(config.providers) == ["taotoken", "sglang_local", "sglang_tilelang"]
     assert config.routing.default_route == "taotoken"
     assert (config.defaults.timeout_sec, config.defaults.max_retries) == (120, 3)
@@ -57,21 +57,21 @@ def test_seed2_loads_as_written():
     assert config.providers["sglang_tilelang"].api_key_env == "SGLANG_TILELANG_KEY"
 
 
-def test_seed1_verbatim_fails_naming_the_decode_and_prefill_sections_and_api_base():
+def test_pool_sections_verbatim_fails_naming_the_decode_and_prefill_sections_and_api_base():
     with pytest.raises(ConfigError) as caught:
-        load_config(SEEDS / "seed1.config.toml", env={})
+        load_config(ACCEPTANCE / "pool-sections.config.toml", env={})
     message = str(caught.value)
     assert message == (
-        f'{SEEDS / "seed1.config.toml"}:13: decode.api_base: section [decode] (engine "tile-rt") gives no '
+        f'{ACCEPTANCE / "pool-sections.config.toml"}:13: decode.api_base: section [decode] (engine "tile-rt") gives no '
         'address for its engine; add api_base = "http://HOST:PORT/v1" (or endpoints = [...])\n'
-        f'{SEEDS / "seed1.config.toml"}:19: prefill.api_base: section [prefill] (engine "vllm") gives no '
+        f'{ACCEPTANCE / "pool-sections.config.toml"}:19: prefill.api_base: section [prefill] (engine "vllm") gives no '
         'address for its engine; add api_base = "http://HOST:PORT/v1" (or endpoints = [...])\n'
-        f'2 errors in {SEEDS / "seed1.config.toml"}'
+        f'2 errors in {ACCEPTANCE / "pool-sections.config.toml"}'
     )
 
 
-def test_seed1_with_addresses_loads_shorthand_providers_named_after_their_engines():
-    config = load_config_text(seed1_with_addresses(), source="seed1.config.toml", env={})
+def test_pool_sections_with_addresses_loads_shorthand_providers_named_after_their_engines():
+    config = load_config_text(pool_sections_with_addresses(), source="pool-sections.config.toml", env={})
     assert list(config.providers) == ["upstream", "tile-rt", "vllm"]
     upstream, decode, prefill = config.providers.values()
     assert (upstream.role, decode.role, prefill.role) == ("upstream", "decode", "prefill")
@@ -87,16 +87,16 @@ def test_seed1_with_addresses_loads_shorthand_providers_named_after_their_engine
     assert config.server.host == "0.0.0.0"
 
 
-def test_seed1_prefill_without_address_is_named_once_decode_has_one():
+def test_pool_sections_prefill_without_address_is_named_once_decode_has_one():
     text = (
-        (SEEDS / "seed1.config.toml")
+        (ACCEPTANCE / "pool-sections.config.toml")
         .read_text()
         .replace('engine = "tile-rt"\n', 'engine = "tile-rt"\napi_base = "http://127.0.0.1:8001/v1"\n')
     )
     assert 'gw.toml: prefill.api_base: section [prefill] (engine "vllm")' in error(text)
 
 
-# --- seed2's [default] -----------------------------------------------------------------
+# --- provider_table's [default] -----------------------------------------------------------------
 
 
 def test_default_section_defines_the_provider_it_names_when_absent():
@@ -300,8 +300,8 @@ def test_default_model_no_provider_serves_is_an_error():
 
 
 def test_string_alias_expands_to_every_provider_listing_the_served_model():
-    seed2 = (SEEDS / "seed2.config.toml").read_text()
-    config = load(seed2 + '[aliases]\n"llama3" = "meta-llama/Meta-Llama-3-8B-Instruct"\n')
+    provider_table = (ACCEPTANCE / "provider-table.config.toml").read_text()
+    config = load(provider_table + '[aliases]\n"llama3" = "meta-llama/Meta-Llama-3-8B-Instruct"\n')
     assert config.aliases == {
         "llama3": {
             "sglang_local": "meta-llama/Meta-Llama-3-8B-Instruct",
@@ -423,7 +423,7 @@ def test_malformed_variable_reference_is_an_error():
 
 
 def test_unset_key_variable_is_a_warning_naming_provider_and_variable():
-    config = load_config(SEEDS / "seed2.config.toml", env={})
+    config = load_config(ACCEPTANCE / "provider-table.config.toml", env={})
     env = {"SGLANG_LOCAL_KEY": "x", "SGLANG_TILELANG_KEY": "y"}
     assert config_warnings(config, env) == [
         (

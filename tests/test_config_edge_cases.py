@@ -258,7 +258,7 @@ def test_extra_body_with_ordinary_sampling_fields_still_loads() -> None:
 
 
 @pytest.mark.parametrize("name", ["a\\nb", "", "a b"])
-def test_seed2_default_provider_name_is_validated_like_any_provider_name(name: str) -> None:
+def test_provider_table_default_provider_name_is_validated_like_any_provider_name(name: str) -> None:
     """[default] provider = "..." with api_base defined a provider without the name
     check; "a\\nb" then made every response fail (illegal header value)."""
     err = _error(f'[default]\nprovider = "{name}"\napi_base = "http://127.0.0.1:9/v1"\n')
@@ -290,7 +290,7 @@ def test_the_same_replica_written_with_and_without_v1_is_a_duplicate() -> None:
     assert err.key == "providers.a.endpoints[1]" and "duplicate" in err.message
 
 
-def test_seed2_default_api_base_without_v1_matches_its_provider_with_v1() -> None:
+def test_provider_table_default_api_base_without_v1_matches_its_provider_with_v1() -> None:
     text = '[default]\nprovider = "a"\napi_base = "http://127.0.0.1:9"\n' + PROVIDER
     assert _load(text).providers["a"].endpoints[0].base_url == "http://127.0.0.1:9/v1"
 

@@ -133,8 +133,8 @@ def test_reload_answers_with_every_mistake_and_keeps_the_running_config(tmp_path
 
 @pytest.mark.parametrize(
     "config",
-    [FIXTURES / "seeds" / "seed2.config.toml", FIXTURES / "seed1.with-addresses.config.toml"],
-    ids=["seed2", "seed1-with-addresses"],
+    [FIXTURES / "acceptance" / "provider-table.config.toml", FIXTURES / "pool-sections.with-addresses.config.toml"],
+    ids=["provider_table", "pool-sections-with-addresses"],
 )
 def test_acceptance_configs_still_pass_check(config: Path) -> None:
     result = latgate("check", "--config", str(config))

@@ -14,7 +14,7 @@ import promql_parser
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from stack import FAST, demo_stack
+from stack import FAST, demo_stack, gateway
 
 from latgate.sim import SimOptions
 
@@ -271,3 +271,25 @@ def test_rare_event_counters_start_at_zero_so_prometheus_counts_the_first_event(
             for reason in ("errors", "probes", "latency", "shared"):
                 key = (("endpoint", endpoint.id), ("provider", provider), ("reason", reason))
                 assert samples[("latgate_ejections_total", key)] == 0
+
+
+def test_a_tile_rt_provider_without_role_is_labelled_a_decode_pool() -> None:
+    """``connector = "tile_rt_connector"`` is a decode pool: the dashboard's decode-pool
+    panels (``latgate_provider_info{role="decode"}``) show it without ``role`` written."""
+    config = """
+[providers.fast]
+connector = "tile_rt_connector"
+api_base = "http://127.0.0.1:9/v1"
+[providers.bulk]
+connector = "vllm"
+api_base = "http://127.0.0.1:9/v1"
+"""
+    with gateway(config) as stack:
+        text = httpx.get(stack.url + "/metrics").text
+    roles = {
+        sample.labels["provider"]: sample.labels["role"]
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "latgate_provider_info"
+    }
+    assert roles == {"fast": "decode", "bulk": ""}

@@ -276,3 +276,44 @@ def test_healthcheck_reports_a_non_200_answer_as_unhealthy() -> None:
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
     assert result.returncode == 1 and result.stdout.strip() == f"unhealthy: {url}/healthz: HTTP 503"
+
+
+def test_healthcheck_probes_the_port_the_served_config_names(tmp_path) -> None:
+    """No URL and no $LATGATE_HEALTHCHECK_URL: the health check reads the address from
+    the config ``latgate serve`` serves ($LATGATE_CONFIG), here a port that is not 8000."""
+    from redisd import free_port
+
+    port = free_port()
+    assert port != 8000
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[server]\nhost = "127.0.0.1"\nport = {port}\n\n'
+        '[providers.vllm]\napi_base = "http://127.0.0.1:9/v1"\nmodels = ["m"]\n'
+    )
+    env = {"LATGATE_CONFIG": str(config)}
+    gateway = GatewayProcess([], env=env)
+    checked = {k: v for k, v in os.environ.items() if k != "LATGATE_HEALTHCHECK_URL"} | env
+    try:
+        url = gateway.wait_listening()
+        assert url == f"http://127.0.0.1:{port}"
+        result = subprocess.run(
+            [sys.executable, str(DOCKER / "healthcheck.py")], capture_output=True, text=True, timeout=30, env=checked, check=False
+        )
+    finally:
+        gateway.stop()
+    assert (result.returncode, result.stdout.strip()) == (0, f"healthy: {url}/healthz")
+
+
+def test_healthcheck_reads_the_entrypoint_arguments_and_probes_wildcard_hosts_on_loopback(tmp_path) -> None:
+    sys.path.insert(0, str(DOCKER))
+    try:
+        import healthcheck
+    finally:
+        sys.path.remove(str(DOCKER))
+    config = tmp_path / "config.toml"
+    config.write_text('[server]\nhost = "0.0.0.0"\nport = 9009\n\n[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n')
+    args = healthcheck.serve_arguments(["/opt/latgate/bin/latgate", "serve", "--config", str(config), "--workers", "2"])
+    assert healthcheck.served_url(args) == "http://127.0.0.1:9009/healthz"
+    assert healthcheck.served_url([*args, "--host", "::", "--port", "9010"]) == "http://[::1]:9010/healthz"
+    assert healthcheck.served_url([*args, "--host", "10.0.0.7"]) == "http://10.0.0.7:9009/healthz"
+    assert healthcheck.serve_arguments(["/sbin/init", "splash"]) == []

@@ -12,9 +12,9 @@ import pytest
 from route_command import run_route
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SEED1 = FIXTURES / "seed1.with-addresses.config.toml"
-SEED2 = FIXTURES / "seeds" / "seed2.config.toml"
-SEED2_LONG_PROMPT = "请总结以下内容：" + "测试" * 20000
+POOL_SECTIONS = FIXTURES / "pool-sections.with-addresses.config.toml"
+PROVIDER_TABLE = FIXTURES / "acceptance" / "provider-table.config.toml"
+PROVIDER_TABLE_LONG_PROMPT = "请总结以下内容：" + "测试" * 20000
 
 
 def _write_body(tmp_path: Path, body: object, name: str = "request.json") -> Path:
@@ -23,10 +23,10 @@ def _write_body(tmp_path: Path, body: object, name: str = "request.json") -> Pat
     return path
 
 
-def test_route_command_sends_seed2_long_cjk_prompt_to_sglang_tilelang(tmp_path: Path) -> None:
+def test_route_command_sends_provider_table_long_cjk_prompt_to_sglang_tilelang(tmp_path: Path) -> None:
     body = _write_body(
         tmp_path,
-        {"model": "llama-3-8b-instruct", "messages": [{"role": "user", "content": SEED2_LONG_PROMPT}]},
+        {"model": "llama-3-8b-instruct", "messages": [{"role": "user", "content": PROVIDER_TABLE_LONG_PROMPT}]},
     )
     result = subprocess.run(
         [
@@ -35,7 +35,7 @@ def test_route_command_sends_seed2_long_cjk_prompt_to_sglang_tilelang(tmp_path: 
             "latgate",
             "route",
             "--config",
-            str(SEED2),
+            str(PROVIDER_TABLE),
             "-H",
             "X-Route-Policy: long-context-prefer-tilelang",
             str(body),
@@ -91,14 +91,14 @@ def test_route_command_reports_an_unknown_model_in_one_line_and_exits_1(tmp_path
         (["X-Latency-Budget-Ms: 500"], "vllm", "default"),
     ],
 )
-def test_route_headers_mark_latency_on_seed1(
+def test_route_headers_mark_latency_on_pool_sections(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], headers: list[str], provider: str, reason: str
 ) -> None:
     body = _write_body(
         tmp_path, {"model": "glm-5.1-highspeed", "messages": [{"role": "user", "content": "hi"}]}
     )
     args = [arg for header in headers for arg in ("-H", header)]
-    code, out, _ = run_route("--config", str(SEED1), *args, str(body), capsys=capsys)
+    code, out, _ = run_route("--config", str(POOL_SECTIONS), *args, str(body), capsys=capsys)
     decision = json.loads(out)
     assert code == 0
     assert (decision["provider"], decision["reason"], decision["endpoint"]) == (
@@ -122,15 +122,15 @@ def test_route_reads_the_body_from_stdin(
     monkeypatch.setattr(
         sys, "stdin", io.StringIO(json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
     )
-    code, out, _ = run_route("--config", str(SEED2), "-", capsys=capsys)
+    code, out, _ = run_route("--config", str(PROVIDER_TABLE), "-", capsys=capsys)
     assert code == 0
-    assert json.loads(out)["model"] == "llama-3-8b-instruct"  # seed2's default_model
+    assert json.loads(out)["model"] == "llama-3-8b-instruct"  # provider_table's default_model
 
 
 def test_route_uses_latgate_config_from_the_environment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("LATGATE_CONFIG", str(SEED2))
+    monkeypatch.setenv("LATGATE_CONFIG", str(PROVIDER_TABLE))
     code, out, _ = run_route(str(_write_body(tmp_path, {"model": "qwen2.5-72b-instruct"})), capsys=capsys)
     assert code == 0 and json.loads(out)["provider"] == "taotoken"
 
@@ -149,14 +149,14 @@ def test_route_bad_input_is_one_error_line_and_exit_1(
 ) -> None:
     path = tmp_path / "request.json"
     path.write_text(body, encoding="utf-8")
-    code, out, err = run_route("--config", str(SEED2), *argv_tail, str(path), capsys=capsys)
+    code, out, err = run_route("--config", str(PROVIDER_TABLE), *argv_tail, str(path), capsys=capsys)
     assert code == 1 and out == ""
     assert err.startswith("latgate: error: ") and err.count("\n") == 1
     assert message in err
 
 
 def test_route_missing_files_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run_route("--config", str(SEED2), str(tmp_path / "absent.json"), capsys=capsys)
+    code, _, err = run_route("--config", str(PROVIDER_TABLE), str(tmp_path / "absent.json"), capsys=capsys)
     assert code == 1 and "absent.json: no such file" in err
     body = _write_body(tmp_path, {"model": "m"})
     code, _, err = run_route("--config", str(tmp_path / "absent.toml"), str(body), capsys=capsys)
@@ -164,14 +164,14 @@ def test_route_missing_files_are_named(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_route_config_error_is_one_line_per_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    verbatim_seed1 = FIXTURES / "seeds" / "seed1.config.toml"  # two sections without an address
+    verbatim_pool_sections = FIXTURES / "acceptance" / "pool-sections.config.toml"  # two sections without an address
     code, out, err = run_route(
-        "--config", str(verbatim_seed1), str(_write_body(tmp_path, {"model": "m"})), capsys=capsys
+        "--config", str(verbatim_pool_sections), str(_write_body(tmp_path, {"model": "m"})), capsys=capsys
     )
     assert code == 1 and out == "" and err.count("\n") == 3
     *problems, count = err.splitlines()
-    assert all(line.startswith(f"latgate: error: {verbatim_seed1}:") for line in problems)
-    assert count == f"latgate: error: 2 errors in {verbatim_seed1}"
+    assert all(line.startswith(f"latgate: error: {verbatim_pool_sections}:") for line in problems)
+    assert count == f"latgate: error: 2 errors in {verbatim_pool_sections}"
 
 
 def test_route_into_a_reader_that_left_exits_quietly(tmp_path: Path) -> None:
@@ -181,7 +181,7 @@ def test_route_into_a_reader_that_left_exits_quietly(tmp_path: Path) -> None:
     os.close(read_end)
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "latgate", "route", "--config", str(SEED2), str(body)],
+            [sys.executable, "-m", "latgate", "route", "--config", str(PROVIDER_TABLE), str(body)],
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,
@@ -214,7 +214,7 @@ def test_route_example_request_with_another_config_names_the_models_it_serves() 
     root = Path(__file__).resolve().parent.parent
     result = subprocess.run(
         [sys.executable, "-m", "latgate", "route", "examples/REQUEST.json",
-         "--config", "tests/fixtures/seeds/seed2.config.toml"],
+         "--config", "tests/fixtures/acceptance/provider-table.config.toml"],
         capture_output=True, text=True, timeout=60, check=False, cwd=root,
     )  # fmt: skip
     assert result.returncode == 1 and result.stdout == ""

@@ -1,4 +1,4 @@
-"""Routing rules and their order, on plain Config objects and on the two seed configs."""
+"""Routing rules and their order, on plain Config objects and on the two acceptance configs."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from latgate.routing.models import same_model
 from latgate.routing.tokens import ExactTokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SEED2_LONG_PROMPT = "请总结以下内容：" + "测试" * 20000
+PROVIDER_TABLE_LONG_PROMPT = "请总结以下内容：" + "测试" * 20000
 
 
 def _provider(
@@ -511,21 +511,21 @@ def test_unloadable_tokenizer_is_a_config_error_naming_the_key(tmp_path: Path) -
         Router(config)
 
 
-# -- the seed configs -----------------------------------------------------------------
+# -- the acceptance configs (tests/fixtures/acceptance) -------------------------------
 
 
 @pytest.fixture(scope="module")
-def seed2() -> Router:
-    return Router(load_config(FIXTURES / "seeds" / "seed2.config.toml"))
+def provider_table() -> Router:
+    return Router(load_config(FIXTURES / "acceptance" / "provider-table.config.toml"))
 
 
 @pytest.fixture(scope="module")
-def seed1() -> Router:
-    return Router(load_config(FIXTURES / "seed1.with-addresses.config.toml"))
+def pool_sections() -> Router:
+    return Router(load_config(FIXTURES / "pool-sections.with-addresses.config.toml"))
 
 
-def test_seed2_short_chat_goes_to_taotoken_by_default(seed2: Router) -> None:
-    decision = seed2.decide(_chat(model="llama-3-8b-instruct"), {})
+def test_provider_table_short_chat_goes_to_taotoken_by_default(provider_table: Router) -> None:
+    decision = provider_table.decide(_chat(model="llama-3-8b-instruct"), {})
     assert (decision.provider, decision.model, decision.reason) == (
         "taotoken",
         "llama-3-8b-instruct",
@@ -533,30 +533,30 @@ def test_seed2_short_chat_goes_to_taotoken_by_default(seed2: Router) -> None:
     )
 
 
-def test_seed2_long_cjk_prompt_goes_to_sglang_tilelang_with_the_served_model_name(seed2: Router) -> None:
-    decision = seed2.decide(_chat(SEED2_LONG_PROMPT, model="llama-3-8b-instruct"), {})
+def test_provider_table_long_cjk_prompt_goes_to_sglang_tilelang_with_the_served_model_name(provider_table: Router) -> None:
+    decision = provider_table.decide(_chat(PROVIDER_TABLE_LONG_PROMPT, model="llama-3-8b-instruct"), {})
     assert (decision.provider, decision.reason) == ("sglang_tilelang", "long_context")
     assert decision.model == "meta-llama/Meta-Llama-3-8B-Instruct"
     assert decision.public_model == "llama-3-8b-instruct"
     assert decision.prompt_tokens > 16384
 
 
-def test_seed2_cline_policy_header_naming_no_policy_still_routes_long_prompts(seed2: Router) -> None:
+def test_provider_table_cline_policy_header_naming_no_policy_still_routes_long_prompts(provider_table: Router) -> None:
     headers = {"x-route-policy": "long-context-prefer-tilelang"}
-    decision = seed2.decide(_chat(SEED2_LONG_PROMPT, model="llama-3-8b-instruct"), headers)
+    decision = provider_table.decide(_chat(PROVIDER_TABLE_LONG_PROMPT, model="llama-3-8b-instruct"), headers)
     assert (decision.provider, decision.reason) == ("sglang_tilelang", "long_context")
     assert any("long-context-prefer-tilelang" in note for note in decision.notes)
-    short = seed2.decide(_chat(model="llama-3-8b-instruct"), headers)
+    short = provider_table.decide(_chat(model="llama-3-8b-instruct"), headers)
     assert (short.provider, short.reason) == ("taotoken", "default")
 
 
-def test_seed2_request_without_model_uses_the_default_model(seed2: Router) -> None:
-    decision = seed2.decide(_chat(model=None), {})
+def test_provider_table_request_without_model_uses_the_default_model(provider_table: Router) -> None:
+    decision = provider_table.decide(_chat(model=None), {})
     assert (decision.provider, decision.model) == ("taotoken", "llama-3-8b-instruct")
 
 
-def test_seed2_served_name_goes_to_the_first_local_instance_by_model_rule(seed2: Router) -> None:
-    decision = seed2.decide(_chat(model="meta-llama/Meta-Llama-3-8B-Instruct"), {})
+def test_provider_table_served_name_goes_to_the_first_local_instance_by_model_rule(provider_table: Router) -> None:
+    decision = provider_table.decide(_chat(model="meta-llama/Meta-Llama-3-8B-Instruct"), {})
     assert (decision.provider, decision.reason) == ("sglang_local", "model")
 
 
@@ -569,13 +569,13 @@ def test_seed2_served_name_goes_to_the_first_local_instance_by_model_rule(seed2:
         ({}, "vllm", "default"),
     ],
 )
-def test_seed1_latency_marker_routes_to_tile_rt_and_the_rest_to_vllm(
-    seed1: Router, headers: dict[str, str], provider: str, reason: str
+def test_pool_sections_latency_marker_routes_to_tile_rt_and_the_rest_to_vllm(
+    pool_sections: Router, headers: dict[str, str], provider: str, reason: str
 ) -> None:
-    decision = seed1.decide(_chat(model="glm-5.1-highspeed"), headers)
+    decision = pool_sections.decide(_chat(model="glm-5.1-highspeed"), headers)
     assert (decision.provider, decision.reason) == (provider, reason)
 
 
-def test_seed1_fallback_model_glm_5_1_backs_up_glm_5_1_highspeed(seed1: Router) -> None:
-    decision = seed1.decide(_chat(model="glm-5.1-highspeed"), {"x-latency-sensitive": "1"})
+def test_pool_sections_fallback_model_glm_5_1_backs_up_glm_5_1_highspeed(pool_sections: Router) -> None:
+    decision = pool_sections.decide(_chat(model="glm-5.1-highspeed"), {"x-latency-sensitive": "1"})
     assert decision.candidates[1:] == (Target("tile-rt", "glm-5.1", "fallback:tile-rt", fallback_model="glm-5.1"),)

@@ -67,7 +67,7 @@ MIXED = (
     '    with open(path) as f:\n        return json.load(f)["items"]\n```\n'
     "运行时提示 KeyError: 'items'，但是文件里明明有这个字段。"
 )
-SEED2_LONG_PROMPT = "请总结以下内容：" + "测试" * 20000
+PROVIDER_TABLE_LONG_PROMPT = "请总结以下内容：" + "测试" * 20000
 
 # Exact counts of the samples above, measured offline with the cl100k_base and
 # o200k_base vocabularies (tiktoken-compatible BPE).
@@ -123,10 +123,10 @@ def test_english_prose_is_about_four_characters_per_token() -> None:
     assert 3.5 <= len(ENGLISH) / estimate_text_tokens(ENGLISH) <= 6.0
 
 
-def test_seed2_long_cjk_prompt_is_over_the_long_context_threshold() -> None:
-    assert len(SEED2_LONG_PROMPT) == 40008
-    assert estimate_text_tokens(SEED2_LONG_PROMPT) > 16384
-    body = {"model": "llama-3-8b-instruct", "messages": [{"role": "user", "content": SEED2_LONG_PROMPT}]}
+def test_provider_table_long_cjk_prompt_is_over_the_long_context_threshold() -> None:
+    assert len(PROVIDER_TABLE_LONG_PROMPT) == 40008
+    assert estimate_text_tokens(PROVIDER_TABLE_LONG_PROMPT) > 16384
+    body = {"model": "llama-3-8b-instruct", "messages": [{"role": "user", "content": PROVIDER_TABLE_LONG_PROMPT}]}
     assert estimate_prompt_tokens(body) > 16384
 
 

@@ -76,20 +76,40 @@ def claude_code(s: ClientSettings) -> tuple[str, list[str]]:
     return json.dumps({"env": env}, indent=2), notes
 
 
+#: where the Cline CLI (3.x, ``npm i -g cline``) keeps a provider's settings; ``cline
+#: auth`` writes the entry, and ``settings.headers`` of it is sent with every request
+CLINE_PROVIDERS_FILE = "~/.cline/data/settings/providers.json"
+
+
 def cline(s: ClientSettings) -> tuple[str, list[str]]:
-    settings: dict[str, object] = {
-        "cline.apiProvider": "openai",
-        "cline.openai.baseUrl": s.v1,
-        "cline.openai.apiKey": s.key,
-        "cline.openai.model": s.model,
-        "cline.openai.timeout": s.timeout_ms,
-    }
-    if s.headers:
-        settings["cline.customHeaders"] = s.headers
-    notes = [
-        'in the Cline panel: API Provider "OpenAI Compatible", the same base URL, key, model ID and custom headers'
+    """The Cline CLI's commands (``cline auth`` writes :data:`CLINE_PROVIDERS_FILE`; custom
+    headers, which it has no option for, go into that file's ``settings.headers``). The
+    VS Code extension reads no ``settings.json`` keys: its panel fields go to stderr."""
+    lines = [
+        f"# Cline CLI (npm i -g cline): cline auth writes {CLINE_PROVIDERS_FILE}",
+        shlex.join(["cline", "auth", "-p", "openai", "-b", s.v1, "-k", s.key, "-m", s.model]),
     ]
-    return json.dumps(settings, indent=2), notes
+    if s.headers:
+        edit = (
+            "import json, pathlib; "
+            'p = pathlib.Path.home() / ".cline/data/settings/providers.json"; '
+            "d = json.loads(p.read_text()); "
+            f'd["providers"]["openai-compatible"]["settings"]["headers"] = {json.dumps(s.headers)}; '
+            "p.write_text(json.dumps(d, indent=2))"
+        )
+        lines += [
+            '# custom headers: cline auth has no option for them; they go in the same file, under "headers"',
+            shlex.join(["python3", "-c", edit]),
+        ]
+    lines.append(f"# then: {shlex.join(['cline', '-P', 'openai', '-m', s.model, 'your task'])}")
+    headers = ", ".join(f"{name}: {value}" for name, value in s.headers.items())
+    notes = [
+        "the VS Code extension reads no settings.json keys: in the Cline panel choose API Provider "
+        f'"OpenAI Compatible", Base URL {s.v1}, API Key the gateway key, Model ID {s.model}'
+        + (f", Custom Headers {headers}" if headers else "")
+        + f", and a request timeout of at least {s.timeout_ms} ms"
+    ]
+    return "\n".join(lines), notes
 
 
 def continue_(s: ClientSettings) -> tuple[str, list[str]]:

@@ -7,7 +7,9 @@ client          what is printed (stdout)                  base URL
 ==============  ========================================  ================================
 claude-code     ``~/.claude/settings.json`` (``env``)     without ``/v1`` (it appends
                                                           ``/v1/messages``)
-cline           VS Code settings JSON                     with ``/v1``
+cline           the Cline CLI's ``cline auth`` command     with ``/v1``
+                (headers into its providers.json); the
+                VS Code panel's fields on stderr
 codex           ``~/.codex/config.toml`` (Responses API)   with ``/v1``
 continue        a ``config.yaml`` ``models:`` list         with ``/v1``
 cursor          the values for Settings > Models          with ``/v1``; public HTTPS only

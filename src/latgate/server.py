@@ -15,6 +15,7 @@ import sys
 from latgate.config import ConfigError, config_warnings, load_config, resolve_config_path
 from latgate.config.warnings import per_worker_limits_warning
 from latgate.logs import LOG_FORMATS, configure_logging
+from latgate.routing.reach import rule_reach
 
 DEFAULT_DRAIN_TIMEOUT_SECONDS = 25.0  # inside Kubernetes' default 30 s termination grace period
 
@@ -63,7 +64,8 @@ def setup_logging(level: str, log_format: str = "text") -> None:
 
 
 def describe(config) -> list[str]:
-    """The startup lines: which providers, connectors and routes are live."""
+    """The startup lines: which providers, connectors and routes are live, and for each
+    rule and fallback the models it applies to (:func:`latgate.routing.reach.rule_reach`)."""
     lines = []
     for name, provider in config.providers.items():
         models = ", ".join(provider.models) or "any model"
@@ -83,6 +85,9 @@ def describe(config) -> list[str]:
         rules.append("policies=" + ",".join(r.policies))
     rules.append(f"default->{r.default_route}")
     lines.append("routes: " + " | ".join(rules))
+    for reach in rule_reach(config):
+        label = reach.rule if reach.rule.startswith("fallback ") else f"{reach.rule} -> {reach.provider}"
+        lines.append(f"{label}: {reach.summary()}")
     return lines
 
 

@@ -34,7 +34,7 @@ AGENT_SIM = {
     "preferred_tools": SHELL_TOOLS,
 }
 
-#: The seed1 system (decode pool, throughput pool, hosted upstream), long-context rule
+#: The pool-sections system (decode pool, throughput pool, hosted upstream), long-context rule
 #: out of the way so each agent's model decides its provider:
 #: ``glm-5.1-highspeed`` -> tile-rt (latency-sensitive), ``qwen2.5-72b-instruct`` ->
 #: taotoken (the only provider serving it), anything else (``glm-5.1``, Claude and GPT
@@ -102,7 +102,7 @@ class AgentStack:
 
 @contextlib.contextmanager
 def agent_stack() -> Iterator[AgentStack]:
-    """latgate with the three seed1 providers, each a fast simulator."""
+    """latgate with the three pool-sections providers, each a fast simulator."""
     names = ("tile-rt", "vllm", "taotoken")
     with simulators({name: SimOptions(name=name, **AGENT_SIM) for name in names}) as sims:
         text = CONFIG.format(tile=sims["tile-rt"][0], vllm=sims["vllm"][0], tao=sims["taotoken"][0])

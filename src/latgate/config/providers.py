@@ -65,6 +65,11 @@ REQUEST_OWNED_FIELDS: dict[str, str] = {
 _ADDRESS_FIX = 'add api_base = "http://HOST:PORT/v1" (or endpoints = [...])'
 
 
+#: the role a provider has when it sets none and its connector says what kind of pool it
+#: is: a TileRT PD router is a low-latency decode pool (docs/configuration.md "What role
+#: does"); vLLM and SGLang engines serve either kind, so they get none
+EVIDENT_ROLES = {"tile_rt_connector": "decode"}
+
 def build_provider(section: ProviderSection, problems: Problems) -> ProviderConfig | None:
     """Validate one provider section and return its frozen config.
 
@@ -107,6 +112,8 @@ def build_provider(section: ProviderSection, problems: Problems) -> ProviderConf
             fields[name] = str(tokenizer_path(source, fields[name]))
     if section.role is not None:
         fields["role"] = section.role
+    if "role" not in fields and connector_ok and connector in EVIDENT_ROLES:
+        fields["role"] = EVIDENT_ROLES[connector]
     provider = validate_model(ProviderConfig, fields, problems, prefix=section.key)
     if provider is None:
         return None

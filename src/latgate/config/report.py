@@ -36,7 +36,9 @@ from latgate.config.warnings import config_warnings
 from latgate.connectors import get_connector
 from latgate.proxy.egress import Egress, egress_for
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
+from latgate.routing.decision import Router
 from latgate.routing.models import same_model
+from latgate.routing.reach import Reach, fallback_suggestion, rule_reach
 from latgate.store.resp import RespAuthError, RespClient, RespError
 
 PROBE_TIMEOUT_SECONDS = 3.0
@@ -121,21 +123,22 @@ def _same_model_rows(config: Config) -> list[str]:
     return rows
 
 
-def _fallback_rows(config: Config) -> list[str]:
+def _fallback_rows(config: Config, router: Router, reaches: list[Reach]) -> list[str]:
     """Where a request goes when its provider fails before the first byte: its retries,
-    then ``[routing] fallbacks`` in order (or, unset, no other provider)."""
+    then ``[routing] fallbacks`` in order, each link with the models it applies to (or,
+    unset, no other provider, and an entry that would apply)."""
     routing, retries = config.routing, config.defaults.max_retries
     retried = f"a failed request is retried on its own provider (max_retries {retries})"
     if any(m.fallback_model for m in config.models.values()):
         retried += ", then with its [models] fallback_model where one is set"
     if routing.fallbacks:
         chains = "; ".join(f"{origin} -> {' -> '.join(nexts)}" for origin, nexts in routing.fallbacks.items())
-        return [_row("fallbacks", f"{retried}, then: {chains}")]
+        rows = [_row("fallbacks", f"{retried}, then: {chains}")]
+        return rows + [_row("", f"{r.rule.removeprefix('fallback ')}: {r.summary()}") for r in reaches if r.rule.startswith("fallback ")]
     rows = [_row("fallbacks", f"{retried}, then fails: no other provider is tried ([routing] fallbacks unset)")]
-    others = [name for name in config.providers if name != routing.default_route]
-    if others:
-        upstream = next((p.name for p in config.providers.values() if p.role == "upstream"), others[0])
-        rows.append(_row("", f'to fail over, e.g. fallbacks = {{ "{routing.default_route}" = ["{upstream}"] }}'))
+    suggestion = fallback_suggestion(config, router)
+    if suggestion is not None:
+        rows.append(_row("", f"to fail over, e.g. {suggestion}"))
     return rows
 
 
@@ -216,7 +219,11 @@ def _model_text(config: Config, public: str) -> str:
 
 
 def _routing_lines(config: Config) -> list[str]:
+    """The rules in the order they apply, each configured one followed by the models it
+    applies to and those it never applies to (:func:`latgate.routing.reach.rule_reach`)."""
     routing = config.routing
+    router = Router(config, exact_tokenizers={})
+    reaches = rule_reach(config, router)
     override = (
         "X-Route-To: PROVIDER honoured"
         if routing.allow_route_override
@@ -245,8 +252,15 @@ def _routing_lines(config: Config) -> list[str]:
     )
     rules.append(("model", "a model only some providers serve goes to those providers"))
     rules.append(("default", f"-> {routing.default_route}"))
-    lines = [_row(f"{i}. {name}", text) for i, (name, text) in enumerate(rules, start=1)]
-    lines += _fallback_rows(config)
+    reached = {"long context": ["long context"], "latency-sensitive": ["latency-sensitive"], "policy": ['policy "']}
+    lines = []
+    for i, (name, text) in enumerate(rules, start=1):
+        lines.append(_row(f"{i}. {name}", text))
+        for reach in reaches:
+            if any(reach.rule.startswith(prefix) for prefix in reached.get(name, ())):
+                label = reach.rule.removesuffix(" long context").removesuffix(" route_to") + ": " if name == "policy" else ""
+                lines.append(_row("", f"{label}{reach.summary()}"))
+    lines += _fallback_rows(config, router, reaches)
     lines.append(_row("default model", routing.default_model or "none (the client's model is required)"))
     lines.append(_row("strategy", f"{routing.strategy}: {STRATEGY_TEXT[routing.strategy]}"))
     return lines

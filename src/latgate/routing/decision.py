@@ -216,6 +216,35 @@ class Router:
         notes.append(f"{reason} rule skipped: {skipped_note(self._providers[provider], public)}")
         return None
 
+    @property
+    def latency_target(self) -> str | None:
+        """The provider latency-sensitive requests go to: ``route_latency_sensitive_to``,
+        else the first provider flagged ``latency_sensitive``, else None."""
+        return self._latency_target
+
+    def rule_upstream(self, provider: str, public: str) -> str | None:
+        """The model a configured rule (long context, latency-sensitive, a policy's
+        ``route_to``, an override) sends ``provider`` for the public name ``public``,
+        or None when the rule is skipped for it (``latgate check`` asks this)."""
+        return self._rule_upstream(provider, public)
+
+    def fallback_targets(self, provider: str, public: str) -> tuple[tuple[Target, ...], tuple[str, ...]]:
+        """``(targets, notes)``: the fallbacks a request for ``public`` gets when
+        ``provider`` is its primary, and why configured ones were skipped (the same
+        computation :meth:`decide` makes). ``provider`` must serve ``public``
+        (:meth:`rule_upstream` is not None)."""
+        upstream = self._rule_upstream(provider, public)
+        if upstream is None:
+            raise ValueError(f"provider {provider!r} does not serve {public!r}")
+        notes: list[str] = []
+        targets = self._fallbacks(Target(provider, upstream, "default"), public, notes)
+        return targets, tuple(notes)
+
+    def serving(self, public: str) -> dict[str, str]:
+        """``{provider: upstream model}`` for every provider serving ``public`` by name
+        (an alias, a listed name, no model list, or the catch-all), file order."""
+        return dict(self._serving(public))
+
     def serves(self, public: str) -> bool:
         """Whether a request for the public model name ``public`` would be routed (a
         listed name, an alias, a provider without a model list, or the catch-all)."""

@@ -1,6 +1,6 @@
-"""The two seed systems, end to end: their config files (seed2 verbatim, seed1 with the
-engine addresses it lacks) with every address pointed at a simulator on loopback, and
-the official openai SDK as the client, routing as tests/fixtures/seeds/README.md says."""
+"""The two acceptance configs, end to end: their files (the provider table verbatim, the pool
+sections with the engine addresses they lack) with every address pointed at a simulator on loopback, and
+the official openai SDK as the client, routing as tests/fixtures/acceptance/README.md says."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from stack import FAST, gateway, simulators
 
 from latgate.sim import SimOptions
 
-SEEDS = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent / "fixtures"
 LONG_CJK_PROMPT = "请总结以下内容：" + "测试" * 20000
 
 
-def seed2_text(urls: dict[str, str]) -> str:
-    text = (SEEDS / "seeds" / "seed2.config.toml").read_text(encoding="utf-8")
+def provider_table_text(urls: dict[str, str]) -> str:
+    text = (FIXTURES / "acceptance" / "provider-table.config.toml").read_text(encoding="utf-8")
     return (
         text.replace("http://127.0.0.1:30000/v1", urls["sglang_local"] + "/v1")
         .replace("http://127.0.0.1:30001/v1", urls["sglang_tilelang"] + "/v1")
@@ -25,7 +25,7 @@ def seed2_text(urls: dict[str, str]) -> str:
     )
 
 
-def seed2_sims():
+def provider_table_sims():
     served = ("meta-llama/Meta-Llama-3-8B-Instruct",)
     return simulators(
         {
@@ -36,8 +36,8 @@ def seed2_sims():
     )
 
 
-def test_seed2_short_chat_goes_to_the_default_channel_with_text_and_usage() -> None:
-    with seed2_sims() as sims, gateway(seed2_text({k: v[0] for k, v in sims.items()})) as gw:
+def test_provider_table_short_chat_goes_to_the_default_channel_with_text_and_usage() -> None:
+    with provider_table_sims() as sims, gateway(provider_table_text({k: v[0] for k, v in sims.items()})) as gw:
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
         raw = client.chat.completions.with_raw_response.create(
             model="llama-3-8b-instruct", messages=[{"role": "user", "content": "hello"}]
@@ -50,9 +50,9 @@ def test_seed2_short_chat_goes_to_the_default_channel_with_text_and_usage() -> N
         assert sims["taotoken"][1].stats.last_request.path.endswith("/api/v1/chat/completions")
 
 
-def test_seed2_long_chinese_prompt_goes_to_sglang_tilelang_with_the_served_model_and_extra_body() -> None:
-    with seed2_sims() as sims, gateway(seed2_text({k: v[0] for k, v in sims.items()})) as gw:
-        # as seed2.cline-settings.json configures Cline: a custom X-Route-Policy header
+def test_provider_table_long_chinese_prompt_goes_to_sglang_tilelang_with_the_served_model_and_extra_body() -> None:
+    with provider_table_sims() as sims, gateway(provider_table_text({k: v[0] for k, v in sims.items()})) as gw:
+        # as provider-table.cline-settings.json configures Cline: a custom X-Route-Policy header
         client = openai.OpenAI(
             base_url=gw.url + "/v1",
             api_key="k",
@@ -80,8 +80,8 @@ def test_seed2_long_chinese_prompt_goes_to_sglang_tilelang_with_the_served_model
         assert sims["taotoken"][1].stats.requests_total == 0
 
 
-def seed1_text(urls: dict[str, str]) -> str:
-    text = (SEEDS / "seed1.with-addresses.config.toml").read_text(encoding="utf-8")
+def pool_sections_text(urls: dict[str, str]) -> str:
+    text = (FIXTURES / "pool-sections.with-addresses.config.toml").read_text(encoding="utf-8")
     return (
         text.replace("http://127.0.0.1:18101/v1", urls["tile-rt"] + "/v1")
         .replace("http://127.0.0.1:18102/v1", urls["vllm"] + "/v1")
@@ -89,7 +89,7 @@ def seed1_text(urls: dict[str, str]) -> str:
     )
 
 
-def seed1_sims():
+def pool_sections_sims():
     return simulators(
         {
             "tile-rt": SimOptions(name="tile-rt", max_batch_size=8, prefix_cache=True, **FAST),
@@ -99,8 +99,8 @@ def seed1_sims():
     )
 
 
-def test_seed1_latency_sensitive_request_streams_from_the_tile_rt_decode_pool() -> None:
-    with seed1_sims() as sims, gateway(seed1_text({k: v[0] for k, v in sims.items()})) as gw:
+def test_pool_sections_latency_sensitive_request_streams_from_the_tile_rt_decode_pool() -> None:
+    with pool_sections_sims() as sims, gateway(pool_sections_text({k: v[0] for k, v in sims.items()})) as gw:
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
         for headers in ({"X-Latency-Sensitive": "1"}, {"X-Latency-Budget-Ms": "200"}):
             raw = client.chat.completions.with_raw_response.create(
@@ -117,8 +117,8 @@ def test_seed1_latency_sensitive_request_streams_from_the_tile_rt_decode_pool() 
         assert sims["vllm"][1].stats.requests_total == 0
 
 
-def test_seed1_unmarked_request_stays_on_the_vllm_pool() -> None:
-    with seed1_sims() as sims, gateway(seed1_text({k: v[0] for k, v in sims.items()})) as gw:
+def test_pool_sections_unmarked_request_stays_on_the_vllm_pool() -> None:
+    with pool_sections_sims() as sims, gateway(pool_sections_text({k: v[0] for k, v in sims.items()})) as gw:
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
         raw = client.chat.completions.with_raw_response.create(
             model="glm-5.1", messages=[{"role": "user", "content": "hi"}], extra_headers={"X-Latency-Budget-Ms": "201"}
@@ -129,7 +129,7 @@ def test_seed1_unmarked_request_stays_on_the_vllm_pool() -> None:
         assert sims["tile-rt"][1].stats.requests_total == 0
 
 
-SEED1_SHAPE_TABLES = """
+POOL_SECTIONS_SHAPE_TABLES = """
 [providers.tile-rt]
 api_base = "{tile-rt}/v1"
 connector = "vllm"
@@ -144,14 +144,14 @@ default_route = "vllm"
 """
 
 
-def seed1_shape_tables(urls: dict[str, str]) -> str:
-    """The seed1 shape written as provider tables without roles (no role prior to help)."""
-    return SEED1_SHAPE_TABLES.replace("{tile-rt}", urls["tile-rt"]).replace("{vllm}", urls["vllm"])
+def pool_sections_shape_tables(urls: dict[str, str]) -> str:
+    """The pool_sections shape written as provider tables without roles (no role prior to help)."""
+    return POOL_SECTIONS_SHAPE_TABLES.replace("{tile-rt}", urls["tile-rt"]).replace("{vllm}", urls["vllm"])
 
 
-@pytest.mark.parametrize("config", [seed1_text, seed1_shape_tables], ids=["seed1", "provider-tables"])
-def test_seed1_after_an_ordinary_stream_latency_sensitive_requests_still_reach_the_idle_decode_pool(config) -> None:
-    with seed1_sims() as sims, gateway(config({k: v[0] for k, v in sims.items()})) as gw:
+@pytest.mark.parametrize("config", [pool_sections_text, pool_sections_shape_tables], ids=["pool_sections", "provider-tables"])
+def test_pool_sections_after_an_ordinary_stream_latency_sensitive_requests_still_reach_the_idle_decode_pool(config) -> None:
+    with pool_sections_sims() as sims, gateway(config({k: v[0] for k, v in sims.items()})) as gw:
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
         ordinary = client.chat.completions.with_raw_response.create(
             model="glm-5.1-highspeed", messages=[{"role": "user", "content": "hi"}], stream=True
