@@ -85,6 +85,10 @@ KNOWN_DEBTS: dict[tuple[str, str], str] = {
     ("latgate.config.report", "latgate.proxy.upstream"): "latgate check --probe is a command living in config/",
     ("latgate.config.report", "latgate.routing.models"): "latgate check is a command living in config/",
     ("latgate.config.report", "latgate.store.resp"): "latgate check --probe is a command living in config/",
+    ("latgate.config.report", "latgate.routing.decision"): "latgate check asks the router which rules apply (a command living in config/)",
+    ("latgate.config.report", "latgate.routing.reach"): "latgate check asks the router which rules apply (a command living in config/)",
+    ("latgate.config.warnings", "latgate.routing.decision"): "rule warnings come from the router itself, so check and serve cannot disagree with routing (to move up with check)",
+    ("latgate.config.warnings", "latgate.routing.reach"): "rule warnings come from the router itself, so check and serve cannot disagree with routing (to move up with check)",
 }
 
 #: each a frozenset of modules that import each other in a cycle, with the reason

@@ -26,6 +26,7 @@ from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
 from latgate.metrics import Metrics
 from latgate.providers import ProviderPool
+from latgate.providers.carry import carry_live_state
 from latgate.providers.catalog import public_model_object
 from latgate.proxy.exchange import DRAIN_CUT_STATUS, Exchange
 from latgate.proxy.forward import Forwarder
@@ -59,7 +60,7 @@ class Gateway:
         tracing: starts a span per request (:mod:`latgate.tracing`); ``None``: off.
         recent: the ring finished requests join (``/ui``, :mod:`latgate.ui`); ``None``: off.
         previous: the gateway this one replaces on a reload: its providers' live state
-            is carried over (:meth:`ProviderPool.carry_from`).
+            is carried over (:func:`latgate.providers.carry.carry_live_state`).
 
     Attributes (with ``[auth]`` / Redis only, else ``None``): ``guard`` checks keys
     (:mod:`latgate.auth`); ``health_sync`` shares endpoint health with other replicas.
@@ -83,7 +84,9 @@ class Gateway:
         self.metrics = metrics
         self.client = client
         self.router = Router(config)
-        self.pool = ProviderPool(config, metrics=metrics, env=env, previous=None if previous is None else previous.pool)
+        self.pool = ProviderPool(config, metrics=metrics, env=env)
+        if previous is not None:  # a reload: before anything else sees the new pool
+            carry_live_state(self.pool, previous.pool, metrics=metrics)
         self.forwarder = Forwarder(config=config, pool=self.pool, client=client, metrics=metrics)
         self.store = open_store(config.state) if store is None else store
         self.guard: AuthGuard | None = None

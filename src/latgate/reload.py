@@ -12,7 +12,7 @@ What carries over: the metrics (counters keep counting, so ``rate()`` stays cont
 the pooled upstream client when the ``[defaults]`` timeouts are unchanged, the
 rate-limit state, and the live state of every endpoint whose provider keeps its name,
 connector, engine and role and whose URL is unchanged (TTFT and ITL fits, counters,
-in-flight counts, circuit state: :meth:`~latgate.providers.ProviderPool.carry_from`).
+in-flight counts, circuit state: :func:`~latgate.providers.carry.carry_live_state`).
 What starts afresh: the live numbers of endpoints that are new, moved to another URL,
 or whose provider changed connector, engine or role. What needs a restart: the listen address (``[server] host``/``port``): a reload whose file
 names another address than the one the process listens on (:class:`ListenAddress`, not

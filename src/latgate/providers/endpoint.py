@@ -160,7 +160,7 @@ class EndpointRuntime:
         key and breaker (the new pool's), and its configured capacity when the config
         changed it (``before`` / ``after``: the provider's configs; else a capacity the
         engine reported stays). Everything measured stays (see
-        :meth:`ProviderPool.carry_from`)."""
+        :func:`~latgate.providers.carry.carry_live_state`)."""
         if configured_capacity(before, self.config) != configured_capacity(after, fresh.config):
             self.capacity = fresh.capacity
         self.config, self.key, self.breaker = fresh.config, fresh.key, fresh.breaker

@@ -21,7 +21,6 @@ from latgate.config.apikeys import header_key
 from latgate.config.schema import Config, ProviderConfig
 from latgate.connectors import Connector, get_connector
 from latgate.metrics import Metrics
-from latgate.providers.carry import carry_live_state
 from latgate.providers.endpoint import EWMA_ALPHA, EndpointRuntime
 from latgate.providers.health import (
     CLOSED,
@@ -125,8 +124,6 @@ class ProviderPool:
         env: where ``api_key_env`` variables are read (``os.environ`` by default).
         clock: seconds, monotonic: circuit timing and engine-gauge age.
         circuits: where circuits are kept (this process only by default).
-        previous: the pool of the config this one replaces (a reload): its live state
-            is carried over (:meth:`carry_from`) before anything else sees this pool.
     """
 
     def __init__(
@@ -137,7 +134,6 @@ class ProviderPool:
         env: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         circuits: CircuitStore | None = None,
-        previous: ProviderPool | None = None,
     ) -> None:
         env = os.environ if env is None else env
         self.config = config
@@ -170,14 +166,6 @@ class ProviderPool:
             self.providers[name] = runtime
             for endpoint in runtime.endpoints:
                 metrics.set_endpoint_health(provider=name, endpoint=endpoint.config.id, healthy=True)
-        if previous is not None:
-            self.carry_from(previous)
-
-    def carry_from(self, previous: ProviderPool) -> list[str]:
-        """Carry ``previous``'s live state over a config reload (see
-        :func:`latgate.providers.carry.carry_live_state`); returns the keys of the
-        endpoints carried."""
-        return carry_live_state(self, previous, metrics=self._metrics)
 
     def __getitem__(self, name: str) -> ProviderRuntime:
         return self.providers[name]
