@@ -4,9 +4,15 @@ read from answers' usage."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import httpx
+import orjson
 import pytest
+from replay import ReplayScript
+from stack import replay_gateway
+from test_vllm_recordings import recorded_body
 
 from latgate.providers.engine_cache import (
     EngineCacheFacts,
@@ -114,3 +120,41 @@ def test_the_parser_follows_the_connector() -> None:
 )
 def test_cached_prompt_tokens_of_a_usage_object(usage: object, cached: int | None) -> None:
     assert cached_prompt_tokens(usage) == cached
+
+
+def _access_line(caplog: pytest.LogCaptureFixture) -> dict:
+    return next(orjson.loads(r.getMessage()) for r in caplog.records if r.name == "latgate.access")
+
+
+CACHED_CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "def main():"}], "max_tokens": 3}
+
+
+def test_a_streamed_answers_cached_tokens_reach_the_access_log(caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM 0.32 with --enable-prompt-tokens-details, recorded: 256 of 317 prompt tokens cached."""
+    caplog.set_level(logging.INFO, logger="latgate.access")
+    with replay_gateway(ReplayScript.sse(recorded_body("chat_stream_cached.raw"))) as (_, stack):
+        body = {**CACHED_CHAT, "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", stack.v1 + "/chat/completions", json=body, timeout=10) as response:
+            assert response.status_code == 200
+            response.read()
+    line = _access_line(caplog)
+    assert (line["prompt_tokens"], line["cached_prompt_tokens"]) == (317, 256)
+
+
+def test_a_non_streamed_answers_cached_tokens_reach_the_access_log(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="latgate.access")
+    answer = orjson.loads((VLLM / "chat_cached.json").read_bytes())
+    with replay_gateway(ReplayScript.json_response(200, answer)) as (_, stack):
+        response = httpx.post(stack.v1 + "/chat/completions", json=CACHED_CHAT, timeout=10)
+    assert response.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 256
+    line = _access_line(caplog)
+    assert (line["prompt_tokens"], line["cached_prompt_tokens"]) == (317, 256)
+
+
+def test_an_answer_without_details_logs_no_cached_tokens(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="latgate.access")
+    with replay_gateway(ReplayScript.sse(recorded_body("chat_stream_usage.raw"))) as (_, stack):
+        body = {**CACHED_CHAT, "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", stack.v1 + "/chat/completions", json=body, timeout=10) as response:
+            response.read()
+    assert "cached_prompt_tokens" not in _access_line(caplog)
