@@ -11,7 +11,8 @@ from clocks import ManualClock
 from redis.asyncio import Redis
 from redisd import free_port, redis_server
 
-from latgate.store.sessions import LOG_KEY, LocalSessionMap, RedisSessionMap
+from latgate.config.schema import StateConfig
+from latgate.store.sessions import LOG_KEY, LocalSessionMap, RedisSessionMap, open_session_map
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,7 @@ def test_writes_are_batched_behind_and_expire_in_redis(flushed) -> None:
                 sessions.put(key, "vllm-0")
             await sessions.flush()
             assert await client.xlen(LOG_KEY) == 1  # fifty placements, one write
-            ttl_ms = await client.pttl(b"latgate:session:%016x" % 3)
+            ttl_ms = await client.pttl(b"latgate:{sessions}:%016x" % 3)
             assert 0 < ttl_ms <= 30_000
             sessions.put(0, "vllm-0")  # unchanged and just written: not written again
             await sessions.flush()
@@ -120,7 +121,7 @@ def test_writes_are_batched_behind_and_expire_in_redis(flushed) -> None:
             sessions.put(0, "vllm-1")  # moved: written
             await sessions.flush()
             assert await client.xlen(LOG_KEY) == 2
-            assert await client.get(b"latgate:session:%016x" % 0) == b"vllm-1"
+            assert await client.get(b"latgate:{sessions}:%016x" % 0) == b"vllm-1"
         finally:
             await sessions.aclose()
             await client.aclose()
@@ -175,3 +176,9 @@ def test_with_redis_down_placements_are_kept_in_process_and_nothing_raises(caplo
     asyncio.run(scenario())
     assert "session placements: the shared store (Redis) is unreachable (RespError)" in caplog.text
     assert "127.0.0.1" not in caplog.text
+
+
+def test_state_decides_which_map() -> None:
+    assert type(open_session_map(StateConfig())) is LocalSessionMap
+    shared = open_session_map(StateConfig(redis_url="redis://127.0.0.1:1/0", redis_timeout_ms=50))
+    assert isinstance(shared, RedisSessionMap)

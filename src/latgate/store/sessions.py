@@ -12,8 +12,9 @@ prompt.
 - **write-behind**: a placement that changed (or was last written more than a quarter
   of the TTL ago) is queued and written within ``flush_delay_seconds`` together with
   every other queued one: one ``EVALSHA`` per flush, which ``SET``s each
-  ``latgate:session:KEY`` with a TTL and appends the batch to the stream
-  ``latgate:sessions:log`` (trimmed to ``log_entries``);
+  ``latgate:{sessions}:KEY`` (the session key in 16 hex digits) with a TTL and appends
+  the batch to the stream ``latgate:{sessions}:log`` (trimmed to ``log_entries``; the
+  ``{sessions}`` hash tag keeps one script's keys in one Redis Cluster slot);
 - **following the others**: :meth:`RedisSessionMap.run` reads that stream every
   ``poll_interval_seconds`` (one ``XRANGE`` from the last entry seen) and takes the
   placements other replicas wrote, so a session placed or moved elsewhere is seen here
@@ -38,6 +39,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from latgate.config.schema import StateConfig
 from latgate.store.resp import RespClient, RespError, Script, bulk
 
 log = logging.getLogger("latgate.store")
@@ -52,8 +54,8 @@ LOG_ENTRIES = 10_000
 """Batches the shared log keeps (each a flush of one replica)."""
 MAX_PENDING_READS = 1024
 BACKOFF_SECONDS = 1.0
-KEY_PREFIX = "latgate:session:"
-LOG_KEY = "latgate:sessions:log"
+KEY_PREFIX = "latgate:{sessions}:"
+LOG_KEY = "latgate:{sessions}:log"
 _POLL_COUNT = 512
 
 # KEYS: the session keys, then the log. ARGV: TTL (ms), log length, this replica's
@@ -318,6 +320,14 @@ class RedisSessionMap(LocalSessionMap):
             self._down = False
             log.warning("session placements: the shared store (Redis) is reachable again")
         return result
+
+
+def open_session_map(config: StateConfig) -> LocalSessionMap | RedisSessionMap:
+    """The map ``[state]`` asks for: shared over ``redis_url`` (bounded by
+    ``redis_timeout_ms``), else in process. No I/O here."""
+    if config.redis_url:
+        return RedisSessionMap(url=config.redis_url, timeout_seconds=config.redis_timeout_ms / 1000)
+    return LocalSessionMap()
 
 
 def _redis_key(session_key: int) -> bytes:
