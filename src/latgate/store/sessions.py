@@ -18,8 +18,9 @@ prompt.
 - **following the others**: :meth:`RedisSessionMap.run` reads that stream every
   ``poll_interval_seconds`` (one ``XRANGE`` from the last entry seen) and takes the
   placements other replicas wrote, so a session placed or moved elsewhere is seen here
-  within about ``flush_delay_seconds + poll_interval_seconds``; on start it reads the
-  log from its beginning (bounded by its trimming);
+  within about ``flush_delay_seconds + poll_interval_seconds`` (120 ms by default; a
+  turn that reaches another replica sooner is routed without it); on start it reads
+  the log from its beginning (bounded by its trimming);
 - **read-through on a miss**: a ``get`` that finds nothing answers None at once and
   queues the key; the next flush reads the queued keys with one ``MGET``, so the next
   turn of that session finds its placement (a replica started after the log entry was
@@ -48,8 +49,8 @@ MAX_SESSIONS = 65536
 """Sessions a map keeps locally; the least recently used is forgotten first."""
 TTL_SECONDS = 3600.0
 """A placement not used for this long is forgotten (locally and in Redis)."""
-FLUSH_DELAY_SECONDS = 0.05
-POLL_INTERVAL_SECONDS = 0.25
+FLUSH_DELAY_SECONDS = 0.02
+POLL_INTERVAL_SECONDS = 0.1
 LOG_ENTRIES = 10_000
 """Batches the shared log keeps (each a flush of one replica)."""
 MAX_PENDING_READS = 1024
@@ -127,7 +128,11 @@ class LocalSessionMap:
         entries = self._entries
         entry = entries.get(session_key)
         if entry is None:
-            entry = entries[session_key] = [endpoint_id, now + self._ttl, -1.0 if written_at is None else written_at]
+            entry = entries[session_key] = [
+                endpoint_id,
+                now + self._ttl,
+                -1.0 if written_at is None else written_at,
+            ]
             if len(entries) > self._max:
                 entries.popitem(last=False)
             return entry
