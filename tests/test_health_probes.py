@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from pathlib import Path
 
 import httpx
 from h1_upstreams import OK_JSON, RawUpstream, json_reply, keep_serving
@@ -147,6 +148,27 @@ class MetricsPage:
             body = b'{"object": "list", "data": []}'
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": body})
+
+
+def test_the_prefix_cache_facts_are_read_from_the_same_metrics_page() -> None:
+    """vLLM 0.32's own page: its cache config gives the capacity in tokens."""
+    page = (Path(__file__).parent / "fixtures" / "vllm-0.32-cpu" / "metrics_sample.txt").read_bytes()
+
+    async def vllm_metrics(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": page if scope["path"] == "/metrics" else b"{}"})
+
+    with serve_app(vllm_metrics) as url:
+        pool = pool_for(f'[providers.v]\napi_base = "{url}/v1"\nconnector = "vllm"\n')
+        run_monitor_once(pool, probes=0, load=True)
+        cache = pool["v"].endpoints[0].engine_cache
+        pool = pool_for(f'[providers.o]\napi_base = "{url}/v1"\n')  # a plain OpenAI server: not read
+        run_monitor_once(pool, probes=0, load=True)
+    assert cache is not None and cache.prefix_caching
+    assert (cache.capacity_tokens, cache.block_size_tokens) == (8192 * 128, 128)
+    assert pool["o"].endpoints[0].engine_cache is None
 
 
 def test_the_gateway_reads_engine_load_from_start_up_and_shows_it_in_the_admin_view() -> None:

@@ -26,17 +26,21 @@ from agents.sandbox import Sandbox
 
 API_KEY = "sk-latgate-agent-test"
 PROMPT = "List the files in this folder with your shell tool, then say what you found."
+FOLLOW_UP = "Now list them again and say goodbye."
 #: Each agent's shell tool, which the simulator calls (``SimOptions.preferred_tools``).
 SHELL_TOOLS = ("exec_command", "shell", "run_shell_command", "run_commands", "execute_command", "Bash")
 
 
 @dataclass(frozen=True)
 class AgentCommand:
-    """``prepare`` commands run first (e.g. ``cline auth``), then ``turn``, with ``env``."""
+    """``prepare`` commands run first (e.g. ``cline auth``), then ``turn``, with ``env``;
+    ``follow_up``, when the CLI can resume its last session non-interactively, is a
+    second turn of the same session."""
 
     turn: list[str]
     env: dict[str, str]
     prepare: tuple[list[str], ...] = ()
+    follow_up: list[str] | None = None
 
 
 def codex(sandbox: Sandbox, *, command: Path, base_url: str, model: str) -> AgentCommand:
@@ -74,9 +78,18 @@ env_key = "LATGATE_API_KEY"
 wire_api = "responses"
 """
     )
-    turn = [str(command), "exec", "--skip-git-repo-check", "--color", "never", "--sandbox", "workspace-write"]
-    turn += ["-C", str(sandbox.work), PROMPT]
-    return AgentCommand(turn=turn, env={"CODEX_HOME": str(codex_home), "LATGATE_API_KEY": API_KEY})
+    exec_ = [
+        str(command),
+        "exec",
+        "--skip-git-repo-check",
+        "--color",
+        "never",
+        "--sandbox",
+        "workspace-write",
+    ]
+    exec_ += ["-C", str(sandbox.work)]
+    env = {"CODEX_HOME": str(codex_home), "LATGATE_API_KEY": API_KEY}
+    return AgentCommand(turn=[*exec_, PROMPT], env=env, follow_up=[*exec_, "resume", "--last", FOLLOW_UP])
 
 
 def cline(sandbox: Sandbox, *, command: Path, base_url: str, model: str) -> AgentCommand:
@@ -102,20 +115,12 @@ def qwen(sandbox: Sandbox, *, command: Path, base_url: str, model: str) -> Agent
 
 
 def claude(sandbox: Sandbox, *, command: Path, base_url: str, model: str) -> AgentCommand:
-    """``claude -p "…"`` with ``ANTHROPIC_BASE_URL`` (no ``/v1``) and ``ANTHROPIC_API_KEY``."""
-    turn = [
-        str(command),
-        "-p",
-        PROMPT,
-        "--model",
-        model,
-        "--allowedTools",
-        "Bash",
-        "--permission-mode",
-        "dontAsk",
-    ]
+    """``claude -p "…"`` with ``ANTHROPIC_BASE_URL`` (no ``/v1``) and ``ANTHROPIC_API_KEY``;
+    the follow-up is ``claude -p --continue "…"``."""
+    options = ["--model", model, "--allowedTools", "Bash", "--permission-mode", "dontAsk"]
     env = {"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": API_KEY}
-    return AgentCommand(turn=turn, env=env)
+    follow_up = [str(command), "-p", FOLLOW_UP, "--continue", *options]
+    return AgentCommand(turn=[str(command), "-p", PROMPT, *options], env=env, follow_up=follow_up)
 
 
 SETUPS: dict[str, Callable[..., AgentCommand]] = {

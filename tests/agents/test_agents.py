@@ -7,6 +7,12 @@ and runs one non-interactive turn in a scratch HOME and working folder. The simu
 answers the prompt with a call to the agent's shell tool and the tool's result with
 text, so a turn is: request -> tool call -> the agent runs it -> request carrying the
 result -> text -> exit 0. Skipped where ``node``/``npm`` are missing.
+
+Each test also checks the session identity the CLI sends (``agents/identity.py``,
+docs/clients.md "Session identity"): Codex and Claude Code resume their session for a
+second turn and must carry one identity on every request of both; Cline and Qwen Code
+send none to an OpenAI-compatible server, so their identity is the prompt prefix, which
+each later request must resend unchanged.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 
 import pytest
+from agents.identity import UUID, session_identity, user_id_session
 from agents.install import PINS, AgentUnavailable, install, node_missing
 from agents.recorder import describe
 from agents.run import run_agent
@@ -45,10 +52,19 @@ def installed() -> dict[str, str]:
     return errors
 
 
-def _turn(agent: str, installed: dict[str, str], tmp_path, *, model: str) -> tuple[Turn, AgentStack, dict]:
+def _turn(
+    agent: str, installed: dict[str, str], tmp_path, *, model: str, follow_up: bool = False
+) -> tuple[Turn, AgentStack, dict]:
     assert agent not in installed, installed.get(agent)
     with agent_stack() as stack:
-        turn = run_turn(agent, stack=stack, root=tmp_path, model=model, timeout_seconds=TURN_TIMEOUT_SECONDS)
+        turn = run_turn(
+            agent,
+            stack=stack,
+            root=tmp_path,
+            model=model,
+            timeout_seconds=TURN_TIMEOUT_SECONDS,
+            follow_up=follow_up,
+        )
         totals = stack.requests_total()
     return turn, stack, totals
 
@@ -69,24 +85,62 @@ def _assert_completed(turn: Turn, stack: AgentStack, totals: dict, *, provider: 
     print(f"{describe(turn.seen)}\ntool result sent back: {result}")
 
 
+def _model_requests(turn: Turn, path: str) -> list:
+    return [r for r in turn.seen if r.method == "POST" and r.path == path]
+
+
+def _assert_one_session(turn: Turn, path: str, *, where: str) -> str:
+    """Every model request of both turns carries the same identity, found at ``where``."""
+    requests = _model_requests(turn, path)
+    identities = {session_identity(r) for r in requests}
+    report = f"{identities}\n{describe(turn.seen)}"
+    assert len(identities) == 1, report
+    (found,) = identities
+    assert found is not None and found[0] == where, report
+    print(f"[{turn.agent}] session identity: {where} = {found[1]} on all {len(requests)} model requests")
+    return found[1]
+
+
+def _assert_prefix_is_the_identity(turn: Turn, path: str) -> None:
+    """No identity is sent; each later request resends the first one's messages as they were."""
+    requests = _model_requests(turn, path)
+    assert [session_identity(r) for r in requests] == [None] * len(requests), describe(turn.seen)
+    first = requests[0].body["messages"]
+    for later in requests[1:]:
+        assert later.body["messages"][: len(first)] == first, describe(turn.seen)
+    print(
+        f"[{turn.agent}] no session identity; the first request's {len(first)} messages open all {len(requests)}"
+    )
+
+
 def test_codex_completes_a_turn_through_the_responses_api(installed, tmp_path) -> None:
-    turn, stack, totals = _turn("codex", installed, tmp_path, model="glm-5.1")
+    turn, stack, totals = _turn("codex", installed, tmp_path, model="glm-5.1", follow_up=True)
     _assert_completed(turn, stack, totals, provider="vllm", path="/v1/responses")
+    session = _assert_one_session(turn, "/v1/responses", where="body prompt_cache_key")
+    assert {r.headers.get("session-id") for r in _model_requests(turn, "/v1/responses")} == {session}
+    assert len(_model_requests(turn, "/v1/responses")) >= 4  # both turns: prompt, tool result each
 
 
 def test_cline_completes_a_turn_on_the_latency_sensitive_pool(installed, tmp_path) -> None:
     turn, stack, totals = _turn("cline", installed, tmp_path, model="glm-5.1-highspeed")
     _assert_completed(turn, stack, totals, provider="tile-rt", path="/v1/chat/completions")
+    _assert_prefix_is_the_identity(turn, "/v1/chat/completions")
 
 
 def test_qwen_code_completes_a_turn_on_the_upstream_serving_its_model(installed, tmp_path) -> None:
     turn, stack, totals = _turn("qwen", installed, tmp_path, model="qwen2.5-72b-instruct")
     _assert_completed(turn, stack, totals, provider="taotoken", path="/v1/chat/completions")
+    _assert_prefix_is_the_identity(turn, "/v1/chat/completions")
 
 
 def test_claude_code_completes_a_turn_through_the_messages_api(installed, tmp_path) -> None:
-    turn, stack, totals = _turn("claude", installed, tmp_path, model="claude-sonnet-4-6")
+    turn, stack, totals = _turn("claude", installed, tmp_path, model="claude-sonnet-4-6", follow_up=True)
     _assert_completed(turn, stack, totals, provider="vllm", path="/v1/messages")
+    session = _assert_one_session(turn, "/v1/messages", where="header x-claude-code-session-id")
+    assert UUID.match(session), session
+    requests = _model_requests(turn, "/v1/messages")
+    assert {user_id_session(r.body["metadata"]["user_id"]) for r in requests} == {session}
+    assert len(requests) >= 4  # both turns: prompt, tool result each
 
 
 def test_codex_sandbox_as_configured_keeps_writes_inside_the_working_folder(installed, tmp_path) -> None:

@@ -4,6 +4,7 @@ glue from install to result."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,8 +124,12 @@ class Turn:
     seen: list[Seen]
 
 
-def run_turn(agent: str, *, stack: AgentStack, root: Path, model: str, timeout_seconds: float) -> Turn:
-    """Install (cached) ``agent``, set it up in a sandbox under ``root`` and run one turn.
+def run_turn(
+    agent: str, *, stack: AgentStack, root: Path, model: str, timeout_seconds: float, follow_up: bool = False
+) -> Turn:
+    """Install (cached) ``agent``, set it up in a sandbox under ``root`` and run one turn;
+    with ``follow_up``, then a second turn of the same session where the CLI can resume
+    one (``AgentCommand.follow_up``; its failure is the turn's result).
 
     Raises:
         AgentUnavailable: the CLI cannot be installed here.
@@ -139,6 +144,12 @@ def run_turn(agent: str, *, stack: AgentStack, root: Path, model: str, timeout_s
         assert prepared.returncode == 0, prepared.summary()
     start = len(stack.recorder.seen)
     run = run_agent(setup.turn, sandbox=sandbox, env=env, timeout_seconds=timeout_seconds)
+    if follow_up and setup.follow_up and run.returncode == 0:
+        first = run
+        run = run_agent(setup.follow_up, sandbox=sandbox, env=env, timeout_seconds=timeout_seconds)
+        run = dataclasses.replace(
+            run, started_at=first.started_at, seconds=run.started_at + run.seconds - first.started_at
+        )
     return Turn(agent=agent, run=run, seen=stack.recorder.seen[start:])
 
 

@@ -2,13 +2,21 @@
 chat template, saved as a Hugging Face model folder vLLM loads offline.
 
 Run with the vLLM venv's interpreter (it needs ``torch``, ``transformers`` and
-``tokenizers``): ``python build_model.py OUT_DIR``. Writes to ``OUT_DIR.partial`` and
-renames it when complete, so an interrupted build is never mistaken for a model.
+``tokenizers``): ``python build_model.py OUT_DIR [SHAPE]``. Writes to ``OUT_DIR.partial``
+and renames it when complete, so an interrupted build is never mistaken for a model.
 
-Shape: hidden size 768, 12 layers (~118 M parameters): on a 2-core CPU it decodes at a
-pace of tens of milliseconds between tokens, like a real engine under load, so streams
-last long enough to be interrupted. The weights are random: the text is gibberish, the
-framing, token counts and lifecycle are vLLM's.
+Shapes (:data:`SHAPES`):
+
+- ``default``: hidden size 768, 12 layers (~118 M parameters), 1024 positions: on a
+  2-core CPU it decodes at a pace of tens of milliseconds between tokens, like a real
+  engine under load, so streams last long enough to be interrupted.
+- ``long``: hidden size 256, 4 layers, 8192 positions, for multi-turn histories of
+  several thousand tokens (the prefix-caching test): small enough that a history's
+  prefill takes a fraction of a second on one core, large enough that it is measurable
+  against a cached prefix.
+
+The weights are random: the text is gibberish, the framing, token counts and lifecycle
+are vLLM's.
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ import sys
 from pathlib import Path
 
 VOCAB_SIZE = 4096
-CONTEXT_TOKENS = 1024
+#: shape name -> (hidden size, layers, attention heads, positions)
+SHAPES = {"default": (768, 12, 12, 1024), "long": (256, 4, 4, 8192)}
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n"
     "{% if message['content'] is string %}{{ message['content'] }}"
@@ -35,11 +44,12 @@ def corpus() -> list[str]:
     return [path.read_text(encoding="utf-8") for path in sorted(folder.glob("*.py"))]
 
 
-def build(out: Path) -> None:
+def build(out: Path, shape: str = "default") -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+    hidden, layers, heads, positions = SHAPES[shape]
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     specials = ["<unk>", "<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -54,18 +64,18 @@ def build(out: Path) -> None:
         tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
     )
     fast.chat_template = CHAT_TEMPLATE
-    fast.model_max_length = CONTEXT_TOKENS
+    fast.model_max_length = positions
     fast.save_pretrained(partial)
 
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE,
-        hidden_size=768,
-        intermediate_size=3072,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        num_key_value_heads=12,
-        max_position_embeddings=CONTEXT_TOKENS,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=positions,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
@@ -78,4 +88,4 @@ def build(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    build(Path(sys.argv[1]))
+    build(Path(sys.argv[1]), *sys.argv[2:3])

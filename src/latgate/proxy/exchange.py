@@ -20,7 +20,7 @@ import orjson
 
 from latgate.logs import access_log
 from latgate.metrics import Metrics, request_outcome
-from latgate.proxy.usage import usage_counts
+from latgate.proxy.usage import cached_prompt_tokens, usage_counts
 
 if TYPE_CHECKING:
     from latgate.proxy.keepalive import EarlyHead
@@ -77,17 +77,21 @@ class Exchange:
     recent: deque[tuple] | None = None  # the /ui ring this exchange's summary joins when finished (latgate.ui)
     early: EarlyHead | None = None  # a stream that may send its head before content (latgate.proxy.keepalive)
     limits_charged: bool = False  # its key's RPM/TPM charge was asked for (latgate.auth.limits)
+    cached_prompt_tokens: int | None = None  # prompt tokens the upstream's usage says it served from its prefix cache
 
     def apply_usage(self, usage: dict[str, Any] | None) -> bool:
         """Take token counts from an OpenAI ``usage`` object when it has them (chat
         ``prompt_tokens``/``completion_tokens``, or the Responses API's
         ``input_tokens``/``output_tokens``, both non-negative integers:
         :func:`~latgate.proxy.usage.usage_counts`). Returns False, changing nothing,
-        when it has not (absent or malformed): the counts are then latgate's estimate."""
+        when it has not (absent or malformed): the counts are then latgate's estimate.
+        The prompt tokens served from the upstream's prefix cache are taken too, when it
+        reports them (:func:`~latgate.proxy.usage.cached_prompt_tokens`)."""
         counts = usage_counts(usage)
         if counts is None:
             return False
         self.prompt_tokens, self.completion_tokens = counts
+        self.cached_prompt_tokens = cached_prompt_tokens(usage)
         return True
 
     def finish(self, metrics: Metrics, *, now: float | None = None) -> None:
@@ -145,6 +149,8 @@ class Exchange:
                 "ttft_ms": ttft,
                 "e2e_ms": round(e2e * 1000, 3),
             }
+            if self.cached_prompt_tokens is not None:
+                line["cached_prompt_tokens"] = self.cached_prompt_tokens
             if self.cause is not None:
                 line["cause"] = self.cause
             access_log.write(orjson.dumps(line).decode())

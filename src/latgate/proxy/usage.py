@@ -6,6 +6,12 @@ Names: chat completions' ``prompt_tokens`` / ``completion_tokens`` with
 ``prompt_tokens_details.cached_tokens`` and ``completion_tokens_details.reasoning_tokens``;
 the Responses API's ``input_tokens`` / ``output_tokens`` (OpenAI API reference, "The chat
 completion object" and "The response object").
+
+Prompt tokens an engine served from its prefix cache (:func:`cached_prompt_tokens`):
+``prompt_tokens_details.cached_tokens`` (OpenAI; vLLM when started with
+``--enable-prompt-tokens-details``, which leaves the details out when nothing was
+cached; SGLang), ``input_tokens_details.cached_tokens`` (Responses API) and Anthropic's
+``cache_read_input_tokens`` (Messages API, "Prompt caching").
 """
 
 from __future__ import annotations
@@ -33,6 +39,28 @@ def usage_counts(usage: object) -> tuple[int, int] | None:
     if prompt is None or completion is None:
         return None
     return prompt, completion
+
+
+def cached_prompt_tokens(usage: object) -> int | None:
+    """Prompt tokens the upstream says it served from its prefix cache, or None when its
+    ``usage`` reports none (no details, or a malformed count).
+
+    Read once per answer, on the usage object the relay already kept (the stream's usage
+    chunk, or the body of a non-streamed answer): a few dictionary lookups.
+
+    Example::
+
+        cached_prompt_tokens({"prompt_tokens": 900, "prompt_tokens_details": {"cached_tokens": 768}})  # 768
+        cached_prompt_tokens({"input_tokens": 12, "cache_read_input_tokens": 4096})  # 4096 (Anthropic)
+        cached_prompt_tokens({"prompt_tokens": 900})  # None
+    """
+    if not isinstance(usage, Mapping):
+        return None
+    for details in ("prompt_tokens_details", "input_tokens_details"):
+        part = usage.get(details)
+        if isinstance(part, Mapping) and "cached_tokens" in part:
+            return _count(part["cached_tokens"])
+    return _count(usage.get("cache_read_input_tokens"))
 
 
 def detail_tokens(usage: Mapping[str, Any], details: str, name: str) -> int:
