@@ -78,11 +78,12 @@ def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int |
     """The samples of ``body``'s prompt, or None when it has no messages or prompt.
 
     A message is read as its role, its content (a string as it is, anything else as
-    its JSON) and its tool calls (their JSON), hashed whole with Python's own string
-    hash (per process, as the index is: nothing is copied for a string content). A
-    block sample within a long content hashes the ``WINDOW_CHARS`` before its boundary,
-    so two long contents that differ only away from every window share their block
-    samples up to the content's end (the index is approximate).
+    its JSON) and its tool calls (their JSON), hashed with Python's own hash (per
+    process, as the index is). Of a content longer than ``2 * WINDOW_CHARS`` only its
+    length, its first and last ``WINDOW_CHARS`` and the ``WINDOW_CHARS`` before each
+    block boundary are hashed: the cost per request grows with the messages and
+    blocks, not with the characters, and two contents of one length that differ only
+    away from every window are taken for the same (the index is approximate).
 
     Args:
         body: a chat completions body (``messages``, optional ``tools``), an Anthropic
@@ -118,7 +119,8 @@ def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int |
                 running = hash((running, at, content[at - window : at]))
                 keys.append(running & _KEY_MASK | (done + at))
                 offsets.append(done + at)
-        running = hash((running, role, content, None if calls is None else dumps(calls)))
+        shown = content if size <= 2 * window else (size, content[:window], content[-window:])
+        running = hash((running, role, shown, None if calls is None else dumps(calls)))
         done += size or 1
         keys.append(running & _KEY_MASK | done)
         offsets.append(done)
