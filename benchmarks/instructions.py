@@ -2,7 +2,7 @@
 not move with the machine's load, for comparing two versions of latgate in one run.
 
     .venv/bin/python benchmarks/instructions.py [--requests 800] [--concurrency 16]
-        [--mode non-stream|stream|agent] [--state off|memory|redis|both]
+        [--mode non-stream|stream|agent] [--state off|memory|redis|both] [--endpoints 1|2|3]
         [--baseline-src PATH/TO/OTHER/src] [--keep-profile OUT]
 
 latgate runs under callgrind with instrumentation off while it starts and warms up
@@ -16,7 +16,9 @@ where the instructions go by C function, e.g. orjson, the allocator, the interpr
 ``--state`` runs latgate with ``[auth]`` and RPM/TPM limits (never reached), in process
 (``memory``), with ``[state] redis_url`` on a throw-away ``redis-server`` (``redis``;
 the Redis script calls per request are counted from its ``INFO``), or both in one run
-with their ratio. Needs ``valgrind`` (Debian package).
+with their ratio. ``--endpoints 2`` (or 3) gives the provider that many endpoints (the
+same mock upstream under other host names), so the endpoint choice and, for a body
+with messages, the prefix index run on every request. Needs ``valgrind`` (Debian package).
 
 Counts repeat within ~0.5% run to run; CPU time per request on this project's shared
 2-core machines moves by ±30%. Instructions are not time (cache misses, syscalls and
@@ -92,6 +94,7 @@ def measure(
     keep: str | None = None,
     limits: bool = False,
     redis_url: str | None = None,
+    endpoints: int = 1,
 ) -> float:
     """Instructions per request (thousands) of the latgate in ``src`` (None: this one),
     with ``[auth]`` and limits when ``limits``, in Redis when ``redis_url``; its
@@ -100,6 +103,10 @@ def measure(
     mock = subprocess.Popen([sys.executable, str(Path(__file__).with_name("mock_upstream.py")), str(up_port)])
     config = workdir / "config.toml"
     text = Latgate(limits=limits, redis_url=redis_url).config_text(up_port)
+    if endpoints > 1:  # the same mock under other names: the endpoint choice (and the prefix index) runs
+        names = ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]"][:endpoints]
+        urls = ", ".join(f'"http://{name}:{up_port}/v1"' for name in names)
+        text = text.replace(f'api_base = "http://127.0.0.1:{up_port}/v1"', f"endpoints = [{urls}]")
     # under callgrind latgate runs ~50x slower: a 100 ms Redis bound would fail calls open
     config.write_text(text + ("redis_timeout_ms = 10000\n" if redis_url else ""))
     out = workdir / "callgrind.out"
@@ -150,6 +157,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=800)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--mode", choices=["non-stream", "stream", "agent"], default="non-stream")
+    parser.add_argument("--endpoints", type=int, choices=[1, 2, 3], default=1)
     parser.add_argument("--baseline-src", help="another latgate source tree (its src/ folder) to compare")
     parser.add_argument("--keep-profile", metavar="OUT", help="keep this tree's callgrind output as OUT")
     parser.add_argument(
@@ -182,6 +190,7 @@ def main() -> int:
                         keep=args.keep_profile if src is None and len(states) == 1 else None,
                         limits=state is not None,
                         redis_url=redis_url if state == "redis" else None,
+                        endpoints=args.endpoints,
                     )
                     print(f"  {counts[state]:.1f} k instructions per request", flush=True)
                 if len(states) == 2:

@@ -9,7 +9,8 @@ from stack import FAST, gateway, simulators
 
 from latgate.config import load_config_text
 from latgate.routing.decision import Router
-from latgate.routing.policies.prefix_affinity import SESSION_HEADERS, client_affinity_key
+from latgate.routing.sessions import SESSION_HEADERS
+from latgate.routing.sessions import session_key as client_affinity_key
 from latgate.sim import SimOptions
 
 CONFIG = """
@@ -58,9 +59,9 @@ def test_router_hashes_the_key_only_where_affinity_can_act() -> None:
         "prompt_cache_key": "secret-session-42",
     }
     decision = Router(two).decide(body, {})
-    assert decision.affinity_key == client_affinity_key(body, {})
+    assert decision.session_key == client_affinity_key(body, {})
     assert "secret-session-42" not in repr(decision)  # hashed, never kept raw
-    assert Router(one).decide(body, {}).affinity_key is None
+    assert Router(one).decide(body, {}).session_key is None
 
 
 @pytest.fixture(scope="module")

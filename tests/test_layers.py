@@ -49,3 +49,8 @@ def test_a_cycle_held_by_type_hints_alone_is_a_cycle(tmp_path: Path) -> None:
 def test_a_pure_leaf_may_be_imported_from_below(tmp_path: Path) -> None:
     package = _package(tmp_path, {"config/x.py": "from latgate.routing.policies import view\n", "routing/policies/view.py": ""})
     assert not [p for p in layers.check(package) if "upward" in p or "cycle:" in p]
+
+
+def test_a_leaf_that_imports_a_layered_module_is_no_leaf(tmp_path: Path) -> None:
+    package = _package(tmp_path, {"routing/tokens.py": "from latgate import metrics\n", "metrics.py": ""})
+    assert "latgate.routing.tokens is a leaf (LEAVES) but imports latgate.metrics: a leaf imports only leaves" in layers.check(package)

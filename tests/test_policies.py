@@ -11,7 +11,7 @@ from latgate.routing.policies.least_outstanding import choose_least_outstanding
 from latgate.routing.policies.outlier import too_slow
 from latgate.routing.policies.overflow import choose_overflow
 from latgate.routing.policies.predicted_ttft import choose_power_of_two
-from latgate.routing.policies.prefix_affinity import choose_affine, endpoint_salt, keep_affinity, prefix_hash
+from latgate.routing.policies.rendezvous import endpoint_salt
 from latgate.routing.policies.retry import AfterFailure, after_failure
 from latgate.routing.policies.round_robin import choose_round_robin
 from latgate.routing.policies.view import EndpointView as V
@@ -108,69 +108,26 @@ def test_power_of_two_spreads_a_burst_instead_of_herding_on_the_best() -> None:
     assert picks[0] < 300
 
 
-def test_requests_sharing_a_system_prompt_go_to_the_same_endpoint() -> None:
+def test_equal_endpoints_give_one_session_the_same_endpoint_and_spread_sessions() -> None:
     views = [V(salt=endpoint_salt(f"p-{i}")) for i in range(4)]
-    body = {
-        "messages": [
-            {"role": "system", "content": "You are a coding agent."},
-            {"role": "user", "content": "hi"},
-        ]
-    }
-    later = {
-        "messages": [
-            {"role": "system", "content": "You are a coding agent."},
-            {"role": "user", "content": "other"},
-        ]
-    }
-    first = choose_affine(views, prefix=prefix_hash(body))
-    assert first is not None and first == choose_affine(views, prefix=prefix_hash(later))
-
-
-def test_different_system_prompts_spread_over_the_endpoints() -> None:
-    views = [V(salt=endpoint_salt(f"p-{i}")) for i in range(4)]
-    chosen = {
-        choose_affine(views, prefix=prefix_hash({"messages": [{"role": "system", "content": f"prompt {n}"}]}))
-        for n in range(40)
-    }
+    assert len({choose_power_of_two(views, draws=(n, n + 1), compare_all=True, identity=7, turn=n) for n in range(8)}) == 1
+    chosen = {choose_power_of_two(views, draws=(0, 1), compare_all=True, identity=n) for n in range(40)}
     assert chosen == {0, 1, 2, 3}
 
 
-def test_prefix_affinity_moves_on_when_its_endpoint_is_over_the_load_bound() -> None:
-    prefix = prefix_hash({"prompt": "shared prefix"})
-    assert prefix is not None
-    views = [V(salt=endpoint_salt("p-0")), V(salt=endpoint_salt("p-1"))]
-    home = choose_affine(views, prefix=prefix)
-    assert home is not None
-    views[home].in_flight = 6  # bound: ceil(1.25 * 7 / 2) = 5
-    assert choose_affine(views, prefix=prefix) == 1 - home
-    views[home].in_flight = 1  # bound: ceil(1.25 * 2 / 2) = 2: within it, back home
-    assert choose_affine(views, prefix=prefix) == home
+def test_the_session_s_endpoint_wins_between_equals_but_not_over_less_load() -> None:
+    views = [V(salt=endpoint_salt(f"p-{i}")) for i in range(2)]
+    other = 1 - choose_power_of_two(views, draws=(0, 0), identity=7)
+    assert choose_power_of_two(views, draws=(0, 0), identity=7, home=other) == other
+    views[other].in_flight = 1
+    assert choose_power_of_two(views, draws=(0, 0), identity=7, home=other) == 1 - other
 
 
-def test_prefix_affinity_skips_an_ejected_endpoint() -> None:
-    prefix = prefix_hash({"prompt": "x"})
-    assert prefix is not None
+def test_rendezvous_skips_an_ejected_endpoint() -> None:
     views = [V(salt=endpoint_salt("p-0")), V(salt=endpoint_salt("p-1"))]
-    home = choose_affine(views, prefix=prefix)
-    assert home is not None
+    home = choose_power_of_two(views, draws=(0, 0), identity=3)
     views[home].available = False
-    assert choose_affine(views, prefix=prefix) == 1 - home
-
-
-def test_affinity_holds_while_its_endpoint_is_nearly_as_fast() -> None:
-    assert keep_affinity(V(predicted_ttft_ms=30.0), V(predicted_ttft_ms=15.0), budget_ms=None)
-    assert not keep_affinity(V(predicted_ttft_ms=60.0), V(predicted_ttft_ms=15.0), budget_ms=None)
-
-
-def test_affinity_gives_way_when_its_endpoint_would_miss_the_budget() -> None:
-    affine, fastest = V(predicted_ttft_ms=30.0, p90_ttft_ms=240.0), V(predicted_ttft_ms=20.0, p90_ttft_ms=60.0)
-    assert not keep_affinity(affine, fastest, budget_ms=200)
-    assert keep_affinity(affine, fastest, budget_ms=300)
-
-
-def test_prefix_hash_is_stable_and_none_without_a_prompt() -> None:
-    assert prefix_hash({"messages": [{"role": "system", "content": "abc"}]}) == 891568578  # crc32(b"abc")
-    assert prefix_hash({"input": "embed me"}) is None
+    assert choose_power_of_two(views, draws=(0, 0), identity=3) == 1 - home
 
 
 def overflow(ttft: list[float], e2e: list[float] | None = None, **options: object) -> int:

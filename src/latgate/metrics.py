@@ -135,6 +135,9 @@ class Metrics:
         self.admission_wait = Histogram("latgate_admission_wait_seconds", "Time a latency-sensitive request was held for a free decode slot, by provider and outcome (admitted, timed_out)", ("provider", "outcome"), buckets=ADMISSION_BUCKETS_SECONDS, registry=r)
         self.admission_declined = Counter("latgate_admission_declined", "Latency-sensitive requests not held for a decode slot: the predicted wait would miss their budget", ("provider",), registry=r)
         self.overhead = Histogram("latgate_gateway_overhead_seconds", "Time latgate itself spent on a request before sending it upstream", buckets=OVERHEAD_BUCKETS_SECONDS, registry=r)
+        # sessions (issue 21): cached prompt tokens, as latgate's prefix index predicted
+        # them at the first token and as the engine reported them in its usage
+        self.prompt_tokens_cached = Counter("latgate_prompt_tokens_cached", "Prompt tokens served from the engine's prefix cache, by provider and source: predicted (latgate's prefix index, at the first token) or reported (the engine's usage.prompt_tokens_details.cached_tokens)", ("provider", "source"), registry=r)
         self._children: dict[tuple[object, ...], object] = {}
         self._info_labels: set[tuple[str, str, str, str]] = set()
 
@@ -151,6 +154,11 @@ class Metrics:
         return child
 
     # typed recorders -----------------------------------------------------------------
+
+    def record_cached_prompt_tokens(self, *, provider: str, tokens: int, source: str) -> None:
+        """Prompt tokens served from a prefix cache, ``source`` ``predicted`` or ``reported``."""
+        if tokens > 0:
+            self._child(self.prompt_tokens_cached, provider, source).inc(tokens)
 
     def record_route(self, *, provider: str, reason: str) -> None:
         """A routed request at its end: the provider that answered it (or was tried

@@ -56,6 +56,7 @@ PROVIDER_KEYS = (
     "role",
     "max_batch_size",
     "enable_prefix_cache",
+    "prefix_cache_tokens",
     "responses_api",
     "tokenizer",
     "latency_sensitive",

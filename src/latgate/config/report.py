@@ -178,7 +178,7 @@ def _provider_lines(provider: ProviderConfig, env: Mapping[str, str]) -> list[st
     if provider.extra_body:
         lines.append(_row("extra_body", ", ".join(provider.extra_body), indent=4))
     capacity = [f"max_batch_size {provider.max_batch_size}"] if provider.max_batch_size else []
-    capacity += ["prefix cache on"] if provider.enable_prefix_cache else []
+    capacity += ["prefix cache on"] if provider.caches_prefixes else []
     capacity += [f"{key} {_value(value)}" for key, value in provider.hints.items()]
     if capacity:
         lines.append(_row("capacity", ", ".join(capacity), indent=4))
@@ -267,7 +267,8 @@ def _routing_lines(config: Config) -> list[str]:
 
 
 STRATEGY_TEXT = {
-    "latgate": "live numbers: predicted time to first token, overflow, prefix affinity, hedging",
+    "predicted_latency": "live numbers: predicted time to first token (cache-aware), overflow, hedging",
+    "latgate": "live numbers: predicted time to first token (cache-aware), overflow, hedging",
     "round_robin": "the rules above, endpoints in turn by weight",
     "least_outstanding": "the rules above, the endpoint with the fewest requests in flight",
     "rules": "the rules above, the endpoint with the fewest requests in flight",

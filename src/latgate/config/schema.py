@@ -156,7 +156,8 @@ class ProviderConfig(Frozen):
     connector: str = "openai"
     role: Literal["decode", "prefill", "upstream"] | None = None
     max_batch_size: int | None = Field(default=None, gt=0)
-    enable_prefix_cache: bool = False
+    enable_prefix_cache: bool | None = None
+    prefix_cache_tokens: int | None = Field(default=None, gt=0, le=1 << 22)
     responses_api: bool = Field(default=False, strict=True)
     tokenizer: str | None = None
     latency_sensitive: bool = False
@@ -176,6 +177,15 @@ class ProviderConfig(Frozen):
         """True when this provider accepts ``model`` as an upstream model name."""
         return not self.models or model in self.models
 
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether its engine is taken to keep a prefix cache: ``enable_prefix_cache``
+        when set, else true for every connector but TileRT's (vLLM's automatic prefix
+        caching, SGLang's RadixAttention and hosted prompt caching are on by default)."""
+        if self.enable_prefix_cache is not None:
+            return self.enable_prefix_cache
+        return self.connector != "tile_rt_connector"
+
 
 class PolicyConfig(Frozen):
     """``[routing.policies.NAME]``, selected by ``X-Route-Policy`` or a key's policy."""
@@ -189,10 +199,12 @@ class PolicyConfig(Frozen):
     max_stream_sec: float | None = Field(default=None, ge=0)  # (sec, issue 23)
 
 
-STRATEGIES = ("latgate", "round_robin", "least_outstanding", "rules")
-"""``routing.strategy`` values: ``latgate`` (live numbers: overflow, predicted-TTFT
-endpoint choice, prefix affinity, hedging, latency ejection), or the static rules with
-``round_robin`` or ``least_outstanding`` endpoint choice (``rules`` is the latter)."""
+STRATEGIES = ("predicted_latency", "latgate", "round_robin", "least_outstanding", "rules")
+"""``routing.strategy`` values: ``predicted_latency`` (the default; ``latgate`` is its
+old name, still accepted: live numbers: overflow, cache-aware predicted-TTFT endpoint
+choice, hedging, latency ejection), or the static rules with ``round_robin`` or
+``least_outstanding`` endpoint choice (``rules`` is the latter); see
+:mod:`latgate.routing.strategies.registry`."""
 
 
 class RoutingConfig(Frozen):
@@ -216,7 +228,7 @@ class RoutingConfig(Frozen):
     fallbacks: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     allow_route_override: bool = False
     admission: bool = True  # strategy latgate: hold latency-sensitive requests for a TileRT slot (latgate.routing.admission)
-    strategy: Literal["latgate", "round_robin", "least_outstanding", "rules"] = "latgate"
+    strategy: Literal["predicted_latency", "latgate", "round_robin", "least_outstanding", "rules"] = "predicted_latency"
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
     exploration_share: float = Field(default=0.03, ge=0, le=1)
     expected_completion_tokens: int = Field(default=256, gt=0)  # strategy latgate: e2e of a request naming no max_tokens, before any stream

@@ -28,6 +28,7 @@ from latgate.config.schema import EndpointConfig, ProviderConfig
 from latgate.providers.engine_cache import EngineCacheFacts
 from latgate.providers.health import CLOSED, OPEN, CircuitBreaker
 from latgate.providers.predictor import ItlEstimate, TtftPredictor
+from latgate.routing.prefix_index import DEFAULT_PREFIX_CACHE_TOKENS, PrefixIndex
 
 EWMA_ALPHA = 0.1
 PRIOR_SLOT_SECONDS = 1.0
@@ -109,6 +110,11 @@ class EndpointRuntime:
             ``/admin/providers``, the debug view and the ejection's log line).
         catalog: the engine's ``/v1/models`` objects by model id, once read
             (:mod:`latgate.providers.catalog`); None before.
+        prefix_index: the prompt prefixes its engine is believed to hold
+            (:mod:`latgate.routing.prefix_index`), None when its provider's engine keeps
+            no prefix cache; its capacity is :attr:`prefix_cache_capacity_tokens`.
+        prefill_tokens: uncached prompt tokens of latgate's attempts sent here and
+            still without a first token: the prefill work ahead of a new request.
     """
 
     config: EndpointConfig
@@ -144,6 +150,8 @@ class EndpointRuntime:
     busy_until: float = 0.0
     ejection_evidence: str | None = None
     catalog: dict[str, dict[str, Any]] | None = None
+    prefix_index: PrefixIndex | None = None
+    prefill_tokens: int = 0
 
     @classmethod
     def for_provider(
@@ -158,6 +166,9 @@ class EndpointRuntime:
             predictor=TtftPredictor(prior_base_ms=prior_base_ms, prior_per_token_ms=PRIOR_PER_TOKEN_MS),
             capacity=configured_capacity(provider, endpoint),
             itl=ItlEstimate(prior_ms=_PRIOR_ITL_MS.get(provider.role, _PRIOR_ITL_MS[None])),
+            prefix_index=PrefixIndex(capacity_tokens=provider.prefix_cache_tokens or DEFAULT_PREFIX_CACHE_TOKENS)
+            if provider.caches_prefixes
+            else None,
         )
 
     def rebind(self, fresh: EndpointRuntime, *, before: ProviderConfig, after: ProviderConfig) -> None:
@@ -169,6 +180,22 @@ class EndpointRuntime:
         if configured_capacity(before, self.config) != configured_capacity(after, fresh.config):
             self.capacity = fresh.capacity
         self.config, self.key, self.breaker = fresh.config, fresh.key, fresh.breaker
+        if before.caches_prefixes != after.caches_prefixes:  # enable_prefix_cache turned on or off
+            self.prefix_index = fresh.prefix_index
+        elif self.prefix_index is not None and before.prefix_cache_tokens != after.prefix_cache_tokens:
+            self.prefix_cache_capacity_tokens = fresh.prefix_cache_capacity_tokens or 0
+
+    @property
+    def prefix_cache_capacity_tokens(self) -> int | None:
+        """Tokens its engine's prefix cache holds (None: no prefix cache). Set it from
+        what the engine reports (vLLM's cache config on ``/metrics``): the index ages
+        out against it from the next request on."""
+        return None if self.prefix_index is None else self.prefix_index.capacity_tokens
+
+    @prefix_cache_capacity_tokens.setter
+    def prefix_cache_capacity_tokens(self, tokens: int) -> None:
+        if self.prefix_index is not None and tokens > 0:
+            self.prefix_index.capacity_tokens = tokens
 
     def describe(self, now: float) -> dict[str, object]:
         """The endpoint's live numbers and circuit at ``now`` (``/admin/providers``, ``/ui``):
@@ -206,6 +233,14 @@ class EndpointRuntime:
             "slot_seconds": round(self.slot_seconds, 4),
             "itl_ms": None if self.itl_ms is None else round(self.itl_ms, 3),
             "itl_observations": self.itl.observations,
+            "prefix_index": None
+            if self.prefix_index is None
+            else {
+                "entries": self.prefix_index.entries,
+                "held_tokens": self.prefix_index.held_tokens,
+                "capacity_tokens": self.prefix_index.capacity_tokens,
+            },
+            "prefill_tokens": self.prefill_tokens,
             "engine": None
             if self.engine_read_at is None
             else {
@@ -282,11 +317,18 @@ class EndpointRuntime:
         return recent and bool(self.engine_waiting)
 
     def queue_ms(self, now: float) -> float:
-        """Expected wait for a batch slot, in ms (0 with room, or no known capacity); at
-        least what is left of a busy answer's ``Retry-After``."""
+        """Expected wait before this endpoint prefills a new request, in ms: for a batch
+        slot (0 with room, or no known capacity), at least what is left of a busy
+        answer's ``Retry-After``; with a prefix cache, plus the prefill of the uncached
+        prompt tokens already sent here without a first token (``prefill_tokens`` at
+        the fitted ms per token: an engine's prefill is compute-bound, so what is
+        ahead is prefilled first)."""
+        wait = self._slot_wait_ms(now)
+        if self.prefill_tokens and self.prefix_index is not None:
+            wait += self.prefill_tokens * self.predictor.per_token_ms
         if now < self.busy_until:
-            return max((self.busy_until - now) * 1000.0, self._slot_wait_ms(now))
-        return self._slot_wait_ms(now)
+            return max((self.busy_until - now) * 1000.0, wait)
+        return wait
 
     def _slot_wait_ms(self, now: float) -> float:
         capacity = self.capacity or self.inferred_capacity

@@ -34,6 +34,9 @@ from latgate.providers.health import (
 from latgate.providers.stream_options import StreamOptionsSupport
 from latgate.proxy.egress import Egress, egress_for
 from latgate.routing.policies.outlier import LatencyEvidence, judge_outlier, too_slow
+from latgate.routing.prefix_index import PromptPrefix
+from latgate.routing.sessions import MemorySessionMap, SessionMap
+from latgate.routing.strategies.registry import predicts
 
 log = logging.getLogger("latgate")
 MIN_LATENCY_OBSERVATIONS = 10
@@ -53,8 +56,6 @@ class ProviderRuntime:
     ``auth_headers`` holds ``Authorization: Bearer <key>`` when ``api_key_env`` is set
     in the environment, else nothing. It is never logged nor sent to a client.
     ``turn`` counts the requests routed to it (equal endpoints take turns by it);
-    ``round_robin_credit``: smooth weighted round robin's running credit per endpoint
-    (:func:`~latgate.routing.policies.round_robin.choose_round_robin`).
     ``budgeted`` / ``explored``: requests with a budget routed to it, and how many of
     those were spent refreshing thin or stale evidence.
     ``stream_options``: whether it takes a stream's ``stream_options``, learnt at run
@@ -66,7 +67,6 @@ class ProviderRuntime:
     endpoints: list[EndpointRuntime]
     auth_headers: dict[str, str] = field(default_factory=dict)
     turn: int = 0
-    round_robin_credit: list[float] = field(default_factory=list)
     budgeted: int = 0
     explored: int = 0
     stream_options: StreamOptionsSupport = field(default_factory=StreamOptionsSupport)
@@ -101,6 +101,11 @@ class Ticket:
             it is a latency verdict (the censored TTFT), not an error of the endpoint.
         sent_at: the pool clock's reading when it was sent (its entry in the
             endpoint's ``starts``).
+        prefix: the prompt's samples (:mod:`latgate.routing.prefix_index`), recorded in
+            the endpoint's prefix index at its first token; None without one.
+        cached_tokens: prompt tokens the endpoint was believed to hold when it was sent
+            (``prompt_tokens`` is the rest: what the TTFT fit is on).
+        prefilling: its ``prompt_tokens`` still count in the endpoint's ``prefill_tokens``.
     """
 
     prompt_tokens: int
@@ -112,6 +117,9 @@ class Ticket:
     trial: bool = False
     succeeded: bool = False
     budget_deadline: bool = False
+    prefix: PromptPrefix | None = None
+    cached_tokens: int = 0
+    prefilling: bool = False
 
 
 class ProviderPool:
@@ -119,7 +127,7 @@ class ProviderPool:
 
     Args:
         config: the resolved config (providers, ``[health]``, routing strategy: latency
-            ejection runs only with strategy ``latgate``).
+            ejection runs only with a strategy that predicts, ``predicted_latency``).
         metrics: where in-flight gauges, endpoint health and ejections are exported.
         env: where ``api_key_env`` variables are read (``os.environ`` by default).
         clock: seconds, monotonic: circuit timing and engine-gauge age.
@@ -141,7 +149,13 @@ class ProviderPool:
         self.breaker = CircuitBreaker(
             settings=config.health, store=circuits or MemoryCircuitStore(), clock=clock
         )
-        self.latency_ejection = config.routing.strategy == "latgate"
+        self.latency_ejection = predicts(config.routing.strategy)
+        self.on_first_token: Callable[[EndpointRuntime, Ticket], None] | None = None
+        """Called at each attempt's first token: the routing strategy's
+        :meth:`~latgate.routing.strategies.Strategy.on_first_token` (set by the selector)."""
+        self.sessions: SessionMap = MemorySessionMap()
+        """Where each client session's last turn was served (:mod:`latgate.routing.sessions`):
+        in process by default, or shared by the replicas through ``[state]``."""
         self.slot_freed: Callable[[ProviderRuntime, EndpointRuntime, float | None], None] | None = None
         """Called when a slot of an endpoint whose engine does not queue may have freed,
         with how long the request that left held it (seconds; None when unknown or it
@@ -216,11 +230,27 @@ class ProviderPool:
 
     # -- a request's life on an endpoint ---------------------------------------------------
 
-    def begin(self, provider: ProviderRuntime, endpoint: EndpointRuntime, *, prompt_tokens: int = 0, queue_ms: float = 0.0) -> Ticket:
+    def begin(
+        self,
+        provider: ProviderRuntime,
+        endpoint: EndpointRuntime,
+        *,
+        prompt_tokens: int = 0,
+        queue_ms: float = 0.0,
+        prefix: PromptPrefix | None = None,
+    ) -> Ticket:
         """Count an attempt in flight on ``endpoint`` from now; :meth:`end` must follow
         (the forwarder calls it from the attempt's exit stack, a plain callback: cheaper
-        per request than an async context manager)."""
+        per request than an async context manager). With the prompt's ``prefix``, the
+        tokens ``endpoint`` is believed to hold are taken out of its TTFT observation
+        and the rest counts as prefill ahead of later requests until its first token."""
         ticket = Ticket(prompt_tokens=prompt_tokens, queue_ms=queue_ms, started_at=time.perf_counter())
+        if prefix is not None and endpoint.prefix_index is not None:
+            cached = self.cached_tokens(endpoint, prefix)
+            ticket.prefix, ticket.cached_tokens = prefix, cached
+            ticket.prompt_tokens = uncached = max(0, prompt_tokens - cached)
+            endpoint.prefill_tokens += uncached
+            ticket.prefilling = True
         if self.breaker.circuit(endpoint.key) == HALF_OPEN:
             ticket.trial = True
             self.take_trial(endpoint)
@@ -236,6 +266,9 @@ class ProviderPool:
         answered one, how long it held a batch slot."""
         endpoint.starts.remove(ticket.sent_at)
         endpoint.in_flight -= 1
+        if ticket.prefilling:
+            ticket.prefilling = False
+            endpoint.prefill_tokens -= ticket.prompt_tokens
         self._metrics.in_flight_gauge(provider.name).dec()
         if ticket.trial:
             endpoint.trial_until = 0.0
@@ -251,8 +284,10 @@ class ProviderPool:
     def record_first_token(
         self, provider: ProviderRuntime, endpoint: EndpointRuntime, ticket: Ticket, *, ttft_ms: float
     ) -> None:
-        """The attempt's first generated content came ``ttft_ms`` after sending it."""
+        """The attempt's first generated content came ``ttft_ms`` after sending it (its
+        prefill is no longer ahead of others'; the strategy hears of it)."""
         ticket.first_token_ms = ttft_ms
+        self._prefilled(provider, endpoint, ticket)
         endpoint.observe_ttft(
             prompt_tokens=ticket.prompt_tokens, ttft_ms=ttft_ms, queue_ms=ticket.queue_ms, now=self.clock()
         )
@@ -269,10 +304,41 @@ class ProviderPool:
             endpoint.answered_at = self.clock()
             if ticket is not None:
                 ticket.succeeded = True
+                if ticket.prefilling:  # a non-streamed answer: no first token was seen
+                    self._prefilled(provider, endpoint, ticket)
             transition = self.breaker.on_success(endpoint.key)
         else:
             transition = self.breaker.on_failure(endpoint.key)
         self._apply(provider, endpoint, transition)
+
+    def _prefilled(self, provider: ProviderRuntime, endpoint: EndpointRuntime, ticket: Ticket) -> None:
+        """The endpoint prefilled the ticket's prompt (first token, or a non-streamed
+        answer): no longer work ahead of others; the strategy hears of it."""
+        if not ticket.prefilling:
+            return
+        ticket.prefilling = False
+        endpoint.prefill_tokens -= ticket.prompt_tokens
+        self._metrics.record_cached_prompt_tokens(provider=provider.name, tokens=ticket.cached_tokens, source="predicted")
+        if self.on_first_token is not None:
+            self.on_first_token(endpoint, ticket)
+
+    def cached_tokens(self, endpoint: EndpointRuntime, prefix: PromptPrefix) -> int:
+        """Prompt tokens of ``prefix`` that ``endpoint`` is believed to hold: its prefix
+        index's longest match, and for a client session last served there at least the
+        prompt before its last message."""
+        index = endpoint.prefix_index
+        if index is None:
+            return 0
+        matched = index.longest_match_tokens(prefix)
+        session = prefix.session
+        if session is not None and matched < prefix.previous_tokens and self.sessions.get(session) == endpoint.config.id:
+            return prefix.previous_tokens
+        return matched
+
+    def record_cached_tokens(self, provider: ProviderRuntime, *, cached_tokens: int) -> None:
+        """The engine reported ``cached_tokens`` of a prompt served from its prefix cache
+        (``usage.prompt_tokens_details.cached_tokens``): counted beside latgate's prediction."""
+        self._metrics.record_cached_prompt_tokens(provider=provider.name, tokens=cached_tokens, source="reported")
 
     def record_busy(self, endpoint: EndpointRuntime, *, seconds: float | None) -> None:
         """The endpoint answered busy (429): at capacity for ``seconds`` (its

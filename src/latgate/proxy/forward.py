@@ -88,7 +88,7 @@ class Forwarder:
         failures = Failures(pool=pool, metrics=metrics)
         self._sender = AttemptSender(config=config, pool=pool, client=client, metrics=metrics, failures=failures, selector=self.selector)
         self.admission = Admission(
-            pool=pool, metrics=metrics, enabled=config.routing.admission and self.selector.strategy == "latgate"
+            pool=pool, metrics=metrics, enabled=config.routing.admission and self.selector.strategy.predicts
         )
 
     async def forward(

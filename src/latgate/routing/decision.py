@@ -20,7 +20,7 @@ Rules, first match wins (``reason`` as in the ``X-Latgate-Route-Reason`` header)
 6. ``default``: ``routing.default_route``.
 
 A rule whose provider cannot serve the requested model is skipped, and ``notes`` says
-why. With ``routing.strategy = "latgate"``, a request with a time-to-first-token budget
+why. With ``routing.strategy = "predicted_latency"`` (the default), a request with a time-to-first-token budget
 also gets ``overflow`` candidates (reason ``overflow:FROM``): the primary's fallbacks,
 then every other provider serving the model, in file order; the selector moves the
 request to one of them when live numbers predict the primary will miss the budget
@@ -50,7 +50,8 @@ from latgate.config.schema import Config, PolicyConfig
 from latgate.errors import InvalidRequest, NotFound
 from latgate.routing.headers import budget_header, debug_header, flag_header
 from latgate.routing.models import model_key, rule_model, skipped_note, upstream_model
-from latgate.routing.policies.prefix_affinity import client_affinity_key
+from latgate.routing.sessions import session_key
+from latgate.routing.strategies.registry import predicts
 from latgate.routing.targets import RouteDecision, Target
 from latgate.routing.tokens import ExactTokenizer, TokenizerError, estimate_prompt_tokens
 
@@ -101,11 +102,12 @@ class Router:
         self._serving_known = {public: self._compute_serving(public) for public in known}
         self._overflow_known: dict[tuple[str, str], tuple[Target, ...]] = {}
         self._fallbacks_known: dict[tuple[str, str, str], tuple[tuple[Target, ...], tuple[str, ...]]] = {}
-        # providers where prefix affinity can act: a prefix cache and a choice of endpoints
+        self._predicts = predicts(routing.strategy)
+        # providers where a session's place counts: a prefix cache and a choice of endpoints
         self._affine = frozenset(
             name
             for name, provider in config.providers.items()
-            if routing.strategy == "latgate" and provider.enable_prefix_cache and len(provider.endpoints) > 1
+            if self._predicts and provider.caches_prefixes and len(provider.endpoints) > 1
         )
 
     def decide(
@@ -157,9 +159,9 @@ class Router:
         primary = Target(provider, upstream, reason)
         candidates = (primary, *self._fallbacks(primary, public, notes))
         overflow = self._overflow(primary, public) if budget_ms is not None else ()
-        affinity_key = None
+        session = None
         if self._affine and any(t.provider in self._affine for t in (*candidates, *overflow)):
-            affinity_key = client_affinity_key(body, headers)
+            session = session_key(body, headers)
         return RouteDecision(
             provider=provider,
             model=primary.model,
@@ -175,7 +177,7 @@ class Router:
             overflow=overflow,
             strategy=self._routing.strategy,
             explain=debug_header(headers.get("x-latgate-debug")),
-            affinity_key=affinity_key,
+            session_key=session,
         )
 
     # -- the request's model ------------------------------------------------------
@@ -390,7 +392,7 @@ class Router:
     def _overflow(self, primary: Target, public: str) -> tuple[Target, ...]:
         """The primary's fallbacks then the other providers serving ``public`` (memoised
         for configured model names)."""
-        if self._routing.strategy != "latgate" or primary.reason in ("override", "long_context"):
+        if not self._predicts or primary.reason in ("override", "long_context"):
             return ()
         key = (primary.provider, public)
         known = self._overflow_known.get(key)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from latgate.providers import EndpointRuntime
+from latgate.routing.prefix_index import PromptPrefix
 from latgate.routing.targets import Target
 
 
@@ -27,9 +28,13 @@ class Considered:
     predicted_itl_ms: float | None = None
     predicted_e2e_ms: float | None = None
     itl_observations: int = 0
+    cached_tokens: int | None = None
+    prefill_ms: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "cached_tokens": self.cached_tokens,
+            "prefill_ms": None if self.prefill_ms is None else round(self.prefill_ms, 1),
             "observations": self.observations,
             "predicted_itl_ms": None if self.predicted_itl_ms is None else round(self.predicted_itl_ms, 2),
             "itl_observations": self.itl_observations,
@@ -61,8 +66,10 @@ class RoutePlan:
     Attributes:
         targets: providers in the order to try them (``targets[0]`` first).
         endpoint: the first attempt's endpoint (of ``targets[0]``).
-        prompt_tokens / budget_ms / prefix: the request's, as the plan used them
-            (``prefix``: the client's explicit affinity key when it gave one).
+        prompt_tokens / budget_ms: the request's, as the plan used them.
+        prompt_prefix: the prompt's samples and session
+            (:mod:`latgate.routing.prefix_index`), for a provider keeping a prefix cache
+            with several endpoints; None otherwise.
         predicted_ttft_ms: the first endpoint's predicted TTFT (``latgate`` only).
         completion_tokens / completion_source: the completion tokens the request is
             expected to produce and where that came from (its ``max_tokens``... field,
@@ -84,7 +91,7 @@ class RoutePlan:
     endpoint: EndpointRuntime
     prompt_tokens: int
     budget_ms: int | None
-    prefix: int | None = None
+    prompt_prefix: PromptPrefix | None = None
     predicted_ttft_ms: float | None = None
     completion_tokens: int = 1
     completion_source: str = "default"
@@ -97,13 +104,17 @@ class RoutePlan:
     reserved: bool = False
 
     def explain_header(self) -> str:
-        """``ENDPOINT TTFTms nOBS[ itl ITLms e2e E2Ems][ CIRCUIT (EVIDENCE)][ chosen]; ...[; left FROM: EVIDENCE][; e2e for N completion tokens (SOURCE)]``
-        for ``X-Latgate-Route-Candidates`` (``nOBS``: first tokens measured; ``itl``:
-        predicted time per output token, ``e2e``: TTFT plus ITL per further token)."""
+        """``ENDPOINT TTFTms nOBS[ cached N prefill Pms][ itl ITLms e2e E2Ems][ CIRCUIT (EVIDENCE)][ chosen]; ...[; left FROM: EVIDENCE][; e2e for N completion tokens (SOURCE)]``
+        for ``X-Latgate-Route-Candidates`` (``nOBS``: first tokens measured; ``cached``:
+        prompt tokens it is believed to hold, ``prefill``: the predicted prefill of the
+        rest plus the fixed part; ``itl``: predicted time per output token, ``e2e``:
+        TTFT plus ITL per further token)."""
         parts = []
         e2e = False
         for c in self.considered:
             text = f"{c.endpoint} {c.predicted_ttft_ms:.0f}ms n{c.observations}"
+            if c.cached_tokens is not None and c.prefill_ms is not None:
+                text += f" cached {c.cached_tokens} prefill {c.prefill_ms:.0f}ms"
             if c.predicted_e2e_ms is not None and c.predicted_itl_ms is not None:
                 e2e = True
                 text += f" itl {c.predicted_itl_ms:.1f}ms e2e {c.predicted_e2e_ms:.0f}ms"

@@ -6,16 +6,22 @@ only, no live numbers) into a :class:`RoutePlan` with ``routing.strategy``:
 - ``round_robin`` / ``least_outstanding`` (``rules`` is the latter): the rules'
   provider order; endpoints in turn by weight (smooth weighted round robin), or the
   one with the fewest in flight per unit of weight.
-- ``latgate``: each endpoint's predicted time to first token (queue wait plus its
-  fitted line aged towards a prior by its confidence, :mod:`latgate.routing.policies.evidence`);
-  power of two choices among them with load deciding between close predictions, an
-  endpoint with thin or stale evidence explored (any request without a budget; at most
-  ``routing.exploration_share`` of those with one while a measured endpoint can take
-  them), or the prompt prefix's endpoint for providers with ``enable_prefix_cache``. A
-  request with a budget leaves its rule's provider only on evidence: at capacity
-  (reason ``overflow:FROM``) or measured too slow for the budget
-  (``predicted_miss:FROM``), for the candidate most likely to meet it; hedging when
-  the decision's policy asks for it (where the copy goes: :mod:`latgate.routing.hedge_choice`).
+- ``predicted_latency`` (the default; ``latgate`` is its old name): each endpoint's
+  predicted time to first token: its queue wait, the prefill of the prompt's tokens it
+  is not believed to hold (its prefix index, :mod:`latgate.routing.prefix_index`, and
+  the session's last endpoint, :mod:`latgate.routing.sessions`) on its fitted line aged
+  towards a prior by its confidence (:mod:`latgate.routing.policies.evidence`), and the
+  fixed part; power of two choices among them with load deciding between close
+  predictions, then the session's endpoint; an endpoint with thin or stale evidence
+  explored (any request without a budget; at most ``routing.exploration_share`` of
+  those with one while a measured endpoint can take them). A request with a budget
+  leaves its rule's provider only on evidence: at capacity (reason ``overflow:FROM``)
+  or measured too slow for the budget (``predicted_miss:FROM``), for the candidate most
+  likely to meet it; hedging when the decision's policy asks for it (where the copy
+  goes: :mod:`latgate.routing.hedge_choice`).
+
+The endpoint choice itself is the configured strategy object's
+(:mod:`latgate.routing.strategies`).
 
 Under every strategy, endpoints whose circuit is open are skipped while another can
 take the request, and a provider with none left is tried after the fallbacks that
@@ -52,15 +58,12 @@ from latgate.routing.policies.evidence import (
     peer_prior_ms,
     stale,
 )
-from latgate.routing.policies.least_outstanding import choose_least_outstanding
 from latgate.routing.policies.overflow import choose_overflow
-from latgate.routing.policies.predicted_ttft import choose_power_of_two
-from latgate.routing.policies.prefix_affinity import choose_affine, endpoint_salt, keep_affinity, prefix_hash
-from latgate.routing.policies.round_robin import choose_round_robin
+from latgate.routing.policies.rendezvous import endpoint_salt
 from latgate.routing.policies.view import EndpointView
+from latgate.routing.prefix_index import PromptPrefix, prompt_prefix
+from latgate.routing.strategies import Strategy, build_strategy
 from latgate.routing.targets import Target
-
-_STRATEGY = {"rules": "least_outstanding"}
 
 
 class Selector:
@@ -73,9 +76,9 @@ class Selector:
     """
 
     def __init__(self, *, config: Config, pool: ProviderPool, rng: random.Random | None = None) -> None:
-        self.strategy = _STRATEGY.get(config.routing.strategy, config.routing.strategy)
+        self.strategy: Strategy = build_strategy(config.routing.strategy, sessions=pool.sessions, rng=rng or random.Random())
         self._pool = pool
-        self._rng = rng or random.Random()
+        pool.on_first_token = self.strategy.on_first_token
         self._exploration_share = config.routing.exploration_share
         self._expected_completion_tokens = config.routing.expected_completion_tokens
         timeout = config.defaults.first_token_timeout_sec
@@ -85,60 +88,65 @@ class Selector:
             for runtime in pool.providers.values()
             for ep in runtime.endpoints
         }
+        # providers where a prompt's prefix counts: a prefix cache and a choice of endpoints
+        self._caching = frozenset(
+            name
+            for name, runtime in pool.providers.items()
+            if self.strategy.predicts and runtime.config.caches_prefixes and len(runtime.endpoints) > 1
+        )
 
     def plan(self, decision: RouteDecision, body: Mapping[str, Any], *, commit: bool = True) -> RoutePlan:
         """The plan for ``decision``. ``commit=False`` (an explanation only) leaves the
         round-robin counters alone and fills ``considered``."""
         explain = decision.explain or not commit
-        latgate = self.strategy == "latgate"
+        predicts = self.strategy.predicts
         targets = decision.candidates
         runtime = self._pool[targets[0].provider]
         plan = RoutePlan(
-            targets=targets,
-            endpoint=runtime.endpoints[0],
-            prompt_tokens=decision.prompt_tokens,
-            budget_ms=decision.budget_ms,
-            prefix=decision.affinity_key,
+            targets=targets, endpoint=runtime.endpoints[0], prompt_tokens=decision.prompt_tokens, budget_ms=decision.budget_ms
         )
+        caching = self._caching
+        if caching and body and any(t.provider in caching for t in (*targets, *decision.overflow)):
+            plan.prompt_prefix = prompt_prefix(body, prompt_tokens=decision.prompt_tokens, session=decision.session_key)
         plan.completion_tokens, plan.completion_source = expected_completion_tokens(
             body, default_tokens=self._expected_completion_tokens, observed_tokens=self._pool.completion_tokens_mean
         )
         now = self._pool.clock()
         e2e = decision.budget_ms is not None or explain
-        views = self._views(runtime, plan, now, predict=latgate or explain, e2e=e2e)
+        views = self._views(runtime, plan, now, predict=predicts or explain, e2e=e2e)
         trial_ok = decision.budget_ms is None or decision.hedge
-        explore = latgate and self._may_explore(runtime, views, decision.budget_ms)
-        index = self._choose(runtime, views, plan, body, commit=commit, trial_ok=trial_ok, explore=explore)
+        explore = predicts and self._may_explore(runtime, views, decision.budget_ms)
+        index = self._choose(runtime, views, plan, commit=commit, trial_ok=trial_ok, explore=explore)
         plan.endpoint = runtime.endpoints[index]
         best = views[index]
         if explain:
             self._consider(plan, runtime, views, index)
-        if latgate:
+        if predicts:
             plan.predicted_ttft_ms = best.predicted_ttft_ms
             if e2e:
                 plan.predicted_e2e_ms = best.predicted_e2e_ms
             if decision.budget_ms is not None and best.available:
                 if decision.left is not None and (len(targets) > 1 or decision.overflow):
                     alternatives = (*targets[1:], *decision.overflow)
-                    self._overflow(decision, plan, best, None, now, body, alternatives, explain=explain)
+                    self._overflow(decision, plan, best, None, now, alternatives, explain=explain)
                 elif decision.overflow:
                     queue_p90_ms = QUEUE_P90_FACTOR * plan.endpoint.queue_ms(now)
                     evidence = leave_evidence(views, best, budget_ms=decision.budget_ms, queue_p90_ms=queue_p90_ms)
                     if evidence is not None:
-                        self._overflow(decision, plan, best, evidence, now, body, decision.overflow, explain=explain)
+                        self._overflow(decision, plan, best, evidence, now, decision.overflow, explain=explain)
             if decision.left is not None and plan.overflow_from is None:
                 plan.overflow_from = decision.left
         if not best.available and len(targets) > 1 and plan.overflow_from is None:
-            self._skip_unavailable(plan, now, body, commit=commit)
+            self._skip_unavailable(plan, now, commit=commit)
         if not best.available and not self._pool.available(plan.endpoint):
             providers = ", ".join(dict.fromkeys(t.provider for t in plan.targets))
             plan.cause = f"every endpoint of {providers} is out of service (circuit open); tried anyway"
-        if latgate and decision.hedge:
+        if predicts and decision.hedge:
             plan.hedge = planned_hedge(self._pool, plan, runtime, views, now)
         if commit:
             if best.trial or plan.endpoint is not runtime.endpoints[index]:
                 self._pool.take_trial(plan.endpoint)  # only a half-open endpoint has a trial to take
-            if latgate:
+            if predicts:
                 self._note_choice(runtime, plan, best if plan.endpoint is runtime.endpoints[index] else None)
             self._pool.reserve(plan.endpoint)
             plan.reserved = True
@@ -176,23 +184,23 @@ class Selector:
         """The endpoint of ``runtime`` for a further attempt, avoiding ``exclude`` (the
         endpoints already tried) while another can take it."""
         now = self._pool.clock()
-        views = self._views(runtime, plan, now, predict=self.strategy == "latgate")
+        views = self._views(runtime, plan, now, predict=self.strategy.predicts)
         if len(exclude) and any(
             view.available for ep, view in zip(runtime.endpoints, views, strict=True) if ep not in exclude
         ):
             for ep, view in zip(runtime.endpoints, views, strict=True):
                 if ep in exclude:
                     view.available = False
-        endpoint = runtime.endpoints[self._choose(runtime, views, plan, {}, commit=True)]
+        endpoint = runtime.endpoints[self._choose(runtime, views, plan, commit=True)]
         self._pool.take_trial(endpoint)
         return endpoint
 
     def deadline_ms(self, plan: RoutePlan, *, predicted_ttft_ms: float, last_attempt: bool) -> float | None:
         """The attempt's first-token deadline in ms (see :mod:`latgate.routing.policies.deadline`),
         ``predicted_ttft_ms`` being the endpoint's prediction before the attempt was
-        counted in flight; the budget counts only under strategy ``latgate``."""
+        counted in flight; the budget counts only under a strategy that predicts."""
         return first_token_deadline_ms(
-            budget_ms=plan.budget_ms if self.strategy == "latgate" else None,
+            budget_ms=plan.budget_ms if self.strategy.predicts else None,
             predicted_ttft_ms=predicted_ttft_ms,
             configured_ms=self.configured_deadline_ms,
             last_attempt=last_attempt,
@@ -203,8 +211,9 @@ class Selector:
     def _views(
         self, runtime: ProviderRuntime, plan: RoutePlan, now: float, *, predict: bool, e2e: bool = False
     ) -> list[EndpointView]:
-        """Snapshots of ``runtime``'s endpoints; with ``predict``, their predicted TTFT and
-        evidence, and with ``e2e`` (or a budget) their predicted ITL and e2e latency."""
+        """Snapshots of ``runtime``'s endpoints; with ``predict``, their predicted TTFT
+        (on the prompt tokens each is not believed to hold) and evidence, and with
+        ``e2e`` (or a budget) their predicted ITL and e2e latency."""
         circuit_of = self._pool.breaker.circuit
         salts = self._salts
         tokens = plan.prompt_tokens
@@ -213,6 +222,12 @@ class Selector:
         measured: list[float | None] = []
         measured_itl: list[float | None] = []
         e2e = predict and (e2e or plan.budget_ms is not None)
+        prefix = plan.prompt_prefix if predict and runtime.name in self._caching else None
+        cached: list[int] = []
+        if prefix is not None:
+            cached = [self._pool.cached_tokens(ep, prefix) for ep in endpoints]
+            if not any(cached):
+                cached = []
         if predict and len(endpoints) > 1:
             measured = [
                 ep.predictor.predict_ms(tokens)
@@ -236,13 +251,23 @@ class Selector:
                 view.others = ep.others(now) + ep.pending
                 view.observations = observations = predictor.observations
                 age_s = math.inf if ep.observed_at is None else now - ep.observed_at
+                uncached = tokens
+                if cached:
+                    view.cached_tokens = cached[index]
+                    uncached = max(0, tokens - cached[index])
                 prior = None
                 if measured:
-                    prior = peer_prior_ms([m for i, m in enumerate(measured) if m is not None and i != index])
+                    if uncached == tokens:
+                        prior = peer_prior_ms([m for i, m in enumerate(measured) if m is not None and i != index])
+                    else:  # the peers' lines at this endpoint's uncached tokens
+                        prior = peer_prior_ms(
+                            [endpoints[i].predictor.predict_ms(uncached) for i, m in enumerate(measured) if m is not None and i != index]
+                        )
                 if prior is None:
-                    prior = predictor.prior_ms(tokens)
+                    prior = predictor.prior_ms(uncached)
                 trust = confidence(predictor.weight, age_s) if observations else 0.0
-                fitted = aged_estimate_ms(predictor.predict_ms(tokens), prior, trust)
+                fitted = aged_estimate_ms(predictor.predict_ms(uncached), prior, trust)
+                view.prefill_ms = fitted
                 spread = aged_estimate_ms(predictor.spread_ms, prior / 4, trust)
                 queue = ep.queue_ms(now)
                 view.predicted_ttft_ms = queue + fitted
@@ -255,7 +280,25 @@ class Selector:
                         ttft_ms=view.predicted_ttft_ms, itl_ms=itl_ms, completion_tokens=plan.completion_tokens
                     )
             views.append(view)
+        if prefix is not None and predict:
+            self._mark_home(endpoints, views, cached, prefix)
         return views
+
+    def _mark_home(
+        self, endpoints: list[EndpointRuntime], views: list[EndpointView], cached: list[int], prefix: PromptPrefix
+    ) -> None:
+        """Mark the session's endpoint: where the client's session was served last; for a
+        prompt naming no session, of more than one message, the one holding its longest
+        prefix (none when none holds any)."""
+        home = None
+        if prefix.session is not None:
+            served = self._pool.sessions.get(prefix.session)
+            home = next((i for i, ep in enumerate(endpoints) if ep.config.id == served), None)
+        elif cached and prefix.identity is not None:
+            longest = max(cached)
+            home = cached.index(longest) if longest > 0 else None
+        if home is not None:
+            views[home].home = True
 
     @staticmethod
     def _itl_ms(ep: EndpointRuntime, index: int, measured_itl: list[float | None], now: float) -> float:
@@ -278,48 +321,15 @@ class Selector:
         runtime: ProviderRuntime,
         views: list[EndpointView],
         plan: RoutePlan,
-        body: Mapping[str, Any],
         *,
         commit: bool,
         trial_ok: bool = False,
         explore: bool = False,
     ) -> int:
-        """The strategy's endpoint of ``runtime``; ``trial_ok``: this request may be a
-        half-open endpoint's trial (it has no budget, or a hedge to save it);
-        ``explore``: it may refresh an endpoint with thin or stale evidence."""
+        """The strategy's endpoint of ``runtime`` (see :meth:`Strategy.choose`)."""
         if len(views) == 1:
             return 0
-        strategy = self.strategy
-        if strategy != "latgate":
-            turn = runtime.turn
-            if commit:
-                runtime.turn = turn + 1
-            if strategy == "round_robin":
-                index, credit = choose_round_robin(views, credit=runtime.round_robin_credit)
-                if commit:
-                    runtime.round_robin_credit = credit
-                return index
-            return choose_least_outstanding(views, turn=turn)
-        draws = (self._rng.getrandbits(30), self._rng.getrandbits(30)) if len(views) > 2 else (0, 0)
-        budget = plan.budget_ms
-        compare_all = budget is not None
-        fastest = choose_power_of_two(
-            views, draws=draws, trial_first=trial_ok, turn=runtime.turn, explore=explore, compare_all=compare_all, budget_ms=budget
-        )
-        if views[fastest].trial or not runtime.config.enable_prefix_cache:
-            return fastest
-        if plan.prefix is None and body:
-            plan.prefix = prefix_hash(body)
-        if plan.prefix is None:
-            return fastest
-        if explore and views[fastest].explore:  # a cached prefix is worth more than a fresh measurement
-            fastest = choose_power_of_two(
-                views, draws=draws, trial_first=trial_ok, turn=runtime.turn, compare_all=compare_all, budget_ms=budget
-            )
-        affine = choose_affine([v if not v.trial else _unavailable(v) for v in views], prefix=plan.prefix)
-        if affine is None or not keep_affinity(views[affine], views[fastest], budget_ms=plan.budget_ms):
-            return fastest
-        return affine
+        return self.strategy.choose(runtime, views, plan, commit=commit, trial_ok=trial_ok, explore=explore)
 
     def _overflow(
         self,
@@ -328,7 +338,6 @@ class Selector:
         best: EndpointView,
         evidence: str | None,
         now: float,
-        body: Mapping[str, Any],
         alternatives: tuple[Target, ...],
         *,
         explain: bool,
@@ -342,7 +351,7 @@ class Selector:
         for target in alternatives:
             runtime = self._pool[target.provider]
             views = self._views(runtime, plan, now, predict=True)
-            index = self._choose(runtime, views, plan, body, commit=False)
+            index = self._choose(runtime, views, plan, commit=False)
             view = views[index]
             ttfts.append(view.p90_ttft_ms if view.available else math.inf)
             e2es.append(view.predicted_e2e_ms if view.available else math.inf)
@@ -374,14 +383,14 @@ class Selector:
             considered.chosen = considered.endpoint == plan.endpoint.config.id
 
     def _skip_unavailable(
-        self, plan: RoutePlan, now: float, body: Mapping[str, Any], *, commit: bool
+        self, plan: RoutePlan, now: float, *, commit: bool
     ) -> None:
         """Try first the first candidate that has an endpoint able to take traffic."""
         for position, target in enumerate(plan.targets[1:], start=1):
             runtime = self._pool[target.provider]
-            views = self._views(runtime, plan, now, predict=self.strategy == "latgate")
+            views = self._views(runtime, plan, now, predict=self.strategy.predicts)
             if any(view.available for view in views):
-                plan.endpoint = runtime.endpoints[self._choose(runtime, views, plan, body, commit=commit)]
+                plan.endpoint = runtime.endpoints[self._choose(runtime, views, plan, commit=commit)]
                 plan.targets = (target, *plan.targets[:position], *plan.targets[position + 1 :])
                 return
 
@@ -407,9 +416,7 @@ class Selector:
                     predicted_itl_ms=view.predicted_itl_ms if view.predicted_itl_ms > 0 else None,  # 0: not predicted
                     predicted_e2e_ms=view.predicted_e2e_ms if view.predicted_itl_ms > 0 else None,
                     itl_observations=ep.itl.observations,
+                    cached_tokens=view.cached_tokens if plan.prompt_prefix is not None and view.prefill_ms > 0 else None,
+                    prefill_ms=view.prefill_ms if plan.prompt_prefix is not None and view.prefill_ms > 0 else None,
                 )
             )
-
-
-def _unavailable(view: EndpointView) -> EndpointView:
-    return EndpointView(in_flight=view.in_flight, available=False, salt=view.salt)

@@ -44,16 +44,17 @@ class RouteDecision:
         notes: why rules or names were skipped, for logs and ``latgate route``.
         overflow: where the request may go instead of the primary when the primary is
             predicted to miss ``budget_ms`` (empty without a budget or unless the
-            strategy is ``latgate``).
-        strategy: ``routing.strategy``.
+            strategy is ``predicted_latency``).
+        strategy: ``routing.strategy`` as configured.
         explain: the client asked for the candidates considered (``X-Latgate-Debug: 1``).
         left: the rule's provider the request already left before planning (admission
             could not hold it for a slot there within its budget), or None: the
             candidates then compete on predicted e2e latency, none kept for its rule.
-        affinity_key: a hash of the client's explicit cache key (``prompt_cache_key``
-            or a session header), which prefix affinity uses instead of the prompt's
-            prefix; None when there is none, or when no provider the request may go to
-            has ``enable_prefix_cache`` and several endpoints (under strategy ``latgate``).
+        session_key: the client's session as a number (:func:`latgate.routing.sessions.session_key`:
+            ``prompt_cache_key``, a session header, Claude Code's ``metadata.user_id``),
+            hashed, never raw; None when there is none, or when no provider the request
+            may go to keeps a prefix cache and has several endpoints (under strategy
+            ``predicted_latency``).
     """
 
     provider: str
@@ -68,7 +69,7 @@ class RouteDecision:
     candidates: tuple[Target, ...]
     notes: tuple[str, ...]
     overflow: tuple[Target, ...] = ()
-    strategy: str = "latgate"
+    strategy: str = "predicted_latency"
     explain: bool = False
-    affinity_key: int | None = None
+    session_key: int | None = None
     left: str | None = None

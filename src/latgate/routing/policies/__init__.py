@@ -8,8 +8,7 @@ calls these; the forwarder calls :mod:`.retry` after each failed attempt.
 
 - :mod:`.round_robin`, :mod:`.least_outstanding`: the baseline endpoint choices.
 - :mod:`.predicted_ttft`: power of two choices by predicted time to first token.
-- :mod:`.prefix_affinity`: requests sharing a prompt prefix go to the same endpoint,
-  within a load bound.
+- :mod:`.rendezvous`: a stable endpoint for a session between equal endpoints.
 - :mod:`.overflow`: keep the preferred provider or move to the one most likely to meet
   the request's time-to-first-token budget.
 - :mod:`.hedging`: when to send a second copy of a request.

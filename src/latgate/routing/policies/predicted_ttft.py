@@ -18,6 +18,7 @@ the prediction is 0 and load must count here).
 
 from __future__ import annotations
 
+from latgate.routing.policies.rendezvous import rendezvous_score
 from latgate.routing.policies.view import EndpointView, usable
 
 CLOSE_FRACTION = 0.25
@@ -44,6 +45,8 @@ def choose_power_of_two(
     explore: bool = False,
     compare_all: bool = False,
     budget_ms: float | None = None,
+    home: int | None = None,
+    identity: int | None = None,
 ) -> int:
     """The index of the endpoint that takes the request.
 
@@ -65,10 +68,16 @@ def choose_power_of_two(
         budget_ms: the request's TTFT budget, or None. With one, the compared endpoints
             whose ``p90_ttft_ms`` meets it are the candidates (all of them when none
             does), and they are ranked by ``predicted_e2e_ms`` instead of TTFT.
+        home: the index of the session's endpoint (holding the longest prefix of the
+            prompt, or where the client's session was served last), or None.
+        identity: the session's number (its key, or its first message's hash) for
+            rendezvous hashing between equals (explored ones too), or None.
 
     Returns:
         Otherwise, among the compared: of those :func:`close` to the lowest predicted
-        TTFT (e2e with a budget), the least loaded, then the first at or after ``turn``.
+        TTFT (e2e with a budget), the least loaded; of equally loaded, ``home``, else
+        with an ``identity`` the highest rendezvous score, else the first at or after
+        ``turn``.
 
     Example::
 
@@ -91,6 +100,8 @@ def choose_power_of_two(
         ]
         if thin:
             count = len(views)
+            if identity is not None:  # equals by rendezvous: a session explores one place
+                return min(thin, key=lambda i: (views[i].observations, views[i].load, -rendezvous_score(identity, views[i].salt)))
             return min(thin, key=lambda i: (views[i].observations, views[i].load, (i - turn) % count))
     if len(candidates) > 2 and not compare_all:
         first = draws[0] % len(candidates)
@@ -112,5 +123,9 @@ def choose_power_of_two(
     equals = [i for i in near if views[i].load == least]
     if len(equals) == 1:
         return equals[0]
+    if home is not None and home in equals:
+        return home
+    if identity is not None:
+        return max(equals, key=lambda i: rendezvous_score(identity, views[i].salt))
     count = len(views)
     return min(equals, key=lambda i: (i - turn) % count)

@@ -29,6 +29,12 @@ class EndpointView:
             towards the prior like the TTFT estimate), ms.
         predicted_e2e_ms: predicted TTFT plus ``predicted_itl_ms`` times the request's
             expected completion tokens after the first (:mod:`.e2e`), ms.
+        cached_tokens: prompt tokens it is believed to hold in its prefix cache (the
+            prediction prefills only the rest).
+        prefill_ms: the predicted prefill of the uncached rest plus the fixed part, ms
+            (``predicted_ttft_ms`` less the queue wait).
+        home: the session's endpoint: it holds the longest prefix of the prompt, or the
+            client's session was served there last.
     """
 
     in_flight: int = 0
@@ -44,6 +50,9 @@ class EndpointView:
     busy: bool = False
     predicted_itl_ms: float = 0.0
     predicted_e2e_ms: float = 0.0
+    cached_tokens: int = 0
+    prefill_ms: float = 0.0
+    home: bool = False
 
     @property
     def load(self) -> float:

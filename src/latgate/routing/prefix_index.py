@@ -1,0 +1,203 @@
+"""Which prompt prefixes each endpoint is believed to hold in its engine's prefix cache.
+
+A prompt is read in a fixed order (the body's ``system``, its ``tools``, then every
+message), and one hash is chained along it: a sample at the end of every message
+and every ``BLOCK_CHARS`` within a long one, each naming the whole prompt up to that
+point (a chained block hash, as vLLM's automatic prefix caching and llm-d's prefix
+scorer hash token blocks), keyed with its character offset. Sample points are defined
+by the content (message ends, offsets within a message), so two prompts sharing their
+first messages share their samples that far: a session's next turn matches its
+previous prompt whole. :class:`PromptPrefix` holds the samples and the prompt tokens up
+to each (the request's token estimate spread over its characters), never the text.
+
+:class:`PrefixIndex` is one endpoint's set of samples, recorded when the endpoint
+served a request (its first token, or its answer) and aged out least recently used
+against the tokens the engine can hold (``prefix_cache_tokens``, or the capacity the
+engine reports). An entry costs at least ``MIN_ENTRY_TOKENS`` (an engine caches whole
+blocks), so an index holds at most ``capacity / MIN_ENTRY_TOKENS`` entries whatever
+clients send. The longest prefix held is found by binary search over a prompt's
+samples: recording touches them from the end backwards, so an earlier one is never
+older than a later one and what an index holds of a prompt is a prefix (the
+approximate radix tree of SGLang's ``cache_aware`` router, in a flat set).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+BLOCK_CHARS = 4096
+"""Characters between samples within a long message (about 1 000 tokens of English or code)."""
+WINDOW_CHARS = 64
+"""Characters hashed before each block boundary and at each end of a message's content."""
+MAX_PROMPT_SAMPLES = 4096
+"""Samples kept of one prompt (its first 4 096 messages and blocks); the rest is never matched."""
+MIN_ENTRY_TOKENS = 16
+"""What an entry costs at least against the capacity (vLLM's default block size)."""
+_MAX_OFFSET = 1 << 32
+_KEY_MASK = ~(_MAX_OFFSET - 1)
+DEFAULT_PREFIX_CACHE_TOKENS = 262_144
+"""An endpoint's capacity before the config or the engine says (a 7-8B model on one
+24-80 GB GPU holds some 10^5-10^6 tokens of KV cache)."""
+
+
+@dataclass(slots=True)
+class PromptPrefix:
+    """One prompt's samples (see the module docstring).
+
+    Attributes:
+        keys: the samples' chained hashes (this process's), each with its character
+            offset in the low 32 bits, in order.
+        tokens: prompt tokens up to each sample (same length as ``keys``).
+        identity: the first message's sample (the prompt's identity when the client
+            names no session), or None for a prompt of one message or none (it names
+            no conversation: it is placed as any request is).
+        session: the client's session key (:func:`latgate.routing.sessions.session_key`), or None.
+        previous_tokens: prompt tokens up to the end of the message two before the last
+            (where a session's previous turn ended: what the endpoint that served it
+            holds at least).
+    """
+
+    keys: list[int]
+    tokens: list[int]
+    identity: int | None = None
+    session: int | None = None
+    previous_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """The prompt's tokens (up to its last sample)."""
+        return self.tokens[-1]
+
+
+def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int | None = None) -> PromptPrefix | None:
+    """The samples of ``body``'s prompt, or None when it has no messages or prompt.
+
+    A message is read as its role, its content (a string as it is, anything else as
+    its JSON) and its tool calls (their JSON), hashed with Python's own hash (per
+    process, as the index is). Of a content longer than ``2 * WINDOW_CHARS`` only its
+    length, its first and last ``WINDOW_CHARS`` and the ``WINDOW_CHARS`` before each
+    block boundary are hashed: the cost per request grows with the messages and
+    blocks, not with the characters, and two contents of one length that differ only
+    away from every window are taken for the same (the index is approximate).
+
+    Args:
+        body: a chat completions body (``messages``, optional ``tools``), an Anthropic
+            Messages body (``system`` too) or a completions body (``prompt``).
+        prompt_tokens: the request's prompt tokens (routing's estimate).
+        session: the client's session key, carried along.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            return None
+        pieces: list[Any] = [{"content": prompt}]
+    else:
+        system, tools = body.get("system"), body.get("tools")
+        pieces = [*(part for part in (system, tools) if part), *messages] if system or tools else messages
+    dumps = orjson.dumps
+    window = WINDOW_CHARS
+    keys: list[int] = []
+    offsets: list[int] = []
+    ends: list[int] = []
+    running = done = 0
+    for piece in pieces:
+        if type(piece) is dict:
+            role, content, calls = piece.get("role"), piece.get("content"), piece.get("tool_calls")
+        else:
+            role, content, calls = None, piece, None
+        if type(content) is not str:
+            content = "" if content is None else dumps(content)
+        size = len(content)
+        if size > BLOCK_CHARS:  # samples within a long content: the window before each boundary
+            for at in range(BLOCK_CHARS, size, BLOCK_CHARS):
+                running = hash((running, at, content[at - window : at]))
+                keys.append(running & _KEY_MASK | (done + at))
+                offsets.append(done + at)
+        shown = content if size <= 2 * window else (size, content[:window], content[-window:])
+        running = hash((running, role, shown, None if calls is None else dumps(calls)))
+        done += size or 1
+        keys.append(running & _KEY_MASK | done)
+        offsets.append(done)
+        ends.append(len(keys) - 1)
+        if len(keys) >= MAX_PROMPT_SAMPLES or done >= _MAX_OFFSET:
+            break
+    del keys[MAX_PROMPT_SAMPLES:], offsets[MAX_PROMPT_SAMPLES:]
+    per_char = prompt_tokens / done
+    tokens = [int(at * per_char) for at in offsets]
+    identity = keys[ends[0]] if len(pieces) > 1 else None
+    previous = tokens[ends[-3]] if len(ends) >= 3 else 0
+    return PromptPrefix(keys, tokens, identity, session, previous)
+
+
+class PrefixIndex:
+    """The prompt prefixes one endpoint is believed to hold, bounded by ``capacity_tokens``.
+
+    Example::
+
+        index = PrefixIndex(capacity_tokens=100_000)
+        index.record(prefix)
+        index.longest_match_tokens(prefix)  # prefix.total_tokens
+    """
+
+    __slots__ = ("_entries", "_held_tokens", "capacity_tokens")
+
+    def __init__(self, *, capacity_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS) -> None:
+        self.capacity_tokens = capacity_tokens
+        self._entries: OrderedDict[int, int] = OrderedDict()
+        self._held_tokens = 0
+
+    @property
+    def entries(self) -> int:
+        """Samples held."""
+        return len(self._entries)
+
+    @property
+    def held_tokens(self) -> int:
+        """Tokens the held samples stand for (at most ``capacity_tokens``)."""
+        return self._held_tokens
+
+    def longest_match_tokens(self, prefix: PromptPrefix) -> int:
+        """Prompt tokens of the longest prefix of ``prefix`` held here (0: none)."""
+        entries = self._entries
+        keys = prefix.keys
+        if not entries or keys[0] not in entries:
+            return 0
+        low, high = 0, len(keys) - 1  # keys[low] is held; find the last held
+        while low < high:
+            middle = (low + high + 1) // 2
+            if keys[middle] in entries:
+                low = middle
+            else:
+                high = middle - 1
+        return prefix.tokens[low]
+
+    def record(self, prefix: PromptPrefix) -> None:
+        """The endpoint now holds ``prefix`` (it prefilled it): every sample becomes
+        the most recently used, the first most of all; the least recently used go
+        while over capacity."""
+        entries = self._entries
+        keys, tokens = prefix.keys, prefix.tokens
+        held = self._held_tokens
+        for i in range(len(keys) - 1, -1, -1):
+            key = keys[i]
+            if key in entries:
+                entries.move_to_end(key)
+                continue
+            cost = max(MIN_ENTRY_TOKENS, tokens[i] - (tokens[i - 1] if i else 0))
+            entries[key] = cost
+            held += cost
+        capacity = self.capacity_tokens
+        while held > capacity and entries:
+            held -= entries.popitem(last=False)[1]
+        self._held_tokens = held
+
+    def clear(self) -> None:
+        """Forget everything (the engine restarted, or lost its cache)."""
+        self._entries.clear()
+        self._held_tokens = 0

@@ -1,0 +1,50 @@
+"""Agent sessions end to end through real ``latgate sim`` servers with a prefix cache:
+each session's turns land on one endpoint, the explanation shows the prefix each
+candidate is believed to hold, and /admin/providers and /metrics count it."""
+
+from __future__ import annotations
+
+import collections
+
+import httpx
+from stack import FAST, gateway, simulators
+
+from latgate.sim import SimOptions
+
+CONFIG = """
+[providers.pool]
+endpoints = ["{a}/v1", "{b}/v1"]
+models = ["m"]
+[health]
+probe_interval_sec = 0
+"""
+SYSTEM = "You are a coding agent working in the user's repository. " * 60
+
+
+def test_sessions_with_headers_keep_their_endpoint_and_are_explained() -> None:
+    sims = {name: SimOptions(name=name, models=("m",), prefix_cache=True, **FAST) for name in ("a", "b")}
+    with simulators(sims) as running, gateway(CONFIG.format(a=running["a"][0], b=running["b"][0])) as gw:
+        chosen: dict[int, list[str]] = collections.defaultdict(list)
+        last_candidates = ""
+        with httpx.Client(timeout=10) as client:
+            histories: dict[int, list[dict]] = {s: [{"role": "system", "content": SYSTEM}] for s in range(4)}
+            for turn in range(5):
+                for session in range(4):
+                    history = histories[session]
+                    history.append({"role": "user", "content": f"session {session} turn {turn}: " + "read file " * 200})
+                    response = client.post(
+                        gw.v1 + "/chat/completions",
+                        json={"model": "m", "messages": history, "max_tokens": 4},
+                        headers={"x-claude-code-session-id": f"s-{session}", "x-latgate-debug": "1"},
+                    )
+                    assert response.status_code == 200, response.text
+                    history.append({"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]})
+                    last_candidates = response.headers["x-latgate-route-candidates"]
+                    chosen[session].append(next(p.split()[0] for p in last_candidates.split("; ") if p.endswith(" chosen")))
+            assert all(len(set(places[1:])) == 1 for places in chosen.values()), chosen
+            assert " cached " in last_candidates and " prefill " in last_candidates
+            endpoints = client.get(gw.url + "/admin/providers").json()["providers"]["pool"]["endpoints"]
+            assert sum(ep["prefix_index"]["entries"] for ep in endpoints) > 0
+            metrics = client.get(gw.url + "/metrics").text
+        predicted = [line for line in metrics.splitlines() if line.startswith("latgate_prompt_tokens_cached_total") and 'source="predicted"' in line]
+        assert predicted and float(predicted[0].split()[-1]) > 0, predicted
