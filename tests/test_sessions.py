@@ -16,8 +16,9 @@ from latgate.providers import ProviderPool
 from latgate.routing.decision import Router
 from latgate.routing.prefix_index import MAX_PROMPT_SAMPLES, MIN_ENTRY_TOKENS, PrefixIndex, prompt_prefix
 from latgate.routing.selection import Selector
-from latgate.routing.sessions import MemorySessionMap, claude_code_session, session_key
+from latgate.routing.sessions import claude_code_session, session_key
 from latgate.routing.tokens import estimate_prompt_tokens
+from latgate.store.sessions import LocalSessionMap
 
 PER_TOKEN_MS = 0.1
 """The modelled engines' prefill: 30 000 uncached tokens cost 3 s."""
@@ -51,7 +52,7 @@ def test_claude_code_user_id_gives_its_session_in_both_formats() -> None:
 
 
 def test_the_session_map_is_bounded_and_forgets_the_least_recently_used() -> None:
-    sessions = MemorySessionMap(max_sessions=2)
+    sessions = LocalSessionMap(max_sessions=2)
     sessions.put(1, "a")
     sessions.put(2, "b")
     sessions.put(1, "a")  # 1 used again: 2 is the oldest

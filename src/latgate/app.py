@@ -41,6 +41,7 @@ from latgate.providers.health import OpenReason
 from latgate.providers.monitor import run_monitor
 from latgate.reload import Reloader, UpstreamClients
 from latgate.store import SharedStores, run_health_sync
+from latgate.store.sessions import SessionMaps
 from latgate.tracing import Tracing, tracing_from_env
 from latgate.ui import Activity
 from latgate.ui import authorize as ui_authorize
@@ -119,6 +120,7 @@ def create_app(
     )
     clients = UpstreamClients(transport=transport)
     stores = SharedStores()
+    sessions = SessionMaps()  # one per [state] for the app's lifetime: placements outlive a reload
     activity = Activity(metrics)
     if tracing is None:
         tracing = tracing_from_env(os.environ if env is None else env)
@@ -136,6 +138,7 @@ def create_app(
             tracing=tracing,
             recent=activity.requests,
             previous=previous,
+            sessions=sessions.map_for(config.state),
         )
         endpoints = [(name, ep.id) for name, p in config.providers.items() for ep in p.endpoints]
         metrics.reconfigure(providers=config.providers, models=_model_labels(config), endpoints=endpoints)
@@ -150,12 +153,15 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         health_sync = asyncio.create_task(run_health_sync(lambda: app.state.gateway.health_sync))
         monitor = asyncio.create_task(run_monitor(lambda: (app.state.gateway.pool, app.state.gateway.client)))
+        placements = asyncio.create_task(sessions.run())
         try:
             yield
         finally:
             health_sync.cancel()
             monitor.cancel()
-            await asyncio.gather(health_sync, monitor, return_exceptions=True)
+            placements.cancel()
+            await asyncio.gather(health_sync, monitor, placements, return_exceptions=True)
+            await sessions.aclose()
             await stores.aclose()
             await clients.aclose()
 

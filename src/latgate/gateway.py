@@ -34,6 +34,7 @@ from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
 from latgate.proxy.wire import check_stream_options, nesting_too_deep
 from latgate.routing.decision import RouteDecision, Router
+from latgate.routing.sessions import SessionMap
 from latgate.scope_keys import REQUEST_ID_SCOPE_KEY
 from latgate.store import HealthSync, RedisStore, SharedStore, open_store
 from latgate.tracing import Tracing
@@ -59,6 +60,8 @@ class Gateway:
             default a new one for ``config.state``; see :class:`latgate.store.SharedStores`).
         tracing: starts a span per request (:mod:`latgate.tracing`); ``None``: off.
         recent: the ring finished requests join (``/ui``, :mod:`latgate.ui`); ``None``: off.
+        sessions: where client sessions' placements are kept (:mod:`latgate.store.sessions`;
+            in process by default).
         previous: the gateway this one replaces on a reload: its providers' live state
             is carried over (:func:`latgate.providers.carry.carry_live_state`).
 
@@ -77,6 +80,7 @@ class Gateway:
         tracing: Tracing | None = None,
         recent: deque[Exchange] | None = None,
         previous: Gateway | None = None,
+        sessions: SessionMap | None = None,
     ) -> None:
         self.config = config
         self.recent = recent
@@ -84,7 +88,7 @@ class Gateway:
         self.metrics = metrics
         self.client = client
         self.router = Router(config)
-        self.pool = ProviderPool(config, metrics=metrics, env=env)
+        self.pool = ProviderPool(config, metrics=metrics, env=env, sessions=sessions)
         if previous is not None:  # a reload: before anything else sees the new pool
             carry_live_state(self.pool, previous.pool, metrics=metrics)
         self.forwarder = Forwarder(config=config, pool=self.pool, client=client, metrics=metrics)

@@ -35,8 +35,9 @@ from latgate.providers.stream_options import StreamOptionsSupport
 from latgate.proxy.egress import Egress, egress_for
 from latgate.routing.policies.outlier import LatencyEvidence, judge_outlier, too_slow
 from latgate.routing.prefix_index import PromptPrefix
-from latgate.routing.sessions import MemorySessionMap, SessionMap
+from latgate.routing.sessions import SessionMap
 from latgate.routing.strategies.registry import predicts
+from latgate.store.sessions import LocalSessionMap
 
 log = logging.getLogger("latgate")
 MIN_LATENCY_OBSERVATIONS = 10
@@ -132,6 +133,8 @@ class ProviderPool:
         env: where ``api_key_env`` variables are read (``os.environ`` by default).
         clock: seconds, monotonic: circuit timing and engine-gauge age.
         circuits: where circuits are kept (this process only by default).
+        sessions: where client sessions' placements are kept (:mod:`latgate.store.sessions`;
+            this process only by default, one shared over Redis with ``[state]``).
     """
 
     def __init__(
@@ -142,6 +145,7 @@ class ProviderPool:
         env: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         circuits: CircuitStore | None = None,
+        sessions: SessionMap | None = None,
     ) -> None:
         env = os.environ if env is None else env
         self.config = config
@@ -153,7 +157,7 @@ class ProviderPool:
         self.on_first_token: Callable[[EndpointRuntime, Ticket], None] | None = None
         """Called at each attempt's first token: the routing strategy's
         :meth:`~latgate.routing.strategies.Strategy.on_first_token` (set by the selector)."""
-        self.sessions: SessionMap = MemorySessionMap()
+        self.sessions: SessionMap = LocalSessionMap() if sessions is None else sessions
         """Where each client session's last turn was served (:mod:`latgate.routing.sessions`):
         in process by default, or shared by the replicas through ``[state]``."""
         self.slot_freed: Callable[[ProviderRuntime, EndpointRuntime, float | None], None] | None = None

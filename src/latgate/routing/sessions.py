@@ -17,14 +17,13 @@ Values are hashed at once (BLAKE2b, 64 bits: the same number in every process, s
 map shared over Redis agrees) and never kept or logged raw. Where a client sends none
 of these, the prompt's prefix is the identity (:mod:`latgate.routing.prefix_index`).
 
-:class:`SessionMap` is the session -> endpoint memory, two methods; :class:`MemorySessionMap`
-keeps it in process, bounded (a Redis-shared one has the same two methods).
+:class:`SessionMap` is the session -> endpoint memory, two methods; its implementations,
+in process or shared by the replicas over Redis, are in :mod:`latgate.store.sessions`.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -41,8 +40,6 @@ SESSION_HEADERS = (
 GENERIC_SESSION_HEADER = "x-session-id"
 MAX_CLIENT_KEY_CHARS = 1024
 """Longer values are hashed on their first this many characters."""
-MAX_SESSIONS = 65536
-"""Sessions :class:`MemorySessionMap` remembers; the least recently used is forgotten first."""
 _USER_ID_SESSION = "_session_"
 
 
@@ -113,34 +110,3 @@ class SessionMap(Protocol):
     def put(self, session_key: int, endpoint_id: str) -> None:
         """The session's latest turn was served by ``endpoint_id``."""
         ...
-
-
-class MemorySessionMap:
-    """An in-process :class:`SessionMap` of at most ``max_sessions`` sessions (LRU).
-
-    Example::
-
-        sessions = MemorySessionMap()
-        sessions.put(42, "vllm-0")
-        sessions.get(42)  # 'vllm-0'
-    """
-
-    def __init__(self, *, max_sessions: int = MAX_SESSIONS) -> None:
-        self._max = max_sessions
-        self._endpoints: OrderedDict[int, str] = OrderedDict()
-
-    def get(self, session_key: int) -> str | None:
-        return self._endpoints.get(session_key)
-
-    def put(self, session_key: int, endpoint_id: str) -> None:
-        endpoints = self._endpoints
-        if endpoints.get(session_key) == endpoint_id:
-            endpoints.move_to_end(session_key)
-            return
-        endpoints[session_key] = endpoint_id
-        endpoints.move_to_end(session_key)
-        if len(endpoints) > self._max:
-            endpoints.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._endpoints)

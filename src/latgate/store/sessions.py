@@ -337,3 +337,55 @@ def open_session_map(config: StateConfig) -> LocalSessionMap | RedisSessionMap:
 
 def _redis_key(session_key: int) -> bytes:
     return b"%s%016x" % (KEY_PREFIX.encode(), session_key & 0xFFFFFFFFFFFFFFFF)
+
+
+class SessionMaps:
+    """One session map per distinct ``[state]`` section, for the app's lifetime, so a
+    reload with the same ``[state]`` keeps every placement and a shared map keeps
+    following the other replicas. Like :class:`~latgate.store.SharedStores` for limits.
+
+    Run :meth:`run` as a task for the app's lifetime (it follows the current shared
+    map's log; with no shared map it waits) and :meth:`aclose` at shutdown.
+    """
+
+    def __init__(self) -> None:
+        self._current: LocalSessionMap | None = None
+        self._config: StateConfig | None = None
+        self._retired: list[LocalSessionMap] = []
+        self._changed = asyncio.Event()
+
+    def map_for(self, config: StateConfig) -> LocalSessionMap:
+        """The map for ``config`` (the same object while ``config`` is equal)."""
+        if self._current is None or config != self._config:
+            if self._current is not None:
+                self._retired.append(self._current)
+            self._current = open_session_map(config)
+            self._config = config
+            self._changed.set()
+        return self._current
+
+    async def run(self) -> None:
+        """Follow the current shared map until cancelled (a reload that opens another
+        is followed from then on)."""
+        while True:
+            self._changed.clear()
+            current = self._current
+            if isinstance(current, RedisSessionMap):
+                follow = asyncio.ensure_future(current.run())
+                changed = asyncio.ensure_future(self._changed.wait())
+                try:
+                    await asyncio.wait({follow, changed}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    follow.cancel()
+                    changed.cancel()
+                    await asyncio.gather(follow, changed, return_exceptions=True)
+            else:
+                await self._changed.wait()
+
+    async def aclose(self) -> None:
+        """Write what shared maps have queued and close their connections."""
+        for sessions in [*self._retired, *([self._current] if self._current else [])]:
+            if isinstance(sessions, RedisSessionMap):
+                await sessions.aclose()
+        self._retired.clear()
+        self._current = None
