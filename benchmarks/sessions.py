@@ -1,7 +1,7 @@
 """Coding-agent sessions: where each turn lands decides what it costs (issue 21).
 
     .venv/bin/python benchmarks/sessions.py [--json OUT.json] [--markdown OUT.md]
-        [--sessions 16] [--turns 10] [--think-seconds 0.8] [--systems a,b,...]
+        [--sessions 16] [--turns 8] [--think-seconds 0.6] [--systems a,b,...]
         [--replicas equal,unequal] [--headers on,off] [--seed 21]
 
 N sessions (16) share one ~8k-token system prompt; each turn resends the session's
@@ -11,8 +11,8 @@ sessions start spread over the first two seconds. Four simulated replicas of one
 model (``latgate.sim``, one event loop in a child process) each keep a block-level
 prefix cache (16-token blocks, LRU; capacity 1.6x what four sessions' longest
 histories need, so the oracle's placement fits and every session everywhere does not)
-and prefill one request at a time (20k tokens/s: a full 24k-token history costs
-1.2 s, a turn's new tokens 80 ms); ``unequal`` makes the fourth replica slower (10k
+and prefill one request at a time (20k tokens/s: a full 20k-token history costs
+1 s, a turn's new tokens 80 ms); ``unequal`` makes the fourth replica slower (10k
 tokens/s, twice the time per token). Session headers ``on``: every turn carries
 ``x-claude-code-session-id`` as Claude Code sends it; ``off``: nothing but the prompt.
 
@@ -120,10 +120,10 @@ class Workload:
     """The sizes of a run (tokens are ``latgate.routing.tokens`` estimates)."""
 
     sessions: int = 16
-    turns: int = 10
+    turns: int = 8
     system_tokens: int = 8_000
     turn_tokens: int = 1_600
-    think_seconds: float = 0.8
+    think_seconds: float = 0.6
     start_spread_seconds: float = 2.0
     max_tokens: int = 24
 
@@ -410,7 +410,8 @@ async def drive(
             for turn, (body, think) in enumerate(zip(plan.bodies, plan.think_s, strict=True)):
                 result = await send(http, url, Arrival(at_s=0.0, kind=str(plan.index), body=body, headers=extra))
                 results.append((plan.index, turn, result))
-                await asyncio.sleep(think)
+                if turn < len(plan.bodies) - 1:
+                    await asyncio.sleep(think)
 
         await asyncio.gather(*(session(plan) for plan in plans))
         elapsed = time.perf_counter() - started
