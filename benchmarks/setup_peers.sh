@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the peers that benchmarks/overhead.py compares latgate with. Each is
-# optional: overhead.py skips (and says so) any peer that is not installed.
+# Installs the peers that benchmarks/overhead.py, routing_slo.py --scenarios and sessions.py
+# compare latgate with. Each is optional: a benchmark skips (and says so) any peer that is
+# not installed.
 #
 #   nginx        Debian package (apt-get; root)
 #   LiteLLM      proxy, pinned, in its own venv: benchmarks/.peers/litellm

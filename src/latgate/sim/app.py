@@ -11,6 +11,7 @@ the reply stops at once, leaves the engine, and ``app.state.sim.disconnects`` co
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -20,7 +21,7 @@ from typing import Any
 import orjson
 
 from latgate.errors import GatewayError, InvalidRequest, NotFound, RateLimited
-from latgate.routing.tokens import estimate_prompt_tokens
+from latgate.routing.tokens import REPLY_PRIMER_TOKENS, estimate_prompt_tokens
 from latgate.sim import embeddings, replies, wire
 from latgate.sim.asgi import (
     JSON_HEADERS,
@@ -39,7 +40,7 @@ from latgate.sim.clock import Clock, MonotonicClock
 from latgate.sim.engine import Engine, Generation
 from latgate.sim.faults import FaultInjector, FaultPlan
 from latgate.sim.options import SimOptions
-from latgate.sim.prefix_cache import prefix_digests
+from latgate.sim.prefix_cache import BlockKey, block_keys, prefix_digests
 from latgate.sim.replies import ChoicePlan
 from latgate.sim.responses import ResponsesSend
 from latgate.sim.stats import SimStats, prometheus_text
@@ -147,7 +148,8 @@ class SimApp:
             or not all(isinstance(m, Mapping) for m in messages)
         ):
             raise InvalidRequest("messages must be a non-empty list of message objects", param="messages")
-        digests = prefix_digests(messages, context=body.get("tools"))
+        tools = body.get("tools")
+        digests = prefix_digests(messages, context=tools)
         plans = replies.plan_chat(
             body,
             rng_seed=self._seed_bytes + digests[-1],
@@ -156,20 +158,17 @@ class SimApp:
             preferred_tools=self.options.preferred_tools,
         )
         prompt_tokens = estimate_prompt_tokens(body)
-        cached = self.engine.cached_prefix_segments(digests)
-        cached_tokens = 0
-        if cached == len(messages):
-            cached_tokens = prompt_tokens - 1
-        elif cached:
-            cached_tokens = min(
-                estimate_prompt_tokens({**body, "messages": messages[:cached]}), prompt_tokens - 1
-            )
+        keys: list[BlockKey] = []
+        if self.options.prefix_cache:
+            # the tools lead the rendered prompt (chat templates put them in the system turn)
+            segment_tokens = [estimate_prompt_tokens({"messages": [m]}) - REPLY_PRIMER_TOKENS for m in messages]
+            if tools:
+                segment_tokens[0] += estimate_prompt_tokens({"tools": tools})
+            keys = self._block_keys(digests, segment_tokens, prompt_tokens)
         envelope = self._envelope("chatcmpl", body, model=model, prompt_tokens=prompt_tokens)
-        generation = self.engine.start(
-            prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, prefix_digests=digests
-        )
+        generation = self.engine.start(prompt_tokens=prompt_tokens, block_keys=keys)
         render = wire.chat_stream if wants_stream(body) else wire.chat_body
-        return await self._generate(scope, receive, send, generation, plans, render(plans, envelope))
+        return await self._generate(scope, receive, send, generation, plans, render, envelope)
 
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def reply(body: dict[str, Any]) -> Outcome:
@@ -186,13 +185,11 @@ class SimApp:
                 max_output_tokens=self.options.max_output_tokens,
             )
             prompt_tokens = estimate_prompt_tokens(body)
-            cached_tokens = prompt_tokens - 1 if self.engine.cached_prefix_segments(digests) else 0
+            keys = self._block_keys(digests, [prompt_tokens], prompt_tokens) if self.options.prefix_cache else []
             envelope = self._envelope("cmpl", body, model=model, prompt_tokens=prompt_tokens)
-            generation = self.engine.start(
-                prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, prefix_digests=digests
-            )
+            generation = self.engine.start(prompt_tokens=prompt_tokens, block_keys=keys)
             render = wire.completion_stream if wants_stream(body) else wire.completion_body
-            return await self._generate(scope, receive, send, generation, plans, render(plans, envelope))
+            return await self._generate(scope, receive, send, generation, plans, render, envelope)
 
         await self._generation_request(scope, receive, send, reply)
 
@@ -246,6 +243,15 @@ class SimApp:
         finally:
             self.stats.request_ended(outcome)
 
+    def _block_keys(self, digests: list[bytes], segment_tokens: list[int], prompt_tokens: int) -> list[BlockKey]:
+        """The prompt's cache blocks; its last token is always prefilled, as in vLLM."""
+        return block_keys(
+            digests,
+            segment_tokens,
+            block_tokens=self.options.prefix_cache_block_tokens,
+            max_tokens=prompt_tokens - 1,
+        )
+
     async def _generate(
         self,
         scope: Scope,
@@ -253,9 +259,12 @@ class SimApp:
         send: Send,
         generation: Generation,
         plans: list[ChoicePlan],
-        rendered: wire.StreamPlan | bytes,
+        render: Callable[[list[ChoicePlan], wire.Envelope], wire.StreamPlan | bytes],
+        envelope: wire.Envelope,
     ) -> Outcome:
-        """Inject faults, then send ``rendered`` on the engine's schedule until done or disconnected."""
+        """Inject faults, then send the reply ``render`` gives on the engine's schedule until
+        done or disconnected. It is rendered once prefill is done, when the cached tokens
+        its usage reports are known."""
         try:
             steps = max(plan.completion_tokens for plan in plans)
             fault = self._faults.plan(steps=steps)
@@ -268,13 +277,20 @@ class SimApp:
                     "simulated rate limit (injected fault)",
                     headers={"Retry-After": str(self.options.retry_after_seconds)},
                 )
-            if isinstance(rendered, wire.StreamPlan):
+            def rendered() -> wire.StreamPlan | bytes:
+                if self.options.prefix_cache:
+                    return render(plans, dataclasses.replace(envelope, cached_tokens=generation.cached_tokens))
+                return render(plans, envelope)
+
+            if render is wire.chat_stream or render is wire.completion_stream:
                 work = self._stream(scope, send, generation, rendered, fault)
             else:
                 work = self._respond(scope, send, generation, rendered, steps, fault)
             outcome = await until_disconnect(receive, work)
         finally:
             generation.close()
+        if generation.first_token_at is not None:
+            self.stats.record_generation(generation)
         if outcome is Outcome.COMPLETED:
             usage = wire.usage(plans, generation.prompt_tokens)
             self.stats.prompt_tokens_total += usage["prompt_tokens"]
@@ -282,10 +298,17 @@ class SimApp:
         return outcome
 
     async def _stream(
-        self, scope: Scope, send: Send, generation: Generation, stream: wire.StreamPlan, fault: FaultPlan
+        self,
+        scope: Scope,
+        send: Send,
+        generation: Generation,
+        rendered: Callable[[], wire.StreamPlan | bytes],
+        fault: FaultPlan,
     ) -> Outcome:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + request_id(scope)})
         await generation.first_token()
+        stream = rendered()
+        assert isinstance(stream, wire.StreamPlan)
         last = len(stream.steps)
         for index in range(last + 1):
             if 0 < index < last:
@@ -297,9 +320,17 @@ class SimApp:
         return Outcome.COMPLETED
 
     async def _respond(
-        self, scope: Scope, send: Send, generation: Generation, body: bytes, steps: int, fault: FaultPlan
+        self,
+        scope: Scope,
+        send: Send,
+        generation: Generation,
+        rendered: Callable[[], wire.StreamPlan | bytes],
+        steps: int,
+        fault: FaultPlan,
     ) -> Outcome:
         await generation.first_token()
+        body = rendered()
+        assert isinstance(body, bytes)
         for index in range(1, steps + 1):
             if index < steps:
                 await generation.next_token()
@@ -373,6 +404,7 @@ class SimApp:
             self.stats,
             running=self.engine.running,
             waiting=self.engine.waiting,
+            cache=self.engine.prefix_cache if self.options.prefix_cache else None,
             model_name=self.options.models[0] if self.options.models else self.options.name,
         )
         await send_bytes(

@@ -32,6 +32,12 @@ _FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("--tpot-growth-ms", "tpot_growth_ms", float,
      "added to the time per output token per further running request (default: %(default)s)"),
     ("--max-batch-size", "max_batch_size", int, "requests running at once; others wait (default: %(default)s)"),
+    ("--prefill-concurrency", "prefill_concurrency", int,
+     "requests prefilling at once, the others wait for them; 0: no limit (default: %(default)s)"),
+    ("--prefix-cache-tokens", "prefix_cache_tokens", int,
+     "with --prefix-cache: the cache's capacity in tokens, evicted LRU (default: %(default)s)"),
+    ("--prefix-cache-block-tokens", "prefix_cache_block_tokens", int,
+     "with --prefix-cache: tokens per cache block (default: %(default)s)"),
     ("--default-max-tokens", "default_max_tokens", int,
      "completion tokens when a request sets no max_tokens (default: %(default)s)"),
     ("--max-output-tokens", "max_output_tokens", int, "cap on completion tokens per choice (default: %(default)s)"),
@@ -88,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prefix-cache",
         action=argparse.BooleanOptionalAction,
         default=_DEFAULTS.prefix_cache,
-        help="make repeated prompt prefixes cheap to prefill (default: off)",
+        help="a block-level prefix cache: a prompt's leading blocks held from an earlier prompt cost no "
+        "prefill; usage reports prompt_tokens_details.cached_tokens (default: off)",
     )
 
 

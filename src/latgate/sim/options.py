@@ -15,10 +15,12 @@ class SimOptions:
     """How one simulated engine behaves (timing model, limits, faults).
 
     Timing (see :mod:`latgate.sim.engine`): a request waits in a FIFO queue until one
-    of ``max_batch_size`` slots is free; its first token comes
-    ``ttft_overhead_ms + uncached_prompt_tokens / prefill_tokens_per_second`` after
-    admission; then one token every ``tpot_ms + tpot_growth_ms * (running - 1)``
-    milliseconds, ``running`` being the requests holding a slot at that moment.
+    of ``max_batch_size`` slots is free, then (with ``prefill_concurrency``) in a second
+    FIFO queue until fewer than that many requests are prefilling; its first token
+    comes ``ttft_overhead_ms + uncached_prompt_tokens / prefill_tokens_per_second``
+    after its prefill starts; then one token every ``tpot_ms + tpot_growth_ms *
+    (running - 1)`` milliseconds, ``running`` being the requests holding a slot at that
+    moment.
 
     Attributes:
         name: shown in logs and as the ``model_name`` label of ``/metrics``.
@@ -30,8 +32,14 @@ class SimOptions:
         tpot_growth_ms: added to the time per output token for each further running
             request (>= 0).
         max_batch_size: requests running at once (>= 1); the rest wait.
-        prefix_cache: a prompt whose leading messages were seen before (same tools,
-            same messages in order) pays prefill only for the rest.
+        prefill_concurrency: requests prefilling at once (>= 0; 0: no limit, every
+            admitted request prefills at once). 1 models a compute-bound engine: a
+            prompt's prefill waits for every prefill ahead of it.
+        prefix_cache: a block-level prefix cache (:mod:`latgate.sim.prefix_cache`):
+            the leading full blocks of a prompt held from an earlier one cost no
+            prefill, and usage reports them as ``prompt_tokens_details.cached_tokens``.
+        prefix_cache_tokens: the cache's capacity in tokens (>= 0), evicted LRU.
+        prefix_cache_block_tokens: tokens per cache block (>= 1; vLLM's ``block_size``).
         default_max_tokens: completion tokens when the request sets no ``max_tokens``
             / ``max_completion_tokens``.
         max_output_tokens: cap on completion tokens per choice, whatever the request
@@ -64,7 +72,10 @@ class SimOptions:
     tpot_ms: float = 2.0
     tpot_growth_ms: float = 0.1
     max_batch_size: int = 64
+    prefill_concurrency: int = 0
     prefix_cache: bool = False
+    prefix_cache_tokens: int = 1_048_576
+    prefix_cache_block_tokens: int = 16
     default_max_tokens: int = 64
     max_output_tokens: int = 512
     preferred_tools: tuple[str, ...] = ()
@@ -92,7 +103,11 @@ class SimOptions:
             raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {self.profile!r}")
         if self.decode_error_after_tokens < 0:
             raise ValueError(f"decode_error_after_tokens must be >= 0, got {self.decode_error_after_tokens}")
-        for field in ("max_batch_size", "default_max_tokens", "max_output_tokens", "decode_nodes"):
+        for field in ("prefill_concurrency", "prefix_cache_tokens"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"{field} must be >= 0, got {getattr(self, field)}")
+        fields = ("max_batch_size", "default_max_tokens", "max_output_tokens", "decode_nodes", "prefix_cache_block_tokens")
+        for field in fields:
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
         if self.retry_after_seconds < 0:

@@ -12,11 +12,15 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from latgate.sim.asgi import Outcome
+
+if TYPE_CHECKING:
+    from latgate.sim.engine import Generation
+    from latgate.sim.prefix_cache import BlockCache
 
 RECENT_REQUESTS = 256
 
@@ -29,6 +33,27 @@ class ReceivedRequest:
     path: str
     headers: dict[str, str]
     body: Any
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    """How one request went through the engine, once its first token was due.
+
+    Attributes:
+        prompt_tokens / cached_tokens: its prompt, and the part served from the cache.
+        queue_wait_seconds: waiting for a batch slot.
+        prefill_wait_seconds: holding a slot, waiting for other prefills
+            (``prefill_concurrency``).
+        prefill_seconds: its own prefill (fixed overhead plus uncached tokens).
+        ttft_seconds: the three together: from arrival at the engine to the first token.
+    """
+
+    prompt_tokens: int
+    cached_tokens: int
+    queue_wait_seconds: float
+    prefill_wait_seconds: float
+    prefill_seconds: float
+    ttft_seconds: float
 
 
 @dataclass
@@ -46,6 +71,8 @@ class SimStats:
             decode node, and ``[decode error: ...]`` written into answers.
         prompt_tokens_total / completion_tokens_total: usage of completed replies.
         received: the last 256 requests (:class:`ReceivedRequest`), newest last.
+        generations: the last 256 requests' engine timelines (:class:`GenerationRecord`),
+            in the order they ended, newest last.
     """
 
     requests_total: int = 0
@@ -61,6 +88,9 @@ class SimStats:
     prompt_tokens_total: int = 0
     completion_tokens_total: int = 0
     received: deque[ReceivedRequest] = field(
+        default_factory=lambda: deque(maxlen=RECENT_REQUESTS), repr=False
+    )
+    generations: deque[GenerationRecord] = field(
         default_factory=lambda: deque(maxlen=RECENT_REQUESTS), repr=False
     )
     disconnected_event: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -104,6 +134,21 @@ class SimStats:
         if outcome is Outcome.DISCONNECTED:
             self.record_disconnect()
 
+    def record_generation(self, generation: Generation) -> None:
+        """Append a generation whose first token was due to :attr:`generations`."""
+        assert generation.admitted_at is not None and generation.prefill_started_at is not None
+        assert generation.first_token_at is not None
+        self.generations.append(
+            GenerationRecord(
+                prompt_tokens=generation.prompt_tokens,
+                cached_tokens=generation.cached_tokens,
+                queue_wait_seconds=generation.admitted_at - generation.queued_at,
+                prefill_wait_seconds=generation.prefill_started_at - generation.admitted_at,
+                prefill_seconds=generation.first_token_at - generation.prefill_started_at,
+                ttft_seconds=generation.first_token_at - generation.queued_at,
+            )
+        )
+
     def record_disconnect(self) -> None:
         self.disconnects += 1
         self.disconnected_event.set()
@@ -113,13 +158,19 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def prometheus_text(stats: SimStats, *, running: int, waiting: int, model_name: str) -> bytes:
+def prometheus_text(
+    stats: SimStats, *, running: int, waiting: int, model_name: str, cache: BlockCache | None = None
+) -> bytes:
     """Prometheus text exposition (format 0.0.4) of the engine gauges and counters.
 
     Gauges carry the names vLLM exports (``vllm:num_requests_running``,
     ``vllm:num_requests_waiting``, label ``model_name``) and SGLang's
     (``sglang:num_running_reqs``, ``sglang:num_queue_reqs``), so either connector can
-    read the simulator's load.
+    read the simulator's load. With a prefix ``cache``, also vLLM's (0.32) prefix-cache
+    series: counters ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total``
+    (prompt tokens looked up / found), gauge ``vllm:kv_cache_usage_perc`` (0..1) and the
+    info gauge ``vllm:cache_config_info`` (labels ``block_size``, ``num_gpu_blocks``,
+    ``kv_cache_size_tokens``, ``enable_prefix_caching``; value 1).
     """
     label = f'{{model_name="{_label(model_name)}"}}'
     rows: list[tuple[str, str, str, list[tuple[str, float]]]] = [
@@ -142,6 +193,21 @@ def prometheus_text(stats: SimStats, *, running: int, waiting: int, model_name: 
             ('{kind="drop"}', stats.drops),
         ]),
     ]  # fmt: skip
+    if cache is not None:
+        config = (
+            f'{{block_size="{cache.block_tokens}",enable_prefix_caching="True",'
+            f'kv_cache_size_tokens="{cache.capacity_blocks * cache.block_tokens}",'
+            f'num_gpu_blocks="{cache.capacity_blocks}"}}'
+        )
+        rows += [
+            ("vllm:prefix_cache_queries_total", "counter",
+             "Prefix cache queries, in terms of number of queried tokens.", [(label, cache.queried_tokens)]),
+            ("vllm:prefix_cache_hits_total", "counter",
+             "Prefix cache hits, in terms of number of cached tokens.", [(label, cache.hit_tokens)]),
+            ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+             [(label, cache.usage)]),
+            ("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig", [(config, 1)]),
+        ]  # fmt: skip
     lines = []
     for name, kind, help_text, samples in rows:
         lines.append(f"# HELP {name} {help_text}")

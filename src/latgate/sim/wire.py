@@ -24,13 +24,15 @@ DONE_EVENT = b"data: [DONE]\n\n"
 
 @dataclass(frozen=True)
 class Envelope:
-    """What every chunk or body of one reply repeats."""
+    """What every chunk or body of one reply repeats (``cached_tokens``: the prompt
+    tokens served from the prefix cache, ``None`` when the engine has no cache)."""
 
     id: str
     created: int
     model: str
     prompt_tokens: int
     include_usage: bool = False
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -41,14 +43,19 @@ class StreamPlan:
     tail: bytes
 
 
-def usage(plans: Sequence[ChoicePlan], prompt_tokens: int) -> dict[str, int]:
-    """The ``usage`` object: completion tokens summed over choices."""
+def usage(plans: Sequence[ChoicePlan], prompt_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """The ``usage`` object: completion tokens summed over choices; with ``cached_tokens``,
+    ``prompt_tokens_details: {"cached_tokens": n}`` as OpenAI sends it and vLLM does with
+    ``--enable-prompt-tokens-details``."""
     completion = sum(plan.completion_tokens for plan in plans)
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
     }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def _event(payload: dict[str, Any]) -> bytes:
@@ -107,7 +114,7 @@ def chat_stream(plans: Sequence[ChoicePlan], envelope: Envelope) -> StreamPlan:
     steps[0] = role + steps[0]
     tail = [_event(_chat_chunk(envelope, [_chat_delta(p.index, {}, p.finish_reason)])) for p in plans]
     if envelope.include_usage:
-        tail.append(_event({**_chat_chunk(envelope, []), "usage": usage(plans, envelope.prompt_tokens)}))
+        tail.append(_event({**_chat_chunk(envelope, []), "usage": usage(plans, envelope.prompt_tokens, envelope.cached_tokens)}))
     tail.append(DONE_EVENT)
     return StreamPlan(steps=tuple(steps), tail=b"".join(tail))
 
@@ -137,7 +144,7 @@ def chat_body(plans: Sequence[ChoicePlan], envelope: Envelope) -> bytes:
             "created": envelope.created,
             "model": envelope.model,
             "choices": choices,
-            "usage": usage(plans, envelope.prompt_tokens),
+            "usage": usage(plans, envelope.prompt_tokens, envelope.cached_tokens),
         }
     )
 
@@ -166,7 +173,7 @@ def completion_stream(plans: Sequence[ChoicePlan], envelope: Envelope) -> Stream
     ]
     if envelope.include_usage:
         tail.append(
-            _event({**_completion_chunk(envelope, []), "usage": usage(plans, envelope.prompt_tokens)})
+            _event({**_completion_chunk(envelope, []), "usage": usage(plans, envelope.prompt_tokens, envelope.cached_tokens)})
         )
     tail.append(DONE_EVENT)
     return StreamPlan(steps=tuple(steps), tail=b"".join(tail))
@@ -181,6 +188,6 @@ def completion_body(plans: Sequence[ChoicePlan], envelope: Envelope) -> bytes:
             "created": envelope.created,
             "model": envelope.model,
             "choices": [_completion_choice(p.index, p.text, p.finish_reason) for p in plans],
-            "usage": usage(plans, envelope.prompt_tokens),
+            "usage": usage(plans, envelope.prompt_tokens, envelope.cached_tokens),
         }
     )

@@ -1,0 +1,632 @@
+"""Coding-agent sessions: where each turn lands decides what it costs (issue 21).
+
+    .venv/bin/python benchmarks/sessions.py [--json OUT.json] [--markdown OUT.md]
+        [--sessions 16] [--turns 8] [--think-seconds 0.6] [--systems a,b,...]
+        [--replicas equal,unequal] [--headers on,off] [--seed 21]
+
+N sessions (16) share one ~8k-token system prompt; each turn resends the session's
+whole history plus ~1.6k new tokens (a short assistant message and a tool output),
+then waits a think time (exponential, mean ``--think-seconds``) after its reply. The
+sessions start spread over the first two seconds. Four simulated replicas of one
+model (``latgate.sim``, one event loop in a child process) each keep a block-level
+prefix cache (16-token blocks, LRU; capacity 1.6x what four sessions' longest
+histories need, so the oracle's placement fits and every session everywhere does not)
+and prefill one request at a time (20k tokens/s: a full 20k-token history costs
+1 s, a turn's new tokens 80 ms); ``unequal`` makes the fourth replica slower (10k
+tokens/s, twice the time per token). Session headers ``on``: every turn carries
+``x-claude-code-session-id`` as Claude Code sends it; ``off``: nothing but the prompt.
+
+Systems (all on the same sessions, bodies and think times; fresh simulators and a
+fresh router for each):
+
+- ``latgate`` (default config), ``latgate+prefix_cache`` (``enable_prefix_cache =
+  true`` on the provider), ``least_outstanding``, ``round_robin``: latgate's strategies;
+- ``vllm-router:cache_aware`` / ``:consistent_hash`` / ``:sticky_least_loaded`` (when the
+  installed version has it) and ``litellm:least-busy`` / ``litellm:simple-shuffle``:
+  the peers ``benchmarks/setup_peers.sh`` installs;
+- ``oracle``: no router; session ``i`` goes straight to replica ``i mod 4``.
+
+The peers, ``round_robin``, ``least_outstanding`` and the oracle read no
+``x-claude-code-session-id`` (vllm-router's ``consistent_hash`` keys on
+``X-Session-ID``, which Claude Code does not send): each runs once per replicas kind,
+with the headers, and its row stands in both tables.
+
+Measured per system: ``on_most_used`` (the share of a session's turns on its
+most-used endpoint: the mean over sessions, and the lowest session), ``max_share``
+(the busiest endpoint's requests over the mean per endpoint), ``from_cache`` (prompt
+tokens served from cache over prompt tokens, from the simulators' own
+``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total``), TTFT p50 / p90 /
+p99 as the client saw it (nearest-rank percentiles, as ``routing_slo.percentile``), the
+slow replica's request share, errors. Which endpoint served a turn is read from the
+simulators (a session marker in the first user message), the same for every system.
+Targets (issue 21) are checked against the oracle and the best peer of the same table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from peers import PEERS, wait_port
+from routing_slo import ROOT, Arrival, Result, percentile, send, wait_until_up
+from serving import free_port, latgate_serve_command, serve_apps
+
+MODEL = "m"
+MARK = b"SESSIONMARK"
+"""Leads each session's first user message, followed by the session's 4-digit index."""
+BLOCK_TOKENS = 16
+REPLICAS = 4
+SLOW_REPLICA = "r3"
+REPLICA_FIELDS: dict[str, Any] = {
+    "prefill_tokens_per_second": 20_000.0,
+    "ttft_overhead_ms": 10.0,
+    "tpot_ms": 4.0,
+    "tpot_growth_ms": 0.05,
+    "max_batch_size": 64,
+    "prefill_concurrency": 1,
+    "prefix_cache": True,
+    "prefix_cache_block_tokens": BLOCK_TOKENS,
+    "max_output_tokens": 24,
+}
+SLOW_FIELDS = {"prefill_tokens_per_second": 10_000.0, "tpot_ms": 8.0}
+LATGATE_SYSTEMS = ("latgate", "latgate+prefix_cache", "least_outstanding", "round_robin")
+VLLM_ROUTER_POLICIES = ("cache_aware", "consistent_hash", "sticky_least_loaded")
+LITELLM_STRATEGIES = ("least-busy", "simple-shuffle")
+PEER_SYSTEMS = tuple(f"vllm-router:{p}" for p in VLLM_ROUTER_POLICIES) + tuple(
+    f"litellm:{s}" for s in LITELLM_STRATEGIES
+)
+ALL_SYSTEMS = (*LATGATE_SYSTEMS, *PEER_SYSTEMS, "oracle")
+HEADER_BLIND = frozenset({"round_robin", "least_outstanding", *PEER_SYSTEMS, "oracle"})
+"""Systems that read no session header: run once per replicas kind, their row in both tables."""
+CONFIG = """
+[defaults]
+timeout_sec = 120
+max_retries = 1
+[providers.pool]
+endpoints = [{endpoints}]
+connector = "vllm"
+models = ["m"]
+{provider_extra}
+[routing]
+strategy = "{strategy}"
+[health]
+probe_interval_sec = 2
+load_interval_sec = 0.5
+"""
+CLIENT_TIMEOUT_S = 180.0
+WORDS = (
+    "the", "file", "function", "returns", "value", "test", "error", "line", "module", "import",
+    "class", "self", "config", "path", "string", "list", "read", "write", "call", "result",
+    "diff", "patch", "build", "output", "input", "token", "stream", "request", "response", "check",
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """The sizes of a run (tokens are ``latgate.routing.tokens`` estimates)."""
+
+    sessions: int = 16
+    turns: int = 8
+    system_tokens: int = 8_000
+    turn_tokens: int = 1_600
+    think_seconds: float = 0.6
+    start_spread_seconds: float = 2.0
+    max_tokens: int = 24
+
+    @property
+    def longest_history_tokens(self) -> int:
+        return self.system_tokens + self.turns * self.turn_tokens
+
+    @property
+    def cache_tokens(self) -> int:
+        """Each replica's cache: 1.6x the longest histories of its share of sessions."""
+        per_replica = -(-self.sessions // REPLICAS)
+        return int(1.6 * per_replica * self.longest_history_tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionPlan:
+    """One session: its id, when it starts (s from the run's start), and per turn the
+    request body and the think time after the reply (s)."""
+
+    index: int
+    session_id: str
+    start_s: float
+    bodies: tuple[bytes, ...]
+    think_s: tuple[float, ...]
+
+
+def _words(rng: random.Random, tokens: int, tokens_per_word: float) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(max(1, int(tokens / tokens_per_word))))
+
+
+def make_sessions(workload: Workload, *, seed: int) -> list[SessionPlan]:
+    """The seeded sessions: the same bodies and think times for every system."""
+    from latgate.routing.tokens import estimate_text_tokens
+
+    rng = random.Random(seed)
+    sample = _words(random.Random(0), 2_000, 1.0)
+    tokens_per_word = estimate_text_tokens(sample) / 2_000
+    system = {"role": "system", "content": "You are a coding agent. " + _words(rng, workload.system_tokens, tokens_per_word)}
+    plans = []
+    for index in range(workload.sessions):
+        marker = f"{MARK.decode()}{index:04d} "
+        history: list[dict[str, str]] = [system]
+        bodies, thinks = [], []
+        for turn in range(workload.turns):
+            if turn:
+                history.append({"role": "assistant", "content": _words(rng, 100, tokens_per_word)})
+            text = _words(rng, workload.turn_tokens - (100 if turn else 0), tokens_per_word)
+            history.append({"role": "user", "content": (marker if not turn else "") + text})
+            body = {
+                "model": MODEL,
+                "messages": list(history),
+                "max_tokens": workload.max_tokens,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            bodies.append(orjson.dumps(body))
+            thinks.append(rng.expovariate(1.0 / workload.think_seconds) if workload.think_seconds else 0.0)
+        start = rng.uniform(0.0, workload.start_spread_seconds)
+        session_id = f"{rng.getrandbits(128):032x}"
+        session_id = f"{session_id[:8]}-{session_id[8:12]}-{session_id[12:16]}-{session_id[16:20]}-{session_id[20:]}"
+        plans.append(SessionPlan(index, session_id, start, tuple(bodies), tuple(thinks)))
+    return plans
+
+
+# -- simulators --------------------------------------------------------------------------------
+
+
+def serve_session_sims(spec: dict[str, Any]) -> None:
+    """Child process: each simulator of ``spec`` (name -> [port, SimOptions fields]) on one
+    loop, with ``GET /bench/served``: ``[[monotonic time, session index], ...]`` of its chat
+    requests (index -1 without a session marker), and ``POST /bench/reset``: a fresh
+    simulator (empty cache, zero counters) in its place."""
+    from latgate.sim import SimOptions, create_sim_app
+
+    def recorded(options: SimOptions) -> Any:
+        state: dict[str, Any] = {"app": create_sim_app(options), "served": []}
+
+        async def wrapped(scope: dict, receive: Any, send_: Any) -> None:
+            path = scope.get("path", "")
+            if scope["type"] == "http" and path.startswith("/bench/"):
+                if path == "/bench/reset":
+                    state.update(app=create_sim_app(options), served=[])
+                body = orjson.dumps(state["served"] if path == "/bench/served" else {})
+                await send_({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+                await send_({"type": "http.response.body", "body": body})
+                return
+            app, served = state["app"], state["served"]
+            if scope["type"] != "http" or not path.endswith("/chat/completions"):
+                await app(scope, receive, send_)
+                return
+            chunks: list[bytes] = []
+
+            async def receive_body() -> dict:
+                message = await receive()
+                if message["type"] == "http.request":
+                    chunks.append(message.get("body", b""))
+                    if not message.get("more_body"):
+                        raw = b"".join(chunks)
+                        at = raw.find(MARK)
+                        index = int(raw[at + len(MARK) : at + len(MARK) + 4]) if at >= 0 else -1
+                        served.append((time.monotonic(), index))
+                return message
+
+            await app(scope, receive_body, send_)
+
+        return wrapped
+
+    serve_apps({port: recorded(SimOptions(name=name, seed=1, **fields)) for name, (port, fields) in spec.items()})
+
+
+def replica_fields(workload: Workload, replicas: str) -> dict[str, dict[str, Any]]:
+    """``{name: SimOptions fields}`` of the four replicas (``equal`` or ``unequal``)."""
+    out = {}
+    for n in range(REPLICAS):
+        fields = {**REPLICA_FIELDS, "prefix_cache_tokens": workload.cache_tokens}
+        if replicas == "unequal" and f"r{n}" == SLOW_REPLICA:
+            fields.update(SLOW_FIELDS)
+        out[f"r{n}"] = fields
+    return out
+
+
+# -- routers -----------------------------------------------------------------------------------
+
+
+def system_missing(system: str) -> str | None:
+    """Why ``system`` cannot run here, or None."""
+    if system in LATGATE_SYSTEMS or system == "oracle":
+        return None
+    peer, _, policy = system.partition(":")
+    binary = PEERS / peer / "bin" / peer
+    if not binary.exists():
+        return "not installed (benchmarks/setup_peers.sh)"
+    if peer == "vllm-router":
+        help_text = subprocess.run([str(binary), "--help"], check=False, capture_output=True, text=True, timeout=30).stdout
+        if policy not in help_text:
+            return f"vllm-router has no policy {policy!r} in this version"
+    return None
+
+
+def _command(system: str, urls: list[str], port: int, tmp: Path) -> list[str]:
+    if system in LATGATE_SYSTEMS:
+        strategy = "latgate" if system.startswith("latgate") else system
+        extra = "enable_prefix_cache = true" if system == "latgate+prefix_cache" else ""
+        text = CONFIG.format(
+            endpoints=", ".join(f'"{u}/v1"' for u in urls), provider_extra=extra, strategy=strategy
+        )
+        (tmp / "config.toml").write_text(text)
+        return latgate_serve_command(tmp / "config.toml", port=port, log_level="warning")
+    peer, _, policy = system.partition(":")
+    if peer == "vllm-router":
+        return [str(PEERS / "vllm-router" / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
+                "--policy", policy, "--worker-urls", *urls]  # fmt: skip
+    entries = "".join(
+        f"  - model_name: {MODEL}\n    litellm_params:\n      model: openai/{MODEL}\n"
+        f"      api_base: {url}/v1\n      api_key: sk-bench\n"
+        for url in urls
+    )
+    (tmp / "litellm.yaml").write_text(
+        "model_list:\n" + entries + f"router_settings:\n  routing_strategy: {policy}\n"
+        "litellm_settings:\n  telemetry: false\n  drop_params: true\n"
+        "general_settings:\n  disable_spend_logs: true\n"
+    )
+    return [str(PEERS / "litellm" / "bin" / "litellm"), "--config", str(tmp / "litellm.yaml"),
+            "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]  # fmt: skip
+
+
+def _env(system: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    if system.startswith("litellm"):
+        env.update(
+            LITELLM_LOCAL_MODEL_COST_MAP="True",
+            LITELLM_LOG="ERROR",
+            LITELLM_TELEMETRY="False",
+            LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY="true",
+        )
+    return env
+
+
+def _wait_routes(base: str, *, seconds: float = 90.0) -> None:
+    """Poll a peer until a small chat request succeeds (its workers are registered)."""
+    import httpx
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "warm"}], "max_tokens": 1}
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.post(base + "/v1/chat/completions", json=body, timeout=5.0).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{base} routes no request after {seconds:.0f} s")
+
+
+@contextlib.contextmanager
+def simulators(sims: dict[str, dict[str, Any]]) -> Iterator[dict[str, str]]:
+    """The replicas in a child process (``{name: SimOptions fields}``); yields their URLs by
+    name. :func:`reset` gives each system fresh ones."""
+    spec = {name: (free_port(), fields) for name, fields in sims.items()}
+    urls = {name: f"http://127.0.0.1:{port}" for name, (port, _) in spec.items()}
+    child = subprocess.Popen([sys.executable, __file__, "--serve-sims", json.dumps(spec)], env=_env("sims"))
+    try:
+        for url in urls.values():
+            wait_until_up(url + "/health")
+        yield urls
+    finally:
+        child.kill()
+        child.wait()
+
+
+def reset(urls: dict[str, str]) -> None:
+    """Empty every replica's cache and counters (a fresh simulator behind the same port)."""
+    import httpx
+
+    for url in urls.values():
+        httpx.post(url + "/bench/reset", timeout=10.0).raise_for_status()
+
+
+@contextlib.contextmanager
+def router(system: str, urls: dict[str, str]) -> Iterator[str | None]:
+    """``system`` in front of the replicas (nothing for the oracle); yields its URL."""
+    if system == "oracle":
+        yield None
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        quiet = None if system in LATGATE_SYSTEMS else subprocess.DEVNULL  # the peers log every request
+        command = _command(system, list(urls.values()), port, Path(tmp))
+        process = subprocess.Popen(command, env=_env(system), stdout=quiet, stderr=quiet)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            if system in LATGATE_SYSTEMS:
+                wait_until_up(base + "/readyz", seconds=60.0)
+            else:
+                wait_port(port, timeout=120.0, proc=process)
+                _wait_routes(base)
+            yield base
+        finally:
+            process.kill()
+            process.wait()
+
+
+# -- the load generator --------------------------------------------------------------------------
+
+
+async def _sim_counters(http: aiohttp.ClientSession, urls: dict[str, str]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name, url in urls.items():
+        async with http.get(url + "/metrics") as response:
+            text = await response.text()
+        async with http.get(url + "/bench/served") as response:
+            served = orjson.loads(await response.read())
+        out[name] = {
+            "queried": _sample(text, "vllm:prefix_cache_queries_total"),
+            "hit": _sample(text, "vllm:prefix_cache_hits_total"),
+            "served": served,
+        }
+    return out
+
+
+def _sample(text: str, name: str) -> float:
+    """The value of the first sample of series ``name`` in a Prometheus text (0 if none)."""
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def drive(
+    plans: list[SessionPlan], base: str | None, sims: dict[str, str], *, headers: bool
+) -> dict[str, Any]:
+    """Run every session against ``base`` (the oracle: straight to its replica); returns
+    the turns' results and what each simulator counted meanwhile."""
+    names = list(sims)
+    timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http:
+        before = await _sim_counters(http, sims)
+        started = time.perf_counter()
+        results: list[tuple[int, int, Result]] = []
+
+        async def session(plan: SessionPlan) -> None:
+            target = base if base is not None else sims[names[plan.index % len(names)]]
+            url = target + "/v1/chat/completions"
+            extra = {"x-claude-code-session-id": plan.session_id} if headers else {}
+            await asyncio.sleep(max(0.0, started + plan.start_s - time.perf_counter()))
+            for turn, (body, think) in enumerate(zip(plan.bodies, plan.think_s, strict=True)):
+                result = await send(http, url, Arrival(at_s=0.0, kind=str(plan.index), body=body, headers=extra))
+                results.append((plan.index, turn, result))
+                if turn < len(plan.bodies) - 1:
+                    await asyncio.sleep(think)
+
+        await asyncio.gather(*(session(plan) for plan in plans))
+        elapsed = time.perf_counter() - started
+        after = await _sim_counters(http, sims)
+    counted = {
+        name: {
+            "queried": after[name]["queried"] - before[name]["queried"],
+            "hit": after[name]["hit"] - before[name]["hit"],
+            "served": [index for _, index in after[name]["served"][len(before[name]["served"]) :]],
+        }
+        for name in names
+    }
+    return {"results": results, "sims": counted, "elapsed_s": elapsed}
+
+
+def summarize(observed: dict[str, Any], *, sessions: int) -> dict[str, Any]:
+    """One system's numbers (see the module docstring)."""
+    results: list[tuple[int, int, Result]] = observed["results"]
+    sims: dict[str, dict[str, Any]] = observed["sims"]
+    served = {name: [i for i in counted["served"] if i >= 0] for name, counted in sims.items()}
+    per_session = []
+    for index in range(sessions):
+        counts = [row.count(index) for row in served.values()]
+        if sum(counts):
+            per_session.append(max(counts) / sum(counts))
+    requests = {name: len(row) for name, row in served.items()}
+    mean = sum(requests.values()) / len(requests)
+    queried = sum(c["queried"] for c in sims.values())
+    hit = sum(c["hit"] for c in sims.values())
+    ttft = [r.ttft_s for _, _, r in results if r.ok and r.ttft_s is not None]
+    return {
+        "turns": len(results),
+        "errors": sum(1 for _, _, r in results if not r.ok),
+        "on_most_used": _r(sum(per_session) / len(per_session)) if per_session else None,
+        "on_most_used_min": _r(min(per_session)) if per_session else None,
+        "max_share": _r(max(requests.values()) / mean) if mean else None,
+        "requests": requests,
+        "slow_share": _r(requests.get(SLOW_REPLICA, 0) / sum(requests.values())) if sum(requests.values()) else None,
+        "from_cache": _r(hit / queried) if queried else None,
+        "cached_tokens": int(hit),
+        "prompt_tokens": int(queried),
+        "ttft_p50_s": _r(percentile(ttft, 50)),
+        "ttft_p90_s": _r(percentile(ttft, 90)),
+        "ttft_p99_s": _r(percentile(ttft, 99)),
+        "elapsed_s": round(observed["elapsed_s"], 1),
+    }
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+# -- targets and the table -------------------------------------------------------------------------
+
+
+def targets(rows: dict[str, dict[str, Any]], *, headers: bool, system: str = "latgate") -> dict[str, Any]:
+    """Issue 21's targets for ``system`` against the oracle and the best peer of ``rows``."""
+    row = rows.get(system)
+    oracle = rows.get("oracle")
+    if not row or "skipped" in row or not oracle or "skipped" in oracle:
+        return {}
+    peers = [r for name, r in rows.items() if name in PEER_SYSTEMS and "skipped" not in r and r["ttft_p99_s"]]
+    best_peer_p99 = min((r["ttft_p99_s"] for r in peers), default=None)
+    out: dict[str, Any] = {
+        "on_most_used": {"want": ">= 0.85" if headers else ">= 0.75", "got": row["on_most_used"],
+                         "met": row["on_most_used"] is not None and row["on_most_used"] >= (0.85 if headers else 0.75)},
+        "max_share": {"want": "<= 1.3", "got": row["max_share"], "met": row["max_share"] is not None and row["max_share"] <= 1.3},
+    }  # fmt: skip
+    if headers:
+        cache_ratio = row["from_cache"] / oracle["from_cache"] if oracle["from_cache"] else None
+        p99_ratio = row["ttft_p99_s"] / oracle["ttft_p99_s"] if oracle["ttft_p99_s"] else None
+        out["from_cache_vs_oracle"] = {"want": ">= 0.9", "got": _r(cache_ratio), "met": cache_ratio is not None and cache_ratio >= 0.9}
+        out["p99_vs_oracle"] = {"want": "<= 3", "got": _r(p99_ratio), "met": p99_ratio is not None and p99_ratio <= 3}
+        if best_peer_p99:
+            ratio = row["ttft_p99_s"] / best_peer_p99
+            out["p99_vs_best_peer"] = {"want": "<= 0.25", "got": _r(ratio), "met": ratio <= 0.25}
+    return out
+
+
+def table(rows: dict[str, dict[str, Any]], *, slow: bool) -> str:
+    """Markdown: one row per system."""
+    head = "| system | turns on most-used endpoint (mean / lowest session) | busiest endpoint / mean | prompt tokens from cache | TTFT p50 / p90 / p99 (s) |"
+    rule = "|---|---|---|---|---|"
+    if slow:
+        head += " slow replica's requests |"
+        rule += "---|"
+    lines = [head + " errors |", rule + "---|"]
+    for name, row in rows.items():
+        if "skipped" in row:
+            lines.append(f"| {name} | skipped: {row['skipped']} |")
+            continue
+        line = (
+            f"| {name} | {_pct(row['on_most_used'])} / {_pct(row['on_most_used_min'])} | {row['max_share']}x | "
+            f"{_pct(row['from_cache'])} | {row['ttft_p50_s']} / {row['ttft_p90_s']} / {row['ttft_p99_s']} |"
+        )
+        if slow:
+            line += f" {_pct(row['slow_share'])} |"
+        lines.append(line + f" {row['errors']} |")
+    return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{round(100 * value)}%"
+
+
+# -- main ----------------------------------------------------------------------------------------------
+
+
+def run(
+    workload: Workload, *, systems: list[str], replicas: list[str], headers: list[str], seed: int
+) -> dict[str, Any]:
+    """Every case (replicas x headers) under every system; returns the JSON document."""
+    plans = make_sessions(workload, seed=seed)
+    cases: dict[str, Any] = {}
+    missing = {system: system_missing(system) for system in systems}
+    for kind in replicas:
+        shared: dict[str, dict[str, Any]] = {}  # header-blind systems, run once per replicas kind
+        with simulators(replica_fields(workload, kind)) as urls:
+            for header in headers:
+                rows: dict[str, dict[str, Any]] = {}
+                for system in systems:
+                    blind = system in HEADER_BLIND
+                    if blind and system in shared:
+                        rows[system] = shared[system]
+                        continue
+                    if missing[system]:
+                        rows[system] = {"skipped": missing[system]}
+                        continue
+                    reset(urls)
+                    with router(system, urls) as base:
+                        observed = asyncio.run(drive(plans, base, urls, headers=blind or header == "on"))
+                    rows[system] = summarize(observed, sessions=workload.sessions)
+                    if blind:
+                        shared[system] = rows[system]
+                    print(f"{kind} / headers {header} / {system}: {json.dumps(rows[system])}", flush=True)
+                cases[f"{kind}-headers-{header}"] = {
+                    "replicas": kind,
+                    "headers": header,
+                    "systems": rows,
+                    "targets": targets(rows, headers=header == "on"),
+                }
+    return {
+        "workload": {**dataclasses.asdict(workload), "cache_tokens_per_replica": workload.cache_tokens},
+        "replica": REPLICA_FIELDS,
+        "slow_replica": {"name": SLOW_REPLICA, **SLOW_FIELDS},
+        "seed": seed,
+        "percentiles": "nearest rank",
+        "cases": cases,
+    }
+
+
+def markdown(document: dict[str, Any]) -> str:
+    """Every case's table and latgate's targets."""
+    parts = []
+    for case, body in document["cases"].items():
+        parts.append(f"### {body['replicas']} replicas, session headers {body['headers']}\n")
+        parts.append(table(body["systems"], slow=body["replicas"] == "unequal"))
+        met = body["targets"]
+        if met:
+            summary = ", ".join(f"{k} {v['got']} ({v['want']}: {'met' if v['met'] else 'missed'})" for k, v in met.items())
+            parts.append(f"\nlatgate against the targets: {summary}.\n")
+        else:
+            parts.append("")
+        del case
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", metavar="OUT", type=Path, help="write the results as JSON")
+    parser.add_argument("--markdown", metavar="OUT", type=Path, help="write the tables as markdown")
+    defaults = Workload()
+    parser.add_argument("--sessions", type=int, default=defaults.sessions)
+    parser.add_argument("--turns", type=int, default=defaults.turns, help="turns per session")
+    parser.add_argument("--system-tokens", type=int, default=defaults.system_tokens)
+    parser.add_argument("--turn-tokens", type=int, default=defaults.turn_tokens, help="new tokens per turn")
+    parser.add_argument("--think-seconds", type=float, default=defaults.think_seconds, help="mean think time")
+    parser.add_argument("--seed", type=int, default=21)
+    parser.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma-separated (default: all)")
+    parser.add_argument("--replicas", default="equal,unequal", help="equal, unequal or both")
+    parser.add_argument("--headers", default="on,off", help="on, off or both")
+    parser.add_argument("--serve-sims", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_sims:
+        serve_session_sims(json.loads(args.serve_sims))
+        return 0
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in systems if s not in ALL_SYSTEMS]
+    if unknown:
+        print(f"sessions: error: unknown system {unknown[0]!r}; choose from {', '.join(ALL_SYSTEMS)}", file=sys.stderr)
+        return 2
+    workload = Workload(
+        sessions=args.sessions,
+        turns=args.turns,
+        system_tokens=args.system_tokens,
+        turn_tokens=args.turn_tokens,
+        think_seconds=args.think_seconds,
+    )
+    started = time.monotonic()
+    document = run(
+        workload,
+        systems=systems,
+        replicas=[r.strip() for r in args.replicas.split(",") if r.strip()],
+        headers=[h.strip() for h in args.headers.split(",") if h.strip()],
+        seed=args.seed,
+    )
+    document["run_seconds"] = round(time.monotonic() - started, 1)
+    text = markdown(document)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
