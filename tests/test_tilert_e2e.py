@@ -172,13 +172,14 @@ def test_admission_holds_a_latency_sensitive_request_for_a_node_that_frees_withi
             poll(lambda: tile_endpoint(stack)["in_flight"] == 2)
             third = httpx.post(chat, json=body, headers={**budget, "X-Latgate-Debug": "1"}, timeout=30)
             assert [f.result().headers["x-latgate-provider"] for f in held] == ["tile-rt", "tile-rt"]
-        admin = httpx.get(stack.url + "/admin/providers").json()["providers"]["tile-rt"]["admission"]
+        admin = httpx.get(stack.url + "/admin/providers").json()["providers"]["tile-rt"]["queue"]
         metrics = httpx.get(stack.url + "/metrics").text
     assert third.status_code == 200
     assert (third.headers["x-latgate-provider"], third.headers["x-latgate-route-reason"]) == ("tile-rt", "waited:tile-rt")
     assert third.headers["x-latgate-admission"].startswith("waited ")
     assert admin["admitted"] == 1 and admin["waiting"] == 0
-    assert 'latgate_admission_wait_seconds_count{outcome="admitted",provider="tile-rt"} 1.0' in metrics
+    assert 'latgate_queue_wait_seconds_count{outcome="admitted",priority="default",provider="tile-rt"} 1.0' in metrics
+    assert int(third.headers["x-latgate-queue-ms"]) >= 0
     assert stack.sims["tile-rt"].stats.busy_rejections == 0, "it was sent when a node was free"
 
 
