@@ -120,15 +120,15 @@ def test_each_waiter_needs_its_own_node_to_free_and_they_are_served_in_order() -
     runtime = pool["tile-rt"]
     endpoint = runtime.endpoints[0]
     first_lease = pool.begin(runtime, endpoint)
-    clock.now = 0.12
+    clock.now = 0.08
     second_lease = pool.begin(runtime, endpoint)
-    clock.now = 0.27  # the leases end in 30 ms and in 150 ms
+    clock.now = 0.27  # the leases end in 30 ms and in 110 ms
 
     async def main() -> None:
         first = asyncio.ensure_future(hold(admission, router.decide(BODY, LATENCY)))
         second = asyncio.ensure_future(hold(admission, router.decide(BODY, LATENCY)))
         await asyncio.sleep(0)
-        assert admission.describe()["tile-rt"]["waiting"] == 2, "150 ms + TTFT still fits 200 ms"
+        assert admission.describe()["tile-rt"]["waiting"] == 2, "110 ms (x 1.25 with an overflow to go to) + TTFT still fits 200 ms"
         third = await hold(admission, router.decide(BODY, LATENCY))
         assert third.reason == "overflow:tile-rt", "no third lease ends"
         pool.end(runtime, endpoint, first_lease)
@@ -268,6 +268,17 @@ def test_a_waiter_whose_slot_comes_too_late_for_its_budget_goes_elsewhere_and_pa
         assert pool["tile-rt"].endpoints[0].pending == 0, "the slot it was given is free again"
 
     asyncio.run(main())
+
+
+def test_with_somewhere_else_to_go_a_request_waits_only_when_its_pessimistic_wait_fits() -> None:
+    router, pool, admission, clock, _ = setup()
+    fill(pool)
+    clock.now = 0.15  # 150 ms left: 150 + TTFT fits 200 ms, 1.25 x 150 + TTFT does not
+
+    async def main():
+        return await hold(admission, router.decide(BODY, LATENCY))
+
+    assert asyncio.run(main()).reason == "overflow:tile-rt"
 
 
 def test_the_wait_prediction_is_corrected_by_the_waits_that_came_true() -> None:

@@ -62,6 +62,9 @@ from latgate.routing.targets import RouteDecision, Target
 
 T = TypeVar("T")
 LEASE_EWMA_ALPHA = 0.2
+WAIT_P90_FACTOR = 1.25
+"""A request with somewhere else to go waits only when this multiple of its predicted
+wait fits: a wait is a gamble the overflow candidate does not ask for."""
 
 
 def fits_budget(*, elapsed_ms: float, wait_ms: float, ttft_ms: float, budget_ms: float) -> bool:
@@ -173,9 +176,12 @@ class Admission:
         stats = self._stats[name]
         klass = CLASS_NAMES[ask.priority]
         ahead = queue.ahead_of(ask.priority)
-        wait_ms = predicted_wait_ms(remaining_ms, ahead=ahead, lease_ms=lease_ms) * (stats.correction or 1.0)
+        predicted_ms = predicted_wait_ms(remaining_ms, ahead=ahead, lease_ms=lease_ms)  # from the leases alone
+        wait_ms = predicted_ms * (stats.correction or 1.0)
         elapsed_ms = (self._timer() - ask.received_at) * 1000.0
         budget = decision.budget_ms
+        if budget is not None and (len(decision.candidates) > 1 or decision.overflow):
+            wait_ms *= WAIT_P90_FACTOR
         bound_ms = self._bound_ms(ask.priority, budget, elapsed_ms, ttft_ms)
         if wait_ms > bound_ms and self._preempt(name, ask.priority, budget):
             wait_ms = ttft_ms  # a slot frees as the preempted request's attempt is cancelled
@@ -214,7 +220,7 @@ class Admission:
             raise shed from None
         waited = self._timer() - started
         waited_ms = waited * 1000.0
-        stats.correction = correction(stats.correction, actual_ms=waited_ms, predicted_ms=wait_ms / (stats.correction or 1.0))
+        stats.correction = correction(stats.correction, actual_ms=waited_ms, predicted_ms=predicted_ms)
         stats.last_wait_ms = waited_ms
         self._pool.release(endpoint)  # the slot held for it: the plan made now takes it
         if budget is not None and not fits_budget(elapsed_ms=elapsed_ms + waited_ms, wait_ms=0.0, ttft_ms=ttft_ms, budget_ms=budget):
