@@ -294,4 +294,4 @@ def test_the_wait_prediction_is_corrected_by_the_waits_that_came_true() -> None:
         assert (await held).reason == "waited:tile-rt"
 
     asyncio.run(main())
-    assert admission.describe()["tile-rt"]["wait_correction"] == 2.0, "twice as long as predicted"
+    assert admission.describe()["tile-rt"]["wait_correction"] == {"default": 2.0}, "twice as long as predicted"

@@ -166,3 +166,26 @@ def test_hedges_are_suppressed_when_most_endpoints_are_slow_at_once() -> None:
     assert hedge_suppressed([True, True, False])
     assert not hedge_suppressed([True, False, False])
     assert not hedge_suppressed([True]), "one endpoint: the copy goes elsewhere"
+
+
+def test_the_access_line_gives_the_class_the_wait_and_the_outcome(monkeypatch: pytest.MonkeyPatch) -> None:
+    import orjson
+
+    from latgate.logs import access_log
+    from latgate.metrics import Metrics
+    from latgate.proxy.exchange import Exchange
+
+    lines: list[str] = []
+    monkeypatch.setattr(access_log, "enabled", lambda: True)
+    monkeypatch.setattr(access_log, "write", lines.append)
+    shed = Exchange(request_id="r1", received_at=0.0, path="/v1/chat/completions", stream=False, status=503)
+    shed.priority, shed.queue_outcome = BATCH, "shed"
+    waited = Exchange(request_id="r2", received_at=0.0, path="/v1/chat/completions", stream=False, status=200)
+    waited.priority, waited.queue_ms, waited.queue_outcome = INTERACTIVE, 12.34567, "admitted"
+    plain = Exchange(request_id="r3", received_at=0.0, path="/v1/chat/completions", stream=False, status=200)
+    for exchange in (shed, waited, plain):
+        exchange.finish(Metrics(providers=[], models=[]), now=1.0)
+    first, second, third = (orjson.loads(line) for line in lines)
+    assert (first["priority"], first["queue_ms"], first["queue_outcome"]) == ("batch", None, "shed")
+    assert (second["priority"], second["queue_ms"], second["queue_outcome"]) == ("interactive", 12.346, "admitted")
+    assert "queue_outcome" not in third, "a request that met no full pool: the line as before"

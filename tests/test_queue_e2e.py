@@ -127,11 +127,13 @@ def test_on_a_full_pool_an_interactive_request_waits_less_than_the_batch_request
             poll(lambda: queue_of(stack)["waiting_by_priority"]["interactive"] == 1)
         answers = [f.result() for f in (interactive, *batch)]
         depth = httpx.get(stack.url + "/metrics").text
+        ui = httpx.get(stack.url + "/ui/state").json()["providers"]["vllm"]["queue"]
     assert [r.status_code for r in answers] == [200, 200, 200]
     assert all(r.headers["x-latgate-route-reason"] == "waited:vllm" for r in answers)
     waits = [int(r.headers["x-latgate-queue-ms"]) for r in answers]
     assert waits[0] < min(waits[1:]), f"interactive first, though it came last: {waits}"
     assert 'latgate_queue_depth{priority="batch",provider="vllm"} 0.0' in depth
+    assert (ui["admitted"], ui["waiting"]) == (3, 0), "the /ui page shows the queue"
 
 
 def test_a_preempted_batch_request_gets_a_503_before_any_byte_and_the_interactive_one_its_slot() -> None:
@@ -189,3 +191,44 @@ def test_an_unknown_priority_is_a_400_naming_the_header() -> None:
     with pool_stack(SimOptions(name="vllm", **FAST)) as stack:
         r = httpx.post(stack.v1 + "/chat/completions", json={"model": MODEL, "messages": ASK}, headers={"X-Latgate-Priority": "urgent"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "X-Latgate-Priority"
+
+
+BUDGET = """
+[defaults]
+timeout_sec = 30
+max_retries = 2
+
+[health]
+load_interval_sec = 0
+probe_interval_sec = 0
+failure_threshold = 100
+
+[providers.failing]
+api_base = "{failing}/v1"
+models = ["m"]
+
+[providers.healthy]
+api_base = "{healthy}/v1"
+models = ["m"]
+
+[routing]
+default_route = "failing"
+fallbacks = {{ "failing" = ["healthy"] }}
+
+[routing.queue]
+{queue}
+"""
+
+
+@pytest.mark.parametrize(("queue", "attempts_on_failing"), [("", 3), ("retry_budget_percent = 0\nretry_budget_min = 0", 1)])
+def test_over_the_retry_budget_a_failure_goes_on_to_the_next_provider_without_retrying(queue: str, attempts_on_failing: int) -> None:
+    options = {"failing": SimOptions(name="failing", error_rate=1.0, seed=1, **FAST), "healthy": SimOptions(name="healthy", **FAST)}
+    with simulators(options) as sims:
+        config = BUDGET.format(failing=sims["failing"][0], healthy=sims["healthy"][0], queue=queue)
+        with gateway(config) as stack:
+            r = httpx.post(stack.v1 + "/chat/completions", json={"model": MODEL, "messages": ASK}, timeout=30)
+            metrics = httpx.get(stack.url + "/metrics").text
+    assert r.status_code == 200 and r.headers["x-latgate-provider"] == "healthy"
+    assert sims["failing"][1].stats.requests_total == attempts_on_failing
+    denied = 'latgate_retry_budget_exceeded_total{kind="retry",provider="failing"} 1.0' in metrics
+    assert denied == (attempts_on_failing == 1)

@@ -14,7 +14,7 @@ A request that finds its pool full (:meth:`Admission.hold`):
    plus the expected completion tokens times the learned time per token), minus its
    age, the slot for the ``k+1``-th in line (``k`` waiting before it) and whole leases
    per further round (:func:`~latgate.routing.queue.predicted_wait_ms`), times a
-   correction learnt from the waits that came true (at least 1:
+   correction per class learnt from the waits that came true (at least 1:
    :func:`~latgate.routing.queue.correction`);
 2. waits when that fits its bound: a request with a budget must still meet it (time
    since it arrived + wait + the pool's TTFT p90 <= budget); one without, its class's
@@ -62,6 +62,8 @@ from latgate.routing.targets import RouteDecision, Target
 
 T = TypeVar("T")
 LEASE_EWMA_ALPHA = 0.2
+MIN_CHECKED_WAIT_MS = 20.0
+"""Waits predicted shorter than this do not teach the correction."""
 WAIT_P90_FACTOR = 1.25
 """A request with somewhere else to go waits only when this multiple of its predicted
 wait fits: a wait is a gamble the overflow candidate does not ask for."""
@@ -100,7 +102,7 @@ class _Stats:
     shed: int = 0
     preempted: int = 0
     last_wait_ms: float | None = None
-    correction: float | None = None  # the wait prediction's multiplier, learnt from outcomes
+    correction: dict[int, float] = field(default_factory=dict)  # class -> the wait prediction's multiplier, from outcomes
     running: list[tuple[int, float, asyncio.Task[Any], Any]] = field(default_factory=list)  # preemptible: before first byte
 
 
@@ -177,7 +179,7 @@ class Admission:
         klass = CLASS_NAMES[ask.priority]
         ahead = queue.ahead_of(ask.priority)
         predicted_ms = predicted_wait_ms(remaining_ms, ahead=ahead, lease_ms=lease_ms)  # from the leases alone
-        wait_ms = predicted_ms * (stats.correction or 1.0)
+        wait_ms = predicted_ms * stats.correction.get(ask.priority, 1.0)
         elapsed_ms = (self._timer() - ask.received_at) * 1000.0
         budget = decision.budget_ms
         if budget is not None and (len(decision.candidates) > 1 or decision.overflow):
@@ -220,7 +222,9 @@ class Admission:
             raise shed from None
         waited = self._timer() - started
         waited_ms = waited * 1000.0
-        stats.correction = correction(stats.correction, actual_ms=waited_ms, predicted_ms=predicted_ms)
+        if predicted_ms >= MIN_CHECKED_WAIT_MS:  # a few ms predicted: the ratio says nothing
+            known = stats.correction.get(ask.priority)
+            stats.correction[ask.priority] = correction(known, actual_ms=waited_ms, predicted_ms=predicted_ms)
         stats.last_wait_ms = waited_ms
         self._pool.release(endpoint)  # the slot held for it: the plan made now takes it
         if budget is not None and not fits_budget(elapsed_ms=elapsed_ms + waited_ms, wait_ms=0.0, ttft_ms=ttft_ms, budget_ms=budget):
@@ -260,7 +264,7 @@ class Admission:
                 "shed": stats.shed,
                 "preempted": stats.preempted,
                 "last_wait_ms": None if stats.last_wait_ms is None else round(stats.last_wait_ms, 1),
-                "wait_correction": None if stats.correction is None else round(stats.correction, 3),
+                "wait_correction": {CLASS_NAMES[k]: round(v, 3) for k, v in sorted(stats.correction.items())},
                 "lease_ms": {ep.config.id: round(self.lease_seconds(ep) * 1000.0, 1) for ep in self._pool[name].endpoints},
             }
         return out

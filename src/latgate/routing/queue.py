@@ -8,11 +8,10 @@ per provider and asks it, on plain data, three things:
 - *whether it may wait*: :meth:`WaitQueue.push` (bounded by a count: a full queue
   sheds its newest lowest-class waiter for a higher-class newcomer, else the newcomer);
 - *who takes a freed slot*: :meth:`WaitQueue.pop`, in this order: the highest class
-  (:mod:`latgate.routing.priority`); inside it, the tenant (key, and session when
-  given) with the least attained service in tokens (start-time fair queueing: a tenant
-  that starts waiting starts at the least attained of those waiting, so a quiet key is
-  not starved by a flood, and a key that was idle earns no credit); inside a tenant,
-  the earliest deadline (EDF), then arrival.
+  (:mod:`latgate.routing.priority`); inside it, fair shares of tokens between tenants
+  (keys; sessions without keys) by start-time fair queueing (Goyal, Vin and Cheng,
+  SIGCOMM 1996): a quiet key is not starved by a flood, and a key that was idle earns
+  no credit; inside a tenant, the earliest deadline (EDF), then arrival.
 
 :func:`choose_preemption` picks the admitted ``batch`` request (before its first byte)
 that gives its slot to an ``interactive`` request that would otherwise miss its budget.
@@ -50,11 +49,19 @@ class Waiter:
     enqueued_at: float
     handle: Any = None
     seq: int = 0
+    tag: float = 0.0
 
 
 @dataclass(slots=True)
 class WaitQueue:
     """One provider's waiting requests (see the module docstring for the order).
+
+    Fair shares are start-time fair queueing over tokens: a waiter's tag is where its
+    tenant's share of the queue's virtual time starts (``max(virtual time, the end of
+    the tenant's previous request)``), its cost ending the tenant's share; the lowest
+    tag of the top class goes first, and the virtual time moves to it. A tenant's
+    backlog pushes its later requests' tags out, so a newcomer overtakes a flood; a
+    tenant that was idle starts at the virtual time, with no credit saved up.
 
     Args:
         max_waiting: waiters at most (``[routing.queue] max_waiting``).
@@ -62,7 +69,8 @@ class WaitQueue:
 
     max_waiting: int
     waiting: list[Waiter] = field(default_factory=list)
-    attained: dict[str, float] = field(default_factory=dict)
+    finish: dict[str, float] = field(default_factory=dict)  # tenant -> end of its last share (tokens)
+    virtual: float = 0.0
     _seq: int = 0
 
     def __len__(self) -> int:
@@ -91,28 +99,29 @@ class WaitQueue:
     def _append(self, waiter: Waiter) -> None:
         self._seq += 1
         waiter.seq = self._seq
-        if not any(w.tenant == waiter.tenant for w in self.waiting):
-            floor = min((self.attained.get(w.tenant, 0.0) for w in self.waiting), default=None)
-            known = self.attained.get(waiter.tenant, 0.0)
-            self.attained[waiter.tenant] = known if floor is None else max(known, floor)
+        start = max(self.virtual, self.finish.get(waiter.tenant, 0.0))
+        waiter.tag = start
+        self.finish[waiter.tenant] = start + waiter.cost_tokens
         self.waiting.append(waiter)
 
     def pop(self) -> Waiter | None:
-        """The waiter that takes a freed slot (removed and charged its tokens), or None."""
+        """The waiter that takes a freed slot (removed), or None: of the highest class,
+        the tenant whose share starts first, and of its waiters the earliest deadline
+        (which takes over that share's tag)."""
         if not self.waiting:
             return None
         top = max(w.priority for w in self.waiting)
-        attained = self.attained
+        first = min((w for w in self.waiting if w.priority == top), key=lambda w: (w.tag, w.seq))
         chosen = min(
-            (w for w in self.waiting if w.priority == top),
-            key=lambda w: (attained.get(w.tenant, 0.0), w.deadline, w.seq),
+            (w for w in self.waiting if w.priority == top and w.tenant == first.tenant), key=lambda w: (w.deadline, w.seq)
         )
+        if chosen is not first:
+            chosen.tag, first.tag = first.tag, chosen.tag
         self.waiting.remove(chosen)
-        attained[chosen.tenant] = attained.get(chosen.tenant, 0.0) + chosen.cost_tokens
-        if len(attained) > 4 * self.max_waiting:  # forget tenants not waiting
-            waiting = {w.tenant for w in self.waiting}
-            for tenant in [t for t in attained if t not in waiting]:
-                del attained[tenant]
+        self.virtual = max(self.virtual, chosen.tag)
+        if len(self.finish) > 4 * self.max_waiting:  # forget tenants whose shares ended
+            for tenant in [t for t, end in self.finish.items() if end <= self.virtual]:
+                del self.finish[tenant]
         return chosen
 
     def remove(self, waiter: Waiter) -> bool:
