@@ -50,6 +50,19 @@ from routing_slo import wait_until_up
 
 # a loaded 2-core machine can take longer than the default 20 s to start a gateway
 routing_scenarios.wait_until_up = lambda url, seconds=90.0: wait_until_up(url, seconds=seconds)
+_peer_command = routing_scenarios._command
+
+
+def _command(scenario: Scenario, system: str, urls: dict[str, str], port: int, tmp: Any) -> list[str]:
+    """routing_scenarios' command, with vllm-router's ``round_robin`` for this one-engine
+    pool (its ``power_of_two`` refuses fewer than 2 workers)."""
+    command = _peer_command(scenario, system, urls, port, tmp)
+    if system == "vllm-router" and len(urls) == 1:
+        command[command.index("power_of_two")] = "round_robin"
+    return command
+
+
+routing_scenarios._command = _command
 
 SLOTS = 8
 TTFT_MS = 40.0
