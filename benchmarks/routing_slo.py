@@ -4,6 +4,7 @@
                                               [--duration SECONDS] [--seed N] [--strategies a,b,c]
     .venv/bin/python benchmarks/routing_slo.py --scenarios all|cold,identical,... [--systems ...] [--json OUT.json]
     .venv/bin/python benchmarks/routing_slo.py --tilert [--json OUT.json]   (benchmarks/tilert_admission.py)
+    .venv/bin/python benchmarks/routing_slo.py --classes [--duration S] [--scale X]   (benchmarks/routing_classes.py)
 
 The second form runs the routing scenarios of ``benchmarks/routing_scenarios.py``
 (cold start after ordinary traffic, identical replicas, a replica that recovers, a
@@ -583,6 +584,10 @@ def main(argv: list[str] | None = None) -> int:
         import tilert_admission
 
         return tilert_admission.main([arg for arg in argv if arg != "--tilert"])
+    if "--classes" in argv:  # priority classes on a full pool: benchmarks/routing_classes.py
+        import routing_classes
+
+        return routing_classes.main([arg for arg in argv if arg != "--classes"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="OUT", type=Path, help="write the results as JSON")
     parser.add_argument(

@@ -1,6 +1,16 @@
 """A TileRT pool under latency-sensitive bursts: deadline-aware admission on and off.
 
     .venv/bin/python benchmarks/routing_slo.py --tilert [--json OUT.json] [--duration S] [--seed N]
+    .venv/bin/python benchmarks/routing_slo.py --tilert --burst [--rounds N]   (the issue-22 case, below)
+
+``--burst``: the case of issue 22, against a stand-in written from TileRT 0.1.5's
+PD-router interface: 2 decode nodes, one request per node, 40 ms to first token, 8 ms a
+token, 40 tokens (a node is busy ~360 ms a request), a vLLM overflow pool at ~175 ms to
+first token. After a warm-up of sequential requests (leases and TTFT learnt), rounds of
+5 concurrent latency-sensitive streams with a 500 ms budget, 1.5 s apart. Reported per
+system: each round's first-token times with where each went (``waited``, ``node`` at
+once, ``overflow``), and ``held_late``: held requests whose first token came after the
+budget while the overflow pool's first tokens in the same run came within it (target 0).
 
 Loopback, three processes: the simulators on one event loop (``latgate.sim``), the
 gateway (``latgate serve``), and this load generator.
@@ -26,7 +36,7 @@ Reported per system: ``slo_attainment`` (latency-sensitive requests whose first 
 came within 200 ms; failures are misses), their TTFT p50 / p99, how many were answered
 by another pool than ``tile-rt`` (``spilled``), how many waited for a node (route
 reason ``waited:tile-rt``) and the wait's mean and max (the gateway's
-``latgate_admission_wait_seconds``), declines, and errors. Target: with admission,
+``latgate_queue_wait_seconds``), declines, and errors. Target: with admission,
 attainment at least as high as without and latency-sensitive p99 TTFT no worse, with
 fewer requests spilled to the slow pools. Numbers are of this one run on a shared
 machine: compare the rows, not runs.
@@ -37,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import random
 import sys
 from pathlib import Path
@@ -163,20 +174,28 @@ async def run_trace(base: str, trace: list[Arrival]) -> list[Result]:
 
 
 def gateway_admission(base: str) -> dict[str, float]:
-    """The gateway's admission counters: waits (count, sum, max bucket) and declines."""
+    """The gateway queue's counters (``latgate_queue_wait_seconds``): waits that got a
+    slot (count, sum), and requests sent elsewhere after a wait (``timed_out``) or at
+    once (``declined``)."""
     import httpx
 
     text = httpx.get(base + "/metrics", timeout=5).text
     out = {"wait_count": 0.0, "wait_sum_s": 0.0, "timed_out": 0.0, "declined": 0.0}
+    overflow_count = overflow_sum = 0.0
     for line in text.splitlines():
-        if line.startswith("latgate_admission_wait_seconds_count"):
-            out["wait_count"] += float(line.split()[-1])
-            if 'outcome="timed_out"' in line:
-                out["timed_out"] += float(line.split()[-1])
-        elif line.startswith("latgate_admission_wait_seconds_sum"):
-            out["wait_sum_s"] += float(line.split()[-1])
-        elif line.startswith("latgate_admission_declined_total"):
-            out["declined"] += float(line.split()[-1])
+        value = line.split()[-1] if line.startswith("latgate_queue_wait_seconds") else None
+        if value is None:
+            continue
+        if line.startswith("latgate_queue_wait_seconds_count") and 'outcome="admitted"' in line:
+            out["wait_count"] += float(value)
+        elif line.startswith("latgate_queue_wait_seconds_sum") and 'outcome="admitted"' in line:
+            out["wait_sum_s"] += float(value)
+        elif line.startswith("latgate_queue_wait_seconds_count") and 'outcome="overflow"' in line:
+            overflow_count += float(value)
+        elif line.startswith('latgate_queue_wait_seconds_bucket') and 'outcome="overflow"' in line and 'le="0.005"' in line:
+            overflow_sum += float(value)  # sent on at once (a wait of 0)
+    out["declined"] = overflow_sum
+    out["timed_out"] = overflow_count - overflow_sum
     return out
 
 
@@ -240,8 +259,56 @@ def run(*, seed: int, duration_s: float, systems: list[str]) -> dict[str, Any]:
     return {"scenario": {"seed": seed, "duration_s": duration_s, "budget_ms": BUDGET_MS, "mix": kinds}, "systems": rows}
 
 
+BURST_SIMS: dict[str, dict[str, Any]] = {
+    "tile-rt": {"profile": "tilert", "decode_nodes": 2, "ttft_overhead_ms": 40.0, "tpot_ms": 8.0, "tpot_growth_ms": 0.0, "prefill_tokens_per_second": 200_000.0},
+    "vllm": {"ttft_overhead_ms": 150.0, "tpot_ms": 10.0, "tpot_growth_ms": 0.0, "prefill_tokens_per_second": 200_000.0, "max_batch_size": 64},
+    "hosted": {"ttft_overhead_ms": 400.0, "tpot_ms": 15.0, "tpot_growth_ms": 0.0, "max_batch_size": 512},
+}  # fmt: skip
+BURST_BUDGET_MS = 500
+
+
+def _burst_arrival(at_s: float) -> Arrival:
+    body = {"model": "agent-model", "messages": [{"role": "user", "content": "fix the test"}], "max_tokens": 40, "stream": True}
+    headers = {"x-latency-sensitive": "1", "x-latency-budget-ms": str(BURST_BUDGET_MS)}
+    return Arrival(at_s=at_s, kind="ls", body=orjson.dumps(body), headers=headers)
+
+
+def run_burst(*, rounds: int, systems: list[str]) -> dict[str, Any]:
+    """The issue-22 case under each system: warm-up, then ``rounds`` bursts of 5."""
+    out: dict[str, Any] = {}
+    for system in systems:
+        strategy, admission = SYSTEMS[system]
+        config = CONFIG.replace("{strategy}", strategy).replace("{admission}", "true" if admission else "false")
+        with sims_and_gateway(BURST_SIMS, config, script=__file__) as (base, _):
+            warm = [_burst_arrival(0.4 * i) for i in range(6)]
+            asyncio.run(run_trace(base, warm))
+            trace = [_burst_arrival(1.5 * r + 0.002 * i) for r in range(rounds) for i in range(5)]
+            results = asyncio.run(run_trace(base, trace))
+        rows = []
+        for index, result in enumerate(results):
+            where = "overflow" if (result.reason or "").startswith("overflow") else "waited" if (result.reason or "").startswith("waited") else "node"
+            rows.append({"round": index // 5, "where": where, "provider": result.provider, "ttft_s": _r(result.ttft_s), "ok": result.ok})
+        budget_s = BURST_BUDGET_MS / 1000.0
+        overflow_ttft = [r["ttft_s"] for r in rows if r["where"] == "overflow" and r["ttft_s"] is not None]
+        overflow_meets = bool(overflow_ttft) and (percentile(overflow_ttft, 50) or 0.0) <= budget_s
+        held = [r for r in rows if r["where"] == "waited"]
+        out[system] = {
+            "requests": rows,
+            "within_budget": sum(1 for r in rows if r["ok"] and r["ttft_s"] is not None and r["ttft_s"] <= budget_s),
+            "held": len(held),
+            "held_late": sum(1 for r in held if (r["ttft_s"] or math.inf) > budget_s) if overflow_meets else 0,
+            "held_ttft_max_s": max((r["ttft_s"] or 0.0 for r in held), default=None),
+            "overflow_ttft_p50_s": _r(percentile(overflow_ttft, 50)),
+        }
+        print(f"{system}: " + json.dumps({k: v for k, v in out[system].items() if k != "requests"}), flush=True)
+        for r in range(rounds):
+            cells = [f"{row['where']} {row['ttft_s']}" for row in rows if row["round"] == r]
+            print(f"  round {r}: " + ", ".join(cells))
+    return out
+
+
 def main(argv: list[str]) -> int:
-    """``routing_slo.py --tilert [--json OUT] [--duration S] [--seed N]``."""
+    """``routing_slo.py --tilert [--json OUT] [--duration S] [--seed N] [--burst [--rounds N]]``."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="routing_slo.py --tilert")
@@ -249,12 +316,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--burst", action="store_true", help="the issue-22 case: bursts of 5 on 2 nodes, 500 ms budget")
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--serve-sims", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_sims:
         serve_sims(json.loads(args.serve_sims))
         return 0
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if args.burst:
+        document = run_burst(rounds=args.rounds, systems=[s for s in systems if s in ("admission", "no-admission")])
+        if args.json:
+            args.json.write_text(json.dumps(document, indent=2) + "\n")
+        return 0
     document = run(seed=args.seed, duration_s=args.duration, systems=systems)
     print()
     print(table(document["systems"]))

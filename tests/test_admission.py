@@ -1,18 +1,20 @@
-"""Deadline-aware admission: the policy on plain data, the holder on an injected clock."""
+"""The gateway queue's holder on an injected clock: TileRT's no-queue pool, a vLLM-style
+pool with max_batch_size, classes, shedding, overflow (the policy itself: test_queue.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 
 import pytest
 from clocks import ManualClock
 
 from latgate.config import load_config_text
+from latgate.errors import Overloaded
 from latgate.metrics import Metrics
 from latgate.providers import ProviderPool
-from latgate.routing.admission import Admission, fits_budget, predicted_wait_ms
+from latgate.routing.admission import Admission, Ask, fits_budget
 from latgate.routing.decision import Router
+from latgate.routing.priority import BATCH, DEFAULT, INTERACTIVE
 
 CONFIG = """
 [providers.tile-rt]
@@ -37,14 +39,22 @@ LATENCY = {"x-latency-sensitive": "1"}
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def setup(*, admission: bool = True, slot_seconds: float = 0.3):
-    config = load_config_text(CONFIG, source="test.toml")
+def setup(*, admission: bool = True, slot_seconds: float = 0.3, text: str = CONFIG):
+    config = load_config_text(text, source="test.toml")
     clock = ManualClock(0.0)
     metrics = Metrics(providers=config.providers, models=["m"])
     pool = ProviderPool(config, metrics=metrics, env={}, clock=clock)
-    for ep in pool["tile-rt"].endpoints:
-        ep.slot_seconds = slot_seconds  # as if observed: requests hold a node 300 ms
-    return Router(config), pool, Admission(pool=pool, metrics=metrics, enabled=admission), clock, metrics
+    holder = Admission(pool=pool, metrics=metrics, settings=config.routing.queue, enabled=admission, timer=clock)
+    for runtime in pool.providers.values():
+        for ep in runtime.endpoints:
+            holder._lease_seconds[ep.key] = slot_seconds  # as if observed: requests hold a slot 300 ms
+    return Router(config), pool, holder, clock, metrics
+
+
+async def hold(admission: Admission, decision, priority: int = DEFAULT, **kwargs):
+    """The decision after the queue, for a request that arrived now (the test's clock)."""
+    held, _ = await admission.hold(decision, Ask(priority, "k", admission._timer(), 100), **kwargs)
+    return held
 
 
 def fill(pool: ProviderPool, count: int = 2) -> list:
@@ -52,16 +62,9 @@ def fill(pool: ProviderPool, count: int = 2) -> list:
     return [pool.begin(runtime, runtime.endpoints[0]) for _ in range(count)]
 
 
-def test_predicted_wait_is_the_next_lease_to_end_for_each_request_already_waiting() -> None:
-    assert predicted_wait_ms([300.0, 40.0], ahead=0) == 40.0
-    assert predicted_wait_ms([300.0, 40.0], ahead=1) == 300.0
-    assert math.isinf(predicted_wait_ms([300.0, 40.0], ahead=2))
-
-
-def test_a_wait_fits_only_when_wait_plus_ttft_meets_the_budget() -> None:
-    assert fits_budget(wait_ms=100.0, ttft_ms=50.0, budget_ms=200)
-    assert not fits_budget(wait_ms=160.0, ttft_ms=50.0, budget_ms=200)
-    assert not fits_budget(wait_ms=math.inf, ttft_ms=0.0, budget_ms=10**9)
+def test_a_wait_fits_only_when_time_so_far_plus_wait_plus_ttft_meets_the_budget() -> None:
+    assert fits_budget(elapsed_ms=0.0, wait_ms=100.0, ttft_ms=50.0, budget_ms=200)
+    assert not fits_budget(elapsed_ms=60.0, wait_ms=100.0, ttft_ms=50.0, budget_ms=200)
 
 
 def test_a_latency_sensitive_request_waits_for_the_node_that_frees_within_its_budget() -> None:
@@ -72,7 +75,7 @@ def test_a_latency_sensitive_request_waits_for_the_node_that_frees_within_its_bu
     async def main() -> None:
         decision = router.decide(BODY, LATENCY)
         explain: dict[str, str] = {}
-        held = asyncio.ensure_future(admission.hold(decision, explain=explain))
+        held = asyncio.ensure_future(hold(admission, decision, explain=explain))
         await asyncio.sleep(0)  # it is waiting now, nothing freed yet
         assert not held.done() and admission.describe()["tile-rt"]["waiting"] == 1
         pool.end(pool["tile-rt"], pool["tile-rt"].endpoints[0], tickets[0])  # a node frees
@@ -83,7 +86,7 @@ def test_a_latency_sensitive_request_waits_for_the_node_that_frees_within_its_bu
 
     asyncio.run(main())
     assert admission.describe()["tile-rt"]["admitted"] == 1
-    assert 'latgate_admission_wait_seconds_count{outcome="admitted",provider="tile-rt"} 1.0' in metrics.render()[0].decode()
+    assert 'latgate_queue_wait_seconds_count{outcome="admitted",priority="default",provider="tile-rt"} 1.0' in metrics.render()[0].decode()
 
 
 def test_a_request_whose_wait_cannot_fit_goes_to_the_next_candidate_at_once() -> None:
@@ -92,11 +95,11 @@ def test_a_request_whose_wait_cannot_fit_goes_to_the_next_candidate_at_once() ->
     clock.now = 0.0  # 300 ms left on each lease: over the 200 ms budget
 
     async def main():
-        return await admission.hold(router.decide(BODY, LATENCY))
+        return await hold(admission, router.decide(BODY, LATENCY))
 
     after = asyncio.run(main())
     assert (after.provider, after.reason) == ("vllm", "overflow:tile-rt")
-    assert admission.describe()["tile-rt"]["declined"] == 1
+    assert admission.describe()["tile-rt"]["overflow"] == 1
 
 
 def test_a_held_request_gives_up_when_its_slack_runs_out() -> None:
@@ -105,11 +108,11 @@ def test_a_held_request_gives_up_when_its_slack_runs_out() -> None:
     clock.now = 0.25  # predicted 50 ms: it waits, but no node ever frees
 
     async def main():
-        return await admission.hold(router.decide(BODY, {**LATENCY, "x-latency-budget-ms": "100"}))
+        return await hold(admission, router.decide(BODY, {**LATENCY, "x-latency-budget-ms": "100"}))
 
     after = asyncio.run(main())
     assert (after.provider, after.reason) == ("vllm", "overflow:tile-rt")
-    assert admission.describe()["tile-rt"]["timed_out"] == 1
+    assert admission.describe()["tile-rt"]["overflow"] == 1
 
 
 def test_each_waiter_needs_its_own_node_to_free_and_they_are_served_in_order() -> None:
@@ -117,16 +120,16 @@ def test_each_waiter_needs_its_own_node_to_free_and_they_are_served_in_order() -
     runtime = pool["tile-rt"]
     endpoint = runtime.endpoints[0]
     first_lease = pool.begin(runtime, endpoint)
-    clock.now = 0.12
+    clock.now = 0.08
     second_lease = pool.begin(runtime, endpoint)
-    clock.now = 0.27  # the leases end in 30 ms and in 150 ms
+    clock.now = 0.27  # the leases end in 30 ms and in 110 ms
 
     async def main() -> None:
-        first = asyncio.ensure_future(admission.hold(router.decide(BODY, LATENCY)))
-        second = asyncio.ensure_future(admission.hold(router.decide(BODY, LATENCY)))
+        first = asyncio.ensure_future(hold(admission, router.decide(BODY, LATENCY)))
+        second = asyncio.ensure_future(hold(admission, router.decide(BODY, LATENCY)))
         await asyncio.sleep(0)
-        assert admission.describe()["tile-rt"]["waiting"] == 2, "150 ms + TTFT still fits 200 ms"
-        third = await admission.hold(router.decide(BODY, LATENCY))
+        assert admission.describe()["tile-rt"]["waiting"] == 2, "110 ms (x 1.25 with an overflow to go to) + TTFT still fits 200 ms"
+        third = await hold(admission, router.decide(BODY, LATENCY))
         assert third.reason == "overflow:tile-rt", "no third lease ends"
         pool.end(runtime, endpoint, first_lease)
         assert (await first).reason == "waited:tile-rt"
@@ -138,27 +141,157 @@ def test_each_waiter_needs_its_own_node_to_free_and_they_are_served_in_order() -
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("admission", [True, False])
-def test_ordinary_requests_and_admission_off_never_wait(admission: bool) -> None:
-    router, pool, holder, clock, _ = setup(admission=admission)
+def test_with_the_queue_off_nothing_waits() -> None:
+    router, pool, holder, clock, _ = setup(admission=False)
     fill(pool)
     clock.now = 0.2
-    headers = LATENCY if not admission else {}
 
-    async def main():
-        return await holder.hold(router.decide(BODY, headers))
+    async def held():
+        return await hold(holder, router.decide(BODY, LATENCY))
 
-    after = asyncio.run(main())
-    assert after.reason in ("latency_sensitive", "default") and holder.describe()["tile-rt"]["waiting"] == 0
+    after = asyncio.run(held())
+    assert after.reason == "latency_sensitive" and holder.describe()["tile-rt"]["waiting"] == 0
 
 
 def test_the_lease_time_is_learnt_from_the_requests_that_held_a_node() -> None:
     _, pool, admission, _, _ = setup(slot_seconds=5.0)
     runtime = pool["tile-rt"]
     endpoint = runtime.endpoints[0]
-    assert admission.lease_seconds(endpoint) == 5.0, "before any: the endpoint's prior"
+    admission._lease_seconds.clear()
+    assert admission.lease_seconds(endpoint) > 1.0, "before any: TTFT plus the expected tokens times the time per token"
     ticket = pool.begin(runtime, endpoint)
     pool.record_outcome(runtime, endpoint, ok=True, ticket=ticket)
     pool.end(runtime, endpoint, ticket)
     assert admission.lease_seconds(endpoint) < 1.0, "the first observation replaces the prior"
     assert admission.describe()["tile-rt"]["lease_ms"]["tile-rt-0"] < 1000.0
+
+
+POOL = """
+[providers.vllm]
+api_base = "http://127.0.0.1:9/v1"
+models = ["m"]
+max_batch_size = 1
+
+[routing]
+default_route = "vllm"
+
+[routing.queue]
+batch_max_wait_ms = {batch_wait}
+"""
+
+
+def vllm_setup(batch_wait: int = 10_000):
+    router, pool, holder, _, _ = setup(text=POOL.format(batch_wait=batch_wait))
+    runtime = pool["vllm"]
+    return router, pool, holder, runtime, runtime.endpoints[0]
+
+
+def test_on_a_full_pool_an_interactive_request_takes_the_slot_before_batch_requests_queued_earlier() -> None:
+    router, pool, holder, runtime, endpoint = vllm_setup()
+    lease = pool.begin(runtime, endpoint)
+
+    async def main() -> None:
+        batch = [asyncio.ensure_future(hold(holder, router.decide(BODY, {}), BATCH)) for _ in range(2)]
+        await asyncio.sleep(0)
+        interactive = asyncio.ensure_future(hold(holder, router.decide(BODY, {}), INTERACTIVE))
+        await asyncio.sleep(0)
+        assert holder.describe()["vllm"]["waiting_by_priority"] == {"batch": 2, "default": 0, "interactive": 1}
+        pool.end(runtime, endpoint, lease)  # the one slot frees
+        assert (await interactive).reason == "waited:vllm"
+        assert not any(task.done() for task in batch), "the batch requests still wait"
+        for task in batch:
+            pool.end(runtime, endpoint, pool.begin(runtime, endpoint))  # the request before it ends
+            assert (await task).reason == "waited:vllm"
+
+    asyncio.run(main())
+
+
+def test_a_pool_whose_capacity_is_unknown_has_no_queue() -> None:
+    router, pool, holder, _, _ = setup()
+    runtime = pool["vllm"]
+    for _ in range(50):
+        pool.begin(runtime, runtime.endpoints[0])
+
+    async def main():
+        return await hold(holder, router.decide(BODY, {}), BATCH)
+
+    assert asyncio.run(main()).reason == "default"
+    assert holder.describe()["vllm"]["waiting"] == 0
+
+
+def test_a_batch_request_that_cannot_wait_within_its_bound_is_shed_at_once_with_retry_after() -> None:
+    router, pool, holder, runtime, endpoint = vllm_setup(batch_wait=100)  # the lease has 300 ms left
+    pool.begin(runtime, endpoint)
+
+    async def main():
+        return await hold(holder, router.decide(BODY, {}), BATCH)
+
+    with pytest.raises(Overloaded) as shed:
+        asyncio.run(main())
+    assert shed.value.status == 503 and shed.value.headers == {"retry-after": "1"}
+    assert "at capacity" in shed.value.message and "batch request not queued" in shed.value.message
+    assert holder.describe()["vllm"]["shed"] == 1
+
+
+def test_a_queued_batch_request_is_shed_from_a_full_queue_for_an_interactive_one() -> None:
+    text = POOL.format(batch_wait=10_000) + "max_waiting = 1\n"
+    router, pool, holder, _, _ = setup(text=text)
+    runtime = pool["vllm"]
+    pool.begin(runtime, runtime.endpoints[0])
+
+    async def main() -> None:
+        batch = asyncio.ensure_future(hold(holder, router.decide(BODY, {}), BATCH))
+        await asyncio.sleep(0)
+        interactive = asyncio.ensure_future(hold(holder, router.decide(BODY, {}), INTERACTIVE))
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded):
+            await batch
+        assert not interactive.done() and holder.describe()["vllm"]["waiting_by_priority"]["interactive"] == 1
+        interactive.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_waiter_whose_slot_comes_too_late_for_its_budget_goes_elsewhere_and_passes_the_slot_on() -> None:
+    router, pool, admission, clock, _ = setup()
+    tickets = fill(pool)
+    clock.now = 0.2  # 100 ms left on the leases; TTFT prior ~20 ms: fits 200 ms
+
+    async def main() -> None:
+        held = asyncio.ensure_future(hold(admission, router.decide(BODY, LATENCY)))
+        await asyncio.sleep(0)
+        assert admission.describe()["tile-rt"]["waiting"] == 1
+        clock.now = 0.39  # 190 ms after it arrived: its first token could no longer come within 200 ms
+        pool.end(pool["tile-rt"], pool["tile-rt"].endpoints[0], tickets[0])
+        after = await held
+        assert (after.provider, after.reason) == ("vllm", "overflow:tile-rt")
+        assert pool["tile-rt"].endpoints[0].pending == 0, "the slot it was given is free again"
+
+    asyncio.run(main())
+
+
+def test_with_somewhere_else_to_go_a_request_waits_only_when_its_pessimistic_wait_fits() -> None:
+    router, pool, admission, clock, _ = setup()
+    fill(pool)
+    clock.now = 0.15  # 150 ms left: 150 + TTFT fits 200 ms, 1.25 x 150 + TTFT does not
+
+    async def main():
+        return await hold(admission, router.decide(BODY, LATENCY))
+
+    assert asyncio.run(main()).reason == "overflow:tile-rt"
+
+
+def test_the_wait_prediction_is_corrected_by_the_waits_that_came_true() -> None:
+    router, pool, admission, clock, _ = setup()
+    tickets = fill(pool)
+    clock.now = 0.25  # predicted: 50 ms
+
+    async def main() -> None:
+        held = asyncio.ensure_future(hold(admission, router.decide(BODY, {**LATENCY, "x-latency-budget-ms": "400"})))
+        await asyncio.sleep(0)
+        clock.now = 0.35  # the node freed after 100 ms
+        pool.end(pool["tile-rt"], pool["tile-rt"].endpoints[0], tickets[0])
+        assert (await held).reason == "waited:tile-rt"
+
+    asyncio.run(main())
+    assert admission.describe()["tile-rt"]["wait_correction"] == {"default": 2.0}, "twice as long as predicted"

@@ -98,7 +98,7 @@ def test_a_generous_budget_waits_in_the_queue_rather_than_overflow() -> None:
         with decode_pool_busy(gw):
             response = post(gw, headers={"X-Route-Policy": "patient"})
         assert response.headers["x-latgate-provider"] == "tile-rt"
-        assert response.headers["x-latgate-route-reason"] == "latency_sensitive"
+        assert response.headers["x-latgate-route-reason"] == "waited:tile-rt", "in the gateway queue (latgate.routing.admission)"
 
 
 def test_round_robin_baseline_never_overflows() -> None:

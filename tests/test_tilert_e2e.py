@@ -161,24 +161,26 @@ def test_the_third_latency_sensitive_request_on_a_two_node_pool_overflows_and_ne
 
 
 def test_admission_holds_a_latency_sensitive_request_for_a_node_that_frees_within_its_budget() -> None:
-    tile = SimOptions(profile="tilert", name="tile-rt", decode_nodes=2, ttft_overhead_ms=1.0, tpot_ms=10.0, default_max_tokens=40)
+    # the nodes are held 1.5 s: the third request comes while both are taken, even on a loaded machine
+    tile = SimOptions(profile="tilert", name="tile-rt", decode_nodes=2, ttft_overhead_ms=1.0, tpot_ms=10.0, default_max_tokens=150)
     with tilert_stack(tile, threshold=5000) as stack:
         poll(lambda: tile_endpoint(stack)["capacity"] == 2)
         chat = stack.v1 + "/chat/completions"
-        budget = {"X-Latency-Budget-Ms": "3000"}
+        budget = {"X-Latency-Budget-Ms": "4500"}
         body = {"model": MODEL, "messages": ASK}
         with ThreadPoolExecutor(2) as threads:
             held = [threads.submit(httpx.post, chat, json=body, headers=budget, timeout=30) for _ in range(2)]
             poll(lambda: tile_endpoint(stack)["in_flight"] == 2)
             third = httpx.post(chat, json=body, headers={**budget, "X-Latgate-Debug": "1"}, timeout=30)
             assert [f.result().headers["x-latgate-provider"] for f in held] == ["tile-rt", "tile-rt"]
-        admin = httpx.get(stack.url + "/admin/providers").json()["providers"]["tile-rt"]["admission"]
+        admin = httpx.get(stack.url + "/admin/providers").json()["providers"]["tile-rt"]["queue"]
         metrics = httpx.get(stack.url + "/metrics").text
     assert third.status_code == 200
     assert (third.headers["x-latgate-provider"], third.headers["x-latgate-route-reason"]) == ("tile-rt", "waited:tile-rt")
     assert third.headers["x-latgate-admission"].startswith("waited ")
     assert admin["admitted"] == 1 and admin["waiting"] == 0
-    assert 'latgate_admission_wait_seconds_count{outcome="admitted",provider="tile-rt"} 1.0' in metrics
+    assert 'latgate_queue_wait_seconds_count{outcome="admitted",priority="default",provider="tile-rt"} 1.0' in metrics
+    assert int(third.headers["x-latgate-queue-ms"]) >= 0
     assert stack.sims["tile-rt"].stats.busy_rejections == 0, "it was sent when a node was free"
 
 

@@ -34,6 +34,7 @@ from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
 from latgate.proxy.wire import check_stream_options, nesting_too_deep
 from latgate.routing.decision import RouteDecision, Router
+from latgate.routing.priority import effective_priority, priority_header
 from latgate.routing.sessions import SessionMap
 from latgate.scope_keys import REQUEST_ID_SCOPE_KEY
 from latgate.store import HealthSync, RedisStore, SharedStore, open_store
@@ -150,6 +151,7 @@ class Gateway:
             decision = self.decide(body, headers, key_policy=None if caller is None else caller.policy)
         exchange.public_model = decision.public_model
         exchange.prompt_tokens = exchange.routed_prompt_tokens = decision.prompt_tokens
+        exchange.priority, exchange.tenant = self._priority(decision, headers, caller)
         if caller is not None:
             guard.check_model(caller, decision.public_model)
         if "model" not in body:
@@ -174,6 +176,26 @@ class Gateway:
                     ),
                 )
         return await self.forwarder.forward(exchange=exchange, decision=decision, body=body, path=path, transform=transform)
+
+    def _priority(self, decision: RouteDecision, headers: Mapping[str, str], caller: Caller | None) -> tuple[int, str]:
+        """The request's priority class and fair-share tenant (its key's name; without
+        keys, its session) for the gateway queue (:mod:`latgate.routing.priority`).
+
+        Raises:
+            InvalidRequest: a malformed ``X-Latgate-Priority``.
+        """
+        claimed = priority_header(headers.get("x-latgate-priority"))
+        policy = self.config.routing.policies.get(decision.policy) if decision.policy else None
+        priority = effective_priority(
+            claimed=claimed,
+            policy=policy.priority if policy is not None else None,
+            ceiling=caller.priority if caller is not None else None,
+            has_budget=decision.budget_ms is not None,
+            latency_sensitive=decision.latency_sensitive,
+        )
+        if caller is not None:
+            return priority, caller.name
+        return priority, "" if decision.session_key is None else f"session:{decision.session_key:x}"  # hashed, never the raw id
 
     def decide(self, body: dict[str, Any], headers: Mapping[str, str], *, key_policy: str | None = None) -> RouteDecision:
         """``Router.decide`` for a client's body (see :meth:`Router.decide`).

@@ -50,7 +50,7 @@ E2E_BUCKETS_SECONDS = (
 TOKENS_PER_SECOND_BUCKETS = (
     1, 5, 10, 20, 30, 40, 50, 75, 100, 150, 200, 300, 400, 500, 750, 1000, 1500, 2000, 3000, 5000, 10000,
 )
-ADMISSION_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0)
+QUEUE_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 OVERHEAD_BUCKETS_SECONDS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
     0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -132,8 +132,10 @@ class Metrics:
         self.hedges = Counter("latgate_hedges", "Hedged requests: a second copy sent because the first token was late, by the copy's provider", ("provider",), registry=r)
         self.hedge_wins = Counter("latgate_hedge_wins", "Hedged requests answered first by the copy (the original was cancelled)", ("provider",), registry=r)
         self.provider_info = Gauge("latgate_provider_info", "1 per configured provider, labelled with its role, connector and engine (empty when unset): dashboards join on it instead of naming providers", ("provider", "role", "connector", "engine"), multiprocess_mode="livemax", registry=r)
-        self.admission_wait = Histogram("latgate_admission_wait_seconds", "Time a latency-sensitive request was held for a free decode slot, by provider and outcome (admitted, timed_out)", ("provider", "outcome"), buckets=ADMISSION_BUCKETS_SECONDS, registry=r)
-        self.admission_declined = Counter("latgate_admission_declined", "Latency-sensitive requests not held for a decode slot: the predicted wait would miss their budget", ("provider",), registry=r)
+        # queue (issue 22): the gateway queue of every pool with a known capacity, and the retry/hedge budgets
+        self.queue_wait = Histogram("latgate_queue_wait_seconds", "Time a request found its pool full and waited in the gateway queue (0: decided at once), by provider, priority class and outcome (admitted, overflow, shed, preempted)", ("provider", "priority", "outcome"), buckets=QUEUE_BUCKETS_SECONDS, registry=r)
+        self.queue_depth = Gauge("latgate_queue_depth", "Requests waiting in the gateway queue now, by provider and priority class", ("provider", "priority"), multiprocess_mode="livesum", registry=r)
+        self.budget_denied = Counter("latgate_retry_budget_exceeded", "Retries and hedges not sent: over the provider's retry budget, or (hedge_slow) most of its endpoints at capacity at once", ("provider", "kind"), registry=r)
         self.overhead = Histogram("latgate_gateway_overhead_seconds", "Time latgate itself spent on a request before sending it upstream", buckets=OVERHEAD_BUCKETS_SECONDS, registry=r)
         # sessions (issue 21): cached prompt tokens, as latgate's prefix index predicted
         # them at the first token and as the engine reported them in its usage
@@ -230,14 +232,20 @@ class Metrics:
     def record_overflow(self, *, from_provider: str, to_provider: str) -> None:
         self._child(self.overflows, from_provider, to_provider).inc()
 
-    def record_admission_wait(self, *, provider: str, seconds: float, admitted: bool) -> None:
-        """A request held for a free decode slot of ``provider`` for ``seconds``; it got
-        one (``admitted``) or gave up at its budget."""
-        self._child(self.admission_wait, provider, "admitted" if admitted else "timed_out").observe(seconds)
+    # queue (issue 22) ------------------------------------------------------------------
 
-    def record_admission_declined(self, *, provider: str) -> None:
-        """A request that would have waited past its budget went on at once."""
-        self._child(self.admission_declined, provider).inc()
+    def record_queue_wait(self, *, provider: str, priority: str, outcome: str, seconds: float) -> None:
+        """A request that found ``provider`` full: how long it waited (0 when decided at
+        once) and how it ended (``admitted``, ``overflow``, ``shed``, ``preempted``)."""
+        self._child(self.queue_wait, provider, priority, outcome).observe(seconds)
+
+    def queue_depth_gauge(self, provider: str, priority: str):
+        """The gauge of requests of class ``priority`` waiting for ``provider``."""
+        return self._child(self.queue_depth, provider, priority)
+
+    def record_budget_denied(self, *, provider: str, kind: str) -> None:
+        """A retry or hedge not sent (``kind``: ``retry``, ``hedge``, ``hedge_slow``)."""
+        self._child(self.budget_denied, provider, kind).inc()
 
     def record_hedge(self, *, provider: str) -> None:
         """A hedge (second copy of a request) was sent to ``provider``."""

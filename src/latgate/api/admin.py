@@ -69,8 +69,8 @@ async def providers(request: Request) -> Response:
     (ids only, never URLs or keys; see :meth:`ProviderPool.describe`)."""
     gateway = _gateway(request)
     providers = gateway.pool.describe()
-    for name, admission in gateway.forwarder.admission.describe().items():
-        providers[name]["admission"] = admission  # type: ignore[index]
+    for name, queue in gateway.forwarder.admission.describe().items():
+        providers[name]["queue"] = queue  # type: ignore[index]
     body = {"strategy": gateway.config.routing.strategy, "providers": providers}
     return Response(orjson.dumps(body), media_type="application/json")
 

@@ -32,6 +32,9 @@ class Caller:
         models: the allow-list of public model names; ``None``: any model.
         rpm: requests per minute, or ``None`` for no limit.
         tpm: tokens (prompt + completion) per minute, or ``None`` for no limit.
+        priority: the highest priority class its requests may claim
+            (``interactive``/``default``/``batch``, :mod:`latgate.routing.priority`),
+            or ``None`` for no ceiling.
     """
 
     name: str
@@ -40,6 +43,7 @@ class Caller:
     models: frozenset[str] | None = None
     rpm: int | None = None
     tpm: int | None = None
+    priority: str | None = None
 
     @property
     def limited(self) -> bool:
@@ -120,4 +124,5 @@ def _caller(key: AuthKey) -> Caller:
         models=frozenset(key.models) if key.models else None,
         rpm=key.rpm,
         tpm=key.tpm,
+        priority=key.priority,
     )

@@ -39,6 +39,7 @@ from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
 from latgate.routing.decision import Router
 from latgate.routing.models import same_model
 from latgate.routing.reach import Reach, fallback_suggestion, rule_reach
+from latgate.routing.strategies.registry import predicts
 from latgate.store.resp import RespAuthError, RespClient, RespError
 
 PROBE_TIMEOUT_SECONDS = 3.0
@@ -263,7 +264,22 @@ def _routing_lines(config: Config) -> list[str]:
     lines += _fallback_rows(config, router, reaches)
     lines.append(_row("default model", routing.default_model or "none (the client's model is required)"))
     lines.append(_row("strategy", f"{routing.strategy}: {STRATEGY_TEXT[routing.strategy]}"))
+    lines += _queue_rows(config)
     return lines
+
+
+def _queue_rows(config: Config) -> list[str]:
+    """``[routing.queue]`` with every value in force, defaults included (docs/routing.md
+    "When pools are full")."""
+    queue = config.routing.queue
+    on = queue.enabled and config.routing.admission and predicts(config.routing.strategy)
+    state = "on for pools whose capacity is known" if on else "off"
+    if not on and queue.enabled and config.routing.admission:
+        state += " (strategy predicted_latency only)"
+    return [
+        _row("queue", f"{state}: max_waiting {queue.max_waiting}, max_wait_ms {queue.max_wait_ms}, batch_max_wait_ms {queue.batch_max_wait_ms}, preempt {_value(queue.preempt)}"),
+        _row("retry budget", f"retry_budget_percent {_value(queue.retry_budget_percent)}, retry_budget_min {queue.retry_budget_min}, hedge_slow_share {_value(queue.hedge_slow_share)}"),
+    ]
 
 
 STRATEGY_TEXT = {

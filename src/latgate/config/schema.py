@@ -197,6 +197,44 @@ class PolicyConfig(Frozen):
     hedge: bool = False
     first_token_keepalive_sec: float | None = Field(default=None, ge=0)
     max_stream_sec: float | None = Field(default=None, ge=0)  # (sec, issue 23)
+    priority: Literal["interactive", "default", "batch"] | None = None  # the class of its requests (latgate.routing.priority)
+
+
+PRIORITY_CLASSES = ("interactive", "default", "batch")
+"""The priority classes, highest first (:mod:`latgate.routing.priority`)."""
+
+
+class QueueConfig(Frozen):
+    """``[routing.queue]``: the gateway queue of every pool whose capacity is known, and
+    the retry and hedge budgets (:mod:`latgate.routing.admission`, docs/routing.md "When
+    pools are full").
+
+    Attributes:
+        enabled: hold requests in latgate when every endpoint of their pool is at
+            capacity (false: sent on to the engine's own queue, as before).
+        max_waiting: requests waiting per provider at most; a full queue sheds its
+            newest lowest-class waiter for a higher-class newcomer, else the newcomer.
+        max_wait_ms: the longest any request waits for a slot.
+        batch_max_wait_ms: the longest a ``batch`` request waits; past it (or predicted
+            past it) it is shed with 503 and ``Retry-After``.
+        preempt: an ``interactive`` request that would miss its budget may take the slot
+            of a ``batch`` request admitted before its first byte (that one is queued
+            again, or answered 503 with ``x-latgate-preempted``).
+        retry_budget_percent: retries plus hedges in flight per provider, at most this
+            share of its active requests (Envoy's ``budget_percent``).
+        retry_budget_min: this many retries plus hedges in flight are always allowed.
+        hedge_slow_share: no hedge when more than this share of a provider's endpoints
+            are at capacity at once.
+    """
+
+    enabled: bool = True
+    max_waiting: int = Field(default=256, ge=1, le=100_000)
+    max_wait_ms: int = Field(default=30_000, gt=0, le=600_000)
+    batch_max_wait_ms: int = Field(default=10_000, gt=0, le=600_000)
+    preempt: bool = True
+    retry_budget_percent: float = Field(default=20.0, ge=0, le=100)
+    retry_budget_min: int = Field(default=3, ge=0)
+    hedge_slow_share: float = Field(default=0.5, gt=0, le=1)
 
 
 STRATEGIES = ("predicted_latency", "latgate", "round_robin", "least_outstanding", "rules")
@@ -232,6 +270,7 @@ class RoutingConfig(Frozen):
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
     exploration_share: float = Field(default=0.03, ge=0, le=1)
     expected_completion_tokens: int = Field(default=256, gt=0)  # strategy latgate: e2e of a request naming no max_tokens, before any stream
+    queue: QueueConfig = Field(default_factory=QueueConfig)  # [routing.queue]: gateway queues, shedding, retry budgets
 
 
 class ModelConfig(Frozen):
@@ -253,6 +292,7 @@ class AuthKey(Frozen):
     models: tuple[str, ...] = ()
     policy: str | None = None
     admin: bool = False
+    priority: Literal["interactive", "default", "batch"] | None = None  # the highest class its requests may claim
 
 
 class AuthConfig(Frozen):

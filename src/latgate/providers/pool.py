@@ -161,7 +161,7 @@ class ProviderPool:
         """Where each client session's last turn was served (:mod:`latgate.routing.sessions`):
         in process by default, or shared by the replicas through ``[state]``."""
         self.slot_freed: Callable[[ProviderRuntime, EndpointRuntime, float | None], None] | None = None
-        """Called when a slot of an endpoint whose engine does not queue may have freed,
+        """Called when a slot of an endpoint may have freed (the gateway queue's wake-up),
         with how long the request that left held it (seconds; None when unknown or it
         failed); set by :class:`~latgate.routing.admission.Admission`."""
         self.completion_tokens_mean: float | None = None
@@ -282,7 +282,7 @@ class ProviderPool:
             self._judge_latency(provider, endpoint, ticket, elapsed_ms, censored=True)
         elif ticket.succeeded:
             endpoint.observe_slot((elapsed_ms - ticket.queue_ms) / 1000.0)
-        if self.slot_freed is not None and not provider.connector.queues:
+        if self.slot_freed is not None:
             self.slot_freed(provider, endpoint, elapsed_ms / 1000.0 if ticket.succeeded else None)
 
     def record_first_token(
@@ -382,7 +382,7 @@ class ProviderPool:
         answers, so an endpoint open for errors gets its trial request now."""
         endpoint.observe_engine(running=running, waiting=waiting, now=self.clock(), capacity=capacity)
         self._apply(provider, endpoint, self.breaker.on_alive(endpoint.key))
-        if self.slot_freed is not None and not provider.connector.queues:
+        if self.slot_freed is not None:
             self.slot_freed(provider, endpoint, None)
 
     # -- internals -----------------------------------------------------------------------

@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from latgate.config.schema import Config
-from latgate.errors import ContextLengthExceeded, GatewayError, UpstreamUnavailable
+from latgate.errors import ContextLengthExceeded, GatewayError, Overloaded, UpstreamUnavailable
 from latgate.metrics import Metrics
 from latgate.providers import EndpointRuntime, ProviderPool
 from latgate.providers.catalog import context_tokens, fits, window_refusal
+from latgate.providers.pool import ProviderRuntime
 from latgate.proxy.attempt import Attempt, AttemptSender, Routed
 from latgate.proxy.exchange import Exchange
 from latgate.proxy.failures import AttemptFailed, Failures
@@ -50,9 +51,10 @@ from latgate.proxy.largebody import is_large
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
 from latgate.proxy.wire import upstream_payload
-from latgate.routing.admission import Admission, overflow_targets
+from latgate.routing.admission import Admission, Ask, overflow_targets
 from latgate.routing.decision import RouteDecision
 from latgate.routing.policies.retry import after_failure
+from latgate.routing.policies.retry_budget import hedge_suppressed, within_budget
 from latgate.routing.selection import Selector
 
 
@@ -87,9 +89,14 @@ class Forwarder:
         self.selector = selector or Selector(config=config, pool=pool)
         failures = Failures(pool=pool, metrics=metrics)
         self._sender = AttemptSender(config=config, pool=pool, client=client, metrics=metrics, failures=failures, selector=self.selector)
+        queue = config.routing.queue
         self.admission = Admission(
-            pool=pool, metrics=metrics, enabled=config.routing.admission and self.selector.strategy.predicts
+            pool=pool,
+            metrics=metrics,
+            settings=queue,
+            enabled=config.routing.admission and queue.enabled and self.selector.strategy.predicts,
         )
+        self._extra_in_flight: dict[str, int] = dict.fromkeys(pool.providers, 0)  # retries + hedges, per provider
 
     async def forward(
         self,
@@ -130,15 +137,60 @@ class Forwarder:
         self, exchange: Exchange, decision: RouteDecision, body: dict[str, Any], path: str, transform: ResponseTransform | None
     ) -> Any:
         notes: dict[str, str] | None = {} if decision.explain else None
-        decision = await self.admission.hold(decision, explain=notes)
-        if notes:
-            exchange.admission = notes.get("admission")
+        if self.admission.enabled:
+            try:
+                decision, exchange.queue_ms = await self.admission.hold(decision, self._ask(exchange, decision, body), explain=notes)
+            except Overloaded:
+                exchange.queue_outcome = "shed"
+                raise
+            finally:
+                if notes:
+                    exchange.admission = notes.get("admission")
+            if exchange.queue_ms is not None:
+                exchange.queue_outcome = "admitted" if decision.reason.startswith("waited:") else "overflow"
         plan = self.selector.plan(decision, body)  # at once: a slot admission held for it is free for it
         try:
             return await self._forward(Routed(exchange, decision, plan, body, path, transform))
         finally:
             if plan.reserved:  # no attempt started (a bad body, a cancelled request)
                 self._pool.release(plan.endpoint)
+
+    def _ask(self, exchange: Exchange, decision: RouteDecision, body: dict[str, Any]) -> Ask:
+        """What the gateway queue needs of the request: its class, tenant, arrival and
+        token cost (prompt plus ``max_tokens``, else ``routing.expected_completion_tokens``)."""
+        limit = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
+        completion = limit if isinstance(limit, int) and limit > 0 else self._config.routing.expected_completion_tokens
+        return Ask(exchange.priority, exchange.tenant, exchange.received_at, decision.prompt_tokens + completion)
+
+    def _may_retry(self, provider: ProviderRuntime, kind: str) -> bool:
+        """Whether one more retry or hedge (``kind``) fits ``provider``'s retry budget
+        (:mod:`latgate.routing.policies.retry_budget`); counted when it does not."""
+        queue = self._config.routing.queue
+        active = sum(ep.in_flight for ep in provider.endpoints)
+        extra = self._extra_in_flight[provider.name]
+        if within_budget(extra_in_flight=extra, active=active, percent=queue.retry_budget_percent, floor=queue.retry_budget_min):
+            return True
+        self._metrics.record_budget_denied(provider=provider.name, kind=kind)
+        return False
+
+    async def _extra(self, provider: str, attempt: Awaitable[Any]) -> Any:
+        """Run a retry or hedge, counted in ``provider``'s extra attempts in flight until
+        it returns (its first byte, for a stream)."""
+        self._extra_in_flight[provider] += 1
+        try:
+            return await attempt
+        finally:
+            self._extra_in_flight[provider] -= 1
+
+    async def _send(self, attempt: Attempt, *, extra: bool) -> Any:
+        """One attempt: a ``batch`` one under the queue's preemption guard, a retry
+        counted against the budget."""
+        routed = attempt.routed
+        sent = self._sender.send(attempt)
+        guard = self.admission.guard(attempt.provider.name, routed.exchange.priority)
+        if guard is not None:
+            sent = guard.run(sent, routed.exchange)
+        return await (self._extra(attempt.provider.name, sent) if extra else sent)
 
     async def _forward(self, routed: Routed) -> Any:
         """Attempts along the plan: retries on a provider, then its fallbacks, as
@@ -183,6 +235,8 @@ class Forwarder:
             exchange.fallback_model = target.fallback_model
             for retries_done in range(max_retries + 1):
                 if retries_done:
+                    if not self._may_retry(provider, "retry"):
+                        break  # over the retry budget: on to the next provider, if any
                     self._metrics.record_retry(provider=provider.name)
                 endpoint = plan.endpoint
                 if tried or endpoint in small:
@@ -199,7 +253,7 @@ class Forwarder:
                 try:
                     if plan.hedge is not None and exchange.stream and len(tried) == 1:
                         return await self._hedged(attempt)
-                    return await self._sender.send(attempt)
+                    return await self._send(attempt, extra=retries_done > 0)
                 except AttemptFailed as failed:
                     last = failed.error
                     if failed.busy:  # full, not failing: the next candidate at once, no retry here
@@ -233,6 +287,13 @@ class Forwarder:
             if now is None:
                 return None
             runtime = self._pool[now.target.provider]
+            first_runtime = attempt.provider
+            clock = self._pool.clock()
+            if hedge_suppressed([ep.busy(clock) for ep in first_runtime.endpoints], share=self._config.routing.queue.hedge_slow_share):
+                self._metrics.record_budget_denied(provider=first_runtime.name, kind="hedge_slow")
+                return None
+            if not self._may_retry(runtime, "hedge"):
+                return None
             self._metrics.record_hedge(provider=runtime.name)
             sent.append(runtime.name)
             copy = (
@@ -240,7 +301,7 @@ class Forwarder:
                 if now.target == attempt.target
                 else upstream_payload(routed.body, now.target, runtime, stream=True, path=routed.path)
             )
-            return self._sender.send(Attempt(routed, now.target, runtime, now.endpoint, copy, race=race))
+            return self._extra(runtime.name, self._sender.send(Attempt(routed, now.target, runtime, now.endpoint, copy, race=race)))
 
         first = dataclasses.replace(attempt, last=False, race=race)
         response, hedge_won = await run_hedged(

@@ -141,6 +141,8 @@ def client_headers(exchange: Exchange, content_type: str) -> list[tuple[bytes, b
         pairs.append((b"x-latgate-route-candidates", exchange.route_candidates.encode("latin-1", "replace")))
     if exchange.admission:
         pairs.append((b"x-latgate-admission", exchange.admission.encode("latin-1", "replace")))
+    if exchange.queue_ms is not None:  # it waited in the gateway queue (latgate.routing.admission)
+        pairs.append((b"x-latgate-queue-ms", str(round(exchange.queue_ms)).encode()))
     return pairs
 
 

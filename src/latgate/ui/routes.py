@@ -59,14 +59,17 @@ def _static(name: str) -> Callable[[Request], Awaitable[Response]]:
 
 
 async def state(request: Request) -> Response:
-    """What the page shows: the pool's live numbers (:meth:`ProviderPool.describe`),
-    recent requests and events (:meth:`Activity.snapshot`)."""
+    """What the page shows: the pool's live numbers (:meth:`ProviderPool.describe`) with
+    each provider's gateway queue, recent requests and events (:meth:`Activity.snapshot`)."""
     gateway = request.app.state.gateway
+    providers = gateway.pool.describe()
+    for name, queue in gateway.forwarder.admission.describe().items():  # the gateway queues (latgate.routing.admission)
+        providers[name]["queue"] = queue
     body = {
         "now": time.time(),
         "version": __version__,
         "strategy": gateway.config.routing.strategy,
-        "providers": gateway.pool.describe(),
+        "providers": providers,
         **request.app.state.activity.snapshot(),
     }
     return Response(orjson.dumps(body), media_type="application/json", headers=_NO_STORE)

@@ -1,0 +1,202 @@
+"""A provider's gateway queue as pure logic: who waits, who goes next, who is shed.
+
+The holder (:class:`~latgate.routing.admission.Admission`) keeps one :class:`WaitQueue`
+per provider and asks it, on plain data, three things:
+
+- *where a newcomer stands*: :meth:`WaitQueue.ahead_of` (the waiters that go before
+  it) and, with the slots' remaining lease times, :func:`predicted_wait_ms`;
+- *whether it may wait*: :meth:`WaitQueue.push` (bounded by a count: a full queue
+  sheds its newest lowest-class waiter for a higher-class newcomer, else the newcomer);
+- *who takes a freed slot*: :meth:`WaitQueue.pop`, in this order: the highest class
+  (:mod:`latgate.routing.priority`); inside it, fair shares of tokens between tenants
+  (keys; sessions without keys) by start-time fair queueing (Goyal, Vin and Cheng,
+  SIGCOMM 1996): a quiet key is not starved by a flood, and a key that was idle earns
+  no credit; inside a tenant, the earliest deadline (EDF), then arrival.
+
+:func:`choose_preemption` picks the admitted ``batch`` request (before its first byte)
+that gives its slot to an ``interactive`` request that would otherwise miss its budget.
+Times are the caller's clock seconds; nothing here sleeps or reads a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from latgate.routing.priority import BATCH
+
+
+@dataclass(slots=True, eq=False)
+class Waiter:
+    """One request waiting for a slot.
+
+    Attributes:
+        priority: its class number (:mod:`latgate.routing.priority`).
+        deadline: clock seconds by which it must have a slot to be of use (its arrival
+            plus its budget's slack, or plus its class's longest wait).
+        tenant: whose share it is charged to (the key's name, with the session).
+        cost_tokens: prompt plus expected completion tokens: what its slot costs.
+        enqueued_at: clock seconds it started waiting.
+        handle: the holder's own object (a future), untouched here.
+    """
+
+    priority: int
+    deadline: float
+    tenant: str
+    cost_tokens: int
+    enqueued_at: float
+    handle: Any = None
+    seq: int = 0
+    tag: float = 0.0
+
+
+@dataclass(slots=True)
+class WaitQueue:
+    """One provider's waiting requests (see the module docstring for the order).
+
+    Fair shares are start-time fair queueing over tokens: a waiter's tag is where its
+    tenant's share of the queue's virtual time starts (``max(virtual time, the end of
+    the tenant's previous request)``), its cost ending the tenant's share; the lowest
+    tag of the top class goes first, and the virtual time moves to it. A tenant's
+    backlog pushes its later requests' tags out, so a newcomer overtakes a flood; a
+    tenant that was idle starts at the virtual time, with no credit saved up.
+
+    Args:
+        max_waiting: waiters at most (``[routing.queue] max_waiting``).
+    """
+
+    max_waiting: int
+    waiting: list[Waiter] = field(default_factory=list)
+    finish: dict[str, float] = field(default_factory=dict)  # tenant -> end of its last share (tokens)
+    virtual: float = 0.0
+    _seq: int = 0
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    def ahead_of(self, priority: int) -> int:
+        """Waiters that go before a newcomer of class ``priority`` (those of its class or
+        higher: its fair share may put it before some of its own class, never before a
+        higher one)."""
+        return sum(1 for w in self.waiting if w.priority >= priority)
+
+    def push(self, waiter: Waiter) -> Waiter | None:
+        """Queue ``waiter``; returns the one that must leave instead (shed): None when
+        there was room, the newest waiter of the lowest class below ``waiter``'s when the
+        queue was full, else ``waiter`` itself."""
+        if len(self.waiting) >= self.max_waiting:
+            lowest = min(self.waiting, key=lambda w: (w.priority, -w.seq), default=None)
+            if lowest is None or lowest.priority >= waiter.priority:
+                return waiter
+            self.waiting.remove(lowest)
+            self._append(waiter)
+            return lowest
+        self._append(waiter)
+        return None
+
+    def _append(self, waiter: Waiter) -> None:
+        self._seq += 1
+        waiter.seq = self._seq
+        start = max(self.virtual, self.finish.get(waiter.tenant, 0.0))
+        waiter.tag = start
+        self.finish[waiter.tenant] = start + waiter.cost_tokens
+        self.waiting.append(waiter)
+
+    def pop(self) -> Waiter | None:
+        """The waiter that takes a freed slot (removed), or None: of the highest class,
+        the tenant whose share starts first, and of its waiters the earliest deadline
+        (which takes over that share's tag)."""
+        if not self.waiting:
+            return None
+        top = max(w.priority for w in self.waiting)
+        first = min((w for w in self.waiting if w.priority == top), key=lambda w: (w.tag, w.seq))
+        chosen = min(
+            (w for w in self.waiting if w.priority == top and w.tenant == first.tenant), key=lambda w: (w.deadline, w.seq)
+        )
+        if chosen is not first:
+            chosen.tag, first.tag = first.tag, chosen.tag
+        self.waiting.remove(chosen)
+        self.virtual = max(self.virtual, chosen.tag)
+        if len(self.finish) > 4 * self.max_waiting:  # forget tenants whose shares ended
+            for tenant in [t for t, end in self.finish.items() if end <= self.virtual]:
+                del self.finish[tenant]
+        return chosen
+
+    def remove(self, waiter: Waiter) -> bool:
+        """Take ``waiter`` out (it gave up or was answered elsewhere); False if it was not in."""
+        try:
+            self.waiting.remove(waiter)
+        except ValueError:
+            return False
+        return True
+
+    def expired(self, now: float) -> list[Waiter]:
+        """The waiters whose deadline has passed at ``now``, removed."""
+        gone = [w for w in self.waiting if w.deadline <= now]
+        for waiter in gone:
+            self.waiting.remove(waiter)
+        return gone
+
+
+def predicted_wait_ms(remaining_ms: Sequence[float], *, ahead: int, lease_ms: float | None = None) -> float:
+    """How long until a slot frees for a request with ``ahead`` requests before it.
+
+    Args:
+        remaining_ms: for each busy slot, how long its request is expected to hold it
+            still (ms, >= 0).
+        ahead: requests that take the first slots to free.
+        lease_ms: how long a new request holds a slot; None: no second round through
+            the slots is predicted.
+
+    Returns:
+        The ``ahead + 1``-th slot to free: ``sorted(remaining_ms)[ahead % n]`` plus
+        ``ahead // n`` whole leases; ``inf`` when there is no busy slot, or a second
+        round is needed without ``lease_ms``.
+
+    Example::
+
+        predicted_wait_ms([300.0, 40.0], ahead=1)                  # 300.0
+        predicted_wait_ms([300.0, 40.0], ahead=2, lease_ms=360.0)  # 400.0
+    """
+    count = len(remaining_ms)
+    if not count:
+        return math.inf
+    rounds, index = divmod(ahead, count)
+    if rounds and lease_ms is None:
+        return math.inf
+    return sorted(remaining_ms)[index] + rounds * (lease_ms or 0.0)
+
+
+def choose_preemption(admitted: Sequence[tuple[int, float]], *, priority: int) -> int | None:
+    """Which admitted request (before its first byte) gives its slot to a request of class
+    ``priority`` that would otherwise miss its budget.
+
+    Args:
+        admitted: ``(class, admitted_at)`` of each request admitted and not yet answered.
+        priority: the class of the request that needs a slot.
+
+    Returns:
+        The index of the most recently admitted ``batch`` request (the least work
+        lost), only for a class above ``batch``; None when there is none.
+    """
+    if priority <= BATCH:
+        return None
+    best: int | None = None
+    for index, (klass, admitted_at) in enumerate(admitted):
+        if klass == BATCH and (best is None or admitted_at > admitted[best][1]):
+            best = index
+    return best
+
+
+def correction(ratio: float | None, *, actual_ms: float, predicted_ms: float, alpha: float = 0.3) -> float:
+    """The wait prediction's multiplier after one outcome: a recency-weighted mean of
+    ``actual / predicted`` (the first taken as it is), kept within [1, 4] so a lucky
+    run never makes the prediction more optimistic than the leases say, and one
+    outlier cannot make it useless. ``predicted_ms`` <= 0 leaves it unchanged."""
+    if predicted_ms <= 0.0 or math.isinf(predicted_ms):
+        return 1.0 if ratio is None else ratio
+    observed = actual_ms / predicted_ms
+    value = observed if ratio is None else ratio + alpha * (observed - ratio)
+    return min(4.0, max(1.0, value))

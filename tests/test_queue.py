@@ -1,0 +1,191 @@
+"""The gateway queue's policy on plain data: order, fair shares, bounds, preemption,
+the wait prediction and its correction, priority classes and the retry budget."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from clocks import ManualClock
+
+from latgate.errors import InvalidRequest
+from latgate.routing.policies.retry_budget import hedge_suppressed, within_budget
+from latgate.routing.priority import BATCH, DEFAULT, INTERACTIVE, effective_priority, priority_header
+from latgate.routing.queue import Waiter, WaitQueue, choose_preemption, correction, predicted_wait_ms
+
+
+def waiter(clock: ManualClock, priority: int = DEFAULT, *, tenant: str = "a", tokens: int = 100, wait_s: float = 10.0) -> Waiter:
+    return Waiter(priority=priority, deadline=clock() + wait_s, tenant=tenant, cost_tokens=tokens, enqueued_at=clock())
+
+
+def drain(queue: WaitQueue) -> list[Waiter]:
+    out = []
+    while (next_one := queue.pop()) is not None:
+        out.append(next_one)
+    return out
+
+
+def test_a_higher_class_goes_first_whatever_it_arrived_after() -> None:
+    clock = ManualClock()
+    queue = WaitQueue(max_waiting=10)
+    batch = [waiter(clock, BATCH) for _ in range(3)]
+    for w in batch:
+        queue.push(w)
+        clock.now += 1
+    interactive = waiter(clock, INTERACTIVE)
+    default = waiter(clock, DEFAULT)
+    queue.push(default)
+    queue.push(interactive)
+    assert drain(queue) == [interactive, default, *batch]
+
+
+def test_inside_a_class_and_a_tenant_the_earliest_deadline_goes_first() -> None:
+    clock = ManualClock()
+    queue = WaitQueue(max_waiting=10)
+    late = waiter(clock, wait_s=30.0)
+    soon = waiter(clock, wait_s=0.5)
+    queue.push(late)
+    queue.push(soon)
+    assert drain(queue) == [soon, late]
+
+
+def test_a_flooding_key_does_not_starve_a_quiet_one_in_its_class() -> None:
+    clock = ManualClock()
+    queue = WaitQueue(max_waiting=100)
+    flood = [waiter(clock, BATCH, tenant="flood", tokens=500) for _ in range(20)]
+    for w in flood:
+        queue.push(w)
+    quiet = [waiter(clock, BATCH, tenant="quiet", tokens=500) for _ in range(2)]
+    for w in quiet:
+        queue.push(w)
+    order = drain(queue)
+    assert order.index(quiet[0]) <= 1 and order.index(quiet[1]) <= 3, "the quiet key's turns alternate with the flood's"
+
+
+def test_fair_shares_are_counted_in_tokens_not_requests() -> None:
+    clock = ManualClock()
+    queue = WaitQueue(max_waiting=100)
+    for _ in range(4):
+        queue.push(waiter(clock, tenant="big", tokens=4000))
+        queue.push(waiter(clock, tenant="small", tokens=1000))
+    first_five = [w.tenant for w in drain(queue)[:5]]
+    assert first_five.count("small") == 4, "four small requests cost what one big one does"
+
+
+def test_a_key_that_was_idle_earns_no_credit_to_flood_later() -> None:
+    clock = ManualClock()
+    queue = WaitQueue(max_waiting=100)
+    for _ in range(10):
+        queue.push(waiter(clock, tenant="busy", tokens=100))
+    drain(queue)  # "busy" attained 1000 tokens; "late" none
+    queue.push(waiter(clock, tenant="busy", tokens=100))
+    late = [waiter(clock, tenant="late", tokens=100) for _ in range(5)]
+    for w in late:
+        queue.push(w)
+    order = [w.tenant for w in drain(queue)]
+    assert order.index("busy") <= 1, "the newcomer starts at the waiting tenants' level, not at 0"
+
+
+def test_a_full_queue_sheds_its_newest_lowest_class_waiter_for_a_higher_class() -> None:
+    clock = ManualClock()
+    queue = WaitQueue(max_waiting=2)
+    older, newer = waiter(clock, BATCH), waiter(clock, BATCH)
+    assert queue.push(older) is None and queue.push(newer) is None
+    another_batch = waiter(clock, BATCH)
+    assert queue.push(another_batch) is another_batch, "no room and nobody lower: the newcomer is refused"
+    interactive = waiter(clock, INTERACTIVE)
+    assert queue.push(interactive) is newer
+    assert drain(queue) == [interactive, older]
+
+
+def test_waiters_past_their_deadline_expire() -> None:
+    clock = ManualClock()
+    queue = WaitQueue(max_waiting=10)
+    short, long = waiter(clock, wait_s=1.0), waiter(clock, wait_s=5.0)
+    queue.push(short)
+    queue.push(long)
+    clock.now += 2.0
+    assert queue.expired(clock()) == [short] and queue.waiting == [long]
+    assert queue.ahead_of(BATCH) == 1 and queue.ahead_of(INTERACTIVE) == 0
+
+
+def test_the_predicted_wait_is_the_slot_that_frees_for_each_one_ahead_then_whole_leases() -> None:
+    assert predicted_wait_ms([300.0, 40.0], ahead=0) == 40.0
+    assert predicted_wait_ms([300.0, 40.0], ahead=1) == 300.0
+    assert math.isinf(predicted_wait_ms([300.0, 40.0], ahead=2)), "no second round without a lease time"
+    assert predicted_wait_ms([300.0, 40.0], ahead=2, lease_ms=360.0) == 400.0
+    assert math.isinf(predicted_wait_ms([], ahead=0))
+
+
+def test_the_wait_correction_follows_outcomes_and_never_makes_the_prediction_optimistic() -> None:
+    ratio = correction(None, actual_ms=300.0, predicted_ms=100.0)
+    assert ratio == 3.0, "the first outcome is taken as it is"
+    assert correction(ratio, actual_ms=50.0, predicted_ms=100.0) < ratio
+    assert correction(None, actual_ms=10.0, predicted_ms=100.0) == 1.0, "at least 1"
+    assert correction(None, actual_ms=10_000.0, predicted_ms=1.0) == 4.0, "at most 4"
+    assert correction(2.0, actual_ms=10.0, predicted_ms=math.inf) == 2.0
+
+
+def test_preemption_takes_the_newest_batch_request_and_only_for_a_higher_class() -> None:
+    admitted = [(BATCH, 1.0), (DEFAULT, 3.0), (BATCH, 2.0)]
+    assert choose_preemption(admitted, priority=INTERACTIVE) == 2
+    assert choose_preemption(admitted, priority=BATCH) is None
+    assert choose_preemption([(DEFAULT, 1.0)], priority=INTERACTIVE) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("interactive", INTERACTIVE), (" Batch ", BATCH), ("1", DEFAULT), ("", None), (None, None)]
+)
+def test_the_priority_header_takes_a_class_name_or_number(value, expected) -> None:
+    assert priority_header(value) == expected
+
+
+def test_a_priority_header_that_means_nothing_is_a_400_naming_it() -> None:
+    with pytest.raises(InvalidRequest) as raised:
+        priority_header("urgent")
+    assert raised.value.param == "X-Latgate-Priority" and "'urgent'" in raised.value.message
+
+
+def test_a_keys_ceiling_caps_the_class_it_may_claim_over_every_other_rule() -> None:
+    claim = {"policy": None, "has_budget": False, "latency_sensitive": False}
+    assert effective_priority(claimed=INTERACTIVE, ceiling="default", **claim) == DEFAULT
+    assert effective_priority(claimed=INTERACTIVE, ceiling=None, **claim) == INTERACTIVE
+    assert effective_priority(claimed=None, ceiling=None, **{**claim, "policy": "batch"}) == BATCH
+    assert effective_priority(claimed=BATCH, ceiling=None, **{**claim, "has_budget": True}) == DEFAULT, "a budget: at least default"
+    assert effective_priority(claimed=None, ceiling="batch", **{**claim, "has_budget": True}) == BATCH
+
+
+def test_retries_and_hedges_stay_within_their_share_of_active_requests_with_a_floor() -> None:
+    assert within_budget(extra_in_flight=1, active=10, percent=20.0, floor=0)
+    assert not within_budget(extra_in_flight=2, active=10, percent=20.0, floor=0)
+    assert within_budget(extra_in_flight=2, active=1, percent=20.0, floor=3), "a quiet provider can still retry"
+    assert not within_budget(extra_in_flight=3, active=1, percent=20.0, floor=3)
+
+
+def test_hedges_are_suppressed_when_most_endpoints_are_slow_at_once() -> None:
+    assert hedge_suppressed([True, True, False])
+    assert not hedge_suppressed([True, False, False])
+    assert not hedge_suppressed([True]), "one endpoint: the copy goes elsewhere"
+
+
+def test_the_access_line_gives_the_class_the_wait_and_the_outcome(monkeypatch: pytest.MonkeyPatch) -> None:
+    import orjson
+
+    from latgate.logs import access_log
+    from latgate.metrics import Metrics
+    from latgate.proxy.exchange import Exchange
+
+    lines: list[str] = []
+    monkeypatch.setattr(access_log, "enabled", lambda: True)
+    monkeypatch.setattr(access_log, "write", lines.append)
+    shed = Exchange(request_id="r1", received_at=0.0, path="/v1/chat/completions", stream=False, status=503)
+    shed.priority, shed.queue_outcome = BATCH, "shed"
+    waited = Exchange(request_id="r2", received_at=0.0, path="/v1/chat/completions", stream=False, status=200)
+    waited.priority, waited.queue_ms, waited.queue_outcome = INTERACTIVE, 12.34567, "admitted"
+    plain = Exchange(request_id="r3", received_at=0.0, path="/v1/chat/completions", stream=False, status=200)
+    for exchange in (shed, waited, plain):
+        exchange.finish(Metrics(providers=[], models=[]), now=1.0)
+    first, second, third = (orjson.loads(line) for line in lines)
+    assert (first["priority"], first["queue_ms"], first["queue_outcome"]) == ("batch", None, "shed")
+    assert (second["priority"], second["queue_ms"], second["queue_outcome"]) == ("interactive", 12.346, "admitted")
+    assert "queue_outcome" not in third, "a request that met no full pool: the line as before"

@@ -1,0 +1,234 @@
+"""The gateway queue end to end: a full vLLM-style pool (``max_batch_size``) behind the
+gateway, real clients on loopback; classes, shedding on every route, preemption before
+the first byte, a key's priority ceiling, and the TileRT stand-in's burst."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from stack import FAST, Stack, gateway, simulators
+
+from latgate.sim import SimOptions
+
+MODEL = "m"
+ASK = [{"role": "user", "content": "hi"}]
+CONFIG = """
+[defaults]
+timeout_sec = 30
+max_retries = 0
+
+[health]
+load_interval_sec = 0
+probe_interval_sec = 0
+
+[providers.vllm]
+api_base = "{url}/v1"
+models = ["m"]
+max_batch_size = 1
+
+[routing]
+default_route = "vllm"
+
+[routing.queue]
+{queue}
+{extra}
+"""
+KEYS = """
+[[auth.keys]]
+name = "capped"
+key = "sk-capped"
+priority = "batch"
+
+[[auth.keys]]
+name = "free"
+key = "sk-free"
+admin = true
+"""
+SLOW = SimOptions(name="vllm", ttft_overhead_ms=1.0, tpot_ms=20.0, tpot_growth_ms=0.0, max_output_tokens=400)
+
+
+@contextlib.contextmanager
+def pool_stack(sim: SimOptions = SLOW, *, queue: str = "", extra: str = "") -> Iterator[Stack]:
+    """One vLLM-style simulator with one batch slot behind a gateway."""
+    with simulators({"vllm": sim}) as sims:
+        url, app = sims["vllm"]
+        with gateway(CONFIG.format(url=url, queue=queue, extra=extra)) as stack:
+            stack.sims = {"vllm": app}
+            yield stack
+
+
+def poll(condition, *, seconds: float = 15.0) -> Any:
+    """The condition's first truthy value, polled until a deadline (no fixed sleeps)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+def queue_of(stack: Stack) -> dict[str, Any]:
+    admin = httpx.get(stack.url + "/admin/providers", headers={"Authorization": "Bearer sk-free"})
+    return admin.json()["providers"]["vllm"]["queue"]
+
+
+@contextlib.contextmanager
+def slot_taken(stack: Stack, *, headers: dict[str, str] | None = None) -> Iterator[None]:
+    """The pool's one slot held by a long stream through the gateway, until the block ends."""
+    with httpx.Client(timeout=30) as client:
+        body = {"model": MODEL, "messages": ASK, "stream": True, "max_tokens": 400}
+        with client.stream("POST", stack.v1 + "/chat/completions", json=body, headers=headers or {}) as response:
+            lines = response.iter_lines()
+            next(lines)
+            yield
+
+
+ROUTES = [
+    ("/chat/completions", {"model": MODEL, "messages": ASK}),
+    ("/completions", {"model": MODEL, "prompt": "hi"}),
+    ("/messages", {"model": MODEL, "messages": ASK, "max_tokens": 8}),
+    ("/responses", {"model": MODEL, "input": "hi"}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES, ids=[r[0] for r in ROUTES])
+def test_a_shed_batch_request_gets_503_with_retry_after_in_its_apis_envelope(path: str, body: dict[str, Any]) -> None:
+    with pool_stack(queue="batch_max_wait_ms = 1") as stack, slot_taken(stack):
+        r = httpx.post(stack.v1 + path, json=body, headers={"X-Latgate-Priority": "batch"}, timeout=30)
+        metrics = httpx.get(stack.url + "/metrics").text
+    assert r.status_code == 503
+    assert int(r.headers["retry-after"]) >= 1
+    error = r.json()["error"]
+    if path == "/messages":
+        assert r.json()["type"] == "error" and error["type"] == "overloaded_error"
+    else:
+        assert error["code"] == "queue_full"
+    assert "at capacity" in error["message"] and "batch request not queued" in error["message"]
+    assert 'latgate_queue_wait_seconds_count{outcome="shed",priority="batch",provider="vllm"} 1.0' in metrics
+
+
+def test_on_a_full_pool_an_interactive_request_waits_less_than_the_batch_requests_queued_before_it() -> None:
+    with pool_stack() as stack, ThreadPoolExecutor(3) as threads:
+        body = {"model": MODEL, "messages": ASK, "max_tokens": 4}
+        chat = stack.v1 + "/chat/completions"
+        with slot_taken(stack):
+            batch = [threads.submit(httpx.post, chat, json=body, headers={"X-Latgate-Priority": "batch"}, timeout=30) for _ in range(2)]
+            poll(lambda: queue_of(stack)["waiting_by_priority"]["batch"] == 2)
+            interactive = threads.submit(httpx.post, chat, json=body, headers={"X-Latgate-Priority": "interactive"}, timeout=30)
+            poll(lambda: queue_of(stack)["waiting_by_priority"]["interactive"] == 1)
+        answers = [f.result() for f in (interactive, *batch)]
+        depth = httpx.get(stack.url + "/metrics").text
+        ui = httpx.get(stack.url + "/ui/state").json()["providers"]["vllm"]["queue"]
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    assert all(r.headers["x-latgate-route-reason"] == "waited:vllm" for r in answers)
+    waits = [int(r.headers["x-latgate-queue-ms"]) for r in answers]
+    assert waits[0] < min(waits[1:]), f"interactive first, though it came last: {waits}"
+    assert 'latgate_queue_depth{priority="batch",provider="vllm"} 0.0' in depth
+    assert (ui["admitted"], ui["waiting"]) == (3, 0), "the /ui page shows the queue"
+
+
+def test_a_preempted_batch_request_gets_a_503_before_any_byte_and_the_interactive_one_its_slot() -> None:
+    slow_first_token = SimOptions(name="vllm", ttft_overhead_ms=1500.0, tpot_ms=1.0, default_max_tokens=4)
+    with pool_stack(slow_first_token) as stack, ThreadPoolExecutor(2) as threads:
+        chat = stack.v1 + "/chat/completions"
+        body = {"model": MODEL, "messages": ASK, "stream": True}
+        batch = threads.submit(httpx.post, chat, json=body, headers={"X-Latgate-Priority": "batch"}, timeout=30)
+        in_flight = lambda: httpx.get(stack.url + "/admin/providers").json()["providers"]["vllm"]["endpoints"][0]["in_flight"]
+        poll(lambda: in_flight() == 1)  # admitted, waiting for its first token
+        interactive = httpx.post(
+            chat, json=body, headers={"X-Latgate-Priority": "interactive", "X-Latency-Budget-Ms": "3000"}, timeout=30
+        )
+        preempted = batch.result()
+        admin = queue_of(stack)
+    assert interactive.status_code == 200 and interactive.text.rstrip().endswith("data: [DONE]"), interactive.text
+    assert preempted.status_code == 503, "never a 200 with a cut stream"
+    assert preempted.headers["x-latgate-preempted"] == "1" and preempted.headers["retry-after"] == "1"
+    assert preempted.json()["error"]["code"] == "preempted" and "data:" not in preempted.text
+    assert admin["preempted"] == 1
+
+
+def test_a_keys_priority_ceiling_caps_what_its_clients_claim() -> None:
+    with pool_stack(queue="batch_max_wait_ms = 1", extra=KEYS) as stack:
+        capped = openai.OpenAI(base_url=stack.v1, api_key="sk-capped", max_retries=0)
+        free = openai.OpenAI(base_url=stack.v1, api_key="sk-free", max_retries=0)
+        claim = {"X-Latgate-Priority": "interactive"}
+        with slot_taken(stack, headers={"Authorization": "Bearer sk-free"}), ThreadPoolExecutor(1) as threads:
+            with pytest.raises(openai.APIStatusError) as shed:
+                capped.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, extra_headers=claim)
+            waiting = threads.submit(free.chat.completions.with_raw_response.create, model=MODEL, messages=ASK, max_tokens=4, extra_headers=claim)
+            poll(lambda: queue_of(stack)["waiting_by_priority"]["interactive"] == 1)
+        answered = waiting.result()
+    assert shed.value.status_code == 503 and "batch request not queued" in shed.value.message
+    assert answered.headers["x-latgate-route-reason"] == "waited:vllm"
+
+
+def test_an_anthropic_client_sees_its_overloaded_error_when_shed() -> None:
+    with pool_stack(queue="batch_max_wait_ms = 1") as stack, slot_taken(stack):
+        client = anthropic.Anthropic(base_url=stack.url, api_key="x", max_retries=0)
+        with pytest.raises(anthropic.APIStatusError) as shed:
+            client.messages.create(
+                model=MODEL, messages=ASK, max_tokens=8, extra_headers={"X-Latgate-Priority": "batch"}
+            )
+    assert shed.value.status_code == 503 and shed.value.response.headers["retry-after"]
+
+
+def test_a_request_the_pool_has_room_for_does_not_wait_or_say_so() -> None:
+    with pool_stack(SimOptions(name="vllm", **FAST)) as stack:
+        r = httpx.post(stack.v1 + "/chat/completions", json={"model": MODEL, "messages": ASK}, headers={"X-Latgate-Priority": "batch"})
+    assert r.status_code == 200 and "x-latgate-queue-ms" not in r.headers
+
+
+def test_an_unknown_priority_is_a_400_naming_the_header() -> None:
+    with pool_stack(SimOptions(name="vllm", **FAST)) as stack:
+        r = httpx.post(stack.v1 + "/chat/completions", json={"model": MODEL, "messages": ASK}, headers={"X-Latgate-Priority": "urgent"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "X-Latgate-Priority"
+
+
+BUDGET = """
+[defaults]
+timeout_sec = 30
+max_retries = 2
+
+[health]
+load_interval_sec = 0
+probe_interval_sec = 0
+failure_threshold = 100
+
+[providers.failing]
+api_base = "{failing}/v1"
+models = ["m"]
+
+[providers.healthy]
+api_base = "{healthy}/v1"
+models = ["m"]
+
+[routing]
+default_route = "failing"
+fallbacks = {{ "failing" = ["healthy"] }}
+
+[routing.queue]
+{queue}
+"""
+
+
+@pytest.mark.parametrize(("queue", "attempts_on_failing"), [("", 3), ("retry_budget_percent = 0\nretry_budget_min = 0", 1)])
+def test_over_the_retry_budget_a_failure_goes_on_to_the_next_provider_without_retrying(queue: str, attempts_on_failing: int) -> None:
+    options = {"failing": SimOptions(name="failing", error_rate=1.0, seed=1, **FAST), "healthy": SimOptions(name="healthy", **FAST)}
+    with simulators(options) as sims:
+        config = BUDGET.format(failing=sims["failing"][0], healthy=sims["healthy"][0], queue=queue)
+        with gateway(config) as stack:
+            r = httpx.post(stack.v1 + "/chat/completions", json={"model": MODEL, "messages": ASK}, timeout=30)
+            metrics = httpx.get(stack.url + "/metrics").text
+    assert r.status_code == 200 and r.headers["x-latgate-provider"] == "healthy"
+    assert sims["failing"][1].stats.requests_total == attempts_on_failing
+    denied = 'latgate_retry_budget_exceeded_total{kind="retry",provider="failing"} 1.0' in metrics
+    assert denied == (attempts_on_failing == 1)
