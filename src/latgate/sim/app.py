@@ -243,6 +243,13 @@ class SimApp:
         finally:
             self.stats.request_ended(outcome)
 
+
+    def set_faults(self, *, error_rate: float) -> None:
+        """From the next request on, answer this share of requests with a 500 (as
+        ``SimOptions.error_rate``), the other faults unchanged: a replica that fails for
+        a while, then recovers (tests, benchmarks)."""
+        self.options = dataclasses.replace(self.options, error_rate=error_rate)
+        self._faults = FaultInjector(options=self.options)
     def _block_keys(self, digests: list[bytes], segment_tokens: list[int], prompt_tokens: int) -> list[BlockKey]:
         """The prompt's cache blocks; its last token is always prefilled, as in vLLM."""
         return block_keys(
