@@ -87,3 +87,19 @@ def test_a_duplicate_header_on_messages_is_refused_in_the_anthropic_envelope(sta
     error = answer.json()
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", error
     assert "X-Latency-Budget-Ms" in error["error"]["message"], error
+
+
+@pytest.mark.parametrize("path", ["/admin/providers", "/ui/state", "/v1/models"])
+def test_two_keys_on_the_admin_ui_and_model_list_paths_are_refused(stack, path: str) -> None:
+    headers = [("Authorization", "Bearer sk-wide"), ("Authorization", "Bearer sk-narrow")]
+    answer = httpx.get(stack.url + path, headers=headers, timeout=10)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "duplicate_header" and error["param"] == "Authorization", error
+
+
+def test_a_priority_sent_twice_is_refused_naming_it(stack) -> None:
+    headers = [("Authorization", "Bearer sk-wide"), ("X-Latgate-Priority", "batch"), ("X-Latgate-Priority", "interactive")]
+    answer = httpx.post(stack.v1 + "/chat/completions", headers=headers, json={"model": "m", "messages": []}, timeout=10)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == "X-Latgate-Priority"

@@ -40,6 +40,7 @@ from latgate.metrics import OTHER_MODEL, Metrics
 from latgate.providers.health import OpenReason
 from latgate.providers.monitor import run_monitor
 from latgate.reload import Reloader, UpstreamClients
+from latgate.routing.headers import refuse_duplicate_headers
 from latgate.store import SharedStores, run_health_sync
 from latgate.store.sessions import SessionMaps
 from latgate.tracing import Tracing, tracing_from_env
@@ -224,8 +225,12 @@ _MODEL_PATHS = ("/v1/models", "/models")
 
 def _key_required(guard: AuthGuard, scope: dict) -> Response | None:
     """The 401/403 envelope for an admin or model-list request without the key it
-    needs, else ``None``."""
+    needs (a 400 for two of the headers a key comes in), else ``None``."""
     path = scope["path"]
+    try:
+        refuse_duplicate_headers(scope["headers"])  # two keys: which one to check would be a guess
+    except GatewayError as error:
+        return error_response(error, request_id="-")
     if path == "/ui" or path.startswith("/ui/"):
         return ui_authorize(guard, scope)
     try:

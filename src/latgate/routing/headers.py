@@ -79,6 +79,7 @@ ACTED_ON_HEADERS = {
     b"x-route-policy": "X-Route-Policy",
     b"x-latgate-debug": "X-Latgate-Debug",
     b"x-request-id": "X-Request-Id",
+    b"x-latgate-priority": "X-Latgate-Priority",
 }
 
 
