@@ -117,7 +117,9 @@ def test_a_shed_batch_request_gets_503_with_retry_after_in_its_apis_envelope(pat
 
 
 def test_on_a_full_pool_an_interactive_request_waits_less_than_the_batch_requests_queued_before_it() -> None:
-    with pool_stack() as stack, ThreadPoolExecutor(3) as threads:
+    # the second batch request is predicted to wait the held stream's lease and one more (a
+    # prior of ~5 s each before any is observed): a bound of 30 s so that neither is shed
+    with pool_stack(queue="batch_max_wait_ms = 30000") as stack, ThreadPoolExecutor(3) as threads:
         body = {"model": MODEL, "messages": ASK, "max_tokens": 4}
         chat = stack.v1 + "/chat/completions"
         with slot_taken(stack):
