@@ -599,7 +599,10 @@ def test_profiles_make_the_decode_pool_fast_and_the_upstream_slow_to_start():
     assert decode.models == ("glm-5.1",) and decode.name == "tile-rt"
     openai_decode = profile_for(provider("fast", role="decode", max_batch_size=8, enable_prefix_cache=True))
     assert openai_decode.profile == "openai" and openai_decode.tpot_ms <= 2 and openai_decode.prefix_cache
-    assert throughput.tpot_ms >= 20 and throughput.max_batch_size > 8 and not throughput.prefix_cache
+    assert throughput.tpot_ms >= 20 and throughput.max_batch_size > 8 and throughput.prefix_cache  # caches, as vLLM does by default
+    assert not decode.prefix_cache  # TileRT's decode nodes keep no prefix cache
+    uncached = profile_for(provider("vllm", engine="vllm", api_base="http://127.0.0.1:9102/v1", enable_prefix_cache=False))
+    assert not uncached.prefix_cache
     assert local_sglang.tpot_ms == throughput.tpot_ms
     assert upstream.ttft_overhead_ms >= 100 and 10 <= upstream.tpot_ms < throughput.tpot_ms
 

@@ -18,7 +18,8 @@ throughput role ``prefill``, engine or      22 ms   20 ms      20 000         co
 upstream   role ``upstream``, or any other  15 ms   150 ms     50 000         256
 ========== ================================ ======= ========== ============== =========
 
-Prefix caching follows the provider's ``enable_prefix_cache``.
+Prefix caching follows the provider's: on for every engine but TileRT unless
+``enable_prefix_cache = false`` (``ProviderConfig.caches_prefixes``).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def profile_for(provider: ProviderConfig, *, seed: int | None = None) -> SimOpti
         tpot_growth_ms=timing.tpot_growth_ms,
         ttft_overhead_ms=timing.ttft_overhead_ms,
         prefill_tokens_per_second=timing.prefill_tokens_per_second,
-        prefix_cache=provider.enable_prefix_cache and kind != "tilert",
+        prefix_cache=provider.caches_prefixes and kind != "tilert",
         **capacity,
     )
 
