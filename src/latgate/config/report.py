@@ -179,7 +179,8 @@ def _provider_lines(provider: ProviderConfig, env: Mapping[str, str]) -> list[st
     if provider.extra_body:
         lines.append(_row("extra_body", ", ".join(provider.extra_body), indent=4))
     capacity = [f"max_batch_size {provider.max_batch_size}"] if provider.max_batch_size else []
-    capacity += ["prefix cache on"] if provider.caches_prefixes else []
+    if provider.caches_prefixes:  # the prefix index needs a choice of endpoints (routing/selection.py)
+        capacity.append("prefix cache on" if len(provider.endpoints) > 1 else "prefix cache on (one endpoint: no prefix index)")
     capacity += [f"{key} {_value(value)}" for key, value in provider.hints.items()]
     if capacity:
         lines.append(_row("capacity", ", ".join(capacity), indent=4))
