@@ -158,6 +158,23 @@ def test_a_preempted_batch_request_gets_a_503_before_any_byte_and_the_interactiv
     assert admin["preempted"] == 1
 
 
+def test_no_batch_request_is_preempted_for_an_interactive_one_that_cannot_meet_its_budget_anyway() -> None:
+    slow_first_token = SimOptions(name="vllm", ttft_overhead_ms=1500.0, tpot_ms=1.0, default_max_tokens=4)
+    with pool_stack(slow_first_token) as stack, ThreadPoolExecutor(2) as threads:
+        chat = stack.v1 + "/chat/completions"
+        body = {"model": MODEL, "messages": ASK, "stream": True}
+        batch = threads.submit(httpx.post, chat, json=body, headers={"X-Latgate-Priority": "batch"}, timeout=30)
+        in_flight = lambda: httpx.get(stack.url + "/admin/providers").json()["providers"]["vllm"]["endpoints"][0]["in_flight"]
+        poll(lambda: in_flight() == 1)  # admitted, waiting for its first token
+        # 1 ms cannot cover even the first token's time: a freed slot would not help it
+        hopeless = httpx.post(chat, json=body, headers={"X-Latgate-Priority": "interactive", "X-Latency-Budget-Ms": "1"}, timeout=30)
+        kept = batch.result()
+        admin = queue_of(stack)
+    assert hopeless.status_code == 503 and hopeless.json()["error"]["code"] == "queue_full", hopeless.text
+    assert kept.status_code == 200 and kept.text.rstrip().endswith("data: [DONE]"), kept.text
+    assert admin["preempted"] == 0
+
+
 def test_a_keys_priority_ceiling_caps_what_its_clients_claim() -> None:
     with pool_stack(queue="batch_max_wait_ms = 1", extra=KEYS) as stack:
         capped = openai.OpenAI(base_url=stack.v1, api_key="sk-capped", max_retries=0)

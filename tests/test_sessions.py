@@ -247,3 +247,14 @@ def test_enable_prefix_cache_false_turns_it_off() -> None:
     decision = engines.router.decide(turn_body(history(2)), {"x-claude-code-session-id": "s1"})
     assert decision.session_key is None
     assert engines.selector.plan(decision, turn_body(history(2))).prompt_prefix is None
+
+
+def test_a_malformed_prompt_gives_samples_or_none_never_an_error() -> None:
+    odd_role = {"messages": [{"role": ["user"], "content": "hi"}, {"role": {"a": 1}, "content": "x"}]}
+    assert prompt_prefix(odd_role, prompt_tokens=10) is not None
+    deep: object = "x"
+    for _ in range(300):
+        deep = [deep]
+    assert prompt_prefix({"messages": [{"role": "user", "content": deep}, {"role": "user", "content": "x"}]}, prompt_tokens=10) is None
+    calls = {"messages": [{"role": "assistant", "content": None, "tool_calls": [deep]}, {"role": "user", "content": "x"}]}
+    assert prompt_prefix(calls, prompt_tokens=10) is None

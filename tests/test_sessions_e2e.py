@@ -48,3 +48,22 @@ def test_sessions_with_headers_keep_their_endpoint_and_are_explained() -> None:
             metrics = client.get(gw.url + "/metrics").text
         predicted = [line for line in metrics.splitlines() if line.startswith("latgate_prompt_tokens_cached_total") and 'source="predicted"' in line]
         assert predicted and float(predicted[0].split()[-1]) > 0, predicted
+
+
+def test_malformed_messages_on_a_caching_pool_are_the_clients_400_never_a_500() -> None:
+    sims = {name: SimOptions(name=name, models=("m",), prefix_cache=True, **FAST) for name in ("a", "b")}
+    deep: object = "x"
+    for _ in range(300):
+        deep = [deep]
+    with simulators(sims) as running, gateway(CONFIG.format(a=running["a"][0], b=running["b"][0])) as gw:
+        with httpx.Client(timeout=10) as client:
+            nested = client.post(
+                gw.v1 + "/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": deep}, {"role": "user", "content": "x"}]},
+            )
+            odd_role = client.post(
+                gw.v1 + "/chat/completions",
+                json={"model": "m", "messages": [{"role": ["user"], "content": "hi"}, {"role": "user", "content": "x"}]},
+            )
+    assert nested.status_code == 400 and nested.json()["error"]["code"] == "nesting_too_deep", nested.text
+    assert odd_role.status_code != 500, odd_role.text

@@ -185,8 +185,10 @@ class Admission:
         if budget is not None and (len(decision.candidates) > 1 or decision.overflow):
             wait_ms *= WAIT_P90_FACTOR
         bound_ms = self._bound_ms(ask.priority, budget, elapsed_ms, ttft_ms)
-        if wait_ms > bound_ms and self._preempt(name, ask.priority, budget):
-            wait_ms = ttft_ms  # a slot frees as the preempted request's attempt is cancelled
+        if wait_ms > bound_ms >= 0.0 and self._preempt(name, ask.priority, budget):
+            # a slot frees as the preempted attempt is cancelled: no wait left (the bound
+            # already keeps the first token's time); with no slack left, nothing is preempted
+            wait_ms = 0.0
         if wait_ms > bound_ms:
             text = f"{name} wait {_ms(wait_ms)} > {_ms(max(0.0, bound_ms))} left"
             return self._refuse(decision, ask, explain, text, wait_ms=wait_ms, waited_s=0.0), None

@@ -109,10 +109,17 @@ def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int |
     for piece in pieces:
         if type(piece) is dict:
             role, content, calls = piece.get("role"), piece.get("content"), piece.get("tool_calls")
+            if type(role) is not str:  # the engine refuses such a message; here it only must not raise
+                role = None if role is None else repr(type(role))
         else:
             role, content, calls = None, piece, None
-        if type(content) is not str:
-            content = "" if content is None else dumps(content)
+        try:
+            if type(content) is not str:
+                content = "" if content is None else dumps(content)
+            if calls is not None:
+                calls = dumps(calls)
+        except orjson.JSONEncodeError:  # nested past orjson's depth: the wire encoding refuses the body (400)
+            return None
         size = len(content)
         if size > BLOCK_CHARS:  # samples within a long content: the window before each boundary
             for at in range(BLOCK_CHARS, size, BLOCK_CHARS):
@@ -120,7 +127,7 @@ def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int |
                 keys.append(running & _KEY_MASK | (done + at))
                 offsets.append(done + at)
         shown = content if size <= 2 * window else (size, content[:window], content[-window:])
-        running = hash((running, role, shown, None if calls is None else dumps(calls)))
+        running = hash((running, role, shown, calls))
         done += size or 1
         keys.append(running & _KEY_MASK | done)
         offsets.append(done)
