@@ -55,15 +55,18 @@ def test_malformed_messages_on_a_caching_pool_are_the_clients_400_never_a_500() 
     deep: object = "x"
     for _ in range(300):
         deep = [deep]
-    with simulators(sims) as running, gateway(CONFIG.format(a=running["a"][0], b=running["b"][0])) as gw:
-        with httpx.Client(timeout=10) as client:
-            nested = client.post(
-                gw.v1 + "/chat/completions",
-                json={"model": "m", "messages": [{"role": "user", "content": deep}, {"role": "user", "content": "x"}]},
-            )
-            odd_role = client.post(
-                gw.v1 + "/chat/completions",
-                json={"model": "m", "messages": [{"role": ["user"], "content": "hi"}, {"role": "user", "content": "x"}]},
-            )
+    with (
+        simulators(sims) as running,
+        gateway(CONFIG.format(a=running["a"][0], b=running["b"][0])) as gw,
+        httpx.Client(timeout=10) as client,
+    ):
+        nested = client.post(
+            gw.v1 + "/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": deep}, {"role": "user", "content": "x"}]},
+        )
+        odd_role = client.post(
+            gw.v1 + "/chat/completions",
+            json={"model": "m", "messages": [{"role": ["user"], "content": "hi"}, {"role": "user", "content": "x"}]},
+        )
     assert nested.status_code == 400 and nested.json()["error"]["code"] == "nesting_too_deep", nested.text
     assert odd_role.status_code != 500, odd_role.text
