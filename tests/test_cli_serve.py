@@ -189,3 +189,27 @@ def test_serve_does_not_warn_of_multiplied_limits_when_they_hold(tmp_path, extra
     (port,) = free_ports(1)
     seen = lines_until_listening(["--config", str(cfg), "--workers", workers], port)
     assert not [line for line in seen if "rpm/tpm" in line], seen
+
+
+def test_demo_drains_a_stream_in_flight_on_sigterm_and_exits_0(tmp_path) -> None:
+    """``docker stop`` of the demo: the stream already going finishes whole (its
+    simulator keeps answering until the gateway has drained), then the process ends
+    with status 0, not uvicorn's re-raised SIGTERM (143)."""
+    cfg, gw = bundled_config_on_free_ports(tmp_path)
+    url = f"http://127.0.0.1:{gw}"
+    demo = GatewayProcess(["--config", str(cfg), "--port", str(gw)], command=[sys.executable, "-m", "latgate", "demo"])
+    try:
+        demo.wait_for(rf"gateway on {url}/v1")
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 400}
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            first = next(line for line in lines if line.startswith("data: {"))
+            demo.signal(signal.SIGTERM)
+            demo.wait_for(r"draining: SIGTERM received")
+            rest = [line for line in lines if line]
+        assert first and rest[-1] == "data: [DONE]"
+        assert demo.wait_exit(timeout=60) == 0
+    finally:
+        demo.stop()
+    assert not any("Traceback" in line for line in demo.lines)

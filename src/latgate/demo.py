@@ -4,22 +4,34 @@ A provider gets a simulator when its endpoint is on loopback (``127.0.0.1``,
 ``localhost``, ``::1``); others (a real upstream reached through an environment
 variable) are left alone. The simulators' timing profiles come from each provider's
 role, engine and capacity hints (:func:`latgate.sim.profile_for`). Everything runs in
-one process on one event loop; Ctrl-C stops all; SIGHUP reloads the gateway's config
-(as under ``serve``), the simulators keep running.
+one process on one event loop. SIGTERM or Ctrl-C stops the gateway as under ``serve``
+(it drains requests in flight, exit status 0), then the simulators; SIGHUP reloads the
+gateway's config, the simulators keep running.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
-import signal
+import socket
 import sys
+from collections.abc import Iterator
 from urllib.parse import urlsplit
+
+import uvicorn
 
 from latgate.config import ConfigError
 from latgate.listen import ListenError, bind_socket
-from latgate.server import LOG_LEVELS, argument_error, describe, pinned_listen_keys, startup
+from latgate.server import (
+    DEFAULT_DRAIN_TIMEOUT_SECONDS,
+    LOG_LEVELS,
+    argument_error,
+    describe,
+    pinned_listen_keys,
+    startup,
+)
 
 log = logging.getLogger("latgate")
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -72,37 +84,56 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(config, *, sockets: list, log_level: str, listen_host: str, pinned: frozenset[str]) -> None:
-    import uvicorn
+class _Simulator(uvicorn.Server):
+    """A simulator's server: it installs no signal handlers (the gateway's do) and
+    stops when the demo stops it, after the gateway has drained."""
 
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _run(config, *, sockets: list, log_level: str, listen_host: str, pinned: frozenset[str]) -> None:
+    """Serve the simulators and the gateway (the last socket) until SIGTERM or Ctrl-C.
+    The gateway stops as under ``serve`` (:class:`~latgate.lifecycle.GatewayServer`:
+    it drains requests in flight, SIGHUP reloads its config, the exit status is 0);
+    the simulators keep answering until it has drained, then stop."""
     from latgate.app import create_app
-    from latgate.lifecycle import reload_on_sighup
+    from latgate.lifecycle import GatewayServer, uvicorn_config
     from latgate.reload import ListenAddress
     from latgate.sim import create_sim_app, profile_for
 
     uv_level = "warning" if log_level == "info" else log_level
-    servers = []
-    for name, sock in sockets:
-        if name == "gateway":
-            app = gateway = create_app(config)
-            port = sock.getsockname()[1]  # the one the kernel chose for --port 0
-            gateway.state.reloader.listening = ListenAddress(host=listen_host, port=port, pinned=pinned)
-        else:
-            app = create_sim_app(profile_for(config.providers[name]))
-            log.info("simulator for %s on http://%s", name, _address(sock))
-        options = uvicorn.Config(app, log_level=uv_level, access_log=False, server_header=False, proxy_headers=False)
-        servers.append((uvicorn.Server(options), sock))
+    simulators: list[tuple[_Simulator, socket.socket]] = []
+    (_, gateway_sock) = sockets[-1]
+    for name, sock in sockets[:-1]:
+        app = create_sim_app(profile_for(config.providers[name]))
+        log.info("simulator for %s on http://%s", name, _address(sock))
+        options = uvicorn.Config(
+            app, log_level=uv_level, access_log=False, server_header=False, proxy_headers=False
+        )
+        simulators.append((_Simulator(options), sock))
+    gateway = create_app(config)
+    port = gateway_sock.getsockname()[1]  # the one the kernel chose for --port 0
+    gateway.state.reloader.listening = ListenAddress(host=listen_host, port=port, pinned=pinned)
+    options = uvicorn_config(
+        gateway, log_level=log_level, log_format="text", drain_timeout_seconds=DEFAULT_DRAIN_TIMEOUT_SECONDS
+    )
+    server = GatewayServer(
+        options, reloader=gateway.state.reloader, drain_timeout_seconds=DEFAULT_DRAIN_TIMEOUT_SECONDS
+    )
     for line in describe(config):
         log.info(line)
-    url = f"http://{_address(sockets[-1][1])}"
+    url = f"http://{_address(gateway_sock)}"
     log.info("gateway on %s/v1 -- try: curl %s/v1/models", url, url)
     log.info("live routing page: %s/ui", url)
-    # Each server installs its signal handler over the previous one and, on exit, hands
-    # the captured signal back down the chain: one Ctrl-C stops them all. uvicorn leaves
-    # SIGHUP alone (its default would end the process): it reloads the gateway's config
-    # as under ``serve``; the simulators keep running.
-    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload_on_sighup, gateway.state.reloader)
-    await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
+    running = [asyncio.create_task(sim.serve(sockets=[sock])) for sim, sock in simulators]
+    try:
+        await server.serve(sockets=[gateway_sock])
+    finally:
+        for sim, _ in simulators:
+            sim.should_exit = True
+        await asyncio.gather(*running, return_exceptions=True)
 
 
 def _address(sock) -> str:
