@@ -7,7 +7,7 @@ it to :meth:`Recorder.finish`, exactly once in effect (a second call does nothin
 The route is counted under the provider and reason the response headers named, and
 the tokens and latency of a request that got any output under its outcome
 (:func:`latgate.metrics.request_outcome`), a client that left or a stream that broke
-included. The access log line's fields are listed in docs/observability.md.
+included. The access log line and its fields: docs/metrics.md, "Logs".
 
 The recorder outlives config reloads (the app builds it once, every
 :class:`~latgate.gateway.Gateway` shares it), as the metrics, the span exporter and the
