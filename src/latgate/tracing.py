@@ -5,8 +5,8 @@ configured the standard way, by ``OTEL_EXPORTER_OTLP_ENDPOINT`` /
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_TRACES_EXPORTER`` (``otlp`` or
 ``console``; ``none`` turns it off). When off the app's
 :class:`~latgate.proxy.recorder.Recorder` holds ``None`` and a request pays one
-``is None`` check where its record is created (none where it is finished or
-forwarded: the record's ``span`` and ``trace_headers`` stay ``None``). When on,
+``is None`` check where its record is created, one per attempt and one where it is
+finished (the record's ``trace_headers`` and ``span`` stay ``None``). When on,
 :class:`Tracing` is the recorder's span sink: :meth:`Tracing.begin` starts a span with
 the record, :meth:`Tracing.end` ends it when the record is finished.
 

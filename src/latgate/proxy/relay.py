@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
 
@@ -109,7 +109,7 @@ class StreamRelay:
         tap: StreamTap,
         exchange: Exchange,
         recorder: Recorder,
-        on_close: Callable[[], object],
+        on_close: Callable[[], Awaitable[object]],
         on_upstream_failure: Callable[[str], None],
         transform: ResponseTransform | None = None,
         secrets: tuple[bytes, ...] = (),

@@ -100,7 +100,7 @@ class StreamTap(StreamEdits):
         secrets: tuple[bytes, ...] = (),
     ) -> None:
         super().__init__(drop_usage_chunk=drop_usage_chunk, model_rewrite=model_rewrite, text_error=text_error, secrets=secrets)
-        self._pending = b""
+        self._pending: bytearray | bytes = b""  # a partial event (a bytearray), or b"" for none
         self._max_event = max_event_bytes
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
@@ -184,6 +184,7 @@ class StreamTap(StreamEdits):
             complete = data if end == len(data) else data[:end]
             self._pending = bytearray(data[end:]) if end < len(data) else b""
         else:
+            assert isinstance(buf, bytearray)  # the partial event kept, this read appended
             complete = bytes(buf[:end])
             del buf[:end]
             self._pending = buf if buf else b""
