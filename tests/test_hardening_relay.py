@@ -18,6 +18,7 @@ from sse_tap import as_forwarded, tap_pieces
 
 from latgate.metrics import Metrics
 from latgate.proxy.exchange import Exchange
+from latgate.proxy.recorder import Recorder
 from latgate.proxy.relay import StreamRelay
 from latgate.proxy.sse import StreamTap
 
@@ -112,7 +113,7 @@ async def run_relay(pieces: list[bytes], *, then_fail: bool = False) -> tuple[by
         body=upstream_body(pieces, then_fail=then_fail),
         tap=StreamTap(),
         exchange=exchange,
-        metrics=metrics,
+        recorder=Recorder(metrics=metrics),
         on_close=on_close,
         on_upstream_failure=lambda kind: None,
     )

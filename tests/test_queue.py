@@ -174,6 +174,7 @@ def test_the_access_line_gives_the_class_the_wait_and_the_outcome(monkeypatch: p
     from latgate.logs import access_log
     from latgate.metrics import Metrics
     from latgate.proxy.exchange import Exchange
+    from latgate.proxy.recorder import Recorder
 
     lines: list[str] = []
     monkeypatch.setattr(access_log, "enabled", lambda: True)
@@ -184,7 +185,7 @@ def test_the_access_line_gives_the_class_the_wait_and_the_outcome(monkeypatch: p
     waited.priority, waited.queue_ms, waited.queue_outcome = INTERACTIVE, 12.34567, "admitted"
     plain = Exchange(request_id="r3", received_at=0.0, path="/v1/chat/completions", stream=False, status=200)
     for exchange in (shed, waited, plain):
-        exchange.finish(Metrics(providers=[], models=[]), now=1.0)
+        Recorder(metrics=Metrics(providers=[], models=[])).finish(exchange, now=1.0)
     first, second, third = (orjson.loads(line) for line in lines)
     assert (first["priority"], first["queue_ms"], first["queue_outcome"]) == ("batch", None, "shed")
     assert (second["priority"], second["queue_ms"], second["queue_outcome"]) == ("interactive", 12.346, "admitted")

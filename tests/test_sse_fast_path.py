@@ -15,7 +15,7 @@ from prometheus_client import generate_latest
 
 from latgate.logs import TEXT_FORMAT, TextLineFormatter
 from latgate.metrics import BATCH_SAMPLES, ITL_BUCKETS_SECONDS, Metrics
-from latgate.proxy import sse
+from latgate.proxy import sse_facts
 from latgate.proxy.sse import StreamTap
 
 TEXTS = [None, "", "x", " token", 'say "hi"', "ends in \\", "\\", "é", "中文", "\n", "content", '"delta":{']
@@ -218,7 +218,7 @@ def test_chunks_differing_only_in_their_text_are_not_parsed_again(monkeypatch) -
             parsed.append(data)
             return orjson.loads(data)
 
-    monkeypatch.setattr(sse, "orjson", CountingJson)
+    monkeypatch.setattr(sse_facts, "orjson", CountingJson)  # where chunks are parsed
     tap = StreamTap()
     role = {**template_chunk(""), "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
     events = [role] + [template_chunk(f"token {i}") for i in range(20)]

@@ -9,6 +9,7 @@ from stack import FAST, demo_stack, gateway, simulator_urls
 
 from latgate.metrics import Metrics
 from latgate.proxy.exchange import Exchange
+from latgate.proxy.recorder import Recorder
 from latgate.sim import SimOptions
 from latgate.ui import Activity
 
@@ -56,10 +57,11 @@ def test_fallbacks_and_retries_appear_as_events_once_each() -> None:
 
 def test_the_ring_keeps_only_the_last_requests_and_overflows_are_events() -> None:
     activity = Activity(Metrics(providers=["a", "b"], models=["m"]), size=3)
+    recorder = Recorder(metrics=Metrics(providers=["a", "b"], models=["m"]), recent=activity.requests)
     for index in range(5):
-        exchange = Exchange(request_id=f"r{index}", received_at=float(index), path="/chat/completions", stream=True, recent=activity.requests)
+        exchange = Exchange(request_id=f"r{index}", received_at=float(index), path="/chat/completions", stream=True)
         exchange.provider, exchange.reason, exchange.status = "b", "overflow:a" if index == 4 else "default", 200
-        exchange.finish(Metrics(providers=["a", "b"], models=["m"]), now=index + 0.5)
+        recorder.finish(exchange, now=index + 0.5)
     snapshot = activity.snapshot()
     assert [r["id"] for r in snapshot["requests"]] == ["r4", "r3", "r2"]
     assert [(e["kind"], e["detail"]) for e in snapshot["events"]] == [("overflow", "a -> b")]

@@ -84,7 +84,6 @@ KNOWN_DEBTS: dict[tuple[str, str], str] = {
     ("latgate.api.routes", "latgate.ui"): "the route table lists /ui's routes",
     ("latgate.app", "latgate.reload"): "the app builds its reloader (to inject from the process layer)",
     ("latgate.gateway", "latgate.api.body"): "the body reader's limits",
-    ("latgate.proxy.exchange", "latgate.tracing"): "Exchange.finish ends the span (Exchange is to become a plain record)",
     ("latgate.config.loader", "latgate.store.resp"): "[state] redis_url parsed by the RESP client's address type",
     ("latgate.config.providers", "latgate.connectors"): "connector names checked against the registry at load",
     ("latgate.config.providers", "latgate.proxy.egress"): "proxy and TLS settings checked at load",
@@ -103,9 +102,6 @@ KNOWN_DEBTS: dict[tuple[str, str], str] = {
 #: each a frozenset of modules that import each other in a cycle, with the reason
 KNOWN_CYCLES: dict[frozenset[str], str] = {
     frozenset({"latgate.proxy.h1", "latgate.proxy.h1conn"}): "the pool and its connections (one module split in two)",
-    frozenset(
-        {"latgate.proxy.exchange", "latgate.proxy.keepalive", "latgate.proxy.relay", "latgate.proxy.wire", "latgate.tracing"}
-    ): "Exchange carries the span and the keep-alive controller (to become a plain record)",
 }
 
 

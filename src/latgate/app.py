@@ -5,8 +5,9 @@ One request: the route table (``api/routes.py``) -> ``serve`` (``api/serve.py``:
 request rate, body, the API's ``prepare``) -> ``Gateway.proxy`` (``gateway.py``) ->
 ``Router.decide`` (``routing/decision.py``) -> ``Forwarder.forward``
 (``proxy/forward.py``: retries, fallback, first-token deadline) -> ``StreamRelay``
-(``proxy/relay.py``, SSE tap in ``proxy/sse.py``) -> metrics and access log
-(``proxy/exchange.py``, ``metrics.py``).
+(``proxy/relay.py``, SSE tap in ``proxy/sse.py``) -> the finished record
+(``proxy/exchange.py``) to the app's recorder (``proxy/recorder.py``: metrics, access
+log, span, ``/ui`` ring).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from latgate.gateway import Gateway, request_id
 from latgate.metrics import OTHER_MODEL, Metrics
 from latgate.providers.health import OpenReason
 from latgate.providers.monitor import run_monitor
+from latgate.proxy.recorder import Recorder
 from latgate.reload import Reloader, UpstreamClients
 from latgate.routing.headers import refuse_duplicate_headers
 from latgate.store import SharedStores, run_health_sync
@@ -125,6 +127,7 @@ def create_app(
     activity = Activity(metrics)
     if tracing is None:
         tracing = tracing_from_env(os.environ if env is None else env)
+    recorder = Recorder(metrics=metrics, tracing=tracing, recent=activity.requests)  # outlives reloads
 
     def build_gateway(config: Config, previous: Gateway | None = None) -> Gateway:
         # Everything derived from the config hangs off the Gateway built here, so a
@@ -136,8 +139,7 @@ def create_app(
             metrics=metrics,
             env=env,
             store=stores.store_for(config.state),
-            tracing=tracing,
-            recent=activity.requests,
+            recorder=recorder,
             previous=previous,
             sessions=sessions.map_for(config.state),
         )

@@ -3,8 +3,9 @@
 Every API's request enters through :func:`latgate.api.serve.serve` (key, request rate,
 body, the API's own check), which hands ``Gateway.proxy`` what goes upstream:
 ``Router.decide`` -> key allow-list and token limits (with ``[auth]`` only) ->
-``Forwarder.forward`` (retries, fallback, stream relay) -> metrics and access log via
-the request's :class:`Exchange`.
+``Forwarder.forward`` (retries, fallback, stream relay) -> metrics, access log, span and
+``/ui`` ring via the app's :class:`~latgate.proxy.recorder.Recorder`, which receives the
+request's finished :class:`Exchange`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +30,7 @@ from latgate.providers.carry import carry_live_state
 from latgate.providers.catalog import public_model_object
 from latgate.proxy.exchange import DRAIN_CUT_STATUS, Exchange
 from latgate.proxy.forward import Forwarder
+from latgate.proxy.recorder import Recorder
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
 from latgate.proxy.wire import check_stream_options, nesting_too_deep
@@ -38,7 +39,6 @@ from latgate.routing.priority import effective_priority, priority_header
 from latgate.routing.sessions import SessionMap
 from latgate.scope_keys import REQUEST_ID_SCOPE_KEY
 from latgate.store import HealthSync, RedisStore, SharedStore, open_store
-from latgate.tracing import Tracing
 
 log = logging.getLogger("latgate")
 
@@ -59,8 +59,9 @@ class Gateway:
         env: where provider keys are read from (``os.environ`` by default).
         store: the shared store of rate-limit counters, kept across reloads (by
             default a new one for ``config.state``; see :class:`latgate.store.SharedStores`).
-        tracing: starts a span per request (:mod:`latgate.tracing`); ``None``: off.
-        recent: the ring finished requests join (``/ui``, :mod:`latgate.ui`); ``None``: off.
+        recorder: where finished requests go (metrics, access log, and the span and
+            ``/ui`` ring when it has them); the app's, which outlives reloads (by
+            default one with ``metrics`` and the access log only).
         sessions: where client sessions' placements are kept (:mod:`latgate.store.sessions`;
             in process by default).
         previous: the gateway this one replaces on a reload: its providers' live state
@@ -78,21 +79,19 @@ class Gateway:
         metrics: Metrics,
         env: Mapping[str, str] | None = None,
         store: SharedStore | None = None,
-        tracing: Tracing | None = None,
-        recent: deque[Exchange] | None = None,
+        recorder: Recorder | None = None,
         previous: Gateway | None = None,
         sessions: SessionMap | None = None,
     ) -> None:
         self.config = config
-        self.recent = recent
-        self.tracing = tracing
+        self.recorder = Recorder(metrics=metrics) if recorder is None else recorder
         self.metrics = metrics
         self.client = client
         self.router = Router(config)
         self.pool = ProviderPool(config, metrics=metrics, env=env, sessions=sessions)
         if previous is not None:  # a reload: before anything else sees the new pool
             carry_live_state(self.pool, previous.pool, metrics=metrics)
-        self.forwarder = Forwarder(config=config, pool=self.pool, client=client, metrics=metrics)
+        self.forwarder = Forwarder(config=config, pool=self.pool, client=client, metrics=metrics, recorder=self.recorder)
         self.store = open_store(config.state) if store is None else store
         self.guard: AuthGuard | None = None
         if config.auth is not None:
@@ -218,11 +217,11 @@ class Gateway:
             received_at=time.perf_counter(),
             path=request.scope["path"],
             stream=False,
-            recent=self.recent,
         )
         request.scope[REQUEST_ID_SCOPE_KEY] = exchange.request_id  # a stalled body's 408 names it too
-        if self.tracing is not None:
-            exchange.trace = self.tracing.start(path=path, headers=request.headers)
+        tracing = self.recorder.tracing
+        if tracing is not None:
+            tracing.begin(exchange, path=path, headers=request.headers)
         return exchange
 
     def record_failure(self, exchange: Exchange, error: GatewayError) -> dict[str, str]:
@@ -233,7 +232,7 @@ class Gateway:
         exchange.error_kind = error.code or error.type
         if error.cause is not None:
             exchange.cause = error.cause
-        exchange.finish(self.metrics)
+        self.recorder.finish(exchange)
         if not exchange.provider:
             return {}
         return {"x-latgate-provider": exchange.provider, "x-latgate-route-reason": exchange.reason}
@@ -245,7 +244,7 @@ class Gateway:
         access line's request id (the refusal's ``x-request-id``)."""
         exchange = Exchange(request_id=request_id(None), received_at=time.perf_counter(), path=path, stream=False)
         exchange.status, exchange.error_kind = status, kind
-        exchange.finish(self.metrics)
+        self.recorder.finish(exchange, listed=False)  # not a request: not on /ui
         return exchange.request_id
 
     def models(self, caller: Caller | None = None) -> Response:

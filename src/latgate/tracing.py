@@ -3,9 +3,12 @@
 Off unless the OpenTelemetry SDK is installed (``pip install 'latgate[tracing]'``) and
 configured the standard way, by ``OTEL_EXPORTER_OTLP_ENDPOINT`` /
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_TRACES_EXPORTER`` (``otlp`` or
-``console``; ``none`` turns it off). When off the gateway holds ``None`` and a request
-pays one ``is None`` check where its record is created (none where it is finished or
-forwarded: the record's ``trace`` stays ``None``).
+``console``; ``none`` turns it off). When off the app's
+:class:`~latgate.proxy.recorder.Recorder` holds ``None`` and a request pays one
+``is None`` check where its record is created, one per attempt and one where it is
+finished (the record's ``trace_headers`` and ``span`` stay ``None``). When on,
+:class:`Tracing` is the recorder's span sink: :meth:`Tracing.begin` starts a span with
+the record, :meth:`Tracing.end` ends it when the record is finished.
 
 A span starts from the client's W3C Trace Context (``traceparent``/``tracestate``,
 https://www.w3.org/TR/trace-context/) when it sent one, and its context goes upstream
@@ -125,6 +128,22 @@ class Tracing:
             },
         )
         return RequestTrace(span=span, propagator=self.propagator, context=set_span_in_context(span))
+
+    def begin(self, exchange: Exchange, *, path: str, headers: Mapping[str, str]) -> None:
+        """Start ``exchange``'s span (:meth:`start`) when ``path`` is proxied: the span
+        goes on the record (``span``), and the headers naming it as the upstream's
+        parent (``trace_headers``, sent with every attempt)."""
+        trace = self.start(path=path, headers=headers)
+        if trace is not None:
+            exchange.span = trace
+            exchange.trace_headers = trace.upstream_headers()
+
+    def end(self, exchange: Exchange) -> None:
+        """End the span :meth:`begin` put on the finished ``exchange`` (see
+        :meth:`RequestTrace.end`); nothing when it has none."""
+        trace = exchange.span
+        if isinstance(trace, RequestTrace):
+            trace.end(exchange)
 
     def shutdown(self) -> None:
         """Flush and stop the exporters."""

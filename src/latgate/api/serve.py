@@ -147,7 +147,7 @@ async def serve(gateway: Gateway, api: Api, request: Request) -> Any:
                 exchange.limits_charged = True
                 await guard.admit_request(caller)  # type: ignore[union-attr]
             exchange.status = work.status_code
-            exchange.finish(gateway.metrics)
+            gateway.recorder.finish(exchange)
             return work
         forwarded = gateway.proxy(
             exchange,
@@ -174,7 +174,7 @@ async def serve(gateway: Gateway, api: Api, request: Request) -> Any:
         timed_out = request.scope.get(TIMEOUT_SCOPE_KEY)
         exchange.status = REQUEST_TIMEOUT if timed_out else CLIENT_CLOSED
         exchange.error_kind = timed_out or "client_closed"
-        exchange.finish(gateway.metrics)
+        gateway.recorder.finish(exchange)
         return Response(status_code=exchange.status)
     except Exception as exc:  # noqa: BLE001  # a bug: a 500 envelope and one line, never a traceback
         log.error("internal error on %s %s: %s", request.method, request.url.path, type(exc).__name__)

@@ -28,7 +28,9 @@ from latgate.proxy.answer import Answer
 from latgate.proxy.exchange import Exchange
 from latgate.proxy.failures import NO_FIRST_TOKEN, Failures, aborted_answer, provider_secrets
 from latgate.proxy.hedge import LostRace, Race
+from latgate.proxy.keepalive import EarlyHead
 from latgate.proxy.prelude import KeepalivePrelude
+from latgate.proxy.recorder import Recorder
 from latgate.proxy.relay import StreamRelay, max_stream_seconds
 from latgate.proxy.sse import StreamTap
 from latgate.proxy.stream_start import StreamStart
@@ -65,6 +67,9 @@ class Routed:
         body: the client's parsed request body.
         path: the upstream path (``/chat/completions``, ``/completions``...).
         transform: converts the answer into another API's wire format, or None.
+        early: a stream whose head may go out before content, with keep-alives
+            (:mod:`latgate.proxy.keepalive`): what its attempts share with that stream;
+            None otherwise.
     """
 
     exchange: Exchange
@@ -73,6 +78,7 @@ class Routed:
     body: dict[str, Any]
     path: str
     transform: ResponseTransform | None
+    early: EarlyHead | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +113,7 @@ class AttemptSender:
         pool: the providers and their endpoints (in flight, outcomes, first tokens).
         client: the pooled upstream client.
         metrics: where overhead and retries are counted.
+        recorder: where a finished request goes (the app's).
         failures: records failed attempts and builds their errors.
         selector: the routing strategy (each attempt's first-token deadline).
     """
@@ -115,6 +122,7 @@ class AttemptSender:
     pool: ProviderPool
     client: UpstreamClient
     metrics: Metrics
+    recorder: Recorder
     failures: Failures
     selector: Selector
 
@@ -152,8 +160,8 @@ class AttemptSender:
         handed_off = False
         try:
             headers = upstream_headers(auth=provider.auth_headers, request_id=exchange.request_id, stream=exchange.stream)
-            if exchange.trace is not None:  # W3C traceparent: the request's span is the parent
-                headers.update(exchange.trace.upstream_headers())
+            if exchange.trace_headers is not None:  # W3C traceparent: the request's span is the parent
+                headers.update(exchange.trace_headers)
             url = provider.connector.url(endpoint.config, routed.path)
             if exchange.attempts == 1:
                 self.metrics.record_overhead(time.perf_counter() - exchange.received_at)
@@ -225,7 +233,7 @@ class AttemptSender:
             raise await self.failures.not_event_stream(provider, endpoint, "a JSON body", b"", body, deadline)
         if content_type.startswith("text/html"):  # a login page, a proxy's notice
             raise await self.failures.wrong_content_type(provider, endpoint, content_type, deadline)
-        early = exchange.early
+        early = attempt.routed.early
         start = StreamStart()  # what comes before the first content must be SSE
         not_sse: bytes | None = None
         head: list[bytes] = []
@@ -290,7 +298,7 @@ class AttemptSender:
             body=body,
             tap=tap,
             exchange=exchange,
-            metrics=self.metrics,
+            recorder=self.recorder,
             on_close=handed.aclose,
             on_upstream_failure=lambda kind: self.pool.record_outcome(provider, endpoint, ok=False),
             transform=transform,
@@ -353,7 +361,7 @@ class AttemptSender:
         exchange.status = 200
         headers = client_headers(exchange, response.headers.get("content-type", "application/json"))
         # Finished once the body was handed to the server (e2e includes writing it).
-        return Answer(body=data, headers=headers, on_sent=lambda: exchange.finish(self.metrics))
+        return Answer(body=data, headers=headers, on_sent=lambda: self.recorder.finish(exchange))
 
     def _record_decode(self, provider: ProviderRuntime, endpoint: EndpointRuntime, exchange: Exchange, tap: StreamTap) -> None:
         """After a stream: its time per output token (usage's completion tokens, else the

@@ -1,31 +1,19 @@
 """One request's record: what was asked, where it went, its timings and its outcome.
 
-An :class:`Exchange` is created when the gateway receives a request and finished
-exactly once, whatever path the request took (answered, failed over, upstream error,
-client gone). :meth:`Exchange.finish` turns it into metrics and one structured access
-log line: the route counted under the provider and reason the response headers named,
-and the tokens and latency of a request that got any output counted under its
-outcome (:func:`latgate.metrics.request_outcome`), a client that left or a stream
-that broke included. Times are ``time.perf_counter()`` seconds.
+An :class:`Exchange` is plain data: created when the gateway receives a request,
+filled in by the handler, the forwarder and the relay, and handed exactly once,
+whatever path the request took (answered, failed over, upstream error, client gone),
+to the app's :class:`~latgate.proxy.recorder.Recorder`, which turns it into metrics,
+the access log line, the span's end and the ``/ui`` entry. Times are
+``time.perf_counter()`` seconds.
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import orjson
-
-from latgate.logs import access_log
-from latgate.metrics import Metrics, request_outcome
 from latgate.proxy.usage import cached_prompt_tokens, usage_counts
-from latgate.routing.priority import CLASS_NAMES
-
-if TYPE_CHECKING:
-    from latgate.proxy.keepalive import EarlyHead
-    from latgate.tracing import RequestTrace
 
 #: requests_total ``code`` for a client that went away before the response ended (nginx's).
 CLIENT_CLOSED = 499
@@ -68,15 +56,16 @@ class Exchange:
     status: int = 0
     error_kind: str | None = None
     attempts: int = 0
-    finished: bool = False
+    finished: bool = False  # handed to the recorder (it records an exchange once)
     usage_estimated: bool = False  # no upstream usage: token counts are latgate's estimate
     cause: str | None = None  # why it failed short of an answer (no URL, no key, every endpoint out), logged
     fallback_model: str | None = None  # the model served instead of the requested one (X-Latgate-Fallback-Model)
     route_candidates: str | None = None  # the endpoints the plan looked at (X-Latgate-Route-Candidates, when explaining)
     admission: str | None = None  # how admission held it (X-Latgate-Admission, when explaining)
-    trace: RequestTrace | None = None  # the request's span, with tracing on (latgate.tracing)
-    recent: deque[tuple] | None = None  # the /ui ring this exchange's summary joins when finished (latgate.ui)
-    early: EarlyHead | None = None  # a stream that may send its head before content (latgate.proxy.keepalive)
+    # with tracing on (latgate.tracing): the W3C headers naming the request's span as the
+    # upstream's parent, and the span itself, opaque here (the recorder's tracing ends it)
+    trace_headers: dict[str, str] | None = None
+    span: object | None = None
     limits_charged: bool = False  # its key's RPM/TPM charge was asked for (latgate.auth.limits)
     cached_prompt_tokens: int | None = None  # prompt tokens the upstream's usage says it served from its prefix cache
     # queue (issue 22): its class, whose fair share it is charged to, and how it waited
@@ -99,68 +88,3 @@ class Exchange:
         self.prompt_tokens, self.completion_tokens = counts
         self.cached_prompt_tokens = cached_prompt_tokens(usage)
         return True
-
-    def finish(self, metrics: Metrics, *, now: float | None = None) -> None:
-        """Record metrics and the access log line (idempotent)."""
-        if self.finished:
-            return
-        self.finished = True
-        end = time.perf_counter() if now is None else now
-        e2e = end - self.received_at
-        if self.recent is not None:
-            # a tuple of atoms, not the exchange: the collector stops tracking it, and
-            # nothing else (body, trace) is kept alive by the ring
-            self.recent.append(
-                (self.request_id, self.received_at, end, self.path, self.public_model, self.provider, self.endpoint,
-                 self.reason, self.stream, self.status, self.error_kind, self.first_token_at, self.last_token_at,
-                 self.completion_tokens, self.attempts)
-            )
-        if self.trace is not None:
-            self.trace.end(self)
-        provider = self.provider or "none"
-        metrics.record_request(provider=provider, model=self.public_model, code=self.status)
-        if self.provider:
-            # what the headers said: the provider that answered and its route reason
-            metrics.record_route(provider=provider, reason=self.reason)
-            if 200 <= self.status < 300 or self.first_token_at is not None:  # answered, or output began
-                decode = None
-                if self.first_token_at is not None and self.last_token_at is not None:
-                    decode = self.last_token_at - self.first_token_at
-                metrics.record_completion(
-                    provider=provider,
-                    model=self.public_model,
-                    e2e_seconds=e2e,
-                    prompt_tokens=self.prompt_tokens,
-                    completion_tokens=self.completion_tokens,
-                    decode_seconds=decode,
-                    outcome=request_outcome(self.status),
-                )
-        if access_log.enabled():
-            ttft = None if self.first_token_at is None else round((self.first_token_at - self.received_at) * 1000, 3)
-            line = {
-                "request_id": self.request_id,
-                "path": self.path,
-                "provider": self.provider or None,
-                "endpoint": self.endpoint or None,
-                "model": self.public_model,
-                "upstream_model": self.upstream_model or None,
-                "reason": self.reason or None,
-                "stream": self.stream,
-                "status": self.status,
-                "error": self.error_kind,
-                "attempts": self.attempts,
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "usage_estimated": self.usage_estimated,
-                "ttft_ms": ttft,
-                "e2e_ms": round(e2e * 1000, 3),
-            }
-            if self.cached_prompt_tokens is not None:
-                line["cached_prompt_tokens"] = self.cached_prompt_tokens
-            if self.cause is not None:
-                line["cause"] = self.cause
-            if self.queue_outcome is not None:  # it waited in, or was shed by, the gateway queue
-                line["priority"] = CLASS_NAMES[self.priority]
-                line["queue_ms"] = None if self.queue_ms is None else round(self.queue_ms, 3)
-                line["queue_outcome"] = self.queue_outcome
-            access_log.write(orjson.dumps(line).decode())

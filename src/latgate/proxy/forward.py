@@ -48,6 +48,7 @@ from latgate.proxy.failures import AttemptFailed, Failures
 from latgate.proxy.hedge import Race, run_hedged
 from latgate.proxy.keepalive import EarlyHead, EarlyStream, keepalive_seconds, wait_briefly
 from latgate.proxy.largebody import is_large
+from latgate.proxy.recorder import Recorder
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
 from latgate.proxy.wire import upstream_payload
@@ -66,6 +67,7 @@ class Forwarder:
         pool: the providers and their endpoints.
         client: the pooled upstream client.
         metrics: where retries, fallbacks and errors are counted.
+        recorder: where finished requests go (the app's).
         sleep: awaited between retries (injectable for tests).
         selector: the routing strategy over live numbers (one for ``config`` and
             ``pool`` by default).
@@ -78,6 +80,7 @@ class Forwarder:
         pool: ProviderPool,
         client: UpstreamClient,
         metrics: Metrics,
+        recorder: Recorder,
         sleep: Callable[[float], Any] = asyncio.sleep,
         selector: Selector | None = None,
     ) -> None:
@@ -85,10 +88,13 @@ class Forwarder:
         self._pool = pool
         self._client = client
         self._metrics = metrics
+        self._recorder = recorder
         self._sleep = sleep
         self.selector = selector or Selector(config=config, pool=pool)
         failures = Failures(pool=pool, metrics=metrics)
-        self._sender = AttemptSender(config=config, pool=pool, client=client, metrics=metrics, failures=failures, selector=self.selector)
+        self._sender = AttemptSender(
+            config=config, pool=pool, client=client, metrics=metrics, recorder=recorder, failures=failures, selector=self.selector
+        )
         queue = config.routing.queue
         self.admission = Admission(
             pool=pool,
@@ -124,17 +130,23 @@ class Forwarder:
         interval = keepalive_seconds(self._config, decision) if exchange.stream else 0.0
         if not interval:
             return await self._planned(exchange, decision, body, path, transform)
-        early = exchange.early = EarlyHead()
-        attempts = asyncio.create_task(self._planned(exchange, decision, body, path, transform))
+        early = EarlyHead()  # the keep-alive stream's and the attempts' shared state
+        attempts = asyncio.create_task(self._planned(exchange, decision, body, path, transform, early))
         await wait_briefly(attempts, interval)
         if attempts.done():
             return attempts.result()
         return EarlyStream(
-            attempts=attempts, early=early, exchange=exchange, metrics=self._metrics, interval_seconds=interval, transform=transform
+            attempts=attempts, early=early, exchange=exchange, recorder=self._recorder, interval_seconds=interval, transform=transform
         )
 
     async def _planned(
-        self, exchange: Exchange, decision: RouteDecision, body: dict[str, Any], path: str, transform: ResponseTransform | None
+        self,
+        exchange: Exchange,
+        decision: RouteDecision,
+        body: dict[str, Any],
+        path: str,
+        transform: ResponseTransform | None,
+        early: EarlyHead | None = None,
     ) -> Any:
         notes: dict[str, str] | None = {} if decision.explain else None
         if self.admission.enabled:
@@ -150,7 +162,7 @@ class Forwarder:
                 exchange.queue_outcome = "admitted" if decision.reason.startswith("waited:") else "overflow"
         plan = self.selector.plan(decision, body)  # at once: a slot admission held for it is free for it
         try:
-            return await self._forward(Routed(exchange, decision, plan, body, path, transform))
+            return await self._forward(Routed(exchange, decision, plan, body, path, transform, early))
         finally:
             if plan.reserved:  # no attempt started (a bad body, a cancelled request)
                 self._pool.release(plan.endpoint)
@@ -189,7 +201,7 @@ class Forwarder:
         sent = self._sender.send(attempt)
         guard = self.admission.guard(attempt.provider.name, routed.exchange.priority)
         if guard is not None:
-            sent = guard.run(sent, routed.exchange)
+            sent = guard.run(sent, routed.exchange, routed.early)
         return await (self._extra(attempt.provider.name, sent) if extra else sent)
 
     async def _forward(self, routed: Routed) -> Any:

@@ -30,8 +30,8 @@ from typing import Any
 
 from latgate.config.schema import Config
 from latgate.errors import GatewayError
-from latgate.metrics import Metrics
 from latgate.proxy.exchange import CLIENT_CLOSED, Exchange
+from latgate.proxy.recorder import Recorder
 from latgate.proxy.relay import StreamRelay, error_event, watch_disconnect
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.wire import client_headers
@@ -120,8 +120,8 @@ class EarlyStream:
     Args:
         attempts: the task running the attempts.
         early: shared with the attempts (:meth:`EarlyHead.hold`).
-        exchange: the request record (finished here when no relay takes over).
-        metrics: for a request that fails here.
+        exchange: the request record (handed to ``recorder`` here when no relay takes over).
+        recorder: where the finished record goes.
         interval_seconds: between two keep-alives.
         transform: the client's dialect, when translated (its ``keepalive_event``
             and error event are used).
@@ -133,14 +133,14 @@ class EarlyStream:
         attempts: asyncio.Task[Any],
         early: EarlyHead,
         exchange: Exchange,
-        metrics: Metrics,
+        recorder: Recorder,
         interval_seconds: float,
         transform: ResponseTransform | None,
     ) -> None:
         self.attempts = attempts
         self.early = early
         self.exchange = exchange
-        self.metrics = metrics
+        self.recorder = recorder
         self.interval_seconds = interval_seconds
         self.transform = transform
 
@@ -165,7 +165,7 @@ class EarlyStream:
                 await asyncio.wait((attempts,))  # its upstream closed, its slot released
         if attempts.cancelled():
             ex.status, ex.error_kind = CLIENT_CLOSED, "client_closed"
-            ex.finish(self.metrics)
+            self.recorder.finish(ex)
             return
         error = attempts.exception()
         if error is None:  # content came: relay it (a client gone meanwhile is noticed there)
@@ -174,7 +174,7 @@ class EarlyStream:
             await relay(scope, receive, send)
         elif left:
             ex.status, ex.error_kind = CLIENT_CLOSED, "client_closed"
-            ex.finish(self.metrics)
+            self.recorder.finish(ex)
         else:
             if not isinstance(error, GatewayError):
                 log.warning("stream %s failed after its head was sent (%s)", ex.request_id, type(error).__name__)
@@ -209,7 +209,7 @@ class EarlyStream:
         else:
             body = error_event(error.message, code=error.code or error.type)
         ex.status, ex.error_kind = error.status, error.code or error.type
-        ex.finish(self.metrics)
+        self.recorder.finish(ex)
         with contextlib.suppress(OSError):
             await send({"type": "http.response.body", "body": body, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})

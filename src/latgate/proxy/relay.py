@@ -34,13 +34,13 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
 
 from latgate.config.schema import Config
-from latgate.metrics import Metrics
 from latgate.proxy.exchange import CLIENT_CLOSED, DRAIN_CUT_STATUS, Exchange, is_drain_cut
+from latgate.proxy.recorder import Recorder
 from latgate.proxy.redact import redact_text
 from latgate.proxy.sse import StreamTap, stream_unfinished
 from latgate.proxy.transform import ResponseTransform
@@ -81,8 +81,8 @@ class StreamRelay:
         head_units: content units in ``head``.
         body: the rest of the upstream body (raw reads).
         tap: the stream's tap (already fed ``head``).
-        exchange: the request record; finished here.
-        metrics: for TTFT / ITL.
+        exchange: the request record; handed to ``recorder`` when the stream ends.
+        recorder: where the finished record goes; its metrics time TTFT / ITL.
         on_close: awaited once at the end (closes the upstream response, releases the
             in-flight slot).
         on_upstream_failure: called with the failure kind when the upstream breaks
@@ -108,8 +108,8 @@ class StreamRelay:
         body: AsyncIterator[bytes],
         tap: StreamTap,
         exchange: Exchange,
-        metrics: Metrics,
-        on_close: Callable[[], object],
+        recorder: Recorder,
+        on_close: Callable[[], Awaitable[object]],
         on_upstream_failure: Callable[[str], None],
         transform: ResponseTransform | None = None,
         secrets: tuple[bytes, ...] = (),
@@ -122,7 +122,8 @@ class StreamRelay:
         self.body = body
         self.tap = tap
         self.exchange = exchange
-        self.metrics = metrics
+        self.recorder = recorder
+        self.metrics = recorder.metrics
         self.on_close = on_close
         self.on_upstream_failure = on_upstream_failure
         self.transform = transform
@@ -178,7 +179,7 @@ class StreamRelay:
                 ex.usage_estimated = True
             if ex.completion_tokens == 0:
                 ex.completion_tokens = self.tap.content_chunks
-            ex.finish(self.metrics)
+            self.recorder.finish(ex)
 
     async def _relay(self, send: Send) -> None:
         if self.transform is not None:

@@ -11,63 +11,44 @@ end with ``data: [DONE]`` (OpenAI API reference, "Streaming"; chunk schema
 Forwarding is event-aligned: each :meth:`StreamTap.feed` returns the complete events
 received so far and keeps a partial trailing event until its end arrives. So any split
 of a stream into reads (an event across reads, a multi-byte UTF-8 character across
-reads, CRLF across reads) forwards the same bytes, in order, unchanged, except for two
-opt-in edits: dropping the usage-only chunk latgate asked for on the client's behalf,
-and rewriting the upstream model name back to the alias the client asked for.
+reads, CRLF across reads) forwards the same bytes, in order, unchanged, except for the
+opt-in edits of :mod:`latgate.proxy.sse_edits` (the usage-only chunk latgate asked
+for dropped, the upstream model name rewritten back to the client's alias) and the
+redaction of what is not chunk data. Lone-CR line endings are forwarded untouched but
+not parsed (no known engine sends them).
 
-Dropping the usage chunk is invisible to the client: an engine that moves fields to
-that chunk when usage is asked for (vLLM puts ``system_fingerprint`` on each terminal
-chunk, the one with a ``finish_reason``, without usage, and only on the usage chunk
-with it: ``vllm/entrypoints/openai/chat_completion/serving.py``, and ``completion/``
-alike) has them put back: from the first terminal chunk without a
-``system_fingerprint`` on, events are held until the usage chunk (or ``[DONE]``, or the
-end), and the usage chunk's ``system_fingerprint`` is appended to each such terminal
-chunk, where the engine would have written it.
-Lone-CR line endings are forwarded untouched but not parsed (no known engine sends
-them).
+The tap is three layers of one object: this module frames (boundaries, partial events,
+the stream's separator, ``max_event_bytes``, the fields of a multi-line event),
+:mod:`latgate.proxy.sse_facts` reads each event's data (content units, usage, finish
+reasons, errors), :mod:`latgate.proxy.sse_edits` changes what is forwarded.
 
 Nothing the tap did not read as a chunk reaches the client as the upstream wrote it:
 an upstream's text there may echo its key (``: debug auth=Bearer sk-...``). A comment
 is replaced by a bare ``:`` (it keeps an idle connection alive, its text means nothing
 to a client); any other bytes of an event that are not chunk data (``event:``/``id:``
 fields, ``data`` that is not JSON, a JSON value that is no chunk, a CR that a client
-would read as a line end) are forwarded redacted (:func:`~latgate.proxy.redact.redact_text`),
-their line endings normalised to the stream's own. An ``event: error`` block is an
-in-band error whatever its data (plain text too). The one field kept as written is a
-Responses stream's ``event:`` line naming its data's ``type``.
+would read as a line end) are forwarded redacted, their line endings normalised to the
+stream's own. An ``event: error`` block is an in-band error whatever its data (plain
+text too). The one field kept as written is a Responses stream's ``event:`` line naming
+its data's ``type``.
 
 Cost: reading events is the relay's per-token work, so the common case is kept to a
-few byte comparisons. A read holding exactly one one-line event skips the boundary
-search and split; and a chat chunk that differs from the stream's last parsed content
-chunk only in the text of its one content string (engines repeat id, model and
-framing on every token) is counted from the bytes, without a JSON parse (see
-:class:`~latgate.proxy.chunk_template.ChunkTemplate`). Anything else is parsed with orjson.
+few byte comparisons. A read holding exactly one one-line event takes a fused path
+(:meth:`StreamTap.feed`: no boundary search or split, the facts and edits inline);
+every other read takes the composed one (:meth:`StreamTap.feed_framed`), with the
+same result.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any
-
-import orjson
-
-from latgate.proxy.chunk_template import ChunkTemplate
 from latgate.proxy.errors import UpstreamFailure
-from latgate.proxy.redact import redact_text
+from latgate.proxy.sse_edits import _CRLF_SEP, _LF_SEP, StreamEdits
+from latgate.proxy.sse_facts import _FOREIGN
 
-_LF_SEP = b"\n\n"
-_CRLF_SEP = b"\r\n\r\n"
 _DATA = b"data: "
-#: how many times one stream may (re)learn its chunk template: an upstream whose chunks
-#: vary outside the text (e.g. a random padding field) stops paying for the attempts
-_TEMPLATE_BUDGET = 4
-#: what :meth:`StreamTap._chunk` returns for data that is not a chunk (forwarded redacted)
-_FOREIGN = -2
-#: every line ending a client's SSE parser knows (HTML Living Standard 9.2.6)
-_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
-class StreamTap:
+class StreamTap(StreamEdits):
     """Per-stream parser state.
 
     Args:
@@ -107,32 +88,7 @@ class StreamTap:
         events: complete events seen.
     """
 
-    __slots__ = (
-        "_drop_usage",
-        "_fingerprint",
-        "_held",
-        "_kind",
-        "_learn",
-        "_max_event",
-        "_open",
-        "_pending",
-        "_rewrite",
-        "_secrets",
-        "_sep",
-        "_strip",
-        "_template",
-        "_text_error",
-        "_unstamped",
-        "aborted",
-        "content_chunks",
-        "done",
-        "error",
-        "error_kind",
-        "events",
-        "finish_reason",
-        "responses",
-        "usage",
-    )
+    __slots__ = ("_max_event", "_pending")
 
     def __init__(
         self,
@@ -143,35 +99,9 @@ class StreamTap:
         text_error: bytes | None = None,
         secrets: tuple[bytes, ...] = (),
     ) -> None:
-        self._pending = b""
-        self._secrets = secrets
-        self._kind: str | None = None  # the type of the Responses event just parsed
+        super().__init__(drop_usage_chunk=drop_usage_chunk, model_rewrite=model_rewrite, text_error=text_error, secrets=secrets)
+        self._pending: bytearray | bytes = b""  # a partial event (a bytearray), or b"" for none
         self._max_event = max_event_bytes
-        self._text_error = text_error
-        self._strip: dict[str, Any] | None = None  # the chunk just parsed, to forward without its usage
-        self._sep: bytes | None = None
-        self._drop_usage = drop_usage_chunk
-        self._rewrite: tuple[tuple[bytes, bytes], ...] | None = None
-        if model_rewrite is not None:
-            served, public = (orjson.dumps(name) for name in model_rewrite)
-            self._rewrite = ((b'"model":' + served, b'"model":' + public), (b'"model": ' + served, b'"model": ' + public))
-        self._template: ChunkTemplate | None = None
-        self._learn = _TEMPLATE_BUDGET
-        # Held events (event bytes, needs the fingerprint) while waiting for a dropped
-        # usage chunk; None when not holding.
-        self._held: list[tuple[bytes, bool]] | None = None
-        self._unstamped = False  # the event just parsed is a terminal chunk without system_fingerprint
-        self._fingerprint: bytes | None = None
-        self.content_chunks = 0
-        self.aborted = False
-        self.usage: dict[str, Any] | None = None
-        self.done = False
-        self.error: dict[str, Any] | None = None
-        self.error_kind = "error_event"
-        self.events = 0
-        self.finish_reason: str | None = None
-        self.responses = False
-        self._open: set[int] = set()  # choice indexes seen without their finish_reason yet
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
         """Take one read of upstream bytes.
@@ -185,14 +115,10 @@ class StreamTap:
         event arriving in many reads costs no more than its size. After an error nothing
         more is forwarded.
         """
-        if self.error is not None:  # only looked at for [DONE] (it may span reads)
-            seen = bytes(self._pending[-16:]) + data
-            self.done = self.done or b"[DONE]" in seen
-            self._pending = bytearray(seen[-16:])
-            return b"", 0
         if (
             self._sep is _LF_SEP
             and not self._pending
+            and self.error is None
             and data.startswith(_DATA)
             and data.find(10) == len(data) - 2  # 10: LF (an int is searched with memchr)
             and data[-1] == 10
@@ -221,6 +147,18 @@ class StreamTap:
                 for old, new in self._rewrite:
                     data = data.replace(old, new)
             return data, units
+        return self.feed_framed(data)
+
+    def feed_framed(self, data: bytes) -> tuple[bytes, int]:
+        """:meth:`feed` without its fused path: the same result for any read, with the
+        events found by the boundary search, split, and each read and edited on its own.
+        :meth:`feed` takes it for every read but one holding exactly one one-line event
+        (tests/test_sse_fused.py checks the two agree on any split of real streams)."""
+        if self.error is not None:  # only looked at for [DONE] (it may span reads)
+            seen = bytes(self._pending[-16:]) + data
+            self.done = self.done or b"[DONE]" in seen
+            self._pending = bytearray(seen[-16:])
+            return b"", 0
         pending = self._pending
         if pending:
             start = max(0, len(pending) - 3)
@@ -246,6 +184,7 @@ class StreamTap:
             complete = data if end == len(data) else data[:end]
             self._pending = bytearray(data[end:]) if end < len(data) else b""
         else:
+            assert isinstance(buf, bytearray)  # the partial event kept, this read appended
             complete = bytes(buf[:end])
             del buf[:end]
             self._pending = buf if buf else b""
@@ -319,39 +258,6 @@ class StreamTap:
             complete = (sep.join(kept) + sep if kept else b"") + trailer
         return self._rewritten(complete), units
 
-    def _rewritten(self, data: bytes) -> bytes:
-        if self._rewrite is not None and data:
-            for old, new in self._rewrite:
-                data = data.replace(old, new)
-        return data
-
-    def release_held(self) -> bytes:
-        """The events held back for a usage chunk that will not come (the upstream
-        broke off), as they arrived; ``b""`` when none."""
-        if self._held is None:
-            return b""
-        self._fingerprint = None
-        return self._rewritten(self._release(self._sep or _LF_SEP))
-
-    def _hold(self, event: bytes) -> None:
-        """Keep ``event`` (without its separator) back until the usage chunk comes."""
-        if self._held is None:
-            self._held = []
-        self._held.append((event, self._unstamped))
-        self._unstamped = False
-
-    def _release(self, sep: bytes) -> bytes:
-        """The held events, each terminal chunk given the usage chunk's
-        ``system_fingerprint`` (when it carried one), with their separators."""
-        held, self._held = self._held or [], None
-        stamp = None if self._fingerprint is None else b',"system_fingerprint":' + self._fingerprint + b"}"
-        out = []
-        for event, unstamped in held:
-            if unstamped and stamp is not None and event.endswith(b"}"):
-                event = event[:-1] + stamp
-            out.append(event + sep)
-        return b"".join(out)
-
     def _inspect(self, event: bytes, sep: bytes) -> tuple[int, bytes | None]:
         """Content units in one event that is not a lone ``data:`` line (-1: the event is
         dropped), and the event to forward instead when some of its bytes are not chunk
@@ -387,150 +293,10 @@ class StreamTap:
             return result, self._foreign(event, sep, keep_data=True)
         return result, None
 
-    def _foreign(self, event: bytes, sep: bytes, *, keep_data: bool = False) -> bytes:
-        """``event`` (without its separator) as it may reach a client: each comment line
-        a bare ``:``, each other line redacted (``keep_data``: its ``data`` lines, read
-        as a chunk, as they are), lines ended in the stream's own line ending."""
-        newline = b"\r\n" if sep == _CRLF_SEP else b"\n"
-        lines: list[bytes] = []
-        for line in _LINE_END.split(event):
-            if not line:
-                continue
-            if line[0] == 58:  # ":", a comment
-                if not lines or lines[-1] != b":":
-                    lines.append(b":")
-            elif keep_data and line.startswith(b"data:"):
-                lines.append(line)
-            else:
-                lines.append(redact_text(line.decode("utf-8", "replace"), self._secrets).encode())
-        return newline.join(lines) if lines else b":"
-
-    def _stripped(self) -> bytes:
-        """The chunk just parsed, re-encoded without its ``usage``."""
-        chunk, self._strip = self._strip or {}, None
-        del chunk["usage"]
-        return b"data: " + orjson.dumps(chunk)
-
-    def _in_text_error(self, content: object) -> bool:
-        """A content delta reporting a failure in the text (``\\n[decode error: MESSAGE]``)."""
-        marker = (self._text_error or b"").decode()
-        if not isinstance(content, str) or marker not in content:
-            return False
-        if self.error is None:
-            message = content.strip().removeprefix("[").removesuffix("]")
-            self.error = {"message": message, "type": "api_error", "code": "decode_error"}
-            self.error_kind = "decode_error"
-        return True
-
-    def _chunk(self, payload: bytes) -> int:
-        """Content units in one event's data; -1 when the event is to be dropped."""
-        template = self._template
-        if self._text_error is not None and self._text_error in payload:
-            template = None  # looked at: its text may be an error
-        if template is not None and template.matches(payload):
-            self.content_chunks += 1
-            return 1
-        try:
-            chunk = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            try:  # bytes that are not UTF-8 (U+FFFD): an error event so written is still one
-                chunk = orjson.loads(payload.decode("utf-8", "replace"))
-            except orjson.JSONDecodeError:
-                return _FOREIGN
-        if not isinstance(chunk, dict) or 13 in payload:  # 13: a CR, which a client reads as a line end
-            return _FOREIGN
-        error = chunk.get("error")
-        if error is not None:
-            # Never forwarded as is (its text may name internal hosts or echo a key):
-            # the relay reports it with its own, redacted, error event.
-            if self.error is None:
-                self.error = error if isinstance(error, dict) else {"message": str(error)}
-            return -1
-        usage = chunk.get("usage")
-        if usage and isinstance(usage, dict):
-            self.usage = usage
-        choices = chunk.get("choices")
-        if not choices:
-            if choices is None and "type" in chunk:
-                return self._responses_event(chunk)
-            if usage and self._drop_usage and choices is not None:
-                fingerprint = chunk.get("system_fingerprint")
-                if isinstance(fingerprint, str):
-                    self._fingerprint = orjson.dumps(fingerprint)
-                return -1
-            return 0 if choices is not None or usage else _FOREIGN
-        units = 0
-        for choice in choices:
-            if not isinstance(choice, dict):
-                continue
-            finish = choice.get("finish_reason")
-            if finish:
-                self.finish_reason = str(finish)
-                self._open.discard(choice.get("index", 0))
-                if finish == "abort":
-                    self.aborted = True
-                if self._drop_usage and "system_fingerprint" not in chunk:
-                    self._unstamped = True
-            else:
-                self._open.add(choice.get("index", 0))
-            delta = choice.get("delta")
-            if self._text_error is not None and isinstance(delta, dict) and self._in_text_error(delta.get("content")):
-                return -1
-            if isinstance(delta, dict):
-                if (
-                    delta.get("content")
-                    or delta.get("reasoning_content")
-                    or delta.get("tool_calls")
-                    or delta.get("reasoning")
-                ):
-                    units += 1
-            elif choice.get("text"):
-                units += 1
-        self.content_chunks += units
-        if usage and self._drop_usage:
-            self._strip = chunk
-        if units == 1 and self._learn and not usage and len(choices) == 1 and isinstance(delta, dict):
-            self._learn -= 1
-            self._template = ChunkTemplate.of(payload, delta) or self._template
-        return units
-
-    def _responses_event(self, chunk: dict[str, Any]) -> int:
-        """One OpenAI Responses API stream event (``ResponseStreamEvent``, passed through
-        to providers that serve ``/responses``): a ``*.delta`` event with a non-empty
-        ``delta`` is one content unit, ``response.completed`` (or ``.incomplete``)
-        carries ``response.usage``, an ``error`` event is an in-band error."""
-        kind = chunk["type"]
-        if not isinstance(kind, str):
-            return _FOREIGN
-        self._kind = kind
-        if kind.endswith(".delta"):
-            self.responses = True
-            if chunk.get("delta"):
-                self.content_chunks += 1
-                return 1
-            return 0
-        if kind == "error":
-            if self.error is None:
-                self.error = {"message": chunk.get("message"), "code": chunk.get("code"), "type": "api_error"}
-            return -1
-        self.responses = True
-        if kind in ("response.completed", "response.incomplete"):
-            self.finish_reason = kind
-        response = chunk.get("response")
-        if isinstance(response, dict) and isinstance(response.get("usage"), dict):
-            self.usage = response["usage"]
-        return 0
-
     @property
     def separator(self) -> bytes:
         """The blank line ending this stream's events (``\\n\\n`` until one was seen)."""
         return self._sep or _LF_SEP
-
-    @property
-    def finished(self) -> bool:
-        """Every choice seen has its ``finish_reason`` (a Responses stream: its terminal
-        event came): the upstream said the answer is whole, ``[DONE]`` or not."""
-        return self.finish_reason is not None and not self._open
 
     def done_event(self) -> bytes:
         """``data: [DONE]`` in the stream's own line endings, for an upstream that

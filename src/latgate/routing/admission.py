@@ -103,7 +103,7 @@ class _Stats:
     preempted: int = 0
     last_wait_ms: float | None = None
     correction: dict[int, float] = field(default_factory=dict)  # class -> the wait prediction's multiplier, from outcomes
-    running: list[tuple[int, float, asyncio.Task[Any], Any]] = field(default_factory=list)  # preemptible: before first byte
+    running: list[tuple[int, float, asyncio.Task[Any], Any, Any]] = field(default_factory=list)  # preemptible: before first byte
 
 
 @dataclass(slots=True)
@@ -299,8 +299,8 @@ class Admission:
         request with a budget; True when one was cancelled."""
         if priority < INTERACTIVE or budget is None or not self.settings.preempt:
             return False
-        running = [entry for entry in self._stats[name].running if not _committed(entry[3])]
-        index = choose_preemption([(klass, at) for klass, at, _, _ in running], priority=priority)
+        running = [entry for entry in self._stats[name].running if not _committed(entry[4])]
+        index = choose_preemption([(klass, at) for klass, at, *_ in running], priority=priority)
         if index is None:
             return False
         entry = running[index]
@@ -439,12 +439,14 @@ class _Guard:
         self._admission = admission
         self._provider = provider
 
-    async def run(self, attempt: Awaitable[T], exchange: Any) -> T:
+    async def run(self, attempt: Awaitable[T], exchange: Any, early: Any = None) -> T:
         """``await attempt``; raises :class:`Preempted` when its slot was taken (and
-        marks ``exchange``, the request's record, ``preempted``)."""
+        marks ``exchange``, the request's record, ``preempted``). ``early``: the
+        stream's keep-alive state (:class:`~latgate.proxy.keepalive.EarlyHead`), whose
+        head once sent makes the attempt no longer preemptible; None: no keep-alives."""
         task: asyncio.Task[T] = asyncio.ensure_future(attempt)
         stats = self._admission._stats[self._provider]
-        entry = (BATCH, time.perf_counter(), task, exchange)
+        entry = (BATCH, time.perf_counter(), task, exchange, early)
         stats.running.append(entry)
         try:
             return await asyncio.shield(task)
@@ -464,9 +466,8 @@ class _Guard:
                 stats.running.remove(entry)
 
 
-def _committed(exchange: Any) -> bool:
+def _committed(early: Any) -> bool:
     """True when the response head already went out (a keep-alive stream: no preemption)."""
-    early = exchange.early
     return early is not None and early.committed
 
 

@@ -1,8 +1,8 @@
 """Recent requests and routing events for ``/ui``.
 
 The request path pays one ``deque.append`` of a tuple summarising the finished
-:class:`~latgate.proxy.exchange.Exchange` (see :meth:`Exchange.finish`, field order as
-:func:`_request_json` reads it); turning them into JSON, and noticing counters that moved,
+:class:`~latgate.proxy.exchange.Exchange` (see :meth:`Recorder.finish
+<latgate.proxy.recorder.Recorder.finish>`, field order as :func:`_request_json` reads it); turning them into JSON, and noticing counters that moved,
 happens only in :meth:`Activity.snapshot`, i.e. when the page polls.
 """
 
