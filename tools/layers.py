@@ -102,7 +102,6 @@ KNOWN_DEBTS: dict[tuple[str, str], str] = {
 
 #: each a frozenset of modules that import each other in a cycle, with the reason
 KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"latgate.proxy.h1", "latgate.proxy.h1conn"}): "the pool and its connections (one module split in two)",
     frozenset(
         {"latgate.proxy.exchange", "latgate.proxy.keepalive", "latgate.proxy.relay", "latgate.proxy.wire", "latgate.tracing"}
     ): "Exchange carries the span and the keep-alive controller (to become a plain record)",

@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, get_args
 from urllib.parse import quote
 
-import httpx
 import orjson
 from fastapi import FastAPI
 from starlette.datastructures import Headers
@@ -95,7 +94,6 @@ class LatgateApp:
 def create_app(
     config: Config,
     *,
-    transport: httpx.AsyncBaseTransport | None = None,
     env: Mapping[str, str] | None = None,
     metrics_multiprocess_dir: str | None = None,
     tracing: Tracing | None = None,
@@ -104,7 +102,6 @@ def create_app(
 
     Args:
         config: the resolved config (see :func:`latgate.config.load_config`).
-        transport: replaces the upstream transport (tests: respx, an ASGI transport).
         env: environment read for provider keys (``os.environ`` by default).
         metrics_multiprocess_dir: set in each worker of ``serve --workers N``: metrics
             go to prometheus-client's multiprocess files there (see :mod:`latgate.metrics`).
@@ -119,7 +116,7 @@ def create_app(
         models=_model_labels(config),
         multiprocess_dir=metrics_multiprocess_dir,
     )
-    clients = UpstreamClients(transport=transport)
+    clients = UpstreamClients()
     stores = SharedStores()
     sessions = SessionMaps()  # one per [state] for the app's lifetime: placements outlive a reload
     activity = Activity(metrics)

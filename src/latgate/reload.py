@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -116,13 +115,9 @@ class UpstreamClients:
     (and its warm connection pool); one that changes them gets a new client. A retired
     client may still carry requests of the old config, so it is closed only by
     :meth:`aclose` when the app shuts down.
-
-    Args:
-        transport: replaces the upstream transport of every client (tests).
     """
 
-    def __init__(self, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self._transport = transport
+    def __init__(self) -> None:
         self._current: UpstreamClient | None = None
         self._timeouts: tuple[float, float] | None = None
         self._retired: list[UpstreamClient] = []
@@ -137,7 +132,6 @@ class UpstreamClients:
             self._current = UpstreamClient(
                 connect_timeout_seconds=timeouts[0],
                 read_timeout_seconds=timeouts[1],
-                transport=self._transport,
             )
             self._timeouts = timeouts
         return self._current

@@ -4,21 +4,18 @@ The wire is parsed by httptools (llhttp, the parser Node.js uses). Protocol: RFC
 (message syntax: ``Content-Length``, chunked and close-delimited bodies, persistence;
 section 9.3.2: no pipelining, so bytes after a complete response are never part of it)
 and RFC 9110 section 15.2 (1xx interim responses are skipped). The pool that owns the
-connections is :mod:`latgate.proxy.h1`.
+connections is :mod:`latgate.proxy.h1` (it is this module's :class:`ConnectionOwner`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httptools
 
 from latgate.proxy.errors import UpstreamFailure, client_certificate_alert, failure_cause
-
-if TYPE_CHECKING:
-    from latgate.proxy.h1 import H1Pool
 
 #: Pause reading from an upstream when this many body bytes wait for the client.
 HIGH_WATER_BYTES = 256 * 1024
@@ -45,6 +42,26 @@ class Headers(dict[str, str]):
         return dict.__getitem__(self, name.lower())
 
 
+class ConnectionOwner(Protocol):
+    """What a connection needs of the pool that owns it (:class:`~latgate.proxy.h1.H1Pool`).
+
+    Attributes:
+        loop: the event loop the connection runs on (its timers).
+        retired: a newer pool took over: a finished connection is closed, not kept.
+    """
+
+    loop: asyncio.AbstractEventLoop
+    retired: bool
+
+    def keep(self, conn: H1Connection) -> None:
+        """A finished response's connection, back to the idle list."""
+        ...
+
+    def forget(self, conn: H1Connection) -> None:
+        """The connection closed: its slot is free (idempotent)."""
+        ...
+
+
 class _Trailing(Exception):
     """Raised inside a parser callback to stop at bytes after a complete response."""
 
@@ -52,7 +69,7 @@ class _Trailing(Exception):
 class H1Connection(asyncio.Protocol):
     """One upstream TCP (or TLS) connection and the response being read on it."""
 
-    def __init__(self, pool: H1Pool, key: tuple[object, ...]) -> None:
+    def __init__(self, pool: ConnectionOwner, key: tuple[object, ...]) -> None:
         self._pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
@@ -316,11 +333,12 @@ class H1Connection(asyncio.Protocol):
 class H1Response:
     """An upstream response whose status and headers arrived; the body streams.
 
-    The slice of ``httpx.Response`` the forwarder reads: ``status_code``, ``headers``
-    (:class:`Headers`), ``aiter_raw()`` (the body as it arrives, dechunked, undecoded),
-    ``aread()``, ``aclose()`` (must be called: it returns the connection to the pool or
-    closes it). ``followed``: the URL of the same-origin redirect followed to get it
-    (set by :class:`~latgate.proxy.upstream.UpstreamClient`), else ``None``.
+    latgate's :class:`~latgate.proxy.upstream.UpstreamResponse`: ``status_code``,
+    ``headers`` (:class:`Headers`), ``aiter_raw()`` (the body as it arrives, dechunked,
+    undecoded), ``aclose()`` (must be called: it returns the connection to the pool or
+    closes it), ``close_connection()``, ``followed`` (the URL of the same-origin
+    redirect followed to get it, set by the client, else ``None``); and ``aread()``,
+    the whole body.
     """
 
     __slots__ = ("_conn", "_done", "followed", "headers", "status_code")
