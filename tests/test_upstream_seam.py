@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import socket
 
+import openai
 import pytest
+from completions import DONE, ROLE, chat_chunk, chat_completion, content, event
 from memory_transport import MemoryResponse, MemoryTransport, Sent
+from servers import serve_app
 
+from latgate.app import create_app
+from latgate.config import load_config_text
 from latgate.proxy.egress import Egress, Proxy
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
 
@@ -136,3 +142,27 @@ def test_a_gets_body_broken_mid_read_is_a_read_failure_and_its_response_is_close
 
     assert asyncio.run(run()).kind == "read"
     assert transport.answered[0].ended == "kept"
+
+
+def test_the_whole_gateway_runs_over_a_transport_given_to_create_app() -> None:
+    def answer(sent: Sent) -> MemoryResponse:
+        if sent.method == "GET":  # health probes, catalog reads
+            return MemoryResponse(200, {"content-type": "application/json"}, [b"{}"])
+        if json.loads(sent.payload).get("stream"):
+            events = ROLE + content("from") + content(" memory") + event(chat_chunk({}, finish_reason="stop")) + DONE
+            return MemoryResponse(200, {"content-type": "text/event-stream"}, [events[:40], events[40:]])
+        return MemoryResponse(200, {"content-type": "application/json"}, [json.dumps(chat_completion()).encode()])
+
+    transport = MemoryTransport(answer)
+    config = load_config_text(
+        f'[defaults]\nmax_retries = 0\n[providers.up]\napi_base = "{BASE}"\nmodels = ["m"]\n', source="t.toml"
+    )
+    with serve_app(create_app(config, transport=transport)) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        whole = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True))
+    assert whole.choices[0].message.content
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "from memory"
+    posts = [(sent.url, sent.group) for sent in transport.sent if sent.method == "POST"]
+    assert posts == [(BASE + "/chat/completions", "up")] * 2
+    assert all(response.ended == "kept" for response in transport.answered)

@@ -38,6 +38,7 @@ from latgate.gateway import Gateway, request_id
 from latgate.metrics import OTHER_MODEL, Metrics
 from latgate.providers.health import OpenReason
 from latgate.providers.monitor import run_monitor
+from latgate.proxy.upstream import UpstreamTransport
 from latgate.reload import Reloader, UpstreamClients
 from latgate.routing.headers import refuse_duplicate_headers
 from latgate.store import SharedStores, run_health_sync
@@ -94,6 +95,7 @@ class LatgateApp:
 def create_app(
     config: Config,
     *,
+    transport: UpstreamTransport | None = None,
     env: Mapping[str, str] | None = None,
     metrics_multiprocess_dir: str | None = None,
     tracing: Tracing | None = None,
@@ -102,6 +104,8 @@ def create_app(
 
     Args:
         config: the resolved config (see :func:`latgate.config.load_config`).
+        transport: carries the upstream requests instead of latgate's own pool (tests:
+            an in-memory :class:`~latgate.proxy.upstream.UpstreamTransport`).
         env: environment read for provider keys (``os.environ`` by default).
         metrics_multiprocess_dir: set in each worker of ``serve --workers N``: metrics
             go to prometheus-client's multiprocess files there (see :mod:`latgate.metrics`).
@@ -116,7 +120,7 @@ def create_app(
         models=_model_labels(config),
         multiprocess_dir=metrics_multiprocess_dir,
     )
-    clients = UpstreamClients()
+    clients = UpstreamClients(transport=transport)
     stores = SharedStores()
     sessions = SessionMaps()  # one per [state] for the app's lifetime: placements outlive a reload
     activity = Activity(metrics)

@@ -36,7 +36,7 @@ from latgate.config import ConfigError, load_config
 from latgate.config.schema import Config, ServerConfig
 from latgate.errors import InvalidRequest
 from latgate.gateway import Gateway, request_id
-from latgate.proxy.upstream import UpstreamClient
+from latgate.proxy.upstream import UpstreamClient, UpstreamTransport
 
 log = logging.getLogger("latgate")
 
@@ -115,9 +115,14 @@ class UpstreamClients:
     (and its warm connection pool); one that changes them gets a new client. A retired
     client may still carry requests of the old config, so it is closed only by
     :meth:`aclose` when the app shuts down.
+
+    Args:
+        transport: carries every client's requests instead of latgate's own pool
+            (tests: an in-memory :class:`~latgate.proxy.upstream.UpstreamTransport`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, transport: UpstreamTransport | None = None) -> None:
+        self._transport = transport
         self._current: UpstreamClient | None = None
         self._timeouts: tuple[float, float] | None = None
         self._retired: list[UpstreamClient] = []
@@ -132,6 +137,7 @@ class UpstreamClients:
             self._current = UpstreamClient(
                 connect_timeout_seconds=timeouts[0],
                 read_timeout_seconds=timeouts[1],
+                transport=self._transport,
             )
             self._timeouts = timeouts
         return self._current

@@ -65,18 +65,12 @@ NO_FIRST_TOKEN = UpstreamFailure("timeout", "no first token before the first-tok
 
 
 class AttemptFailed(Exception):
-    """One attempt failed before anything reached the client.
-
-    Attributes:
-        error: the client-facing error, should no other attempt succeed.
-        retryable: another attempt may not share the failure.
-        retry_after: the upstream's ``Retry-After`` in seconds, or None.
-        busy: the provider is full now (TileRT's busy 429): on to the next candidate.
-        stream_options_refused: the name of the provider that refused the stream's
-            ``stream_options`` (set by :mod:`latgate.proxy.attempt`), else None: the
-            request goes again to the same endpoint without them
-            (:func:`latgate.routing.policies.retry.after_failure`).
-    """
+    """One attempt failed before anything reached the client: ``error`` (the client's,
+    should no other attempt succeed), ``retryable``, ``retry_after`` (the upstream's, in
+    seconds), ``busy`` (full now, TileRT's busy 429: on to the next candidate),
+    ``stream_options_refused`` (the provider that refused the stream's
+    ``stream_options``, set by :mod:`latgate.proxy.attempt`: sent again without them,
+    :func:`latgate.routing.policies.retry.after_failure`)."""
 
     def __init__(
         self, error: GatewayError, *, retryable: bool, retry_after: float | None = None, busy: bool = False
@@ -175,7 +169,6 @@ class Failures:
         if status in (429, 503) and retry_after is not None:
             error.headers["retry-after"] = retry_after_header(response.headers["retry-after"], retry_after)
         return AttemptFailed(error, retryable=retryable, retry_after=retry_after)
-
 
     def error_event(
         self, provider: ProviderRuntime, endpoint: EndpointRuntime, error: dict[str, Any], *, error_kind: str = "error_event"
