@@ -268,8 +268,8 @@ class AttemptSender:
         if tap.aborted and not units:
             raise self.failures.bad_response(provider, endpoint, "aborted the stream before any content")
         if ended and not units and not tap.done and not tap.finished:
-            failure = UpstreamFailure("read", "the stream ended before any content")
-            raise self.failures.failed(provider, endpoint, failure)
+            empty = UpstreamFailure("read", "the stream ended before any content")
+            raise self.failures.failed(provider, endpoint, empty)
         if units:
             self.pool.record_first_token(provider, endpoint, ticket, ttft_ms=(time.perf_counter() - ticket.started_at) * 1000.0)
         self.pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)

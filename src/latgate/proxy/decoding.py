@@ -21,16 +21,10 @@ from __future__ import annotations
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
-from latgate.proxy.errors import UpstreamFailure
+import brotli
+import zstandard
 
-try:
-    import brotli
-except ImportError:  # pragma: no cover - a dependency; kept optional for slim installs
-    brotli = None
-try:
-    import zstandard
-except ImportError:  # pragma: no cover
-    zstandard = None
+from latgate.proxy.errors import UpstreamFailure
 
 __all__ = ["MAX_DECODED_BYTES", "DecodedResponse", "decoder_problem"]
 
@@ -158,9 +152,7 @@ class _Zstd(_Decoder):
         return self._obj.eof
 
 
-_ERRORS: tuple[type[BaseException], ...] = (zlib.error,) + ((brotli.error,) if brotli else ()) + (
-    (zstandard.ZstdError,) if zstandard else ()
-)
+_ERRORS: tuple[type[BaseException], ...] = (zlib.error, brotli.error, zstandard.ZstdError)
 
 
 def _codings(content_encoding: str) -> list[str]:
@@ -172,9 +164,9 @@ def _codings(content_encoding: str) -> list[str]:
 def _decoder(coding: str, limit: int = MAX_DECODED_BYTES) -> _Zlib | _Brotli | _Zstd | None:
     if coding in ("gzip", "x-gzip", "deflate"):
         return _Zlib(coding, limit)
-    if coding == "br" and brotli is not None:
+    if coding == "br":
         return _Brotli(limit)
-    if coding == "zstd" and zstandard is not None:
+    if coding == "zstd":
         return _Zstd(limit)
     return None
 

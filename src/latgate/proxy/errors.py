@@ -93,7 +93,7 @@ def failure_cause(exc: BaseException) -> str:
     if isinstance(exc, socket.gaierror):
         return "DNS name not found"
     if isinstance(exc, ssl.SSLCertVerificationError):
-        code = getattr(exc, "verify_code", None)
+        code = exc.verify_code
         return "TLS: " + _VERIFY_REASONS.get(code, f"certificate not accepted (OpenSSL code {code})")
     if isinstance(exc, ssl.SSLError):
         alert = client_certificate_alert(exc)

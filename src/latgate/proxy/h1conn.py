@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Protocol
+from typing import Protocol, TypeVar, cast, overload
 
 import httptools
 
@@ -29,13 +29,27 @@ DRAIN_SECONDS = 0.05
 DRAIN_BYTES = 64 * 1024
 
 
+_T = TypeVar("_T")
+#: a pooled connection's key: its group (provider) and its target's origin, proxy and TLS
+PoolKey = tuple[str, tuple[object, ...]]
+
+
 class Headers(dict[str, str]):
     """Response headers by lower-case name (repeated fields joined with ``", "``, RFC
     9110 section 5.3); ``get`` and ``[]`` accept any case."""
 
     __slots__ = ()
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    @overload
+    def get(self, name: str, default: None = None, /) -> str | None: ...
+
+    @overload
+    def get(self, name: str, default: str, /) -> str: ...
+
+    @overload
+    def get(self, name: str, default: _T, /) -> str | _T: ...
+
+    def get(self, name: str, default: object = None, /) -> object:
         return dict.get(self, name.lower(), default)
 
     def __getitem__(self, name: str) -> str:
@@ -69,7 +83,7 @@ class _Trailing(Exception):
 class H1Connection(asyncio.Protocol):
     """One upstream TCP (or TLS) connection and the response being read on it."""
 
-    def __init__(self, pool: ConnectionOwner, key: tuple[object, ...]) -> None:
+    def __init__(self, pool: ConnectionOwner, key: PoolKey) -> None:
         self._pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
@@ -106,7 +120,7 @@ class H1Connection(asyncio.Protocol):
     # --- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # a stream transport: create_connection's
 
     def data_received(self, data: bytes) -> None:
         self.received_any = True
