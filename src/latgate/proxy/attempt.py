@@ -187,8 +187,8 @@ class AttemptSender:
             stack.push_async_callback(response.aclose)
             if response.status_code != 200:
                 failed = await self.failures.status_failure(provider, endpoint, response, deadline, url=url)
-                if tap is not None and refuses_stream_options(failed.error, attempt.payload):
-                    failed.stream_options_refused = provider.name
+                if tap is not None and not attempt.stream_options_refused and refuses_stream_options(failed.error, attempt.payload):
+                    failed.stream_options_refused = provider.name  # once: sent again without them
                 raise failed
             if tap is not None and provider.stream_options.refusals and b'"stream_options":' in attempt.payload:
                 provider.stream_options.accepted()  # taken again after a refusal
