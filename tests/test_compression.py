@@ -30,6 +30,7 @@ from h1_upstreams import (
     keep_serving,
     stack_on,
 )
+from memory_transport import MemoryResponse
 from stack import gateway
 
 from latgate.proxy.decoding import STEP_BYTES, DecodedResponse
@@ -194,28 +195,20 @@ def test_a_compression_bomb_stops_at_max_response_bytes_and_others_go_on(
     logs()
 
 
-class _Reads:
-    """A response whose raw body is ``reads``, one per ``anext``."""
-
-    def __init__(self, reads: list[bytes]) -> None:
-        self.status_code, self.headers = 200, {}
-        self._reads = iter(reads)
-
-    def aiter_raw(self) -> _Reads:
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return next(self._reads)
-        except StopIteration:
-            raise StopAsyncIteration from None
+def _decoded(reads: list[bytes], coding: str) -> DecodedResponse:
+    """A body of ``reads`` (one per read) in ``coding``, decoded."""
+    inner = MemoryResponse(200, {"content-encoding": coding}, list(reads))
+    return DecodedResponse(
+        status_code=200, headers=inner.headers, body=inner.aiter_raw(), close=inner.aclose,
+        close_connection=inner.close_connection, content_encoding=coding, max_decoded_bytes=BOMB_LIMIT,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("coding", sorted(BOMB_CODINGS))
 def test_a_bomb_in_one_read_is_decoded_in_bounded_steps_up_to_the_bound(coding: str) -> None:
     """What decoding a bomb costs is bounded: no read of the decoded body is more than
     one step, and it stops one step past the bound (bytes produced, not time)."""
-    decoded = DecodedResponse(_Reads([bomb(coding)]), coding, max_decoded_bytes=BOMB_LIMIT)
+    decoded = _decoded([bomb(coding)], coding)
 
     async def drain() -> list[int]:
         sizes: list[int] = []

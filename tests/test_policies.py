@@ -260,3 +260,13 @@ def test_the_clients_own_mistake_stops_without_trying_another_provider() -> None
     assert _after(retryable=False, client_mistake=True) == AfterFailure(retry=False, next_provider=False)
     assert _after(retries_done=3, client_mistake=True).next_provider is False
 
+
+
+def test_refused_stream_options_go_again_at_once_to_the_same_endpoint_without_them_whatever_retries_are_left() -> None:
+    # a 400 naming the field: not retryable, the client's mistake on its face, no retries left
+    refused = {"retryable": False, "client_mistake": True, "stream_options_refused": True}
+    again = AfterFailure(retry=True, delay_seconds=0.0, without_stream_options=True)
+    assert _after(**refused) == again
+    assert _after(**refused, retries_done=3, max_retries=3) == again
+    assert _after(**refused, max_retries=0) == again
+    assert _after(retryable=False, client_mistake=True) == AfterFailure(retry=False, next_provider=False)

@@ -12,6 +12,7 @@ import signal
 import httpx
 import pytest
 from gateway_process import GatedUpstream, GatewayProcess
+from h1_upstreams import RawUpstream, json_reply, keep_serving
 from processes import poll
 from replay import ReplayScript, replay_server
 from servers import listening_socket, serve_app
@@ -145,7 +146,7 @@ def test_reload_that_moves_the_listen_port_says_it_needs_a_restart(served, sims)
 
 
 def test_upstream_client_is_kept_unless_the_default_timeouts_change() -> None:
-    clients = UpstreamClients(transport=httpx.MockTransport(lambda request: httpx.Response(200)))
+    clients = UpstreamClients()
     base = load_config_text('[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n', source="c.toml")
     same = load_config_text('[providers.q]\napi_base = "http://127.0.0.1:9/v1"\n', source="c.toml")
     slower = load_config_text(
@@ -155,16 +156,21 @@ def test_upstream_client_is_kept_unless_the_default_timeouts_change() -> None:
     assert clients.client_for(same) is first
     second = clients.client_for(slower)
     assert second is not first
-    assert asyncio.run(answers(first)) and asyncio.run(answers(second))
-    asyncio.run(clients.aclose())
-    assert not asyncio.run(answers(first)) and not asyncio.run(answers(second))
+
+    async def run(url: str) -> tuple[tuple[bool, bool], tuple[bool, bool]]:
+        before = await answers(first, url), await answers(second, url)
+        await clients.aclose()
+        return before, (await answers(first, url), await answers(second, url))
+
+    with RawUpstream(keep_serving(json_reply())) as up:
+        assert asyncio.run(run(up.base_url + "/health")) == ((True, True), (False, False))
 
 
-async def answers(client: UpstreamClient) -> bool:
-    """Whether ``client`` still sends a GET (a closed one refuses)."""
+async def answers(client: UpstreamClient, url: str) -> bool:
+    """Whether ``client`` still sends a GET to ``url`` (a closed one refuses)."""
     try:
-        await client.get(url="http://127.0.0.1:9/health", headers={}, timeout_seconds=1.0)
-    except (RuntimeError, UpstreamFailure):
+        await client.get(url=url, headers={}, timeout_seconds=1.0)
+    except UpstreamFailure:
         return False
     return True
 

@@ -117,6 +117,8 @@ def test_a_provider_refusing_latgates_own_stream_options_is_sent_none_until_the_
         assert _sent_options(up) == [{"include_usage": True}, None, None]  # asked again without, then withheld
         support = gw.app.state.gateway.pool["up"].stream_options
         assert support.refusals == 1 and support.withheld_until > 0
+        # the one retry (with max_retries = 0: the field was refused, not the request), counted as one
+        assert 'latgate_retries_total{provider="up"} 1.0' in httpx.get(gw.url + "/metrics", timeout=10).text
 
 
 def test_a_refusal_the_stream_without_the_field_gets_too_teaches_nothing() -> None:

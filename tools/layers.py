@@ -100,9 +100,7 @@ KNOWN_DEBTS: dict[tuple[str, str], str] = {
 }
 
 #: each a frozenset of modules that import each other in a cycle, with the reason
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"latgate.proxy.h1", "latgate.proxy.h1conn"}): "the pool and its connections (one module split in two)",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 
 def module_names(package: Path = PACKAGE) -> dict[str, Path]:

@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, get_args
 from urllib.parse import quote
 
-import httpx
 import orjson
 from fastapi import FastAPI
 from starlette.datastructures import Headers
@@ -41,6 +40,7 @@ from latgate.metrics import OTHER_MODEL, Metrics
 from latgate.providers.health import OpenReason
 from latgate.providers.monitor import run_monitor
 from latgate.proxy.recorder import Recorder
+from latgate.proxy.upstream import UpstreamTransport
 from latgate.reload import Reloader, UpstreamClients
 from latgate.routing.headers import refuse_duplicate_headers
 from latgate.store import SharedStores, run_health_sync
@@ -97,7 +97,7 @@ class LatgateApp:
 def create_app(
     config: Config,
     *,
-    transport: httpx.AsyncBaseTransport | None = None,
+    transport: UpstreamTransport | None = None,
     env: Mapping[str, str] | None = None,
     metrics_multiprocess_dir: str | None = None,
     tracing: Tracing | None = None,
@@ -106,7 +106,8 @@ def create_app(
 
     Args:
         config: the resolved config (see :func:`latgate.config.load_config`).
-        transport: replaces the upstream transport (tests: respx, an ASGI transport).
+        transport: carries the upstream requests instead of latgate's own pool (tests:
+            an in-memory :class:`~latgate.proxy.upstream.UpstreamTransport`).
         env: environment read for provider keys (``os.environ`` by default).
         metrics_multiprocess_dir: set in each worker of ``serve --workers N``: metrics
             go to prometheus-client's multiprocess files there (see :mod:`latgate.metrics`).

@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -37,7 +36,7 @@ from latgate.config import ConfigError, load_config
 from latgate.config.schema import Config, ServerConfig
 from latgate.errors import InvalidRequest
 from latgate.gateway import Gateway, request_id
-from latgate.proxy.upstream import UpstreamClient
+from latgate.proxy.upstream import UpstreamClient, UpstreamTransport
 
 log = logging.getLogger("latgate")
 
@@ -118,10 +117,11 @@ class UpstreamClients:
     :meth:`aclose` when the app shuts down.
 
     Args:
-        transport: replaces the upstream transport of every client (tests).
+        transport: carries every client's requests instead of latgate's own pool
+            (tests: an in-memory :class:`~latgate.proxy.upstream.UpstreamTransport`).
     """
 
-    def __init__(self, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, *, transport: UpstreamTransport | None = None) -> None:
         self._transport = transport
         self._current: UpstreamClient | None = None
         self._timeouts: tuple[float, float] | None = None

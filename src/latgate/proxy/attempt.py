@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +37,7 @@ from latgate.proxy.transform import ResponseTransform, UntranslatableAnswer
 from latgate.proxy.upstream import (
     UpstreamClient,
     UpstreamFailure,
+    UpstreamResponse,
     read_at_most,
     upstream_errors,
     upstream_headers,
@@ -49,7 +49,6 @@ from latgate.proxy.wire import (
     refuses_stream_options,
     sends_own_stream_options,
     tap_drop,
-    upstream_payload,
 )
 from latgate.routing.plan import RoutePlan
 from latgate.routing.selection import Selector
@@ -93,6 +92,9 @@ class Attempt:
         last: nothing is left to try after it (its first-token deadline is then the
             configured one alone: giving up helps nobody).
         race: the hedge race it runs in, or None.
+        stream_options_refused: the request sent again without ``stream_options``
+            after this endpoint refused them; taken, it is evidence that the field was
+            the problem (:mod:`latgate.providers.stream_options`).
     """
 
     routed: Routed
@@ -102,6 +104,7 @@ class Attempt:
     payload: bytes
     last: bool = False
     race: Race | None = None
+    stream_options_refused: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,12 +129,14 @@ class AttemptSender:
     failures: Failures
     selector: Selector
 
-    async def send(self, attempt: Attempt) -> Any:
+    async def send(self, attempt: Attempt) -> Answer | StreamRelay:
         """Send ``attempt`` and return the client's response: an :class:`Answer`, or for
         a stream a :class:`StreamRelay` holding everything up to the first content.
 
         Raises:
-            AttemptFailed: it failed before anything reached the client.
+            AttemptFailed: it failed before anything reached the client (a stream's
+                ``stream_options`` refused: ``stream_options_refused`` names the
+                provider, for the forwarder to send it again without them).
             LostRace: in a hedge race, the other attempt got content first.
         """
         routed, provider, endpoint, target = attempt.routed, attempt.provider, attempt.endpoint, attempt.target
@@ -190,14 +195,8 @@ class AttemptSender:
             stack.push_async_callback(response.aclose)
             if response.status_code != 200:
                 failed = await self.failures.status_failure(provider, endpoint, response, deadline, url=url)
-                if tap is not None and refuses_stream_options(failed.error, attempt.payload):
-                    self.metrics.record_retry(provider=provider.name)
-                    await stack.aclose()
-                    again = upstream_payload(body, target, provider, stream=True, path=routed.path, stream_options=False)
-                    answer = await self.send(dataclasses.replace(attempt, payload=again))
-                    if sends_own_stream_options(body, routed.path):  # taken without them: the field was the problem
-                        provider.stream_options.refused(time.monotonic())
-                    return answer
+                if tap is not None and not attempt.stream_options_refused and refuses_stream_options(failed.error, attempt.payload):
+                    failed.stream_options_refused = provider.name  # once: sent again without them
                 raise failed
             if tap is not None and provider.stream_options.refusals and b'"stream_options":' in attempt.payload:
                 provider.stream_options.accepted()  # taken again after a refusal
@@ -206,6 +205,8 @@ class AttemptSender:
                 return await self._complete(attempt, response, ticket, whole_by=whole_by)
             relay = await self._start_stream(attempt, response, tap, stack, deadline, ticket)
             handed_off = True
+            if attempt.stream_options_refused and sends_own_stream_options(body, routed.path):
+                provider.stream_options.refused(time.monotonic())  # taken without them: the field was the problem
             return relay
         except asyncio.CancelledError:
             ticket.censored = True  # lost a hedge race, or the client left, before a first token
@@ -217,7 +218,7 @@ class AttemptSender:
     async def _start_stream(
         self,
         attempt: Attempt,
-        response: Any,
+        response: UpstreamResponse,
         tap: StreamTap,
         stack: contextlib.AsyncExitStack,
         deadline: float | None,
@@ -275,8 +276,8 @@ class AttemptSender:
         if tap.aborted and not units:
             raise self.failures.bad_response(provider, endpoint, "aborted the stream before any content")
         if ended and not units and not tap.done and not tap.finished:
-            failure = UpstreamFailure("read", "the stream ended before any content")
-            raise self.failures.failed(provider, endpoint, failure)
+            empty = UpstreamFailure("read", "the stream ended before any content")
+            raise self.failures.failed(provider, endpoint, empty)
         if units:
             self.pool.record_first_token(provider, endpoint, ticket, ttft_ms=(time.perf_counter() - ticket.started_at) * 1000.0)
         self.pool.record_outcome(provider, endpoint, ok=True, ticket=ticket)
@@ -307,7 +308,7 @@ class AttemptSender:
             quiet_seconds=self._timeout_seconds(provider),
         )
 
-    async def _complete(self, attempt: Attempt, response: Any, ticket: Ticket, *, whole_by: float) -> Answer:
+    async def _complete(self, attempt: Attempt, response: UpstreamResponse, ticket: Ticket, *, whole_by: float) -> Answer:
         """A non-streamed answer, read whole by ``whole_by`` (an event-loop time:
         ``timeout_sec`` after sending). No first-token deadline applies: an engine writes
         a non-streamed answer only once the whole completion is generated, so one would

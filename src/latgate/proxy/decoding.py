@@ -19,18 +19,12 @@ decode is refused before the body is read (:func:`decoder_problem`).
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+
+import brotli
+import zstandard
 
 from latgate.proxy.errors import UpstreamFailure
-
-try:
-    import brotli
-except ImportError:  # pragma: no cover - a dependency; kept optional for slim installs
-    brotli = None
-try:
-    import zstandard
-except ImportError:  # pragma: no cover
-    zstandard = None
 
 __all__ = ["MAX_DECODED_BYTES", "DecodedResponse", "decoder_problem"]
 
@@ -158,9 +152,7 @@ class _Zstd(_Decoder):
         return self._obj.eof
 
 
-_ERRORS: tuple[type[BaseException], ...] = (zlib.error,) + ((brotli.error,) if brotli else ()) + (
-    (zstandard.ZstdError,) if zstandard else ()
-)
+_ERRORS: tuple[type[BaseException], ...] = (zlib.error, brotli.error, zstandard.ZstdError)
 
 
 def _codings(content_encoding: str) -> list[str]:
@@ -169,12 +161,12 @@ def _codings(content_encoding: str) -> list[str]:
     return [name for name in reversed(names) if name and name != "identity"]
 
 
-def _decoder(coding: str, limit: int = MAX_DECODED_BYTES) -> Any:
+def _decoder(coding: str, limit: int = MAX_DECODED_BYTES) -> _Zlib | _Brotli | _Zstd | None:
     if coding in ("gzip", "x-gzip", "deflate"):
         return _Zlib(coding, limit)
-    if coding == "br" and brotli is not None:
+    if coding == "br":
         return _Brotli(limit)
-    if coding == "zstd" and zstandard is not None:
+    if coding == "zstd":
         return _Zstd(limit)
     return None
 
@@ -193,9 +185,8 @@ def decoder_problem(content_encoding: str) -> str | None:
 
 
 class DecodedResponse:
-    """An upstream response whose body is decoded on the way (the same slice of
-    ``httpx.Response`` the forwarder reads: ``status_code``, ``headers``,
-    ``aiter_raw()``, ``aread()``, ``aclose()``).
+    """An upstream response whose body is decoded on the way: an
+    :class:`~latgate.proxy.upstream.UpstreamResponse` over the undecoded one's parts.
 
     Each read gives at most about :data:`STEP_BYTES` of decoded body, and the next
     compressed read is taken only once the last one is decoded: a small compressed
@@ -204,7 +195,9 @@ class DecodedResponse:
     passed.
 
     Args:
-        response: the undecoded response (its ``aiter_raw`` gives the encoded body).
+        status_code, headers, followed: the undecoded response's.
+        body: its body as it arrives (encoded).
+        close, close_connection: its ``aclose`` and ``close_connection``.
         content_encoding: its ``Content-Encoding``, checked by :func:`decoder_problem`.
         max_decoded_bytes: the most bytes the body may decode to (each coding's output
             counts: a bomb inside another is stopped at the inner one).
@@ -215,17 +208,34 @@ class DecodedResponse:
             ``max_decoded_bytes``.
     """
 
-    __slots__ = ("_decoders", "_finished", "_limit", "_raw", "_response", "followed", "headers", "status_code")
+    __slots__ = (
+        "_close", "_close_connection", "_decoders", "_finished", "_limit", "_raw", "followed", "headers", "status_code",
+    )  # fmt: skip
 
-    def __init__(self, response: Any, content_encoding: str, *, max_decoded_bytes: int = MAX_DECODED_BYTES) -> None:
-        self._response = response
-        self.followed: str | None = getattr(response, "followed", None)  # the redirect followed to get it
-        self._raw = response.aiter_raw()
+    def __init__(
+        self,
+        *,
+        status_code: int,
+        headers: Mapping[str, str],
+        body: AsyncIterator[bytes],
+        close: Callable[[], Awaitable[None]],
+        close_connection: Callable[[], None],
+        content_encoding: str,
+        max_decoded_bytes: int = MAX_DECODED_BYTES,
+        followed: str | None = None,
+    ) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self.followed = followed  # the redirect followed to get it
+        self._raw = body
+        self._close = close
+        self._close_connection = close_connection
         self._limit = max_decoded_bytes
-        self._decoders = [_decoder(coding, max_decoded_bytes) for coding in _codings(content_encoding)]
+        decoders = [_decoder(coding, max_decoded_bytes) for coding in _codings(content_encoding)]
+        if None in decoders:
+            raise ValueError(f"cannot decode {content_encoding!r}: check decoder_problem first")
+        self._decoders = [decoder for decoder in decoders if decoder is not None]
         self._finished = False
-        self.status_code = response.status_code
-        self.headers = response.headers
 
     def aiter_raw(self) -> DecodedResponse:
         return self
@@ -273,7 +283,11 @@ class DecodedResponse:
             decoder.push(more)
 
     async def aread(self) -> bytes:
+        """The whole decoded body."""
         return b"".join([chunk async for chunk in self])
 
     async def aclose(self) -> None:
-        await self._response.aclose()
+        await self._close()
+
+    def close_connection(self) -> None:
+        self._close_connection()

@@ -158,20 +158,29 @@ def tls_context(
     key = (cafile, capath, client_cert, client_key, verify, *(os.stat(f).st_mtime_ns for f in files))
     context = _CONTEXTS.get(key)
     if context is None:
-        if not verify:
-            context = ssl.create_default_context()
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        elif cafile is None and capath is None:
-            import certifi
-
-            context = ssl.create_default_context(cafile=certifi.where())
+        if not verify or (cafile is None and capath is None):
+            context = default_tls_context(verify=verify)
         else:
             context = ssl.create_default_context(cafile=cafile, capath=capath)
         if client_cert:
             context.load_cert_chain(client_cert, client_key)
         _CONTEXTS[key] = context
     return context, key
+
+
+def default_tls_context(*, verify: bool = True) -> ssl.SSLContext:
+    """A new TLS context for upstreams whose provider names no CA: certifi's bundle of
+    Mozilla's roots (the same on every host, whatever its system store holds; what the
+    openai SDK trusts by default), host names checked. ``verify=False``: nothing is
+    checked (a provider's ``verify = false``)."""
+    if not verify:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    import certifi  # loading the bundle takes tens of ms: callers make one context early
+
+    return ssl.create_default_context(cafile=certifi.where())
 
 
 def env_proxy_urls(env: Mapping[str, str]) -> dict[str, str]:

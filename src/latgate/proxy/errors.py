@@ -1,11 +1,14 @@
-"""The one exception for a failed upstream exchange, whatever client library was used."""
+"""The one exception for a failed upstream exchange (:class:`UpstreamFailure`), and the
+one translation of foreign exceptions into it (:func:`as_upstream_failure`)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
 import ssl
+from collections.abc import Iterator
 
 #: connect(2) errors that are latgate's own shortage, not the upstream's failure:
 #: no descriptor (per process, system-wide), no buffer space, no local port.
@@ -90,7 +93,7 @@ def failure_cause(exc: BaseException) -> str:
     if isinstance(exc, socket.gaierror):
         return "DNS name not found"
     if isinstance(exc, ssl.SSLCertVerificationError):
-        code = getattr(exc, "verify_code", None)
+        code = exc.verify_code
         return "TLS: " + _VERIFY_REASONS.get(code, f"certificate not accepted (OpenSSL code {code})")
     if isinstance(exc, ssl.SSLError):
         alert = client_certificate_alert(exc)
@@ -115,3 +118,51 @@ def connect_failure(exc: BaseException) -> UpstreamFailure:
     if isinstance(exc, TimeoutError):
         return UpstreamFailure("timeout", "upstream timed out: connect")
     return UpstreamFailure("connect", f"could not connect to upstream: {failure_cause(exc)}")
+
+
+@contextlib.contextmanager
+def upstream_errors() -> Iterator[None]:
+    """Translate foreign exceptions raised while reading an upstream into
+    :class:`UpstreamFailure` (:func:`as_upstream_failure`)."""
+    try:
+        yield
+    except (OSError, ValueError) as exc:  # TimeoutError is an OSError
+        raise as_upstream_failure(exc) from None
+
+
+def as_upstream_failure(exc: OSError | ValueError) -> UpstreamFailure:
+    """The :class:`UpstreamFailure` for a foreign exception of an upstream exchange: a
+    timeout is ``timeout``; latgate's own shortage of descriptors or buffers ``local``
+    (never the upstream's failure); a refused connection, a DNS or TLS failure
+    ``connect``; another socket error ``read``; a ``ValueError`` (a client library
+    refusing the request itself, e.g. a key with a newline) ``request``."""
+    if isinstance(exc, TimeoutError):
+        return UpstreamFailure("timeout", "upstream timed out")
+    if isinstance(exc, ValueError):
+        return UpstreamFailure("request", "the request could not be sent (check the provider's key and URL)")
+    root = _root_cause(exc)
+    if root is not None and root.errno in LOCAL_ERRNOS:
+        return UpstreamFailure("local", LOCAL_SHORTAGE)
+    alert = client_certificate_alert(root)
+    if alert is not None:  # TLS 1.3: refused after the handshake, on the first read
+        return UpstreamFailure("connect", f"could not connect to upstream: {alert}")
+    if isinstance(root, ConnectionRefusedError | socket.gaierror | ssl.SSLCertVerificationError):
+        return UpstreamFailure("connect", f"could not connect to upstream: {failure_cause(root)}")
+    return UpstreamFailure("read", f"upstream connection failed ({failure_cause(root or exc)})")
+
+
+def _root_cause(exc: BaseException) -> OSError | None:
+    """The socket or TLS error under an exception chain, if any: the first with an
+    errno (or a TLS error) when a plain one wraps it (anyio's "all connection attempts
+    failed")."""
+    seen = 0
+    found: OSError | None = None
+    current: BaseException | None = exc
+    while current is not None and seen < 8:
+        if isinstance(current, OSError) and not isinstance(current, TimeoutError):
+            if current.errno is not None or isinstance(current, ssl.SSLError):
+                return current
+            found = found or current
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return found

@@ -24,6 +24,7 @@ import email.utils
 import logging
 import math
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -45,6 +46,7 @@ from latgate.proxy.redact import redact, redact_json, redact_text, upstream_labe
 from latgate.proxy.upstream import (
     SAME_ORIGIN_REDIRECTS,
     UpstreamFailure,
+    UpstreamResponse,
     same_origin_location,
     upstream_errors,
 )
@@ -63,7 +65,12 @@ NO_FIRST_TOKEN = UpstreamFailure("timeout", "no first token before the first-tok
 
 
 class AttemptFailed(Exception):
-    """One attempt failed before anything reached the client."""
+    """One attempt failed before anything reached the client: ``error`` (the client's,
+    should no other attempt succeed), ``retryable``, ``retry_after`` (the upstream's, in
+    seconds), ``busy`` (full now, TileRT's busy 429: on to the next candidate),
+    ``stream_options_refused`` (the provider that refused the stream's
+    ``stream_options``, set by :mod:`latgate.proxy.attempt`: sent again without them,
+    :func:`latgate.routing.policies.retry.after_failure`)."""
 
     def __init__(
         self, error: GatewayError, *, retryable: bool, retry_after: float | None = None, busy: bool = False
@@ -71,7 +78,8 @@ class AttemptFailed(Exception):
         self.error = error
         self.retryable = retryable
         self.retry_after = retry_after
-        self.busy = busy  # the provider is full now (TileRT's busy 429): on to the next candidate
+        self.busy = busy
+        self.stream_options_refused: str | None = None
 
     @property
     def client_mistake(self) -> bool:
@@ -121,7 +129,7 @@ class Failures:
         self,
         provider: ProviderRuntime,
         endpoint: EndpointRuntime,
-        response: Any,
+        response: UpstreamResponse,
         deadline: float | None,
         *,
         url: str = "",
@@ -133,8 +141,8 @@ class Failures:
         redirect): not an answer to a completion, so the provider's failure (502)."""
         status = response.status_code
         if 300 <= status < 400:  # a same-origin 307/308 elsewhere was followed already (upstream.py)
-            followed = getattr(response, "followed", None)
-            return self.redirect_refused(provider, endpoint, status, response.headers.get("location"), url, followed=followed)
+            location = response.headers.get("location")
+            return self.redirect_refused(provider, endpoint, status, location, url, followed=response.followed)
         if status < 400:
             return self.bad_response(provider, endpoint, f"answered with status {status}")
         data = b""
@@ -161,7 +169,6 @@ class Failures:
         if status in (429, 503) and retry_after is not None:
             error.headers["retry-after"] = retry_after_header(response.headers["retry-after"], retry_after)
         return AttemptFailed(error, retryable=retryable, retry_after=retry_after)
-
 
     def error_event(
         self, provider: ProviderRuntime, endpoint: EndpointRuntime, error: dict[str, Any], *, error_kind: str = "error_event"
@@ -191,7 +198,7 @@ class Failures:
         endpoint: EndpointRuntime,
         what: str,
         start: bytes,
-        body: Any,
+        body: AsyncIterator[bytes],
         deadline: float | None,
     ) -> AttemptFailed:
         """A stream answered, before any content, with ``what`` (``"a JSON body"``, ``"an

@@ -24,9 +24,10 @@ Which failures are retryable, and how each becomes the client's error, is
 :mod:`latgate.proxy.failures`; whether and when to retry, or move on, is
 :mod:`latgate.routing.policies.retry`; one attempt (:class:`~latgate.proxy.attempt.Attempt`)
 is sent and read by :mod:`latgate.proxy.attempt`. One failure is retried on the same
-endpoint at once, whatever ``max_retries`` says: a stream's ``stream_options`` refused
-with a 400 (or 422) naming them, sent again without them (withheld from the provider for
-a while on evidence: :mod:`latgate.providers.stream_options`).
+endpoint at once, whatever ``max_retries`` says (``after_failure`` says so too): a
+stream's ``stream_options`` refused with a 400 (or 422) naming them, sent again without
+them (withheld from the provider for a while on evidence:
+:mod:`latgate.providers.stream_options`).
 """
 
 from __future__ import annotations
@@ -245,23 +246,29 @@ class Forwarder:
             else:
                 payload = upstream_payload(body, target, provider, stream=exchange.stream, path=routed.path)
             exchange.fallback_model = target.fallback_model
-            for retries_done in range(max_retries + 1):
-                if retries_done:
-                    if not self._may_retry(provider, "retry"):
-                        break  # over the retry budget: on to the next provider, if any
+            retries_done = 0
+            again: Attempt | None = None  # the same endpoint's attempt, as after_failure said
+            while again is not None or retries_done <= max_retries:
+                if again is not None:  # not one of max_retries, nor of the retry budget
+                    attempt, again = again, None
                     self._metrics.record_retry(provider=provider.name)
-                endpoint = plan.endpoint
-                if tried or endpoint in small:
-                    endpoint = self.selector.next_endpoint(provider, plan, exclude=tried + small)
-                    if endpoint in small:
-                        break  # the endpoints whose window fits are all tried or unavailable
-                tried.append(endpoint)
-                # Only another endpoint or provider is worth giving up on this one for:
-                # a retry would go back to the same endpoint once every one is tried.
-                untried = retries_done < max_retries and any(other not in tried for other in provider.endpoints)
-                attempt = Attempt(
-                    routed, target, provider, endpoint, payload, last=position == len(targets) - 1 and not untried
-                )
+                else:
+                    if retries_done:
+                        if not self._may_retry(provider, "retry"):
+                            break  # over the retry budget: on to the next provider, if any
+                        self._metrics.record_retry(provider=provider.name)
+                    endpoint = plan.endpoint
+                    if tried or endpoint in small:
+                        endpoint = self.selector.next_endpoint(provider, plan, exclude=tried + small)
+                        if endpoint in small:
+                            break  # the endpoints whose window fits are all tried or unavailable
+                    tried.append(endpoint)
+                    # Only another endpoint or provider is worth giving up on this one for:
+                    # a retry would go back to the same endpoint once every one is tried.
+                    untried = retries_done < max_retries and any(other not in tried for other in provider.endpoints)
+                    attempt = Attempt(
+                        routed, target, provider, endpoint, payload, last=position == len(targets) - 1 and not untried
+                    )
                 try:
                     if plan.hedge is not None and exchange.stream and len(tried) == 1:
                         return await self._hedged(attempt)
@@ -274,11 +281,19 @@ class Forwarder:
                     step = after_failure(
                         retryable=failed.retryable, busy=failed.busy, client_mistake=failed.client_mistake,
                         retry_after_seconds=failed.retry_after, retries_done=retries_done, max_retries=max_retries,
+                        stream_options_refused=failed.stream_options_refused == provider.name,
                     )  # fmt: skip
+                    if step.without_stream_options:
+                        again = dataclasses.replace(
+                            attempt, stream_options_refused=True,
+                            payload=upstream_payload(body, target, provider, stream=True, path=routed.path, stream_options=False),
+                        )  # fmt: skip
+                        continue
                     if not step.retry:
                         stop = not step.next_provider  # the client's own mistake: another provider would say the same
                         break
                     await self._sleep(step.delay_seconds)
+                    retries_done += 1
         if refused and not tried:
             raise ContextLengthExceeded(window_refusal(exchange.public_model, plan.prompt_tokens, None, refused), param="messages")
         if plan.cause is not None:

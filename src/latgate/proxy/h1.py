@@ -38,7 +38,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from latgate.proxy.egress import Egress
 from latgate.proxy.errors import LOCAL_ERRNOS, LOCAL_SHORTAGE, UpstreamFailure, connect_failure
-from latgate.proxy.h1conn import H1Connection, H1Response, Headers
+from latgate.proxy.h1conn import H1Connection, H1Response, Headers, PoolKey
 from latgate.proxy.tunnel import open_tunnel
 
 __all__ = ["H1Pool", "H1Response", "Headers"]
@@ -117,7 +117,7 @@ class H1Pool:
         self._ssl = ssl_context
         self._max = max_connections
         self._open: dict[str, int] = {}
-        self._idle: dict[tuple[object, ...], list[H1Connection]] = {}  # by (group, target key)
+        self._idle: dict[PoolKey, list[H1Connection]] = {}
         self._slot_waiters: dict[str, collections.deque[asyncio.Future[None]]] = {}
         self._targets: dict[str, _Target] = {}
         self._all: set[H1Connection] = set()
@@ -131,7 +131,7 @@ class H1Pool:
         """Busy connections (open and not idle) by group."""
         busy = dict(self._open)
         for (group, _), idle in self._idle.items():
-            busy[group] = busy.get(group, 0) - sum(1 for conn in idle if not conn.closed)  # type: ignore[has-type]
+            busy[group] = busy.get(group, 0) - sum(1 for conn in idle if not conn.closed)
         return busy
 
     async def post(
@@ -213,7 +213,7 @@ class H1Pool:
                 ) from None
         return await self._connect(target, key)
 
-    def _idle_connection(self, key: tuple[object, ...]) -> H1Connection | None:
+    def _idle_connection(self, key: PoolKey) -> H1Connection | None:
         idle = self._idle.get(key)
         now = self.loop.time()
         while idle:
@@ -231,7 +231,7 @@ class H1Pool:
     def _evict_idle(self, group: str) -> bool:
         """Close the group's longest-idle connection, if any (frees a slot)."""
         oldest: H1Connection | None = None
-        for (owner, _), idle in self._idle.items():  # type: ignore[misc]
+        for (owner, _), idle in self._idle.items():
             if owner != group:
                 continue
             idle[:] = [conn for conn in idle if not conn.closed]
@@ -243,9 +243,8 @@ class H1Pool:
         oldest.close()
         return True
 
-    async def _connect(self, target: _Target, key: tuple[object, ...]) -> H1Connection:
+    async def _connect(self, target: _Target, key: PoolKey) -> H1Connection:
         group = key[0]
-        assert isinstance(group, str)
         self._open[group] = self._open.get(group, 0) + 1
         conn = H1Connection(self, key)
         self._all.add(conn)
@@ -278,15 +277,15 @@ class H1Pool:
         """Back to the idle list (called by a finished response)."""
         conn.idle_since = self.loop.time()
         self._idle.setdefault(conn.key, []).append(conn)
-        self._wake_one(conn.key[0])  # type: ignore[arg-type]
+        self._wake_one(conn.key[0])
 
     def forget(self, conn: H1Connection) -> None:
         """A connection closed: free its slot (idempotent)."""
         if conn in self._all:
             self._all.discard(conn)
             group = conn.key[0]
-            self._open[group] -= 1  # type: ignore[index]
-            self._wake_one(group)  # type: ignore[arg-type]
+            self._open[group] -= 1
+            self._wake_one(group)
 
     def _wake_one(self, group: str) -> None:
         waiters = self._slot_waiters.get(group)

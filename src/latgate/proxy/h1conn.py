@@ -4,21 +4,18 @@ The wire is parsed by httptools (llhttp, the parser Node.js uses). Protocol: RFC
 (message syntax: ``Content-Length``, chunked and close-delimited bodies, persistence;
 section 9.3.2: no pipelining, so bytes after a complete response are never part of it)
 and RFC 9110 section 15.2 (1xx interim responses are skipped). The pool that owns the
-connections is :mod:`latgate.proxy.h1`.
+connections is :mod:`latgate.proxy.h1` (it is this module's :class:`ConnectionOwner`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING, Any
+from typing import Protocol, TypeVar, cast, overload
 
 import httptools
 
 from latgate.proxy.errors import UpstreamFailure, client_certificate_alert, failure_cause
-
-if TYPE_CHECKING:
-    from latgate.proxy.h1 import H1Pool
 
 #: Pause reading from an upstream when this many body bytes wait for the client.
 HIGH_WATER_BYTES = 256 * 1024
@@ -32,17 +29,51 @@ DRAIN_SECONDS = 0.05
 DRAIN_BYTES = 64 * 1024
 
 
+_T = TypeVar("_T")
+#: a pooled connection's key: its group (provider) and its target's origin, proxy and TLS
+PoolKey = tuple[str, tuple[object, ...]]
+
+
 class Headers(dict[str, str]):
     """Response headers by lower-case name (repeated fields joined with ``", "``, RFC
     9110 section 5.3); ``get`` and ``[]`` accept any case."""
 
     __slots__ = ()
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    @overload
+    def get(self, name: str, default: None = None, /) -> str | None: ...
+
+    @overload
+    def get(self, name: str, default: str, /) -> str: ...
+
+    @overload
+    def get(self, name: str, default: _T, /) -> str | _T: ...
+
+    def get(self, name: str, default: object = None, /) -> object:
         return dict.get(self, name.lower(), default)
 
     def __getitem__(self, name: str) -> str:
         return dict.__getitem__(self, name.lower())
+
+
+class ConnectionOwner(Protocol):
+    """What a connection needs of the pool that owns it (:class:`~latgate.proxy.h1.H1Pool`).
+
+    Attributes:
+        loop: the event loop the connection runs on (its timers).
+        retired: a newer pool took over: a finished connection is closed, not kept.
+    """
+
+    loop: asyncio.AbstractEventLoop
+    retired: bool
+
+    def keep(self, conn: H1Connection) -> None:
+        """A finished response's connection, back to the idle list."""
+        ...
+
+    def forget(self, conn: H1Connection) -> None:
+        """The connection closed: its slot is free (idempotent)."""
+        ...
 
 
 class _Trailing(Exception):
@@ -52,7 +83,7 @@ class _Trailing(Exception):
 class H1Connection(asyncio.Protocol):
     """One upstream TCP (or TLS) connection and the response being read on it."""
 
-    def __init__(self, pool: H1Pool, key: tuple[object, ...]) -> None:
+    def __init__(self, pool: ConnectionOwner, key: PoolKey) -> None:
         self._pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
@@ -89,7 +120,7 @@ class H1Connection(asyncio.Protocol):
     # --- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # a stream transport: create_connection's
 
     def data_received(self, data: bytes) -> None:
         self.received_any = True
@@ -316,11 +347,12 @@ class H1Connection(asyncio.Protocol):
 class H1Response:
     """An upstream response whose status and headers arrived; the body streams.
 
-    The slice of ``httpx.Response`` the forwarder reads: ``status_code``, ``headers``
-    (:class:`Headers`), ``aiter_raw()`` (the body as it arrives, dechunked, undecoded),
-    ``aread()``, ``aclose()`` (must be called: it returns the connection to the pool or
-    closes it). ``followed``: the URL of the same-origin redirect followed to get it
-    (set by :class:`~latgate.proxy.upstream.UpstreamClient`), else ``None``.
+    latgate's :class:`~latgate.proxy.upstream.UpstreamResponse`: ``status_code``,
+    ``headers`` (:class:`Headers`), ``aiter_raw()`` (the body as it arrives, dechunked,
+    undecoded), ``aclose()`` (must be called: it returns the connection to the pool or
+    closes it), ``close_connection()``, ``followed`` (the URL of the same-origin
+    redirect followed to get it, set by the client, else ``None``); and ``aread()``,
+    the whole body.
     """
 
     __slots__ = ("_conn", "_done", "followed", "headers", "status_code")

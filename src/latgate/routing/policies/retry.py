@@ -1,8 +1,10 @@
 """After a failed attempt: try the same provider again (after how long), or move on.
 
 The forwarder asks this after every attempt that failed before anything reached the
-client; where the next attempt goes (another endpoint of the provider, or the next
-candidate) is the :class:`~latgate.routing.selection.Selector`'s choice.
+client, and retries only as it says; where the next attempt goes (another endpoint of
+the provider, or the next candidate) is the
+:class:`~latgate.routing.selection.Selector`'s choice, except after a refusal of the
+stream's ``stream_options``: the same endpoint again at once, without them.
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ class AfterFailure:
         delay_seconds: the pause before that retry (0 when moving on).
         next_provider: another provider may help (``False``: the client's own
             mistake, which every provider would refuse alike: stop).
+        without_stream_options: the retry is the same request to the same endpoint,
+            sent at once without ``stream_options`` (its refusal was of the field, not
+            of the request); it is not one of ``max_retries``.
     """
 
     retry: bool
     delay_seconds: float = 0.0
     next_provider: bool = True
+    without_stream_options: bool = False
 
 
 def after_failure(
@@ -41,6 +47,7 @@ def after_failure(
     retry_after_seconds: float | None,
     retries_done: int,
     max_retries: int,
+    stream_options_refused: bool = False,
 ) -> AfterFailure:
     """The step after a failed attempt.
 
@@ -54,9 +61,16 @@ def after_failure(
         retry_after_seconds: the upstream's ``Retry-After``, or None.
         retries_done: retries already made on this provider (0 after its first attempt).
         max_retries: ``defaults.max_retries``.
+        stream_options_refused: the provider refused the stream's ``stream_options``
+            (a 400 or 422 naming them, as OpenAI-compatible servers that do not know
+            the field answer; :func:`latgate.proxy.wire.refuses_stream_options`).
 
     Returns:
-        A retry of a retryable failure while retries are left: after the upstream's
+        After a refusal of ``stream_options``: a retry at once on the same endpoint
+        without them (:attr:`AfterFailure.without_stream_options`), whatever
+        ``max_retries`` says (the request itself was not tried; sent without the field
+        it cannot be refused so again). Else a retry of a retryable failure while
+        retries are left: after the upstream's
         ``Retry-After`` when it names one of at most :data:`MAX_RETRY_AFTER_SECONDS`,
         else after an exponential back-off (:data:`BACKOFF_BASE_SECONDS` doubled per
         retry, at most :data:`BACKOFF_CAP_SECONDS`). Otherwise the next candidate, or
@@ -68,6 +82,8 @@ def after_failure(
                       retry_after_seconds=None, retries_done=1, max_retries=2)
         # AfterFailure(retry=True, delay_seconds=0.1)
     """
+    if stream_options_refused:
+        return AfterFailure(retry=True, without_stream_options=True)
     if retryable and not busy and retries_done < max_retries:
         if retry_after_seconds is None:
             return AfterFailure(retry=True, delay_seconds=min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**retries_done))
