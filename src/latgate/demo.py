@@ -14,12 +14,14 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import sys
 from urllib.parse import urlsplit
 
-from latgate.config import ConfigError
+from latgate.config import Config, ConfigError
 from latgate.listen import ListenError, bind_socket
 from latgate.server import LOG_LEVELS, argument_error, describe, pinned_listen_keys, startup
+from latgate.starts import ASGIApp
 
 log = logging.getLogger("latgate")
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -34,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
 
 
-def simulated_endpoints(config) -> list[tuple[str, str, int]]:
+def simulated_endpoints(config: Config) -> list[tuple[str, str, int]]:
     """``(provider, host, port)`` for every loopback endpoint the demo simulates."""
     out = []
     for name, provider in config.providers.items():
@@ -55,14 +57,23 @@ def main(args: argparse.Namespace) -> int:
         return 1
     config, _, host, port = started
     try:
-        sockets = [(name, bind_socket(h, p)) for name, h, p in simulated_endpoints(config)]
-        sockets.append(("gateway", bind_socket(host, port)))
+        simulators = [(name, bind_socket(h, p)) for name, h, p in simulated_endpoints(config)]
+        gateway_sock = bind_socket(host, port)
     except ListenError as exc:
         print(f"latgate: error: {exc}", file=sys.stderr)
         return 1
     try:
         pinned = pinned_listen_keys(args)
-        asyncio.run(_run(config, sockets=sockets, log_level=args.log_level, listen_host=host, pinned=pinned))
+        asyncio.run(
+            _run(
+                config,
+                simulators=simulators,
+                gateway_sock=gateway_sock,
+                log_level=args.log_level,
+                listen_host=host,
+                pinned=pinned,
+            )
+        )
     except KeyboardInterrupt:
         pass
     except ConfigError as exc:  # found only while building the gateway
@@ -72,7 +83,15 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(config, *, sockets: list, log_level: str, listen_host: str, pinned: frozenset[str]) -> None:
+async def _run(
+    config: Config,
+    *,
+    simulators: list[tuple[str, socket.socket]],
+    gateway_sock: socket.socket,
+    log_level: str,
+    listen_host: str,
+    pinned: frozenset[str],
+) -> None:
     import uvicorn
 
     from latgate.app import create_app
@@ -81,20 +100,23 @@ async def _run(config, *, sockets: list, log_level: str, listen_host: str, pinne
     from latgate.sim import create_sim_app, profile_for
 
     uv_level = "warning" if log_level == "info" else log_level
+
+    def server(app: ASGIApp) -> uvicorn.Server:
+        return uvicorn.Server(
+            uvicorn.Config(app, log_level=uv_level, access_log=False, server_header=False, proxy_headers=False)
+        )
+
     servers = []
-    for name, sock in sockets:
-        if name == "gateway":
-            app = gateway = create_app(config)
-            port = sock.getsockname()[1]  # the one the kernel chose for --port 0
-            gateway.state.reloader.listening = ListenAddress(host=listen_host, port=port, pinned=pinned)
-        else:
-            app = create_sim_app(profile_for(config.providers[name]))
-            log.info("simulator for %s on http://%s", name, _address(sock))
-        options = uvicorn.Config(app, log_level=uv_level, access_log=False, server_header=False, proxy_headers=False)
-        servers.append((uvicorn.Server(options), sock))
+    for name, sock in simulators:
+        servers.append((server(create_sim_app(profile_for(config.providers[name]))), sock))
+        log.info("simulator for %s on http://%s", name, _address(sock))
+    gateway = create_app(config)
+    port = gateway_sock.getsockname()[1]  # the one the kernel chose for --port 0
+    gateway.state.reloader.listening = ListenAddress(host=listen_host, port=port, pinned=pinned)
+    servers.append((server(gateway), gateway_sock))
     for line in describe(config):
         log.info(line)
-    url = f"http://{_address(sockets[-1][1])}"
+    url = f"http://{_address(gateway_sock)}"
     log.info("gateway on %s/v1 -- try: curl %s/v1/models", url, url)
     log.info("live routing page: %s/ui", url)
     # Each server installs its signal handler over the previous one and, on exit, hands
@@ -105,6 +127,6 @@ async def _run(config, *, sockets: list, log_level: str, listen_host: str, pinne
     await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
 
 
-def _address(sock) -> str:
+def _address(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -91,7 +91,8 @@ def failure_cause(exc: BaseException) -> str:
         return "DNS name not found"
     if isinstance(exc, ssl.SSLCertVerificationError):
         code = getattr(exc, "verify_code", None)
-        return "TLS: " + _VERIFY_REASONS.get(code, f"certificate not accepted (OpenSSL code {code})")
+        known = _VERIFY_REASONS.get(code) if isinstance(code, int) else None
+        return "TLS: " + (known or f"certificate not accepted (OpenSSL code {code})")
     if isinstance(exc, ssl.SSLError):
         alert = client_certificate_alert(exc)
         if alert is not None:
