@@ -39,10 +39,11 @@ test-engines: $(VENV)/.installed  ## real vLLM behind latgate (first run install
 check: $(VENV)/.installed
 	$(BIN)/latgate check --config $(CONFIG)
 
-# ruff comes with the dev extra, pinned (the rule set changes between versions); .ci/run runs this.
+# ruff and mypy come with the dev extra, pinned (their checks change between versions); .ci/run runs this.
 # No `ruff format --check`: ~48 files predate the formatter and the tree is not reformatted wholesale.
-lint: $(VENV)/.installed  ## ruff over src, tests, benchmarks, tools (pyproject.toml [tool.ruff]); the import contract (tools/layers.py)
+lint: $(VENV)/.installed  ## ruff over src, tests, benchmarks, tools (pyproject.toml [tool.ruff]); mypy over src/latgate ([tool.mypy]); the import contract (tools/layers.py)
 	$(BIN)/python -m ruff check src tests benchmarks tools
+	$(BIN)/python -m mypy
 	$(BIN)/python tools/layers.py
 
 # Real Prometheus (Debian's prometheus package, installed when missing) scraping a gateway
@@ -66,4 +67,4 @@ test-docker: $(VENV)/.installed
 	LATGATE_TIER=docker $(BIN)/python -m pytest -q -p no:cacheprovider tests/dockerimage; status=$$?; .ci/docker-engine stop; exit $$status
 
 clean:
-	rm -rf $(VENV) .pytest_cache build dist
+	rm -rf $(VENV) .pytest_cache .mypy_cache build dist

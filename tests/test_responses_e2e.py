@@ -7,7 +7,9 @@ import httpx
 import openai
 import orjson
 import pytest
-from stack import FAST, demo_stack
+from completions import DONE, ROLE, chat_chunk, content, event
+from replay import ReplayScript
+from stack import FAST, demo_stack, replay_gateway
 
 from latgate.sim import SimOptions
 
@@ -96,3 +98,30 @@ def test_provider_dying_mid_stream_ends_with_response_failed() -> None:
     assert events[0]["type"] == "response.created"
     assert events[-1]["type"] == "response.failed"
     assert "failed mid-stream" in events[-1]["response"]["error"]["message"]
+
+
+def test_a_finish_reason_that_is_not_a_string_gives_a_completed_response_not_a_500() -> None:
+    # an upstream's malformed finish_reason (a list does not hash) was a 500 from the
+    # Responses translation; it is read as no finish reason, as other malformed members are
+    whole = {
+        "id": "chatcmpl-x",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": ["length"]}],
+    }
+    with replay_gateway(ReplayScript.json_response(200, whole)) as (_, gw):
+        r = httpx.post(gw.url + "/v1/responses", json={"model": "m", "input": "hello", "store": False})
+    assert r.status_code == 200
+    answer = r.json()
+    assert answer["status"] == "completed" and answer["incomplete_details"] is None
+    assert answer["output"][0]["content"][0]["text"] == "hi"
+
+
+def test_a_streamed_finish_reason_that_is_not_a_string_still_completes_the_response() -> None:
+    stream = ROLE + content("hi") + event(chat_chunk({}, finish_reason=["length"])) + DONE
+    body = {"model": "m", "input": "hello", "store": False, "stream": True}
+    with replay_gateway(ReplayScript.sse(stream)) as (_, gw), httpx.stream("POST", gw.url + "/v1/responses", json=body) as r:
+        events = [orjson.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200
+    assert events[-1]["type"] == "response.completed"
+    assert events[-1]["response"]["incomplete_details"] is None

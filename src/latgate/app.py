@@ -76,7 +76,7 @@ class LatgateApp:
         self.state = fastapi.state
         self._hot = hot_routes
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]
             api = self._hot.get(path if path[-1:] != "/" else path.rstrip("/"))
@@ -189,10 +189,11 @@ def create_app(
     return LatgateApp(app, hot_routes())
 
 
-async def _http_exception(request: Request, exc: HTTPException) -> Response:
+async def _http_exception(request: Request, exc: Exception) -> Response:
     """Starlette's 404/405 in the envelope of the API at that path (OpenAI's elsewhere).
     A path that a route serves without its trailing slash gets a 307 to it, relative
     (RFC 9110 section 10.2.2: never built from the client's Host header)."""
+    assert isinstance(exc, HTTPException)  # the handler registered for HTTPException (Starlette types any Exception)
     if exc.status_code == 404:
         location = _without_slash(request)
         if location is not None:
@@ -226,7 +227,7 @@ def _without_slash(request: Request) -> str | None:
 _MODEL_PATHS = ("/v1/models", "/models")
 
 
-def _key_required(guard: AuthGuard, scope: dict) -> Response | None:
+def _key_required(guard: AuthGuard, scope: dict[str, Any]) -> Response | None:
     """The 401/403 envelope for an admin or model-list request without the key it
     needs (a 400 for two of the headers a key comes in), else ``None``."""
     path = scope["path"]

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import uvicorn
 
-from latgate.config import ConfigError
+from latgate.config import Config, ConfigError
 from latgate.listen import ListenError, bind_socket
 from latgate.server import (
     DEFAULT_DRAIN_TIMEOUT_SECONDS,
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
 
 
-def simulated_endpoints(config) -> list[tuple[str, str, int]]:
+def simulated_endpoints(config: Config) -> list[tuple[str, str, int]]:
     """``(provider, host, port)`` for every loopback endpoint the demo simulates."""
     out = []
     for name, provider in config.providers.items():
@@ -67,14 +67,23 @@ def main(args: argparse.Namespace) -> int:
         return 1
     config, _, host, port = started
     try:
-        sockets = [(name, bind_socket(h, p)) for name, h, p in simulated_endpoints(config)]
-        sockets.append(("gateway", bind_socket(host, port)))
+        simulators = [(name, bind_socket(h, p)) for name, h, p in simulated_endpoints(config)]
+        gateway_sock = bind_socket(host, port)
     except ListenError as exc:
         print(f"latgate: error: {exc}", file=sys.stderr)
         return 1
     try:
         pinned = pinned_listen_keys(args)
-        asyncio.run(_run(config, sockets=sockets, log_level=args.log_level, listen_host=host, pinned=pinned))
+        asyncio.run(
+            _run(
+                config,
+                simulators=simulators,
+                gateway_sock=gateway_sock,
+                log_level=args.log_level,
+                listen_host=host,
+                pinned=pinned,
+            )
+        )
     except KeyboardInterrupt:
         pass
     except ConfigError as exc:  # found only while building the gateway
@@ -93,8 +102,17 @@ class _Simulator(uvicorn.Server):
         yield
 
 
-async def _run(config, *, sockets: list, log_level: str, listen_host: str, pinned: frozenset[str]) -> None:
-    """Serve the simulators and the gateway (the last socket) until SIGTERM or Ctrl-C.
+async def _run(
+    config: Config,
+    *,
+    simulators: list[tuple[str, socket.socket]],
+    gateway_sock: socket.socket,
+    log_level: str,
+    listen_host: str,
+    pinned: frozenset[str],
+) -> None:
+    """Serve the simulators (``(provider, socket)``) and the gateway on
+    ``gateway_sock`` until SIGTERM or Ctrl-C.
     The gateway stops as under ``serve`` (:class:`~latgate.lifecycle.GatewayServer`:
     it drains requests in flight, SIGHUP reloads its config, the exit status is 0);
     the simulators keep answering until it has drained, then stop."""
@@ -104,15 +122,14 @@ async def _run(config, *, sockets: list, log_level: str, listen_host: str, pinne
     from latgate.sim import create_sim_app, profile_for
 
     uv_level = "warning" if log_level == "info" else log_level
-    simulators: list[tuple[_Simulator, socket.socket]] = []
-    (_, gateway_sock) = sockets[-1]
-    for name, sock in sockets[:-1]:
+    servers: list[tuple[_Simulator, socket.socket]] = []
+    for name, sock in simulators:
         app = create_sim_app(profile_for(config.providers[name]))
         log.info("simulator for %s on http://%s", name, _address(sock))
         options = uvicorn.Config(
             app, log_level=uv_level, access_log=False, server_header=False, proxy_headers=False
         )
-        simulators.append((_Simulator(options), sock))
+        servers.append((_Simulator(options), sock))
     gateway = create_app(config)
     port = gateway_sock.getsockname()[1]  # the one the kernel chose for --port 0
     gateway.state.reloader.listening = ListenAddress(host=listen_host, port=port, pinned=pinned)
@@ -127,15 +144,15 @@ async def _run(config, *, sockets: list, log_level: str, listen_host: str, pinne
     url = f"http://{_address(gateway_sock)}"
     log.info("gateway on %s/v1 -- try: curl %s/v1/models", url, url)
     log.info("live routing page: %s/ui", url)
-    running = [asyncio.create_task(sim.serve(sockets=[sock])) for sim, sock in simulators]
+    running = [asyncio.create_task(sim.serve(sockets=[sock])) for sim, sock in servers]
     try:
         await server.serve(sockets=[gateway_sock])
     finally:
-        for sim, _ in simulators:
+        for sim, _ in servers:
             sim.should_exit = True
         await asyncio.gather(*running, return_exceptions=True)
 
 
-def _address(sock) -> str:
+def _address(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

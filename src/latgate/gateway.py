@@ -151,29 +151,30 @@ class Gateway:
         exchange.public_model = decision.public_model
         exchange.prompt_tokens = exchange.routed_prompt_tokens = decision.prompt_tokens
         exchange.priority, exchange.tenant = self._priority(decision, headers, caller)
-        if caller is not None:
-            guard.check_model(caller, decision.public_model)
         if "model" not in body:
             body["model"] = decision.public_model
-        if caller is not None and caller.limited:
-            exchange.limits_charged = True
-            model = self.config.models.get(decision.public_model)
-            reservation = await guard.admit(  # type: ignore[union-attr]
-                caller,
-                body=body,
-                prompt_tokens=decision.prompt_tokens,
-                default_completion_tokens=self.config.routing.expected_completion_tokens,
-                observed_completion_tokens=self.pool.completion_tokens_mean,
-                context_tokens=None if model is None else model.max_context_tokens,
-            )
-            if reservation is not None:
-                return await forward_within_limits(
-                    reservation,
-                    exchange,
-                    lambda: self.forwarder.forward(
-                        exchange=exchange, decision=decision, body=body, path=path, transform=transform
-                    ),
+        if caller is not None:
+            assert guard is not None  # a caller is authenticated only with [auth] on
+            guard.check_model(caller, decision.public_model)
+            if caller.limited:
+                exchange.limits_charged = True
+                model = self.config.models.get(decision.public_model)
+                reservation = await guard.admit(
+                    caller,
+                    body=body,
+                    prompt_tokens=decision.prompt_tokens,
+                    default_completion_tokens=self.config.routing.expected_completion_tokens,
+                    observed_completion_tokens=self.pool.completion_tokens_mean,
+                    context_tokens=None if model is None else model.max_context_tokens,
                 )
+                if reservation is not None:
+                    return await forward_within_limits(
+                        reservation,
+                        exchange,
+                        lambda: self.forwarder.forward(
+                            exchange=exchange, decision=decision, body=body, path=path, transform=transform
+                        ),
+                    )
         return await self.forwarder.forward(exchange=exchange, decision=decision, body=body, path=path, transform=transform)
 
     def _priority(self, decision: RouteDecision, headers: Mapping[str, str], caller: Caller | None) -> tuple[int, str]:
@@ -253,12 +254,12 @@ class Gateway:
         (``max_model_len``, ``created``... kept: :mod:`latgate.providers.catalog`);
         with a ``caller`` whose key has a model allow-list, only the models it may use."""
         catalogs = self._catalogs()
-        scoped = caller is not None and caller.models is not None
-        if not catalogs and not scoped:
+        scope = caller if caller is not None and caller.models is not None else None
+        if not catalogs and scope is None:
             return Response(self.models_body, media_type="application/json")
         names = self.config.public_models()
-        if scoped:
-            names = [name for name in names if caller.may_use(name)]  # type: ignore[union-attr]
+        if scope is not None:
+            names = [name for name in names if scope.may_use(name)]
         data = [self._model_object(name, catalogs) for name in names]
         return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
 
@@ -268,7 +269,7 @@ class Gateway:
         usable = caller is None or caller.may_use(model_id)
         if usable and (model_id in self.config.public_models() or self.router.serves(model_id)):
             return Response(orjson.dumps(self._model_object(model_id, self._catalogs())), media_type="application/json")
-        error = NotFound(self.router.not_found_message(model_id), param="model", code="model_not_found")
+        error: GatewayError = NotFound(self.router.not_found_message(model_id), param="model", code="model_not_found")
         if caller is not None and caller.models is not None:
             error = self.scoped_error(error, caller, model=model_id, route_to=None)
         return error_response(error, request_id=request_id(None))
@@ -308,10 +309,9 @@ class _RefusingDeepNesting:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if kind is not None and issubclass(kind, (RecursionError, orjson.JSONEncodeError)):
             raise nesting_too_deep() from None
-        return False
 
 
 REFUSING_DEEP_NESTING = _RefusingDeepNesting()

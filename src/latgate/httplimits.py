@@ -56,16 +56,21 @@ per connection (the head), one per request only when its body arrives in several
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from latgate.scope_keys import REQUEST_ID_SCOPE_KEY, TIMEOUT_SCOPE_KEY
+
+if TYPE_CHECKING:
+    from uvicorn._types import ASGISendEvent
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_FIELD_BYTES = 16 * 1024
@@ -168,7 +173,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     # --- connection ------------------------------------------------------------------
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    # Transport, not asyncio's BaseTransport: the signature of uvicorn's method (which
+    # ignores the same error); a stream server hands its protocol a Transport
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         limits = self.limits
         if limits.max_connections is not None and len(self.connections) > limits.max_connections:
@@ -330,10 +337,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self.loop.time() < due:  # bytes came since the timer was set
             self._body_timer = self.loop.call_at(due, self._body_timed_out)
             return
+        # uvicorn types the scope as its HTTPScope TypedDict; ASGI lets a server add keys
         cycle.scope[TIMEOUT_SCOPE_KEY] = "body_timeout"  # type: ignore[literal-required]
         if not cycle.response_started:
             message = f"request body stalled for {seconds:g} s"
-            request_id = cycle.scope.get(REQUEST_ID_SCOPE_KEY, "-")
+            request_id = cycle.scope.get(REQUEST_ID_SCOPE_KEY)
+            if not isinstance(request_id, str):  # the app had not named the request yet
+                request_id = "-"
             body, headers = self.limits.error_body(cycle.scope["path"], 408, message, "request_timeout", request_id)
             answer = envelope(408, "Request Timeout", message, code="request_timeout", body=body, headers=headers)
             self.transport.write(answer)
@@ -346,6 +356,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         if self.cycle is not None:
+            # a key of latgate's in uvicorn's HTTPScope TypedDict, as in _body_timed_out
             self.cycle.scope[TIMEOUT_SCOPE_KEY] = "send_timeout"  # type: ignore[literal-required]
         self.transport.abort()  # close() would wait to flush bytes the client never reads
 
@@ -428,7 +439,7 @@ class _Http10Cycle(RequestResponseCycle):
 
     _close_delimited = False
 
-    async def send(self, message) -> None:  # type: ignore[no-untyped-def]
+    async def send(self, message: ASGISendEvent) -> None:
         if not self.response_started and message["type"] == "http.response.start":
             framed = (b"content-length", b"transfer-encoding")
             if not any(name.lower() in framed for name, _ in message.get("headers", ())):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import resource
 import signal
 import socket
@@ -26,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
 from latgate.api.routes import envelope_at
 from latgate.errors import InvalidRequest
@@ -34,7 +36,7 @@ from latgate.httplimits import MAX_HEAD_BYTES, ClientLimits, ErrorAnswer, client
 from latgate.listen import default_max_connections
 from latgate.proxy.exchange import DRAIN_CUT
 from latgate.reload import Reloader
-from latgate.starts import StartGate
+from latgate.starts import ASGIApp, StartGate
 
 log = logging.getLogger("latgate")
 #: header fields :func:`~latgate.httplimits.envelope` writes itself
@@ -50,7 +52,7 @@ def client_limits(app: object) -> ClientLimits:
     gateway. An app that is not latgate's gets no limits."""
     state = getattr(app, "state", None)
     gateway = getattr(state, "gateway", None)
-    if gateway is None:
+    if state is None or gateway is None:
         return ClientLimits()
     server = gateway.config.server
     cap = server.max_connections or default_max_connections(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
@@ -75,7 +77,7 @@ def client_limits(app: object) -> ClientLimits:
 
 
 def uvicorn_config(
-    app: object,
+    app: ASGIApp,
     *,
     log_level: str,
     log_format: str,
@@ -88,7 +90,6 @@ def uvicorn_config(
     ``log_format`` ``json`` routes uvicorn's own records through latgate's JSON
     formatter (:mod:`latgate.logs`) instead of uvicorn's text handlers.
     """
-    extra = {"log_config": None} if log_format == "json" else {}
     return uvicorn.Config(
         StartGate(app),
         log_level="warning" if log_level == "info" else log_level,
@@ -99,10 +100,11 @@ def uvicorn_config(
         lifespan="on",
         timeout_keep_alive=75,
         # GatewayServer cuts at the drain timeout itself; uvicorn's own cut comes later
-        timeout_graceful_shutdown=drain_timeout_seconds + CUT_GRACE_SECONDS + 1.0,
+        # (whole seconds: the type uvicorn declares)
+        timeout_graceful_shutdown=math.ceil(drain_timeout_seconds + CUT_GRACE_SECONDS + 1.0),
         server_header=False,
         proxy_headers=False,  # latgate reads no client address; skips a middleware per request
-        **extra,
+        log_config=None if log_format == "json" else LOGGING_CONFIG,
     )
 
 
@@ -236,7 +238,7 @@ class GatewayServer(uvicorn.Server):
 
 
 def serve(
-    app: object,
+    app: ASGIApp,
     *,
     sock: socket.socket,
     reloader: Reloader | None,

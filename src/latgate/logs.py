@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from datetime import UTC, datetime
+from typing import TextIO
 
 import orjson
 
@@ -118,7 +119,7 @@ def configure_logging(*, level: str, log_format: str = "text", show_pid: bool = 
         # The process's logging is ours: skip the record fields no format here prints
         # (the caller's file and line, found by walking the stack; thread and
         # multiprocessing names), which were a third of each access line's cost.
-        logging._srcfile = None  # type: ignore[attr-defined]  # the documented switch (logging HOWTO, "Optimization")
+        logging._srcfile = None  # the documented switch (logging HOWTO, "Optimization")
         logging.logThreads = False
         logging.logMultiprocessing = False
     # httpx logs every request with its full URL at INFO: internal addresses stay out of logs.
@@ -140,9 +141,9 @@ class AccessLog:
 
     def __init__(self) -> None:
         self.logger = logging.getLogger(ACCESS_LOGGER)
-        self._handler: logging.StreamHandler | None = None  # type: ignore[type-arg]
+        self._handler: logging.StreamHandler[TextIO] | None = None
 
-    def direct_to(self, handler: logging.StreamHandler) -> None:  # type: ignore[type-arg]
+    def direct_to(self, handler: logging.StreamHandler[TextIO]) -> None:
         """Write lines straight to ``handler`` (the one :func:`configure_logging` made)."""
         self._handler = handler
 
@@ -168,6 +169,8 @@ class AccessLog:
             return
         line = handler.formatter.access_line(time.time(), message)
         try:
+            # Handler.__init__ always makes the lock (typeshed has it Optional for
+            # createLock overrides); a None check here would be per access line
             with handler.lock:  # type: ignore[union-attr]
                 stream = handler.stream
                 stream.write(line + "\n")

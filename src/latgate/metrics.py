@@ -20,7 +20,8 @@ failing reads 0). A single process keeps the in-memory registry: no file I/O per
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -32,6 +33,7 @@ from prometheus_client import (
     multiprocess,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics import MetricWrapperBase
 
 from latgate.decode_rate import decode_tokens_per_second
 
@@ -57,6 +59,7 @@ OVERHEAD_BUCKETS_SECONDS = (
 )
 
 OTHER_MODEL = "other"
+_Metric = TypeVar("_Metric", bound=MetricWrapperBase)
 
 OUTCOMES = ("ok", "client_gone", "upstream_error", "gateway_error")
 """Values of the ``outcome`` label of the token counters and the e2e and tokens/s
@@ -140,15 +143,17 @@ class Metrics:
         # sessions (issue 21): cached prompt tokens, as latgate's prefix index predicted
         # them at the first token and as the engine reported them in its usage
         self.prompt_tokens_cached = Counter("latgate_prompt_tokens_cached", "Prompt tokens served from the engine's prefix cache, by provider and source: predicted (latgate's prefix index, at the first token) or reported (the engine's usage.prompt_tokens_details.cached_tokens)", ("provider", "source"), registry=r)
-        self._children: dict[tuple[object, ...], object] = {}
+        # (id of the metric, its label values) -> that metric's child: a Counter's,
+        # Gauge's or Histogram's, as _child returns it
+        self._children: dict[tuple[int, *tuple[str, ...]], Any] = {}
         self._info_labels: set[tuple[str, str, str, str]] = set()
 
     def model_label(self, model: str | None) -> str:
         """``model`` if configured, else ``other`` (keeps label cardinality bounded)."""
         return model if model in self._models else OTHER_MODEL
 
-    def _child(self, metric, *labels: str):
-        key = (id(metric), *labels)
+    def _child(self, metric: _Metric, *labels: str) -> _Metric:
+        key: tuple[int, *tuple[str, ...]] = (id(metric), *labels)
         child = self._children.get(key)
         if child is None:
             child = metric.labels(*labels)
@@ -175,7 +180,7 @@ class Metrics:
     def record_ttft(self, *, provider: str, model: str, seconds: float) -> None:
         self._child(self.ttft, provider, self.model_label(model)).observe(seconds)
 
-    def itl_observer(self, *, provider: str, model: str):
+    def itl_observer(self, *, provider: str, model: str) -> Callable[[float], None]:
         """The histogram child's ``observe`` for one stream's inter-token gaps (seconds)."""
         return self._child(self.itl, provider, self.model_label(model)).observe
 
@@ -207,7 +212,7 @@ class Metrics:
         if rate is not None:
             self._child(self.tokens_per_second, provider, label, outcome).observe(rate)
 
-    def in_flight_gauge(self, provider: str):
+    def in_flight_gauge(self, provider: str) -> Gauge:
         return self._child(self.in_flight, provider)
 
     def set_pool_in_use(self, in_use: dict[str, int]) -> None:
@@ -239,7 +244,7 @@ class Metrics:
         once) and how it ended (``admitted``, ``overflow``, ``shed``, ``preempted``)."""
         self._child(self.queue_wait, provider, priority, outcome).observe(seconds)
 
-    def queue_depth_gauge(self, provider: str, priority: str):
+    def queue_depth_gauge(self, provider: str, priority: str) -> Gauge:
         """The gauge of requests of class ``priority`` waiting for ``provider``."""
         return self._child(self.queue_depth, provider, priority)
 
@@ -299,7 +304,7 @@ class Metrics:
             for reason in reasons:
                 self._child(self.ejections, provider, endpoint, reason)
 
-    def create_series(self, served: dict[str, Iterable[str]]) -> None:
+    def create_series(self, served: Mapping[str, Iterable[str]]) -> None:
         """Export at 0, before any request, the series of every provider in ``served``
         (provider name -> the model labels its requests can carry): its in-flight
         gauge, and per model its TTFT and ITL histograms, its ``ok`` request count
@@ -317,7 +322,8 @@ class Metrics:
                     self._child(series, provider, label, "ok")
 
     def _health_labels(self) -> list[tuple[str, str]]:
-        return [key[1:] for key in self._children if key[0] == id(self.provider_healthy)]  # type: ignore[misc]
+        health = id(self.provider_healthy)
+        return [(key[1], key[2]) for key in self._children if len(key) == 3 and key[0] == health]
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type, for ``GET /metrics`` (every worker's

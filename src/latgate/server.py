@@ -11,8 +11,10 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
-from latgate.config import ConfigError, config_warnings, load_config, resolve_config_path
+from latgate.config import Config, ConfigError, config_warnings, load_config, resolve_config_path
 from latgate.config.warnings import per_worker_limits_warning
 from latgate.logs import LOG_FORMATS, configure_logging
 from latgate.routing.reach import rule_reach
@@ -63,7 +65,7 @@ def setup_logging(level: str, log_format: str = "text") -> None:
     configure_logging(level=level, log_format=log_format)
 
 
-def describe(config) -> list[str]:
+def describe(config: Config) -> list[str]:
     """The startup lines: which providers, connectors and routes are live, and for each
     rule and fallback the models it applies to (:func:`latgate.routing.reach.rule_reach`)."""
     lines = []
@@ -91,7 +93,9 @@ def describe(config) -> list[str]:
     return lines
 
 
-def startup(args: argparse.Namespace, *, simulated=lambda config: set()):
+def startup(
+    args: argparse.Namespace, *, simulated: Callable[[Config], set[str]] = lambda config: set()
+) -> tuple[Config, Path, str, int] | None:
     """Shared start of ``serve`` and ``demo``: logging, config, warnings (none about the
     keys of the providers ``simulated(config)`` names: simulators need no key).
 
@@ -145,7 +149,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run(
-    config,
+    config: Config,
     *,
     host: str,
     port: int,

@@ -70,7 +70,7 @@ async def providers(request: Request) -> Response:
     gateway = _gateway(request)
     providers = gateway.pool.describe()
     for name, queue in gateway.forwarder.admission.describe().items():
-        providers[name]["queue"] = queue  # type: ignore[index]
+        providers[name]["queue"] = queue
     body = {"strategy": gateway.config.routing.strategy, "providers": providers}
     return Response(orjson.dumps(body), media_type="application/json")
 

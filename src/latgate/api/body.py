@@ -22,7 +22,7 @@ from latgate.proxy.largebody import LARGE_BODY_BYTES, join_and_parse, release_wh
 T = TypeVar("T")
 
 
-class ClientBody(dict):
+class ClientBody(dict[str, Any]):
     """A request body parsed from JSON: a plain ``dict`` of its members that can be
     weakly referenced (a large body's memory is released off the event loop once it is
     freed: :func:`latgate.proxy.largebody.release_when_freed`)."""
@@ -41,6 +41,8 @@ class ProxyRequest(Request):
     docs/performance.md).
     """
 
+    # A dict, not Starlette's Headers (see above): latgate reads it as a Mapping, and
+    # what Starlette itself reads of a request's headers (.get, [name]) a dict has
     @property
     def headers(self) -> dict[str, str]:  # type: ignore[override]
         headers = self.__dict__.get("_plain_headers")

@@ -127,8 +127,9 @@ async def serve(gateway: Gateway, api: Api, request: Request) -> Any:
     """Serve one request of ``api``: an ASGI response (a stream relay, a JSON answer or
     an error envelope). Never raises except for a cancellation that is not latgate's."""
     exchange = gateway.new_exchange(request, path=api.name)
+    guard = gateway.guard
+    caller: Caller | None = None  # authenticated only when guard is not None
     try:
-        guard, caller = gateway.guard, None
         refuse_duplicate_headers(request.scope["headers"])
         if guard is not None:
             caller = guard.authenticate(request.headers)
@@ -138,14 +139,14 @@ async def serve(gateway: Gateway, api: Api, request: Request) -> Any:
         model = body.get("model")
         if isinstance(model, str):  # named in the access line even when it is refused
             exchange.public_model = model[:MAX_LOGGED_MODEL_CHARS]
-            if caller is not None:
-                guard.check_model(caller, model)  # type: ignore[union-attr]
+            if guard is not None and caller is not None:
+                guard.check_model(caller, model)
         with REFUSING_DEEP_NESTING:  # a translation encodes parts of the body (tool inputs) as JSON text
             work = api.prepare(gateway, exchange, body, request.headers, caller)
         if isinstance(work, Response):  # answered by latgate itself
-            if caller is not None and caller.rpm is not None:
+            if guard is not None and caller is not None and caller.rpm is not None:
                 exchange.limits_charged = True
-                await guard.admit_request(caller)  # type: ignore[union-attr]
+                await guard.admit_request(caller)
             exchange.status = work.status_code
             gateway.recorder.finish(exchange)
             return work
@@ -162,13 +163,15 @@ async def serve(gateway: Gateway, api: Api, request: Request) -> Any:
     except GatewayError as error:
         if caller is not None and caller.models is not None:
             error = gateway.scoped_error(error, caller, model=exchange.public_model, route_to=request.headers.get("x-route-to"))
-        if caller is not None and caller.rpm is not None and not exchange.limits_charged:
-            await charge_refused_request(gateway.guard, caller, error)  # type: ignore[arg-type]
+        if guard is not None and caller is not None and caller.rpm is not None and not exchange.limits_charged:
+            await charge_refused_request(guard, caller, error)
         return refuse(gateway, api, exchange, error)
     except asyncio.CancelledError as exc:
         if not is_drain_cut(exc):
             raise
-        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        task = asyncio.current_task()
+        assert task is not None  # serve() runs in the server's request task
+        task.uncancel()
         return refuse(gateway, api, exchange, drain_cut_error())
     except ClientDisconnect:  # gone (or timed out) while sending its body: nothing went upstream
         timed_out = request.scope.get(TIMEOUT_SCOPE_KEY)

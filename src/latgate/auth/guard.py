@@ -161,7 +161,7 @@ class _SettleAfter:
         self._reservation = reservation
         self._exchange = exchange
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:
             await self._app(scope, receive, send)
         finally:

@@ -6,7 +6,7 @@ import sys
 from typing import Self, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from latgate.bench.sample import RequestSample
 
@@ -29,7 +29,7 @@ class BenchProgress:
         self._errors = 0
         self._step = max(1, total // 10)
         self._progress: Progress | None = None
-        self._task_id = None
+        self._task_id: TaskID | None = None  # set with _progress
         if self._stream.isatty():
             self._progress = Progress(
                 TextColumn("bench"),
@@ -54,7 +54,7 @@ class BenchProgress:
     def update(self, sample: RequestSample) -> None:
         self._done += 1
         self._errors += 0 if sample.ok else 1
-        if self._progress is not None:
+        if self._progress is not None and self._task_id is not None:
             self._progress.update(self._task_id, completed=self._done, errors=self._errors)
         elif self._done % self._step == 0 or self._done == self._total:
             self._stream.write(f"bench: {self._done}/{self._total} requests done, {self._errors} errors\n")

@@ -200,7 +200,7 @@ class SampleRecorder:
         elif self._first_output_at is not None:
             ttft_ms = (self._first_output_at - self._started_at) * 1000.0
         decode_rate = None
-        if self._first_output_at is not None and self._last_output_at is not None:
+        if tokens is not None and self._first_output_at is not None and self._last_output_at is not None:
             decode_rate = decode_tokens_per_second(tokens, self._last_output_at - self._first_output_at)
         ok = self._error_kind is None
         return RequestSample(
@@ -224,10 +224,11 @@ class SampleRecorder:
         )
 
     def _record_output(self, at: float) -> None:
-        if self._first_output_at is None:
+        last = self._last_output_at  # None exactly when _first_output_at is
+        if last is None:
             self._first_output_at = at
         else:
-            self._itl_ms.append((at - self._last_output_at) * 1000.0)
+            self._itl_ms.append((at - last) * 1000.0)
         self._last_output_at = at
         self._output_chunks += 1
 

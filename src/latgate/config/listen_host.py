@@ -54,8 +54,8 @@ def _form_problem(host: str) -> tuple[str, str] | None:
     if "://" in host:
         parts = urlsplit(host)
         fix = f"write only the address: host = {show(parts.hostname)}" if parts.hostname else _EXAMPLES
-        port = _port_of(parts)
-        return f"{show(host)} is a URL, not an address", fix + (f", port = {port}" if port else "")
+        url_port = _port_of(parts)
+        return f"{show(host)} is a URL, not an address", fix + (f", port = {url_port}" if url_port else "")
     if (bracketed := _BRACKETED.match(host)) is not None:
         inner, port = bracketed.groups()
         fix = f"write it without brackets: host = {show(inner)}" + (f", port = {port}" if port else "")

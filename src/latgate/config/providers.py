@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 import ssl
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -108,8 +109,8 @@ def build_provider(section: ProviderSection, problems: Problems) -> ProviderConf
     if connector_ok:
         fields["connector"] = connector
     for name in ("ca_file", "client_cert", "client_key"):  # relative to the config file, as tokenizer
-        if isinstance(fields.get(name), str):
-            fields[name] = str(tokenizer_path(source, fields[name]))
+        if isinstance(path := fields.get(name), str):
+            fields[name] = str(tokenizer_path(source, path))
     if section.role is not None:
         fields["role"] = section.role
     if "role" not in fields and connector_ok and connector in EVIDENT_ROLES:
@@ -148,7 +149,7 @@ def _check_egress(provider: ProviderConfig, problems: Problems, *, prefix: str) 
         )  # fmt: skip
     except (OSError, ssl.SSLError) as exc:
         key = "ca_file" if provider.ca_file and not provider.client_cert else "client_cert"
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        reason = exc.strerror or str(exc)  # ssl.SSLError is an OSError
         problems.add(
             key_path(prefix, key), f"cannot load the TLS files: {reason}",
             "give PEM files that exist (ca_file: the CA bundle; client_cert/client_key: the certificate and its key)",
@@ -179,7 +180,7 @@ def _endpoints(section: ProviderSection, table: dict[str, object], problems: Pro
             "give one address: api_base (base_url is the same key) or endpoints = [...] for replicas",
         )
     if given[0] != "endpoints":
-        urls = [(key_path(section.key, given[0]), table[given[0]], {})]
+        urls: list[tuple[str, object, EndpointSettings]] = [(key_path(section.key, given[0]), table[given[0]], {})]
     else:
         urls = _endpoint_urls(table["endpoints"], problems, key=key_path(section.key, "endpoints"))
     seen: dict[str, str] = {}
@@ -215,7 +216,7 @@ def _endpoints(section: ProviderSection, table: dict[str, object], problems: Pro
     return tuple(endpoints)
 
 
-def _endpoint_urls(value: object, problems: Problems, *, key: str) -> list[tuple[str, object, dict[str, object]]]:
+def _endpoint_urls(value: object, problems: Problems, *, key: str) -> list[tuple[str, object, EndpointSettings]]:
     """Each entry's key path, URL and per-endpoint settings (``max_batch_size``,
     ``weight`` of a table entry)."""
     if not isinstance(value, list) or not value:
@@ -225,7 +226,7 @@ def _endpoint_urls(value: object, problems: Problems, *, key: str) -> list[tuple
             'write endpoints = ["http://HOST:PORT/v1", ...] or [{ url = "http://HOST:PORT/v1" }, ...]',
         )
         return []
-    urls: list[tuple[str, object, dict[str, object]]] = []
+    urls: list[tuple[str, object, EndpointSettings]] = []
     for index, item in enumerate(value):
         if not isinstance(item, dict):
             urls.append((key_path(key, index), item, {}))
@@ -245,20 +246,25 @@ def _endpoint_urls(value: object, problems: Problems, *, key: str) -> list[tuple
 
 
 _ENDPOINT_SETTINGS = ("max_batch_size", "weight")
+#: an endpoint table entry's settings, checked: keyword arguments of EndpointConfig
+#: (pydantic validates them again), so their values are typed there, not here
+EndpointSettings = dict[str, Any]
 
 
 def _endpoint_setting(value: object, name: str, problems: Problems, *, key: str) -> object | None:
     """A table entry's ``max_batch_size`` (a whole number >= 1) or ``weight`` (a number > 0)."""
     whole = name == "max_batch_size"
-    ok = not isinstance(value, bool) and isinstance(value, int if whole else (int, float)) and value > 0
-    if not ok:
+    number: int | float | None = None
+    if (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and not whole):
+        number = value
+    if number is None or number <= 0:
         problems.add(
             key,
             f"expected a {'whole number' if whole else 'number'} above 0, got {show(value)}",
             f"write {name} = {'8' if whole else '1'}",
         )
         return None
-    return value if whole else float(value)
+    return number if whole else float(number)
 
 
 def _checked_url(url: object, problems: Problems, *, key: str) -> str | None:

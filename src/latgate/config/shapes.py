@@ -28,11 +28,11 @@ from latgate.config.keys import (
     SECTIONS,
     check_keys,
     key_path,
-    mask_url,
     require_table,
     show,
     suggestion,
 )
+from latgate.config.masking import mask_url
 from latgate.config.schema import DefaultsConfig, versioned_base
 
 _PROVIDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")

@@ -126,10 +126,11 @@ class TileRtConnector(Connector):
         health, status = _json(pages.get("/health")), _json(pages.get("/pool_status"))
         nodes = status.get("nodes") if isinstance(status, dict) else None
         capacity = len(nodes) if isinstance(nodes, list) and nodes else None
-        free = health.get("decode_free") if isinstance(health, dict) else None
-        if isinstance(free, bool) or not isinstance(free, int) or free < 0:
-            free = None
-        if free is None and capacity is not None:
+        reported = health.get("decode_free") if isinstance(health, dict) else None
+        free: int | None = None
+        if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0:
+            free = reported
+        if free is None and capacity is not None and isinstance(nodes, list):  # capacity: nodes is a list
             free = sum(1 for node in nodes if isinstance(node, dict) and node.get("busy") is False)
         if free is None or capacity is None:
             return None if capacity is None else EngineLoad(capacity=capacity)

@@ -215,11 +215,11 @@ class ProviderPool:
         """True when at least one endpoint of any provider may take traffic (``/readyz``)."""
         return any(self.available(ep) for p in self.providers.values() for ep in p.endpoints)
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> dict[str, dict[str, object]]:
         """Every provider's endpoints with the live numbers behind routing decisions
         (``/admin/providers``): ids only, never URLs or keys. Times in ms unless named."""
         now = self.clock()
-        out: dict[str, object] = {}
+        out: dict[str, dict[str, object]] = {}
         for name, runtime in self.providers.items():
             cfg = runtime.config
             out[name] = {

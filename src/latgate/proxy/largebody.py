@@ -212,6 +212,7 @@ class _Window:
     def space(self, at: int) -> int:
         """``at`` past any whitespace; below ``len(text)`` unless the body ends there."""
         while True:
+            # _SPACE matches the empty string, so match() never returns None (no check per call)
             at = _SPACE.match(self.text, at).end()  # type: ignore[union-attr]
             if at < len(self.text) or not self.more:
                 return at

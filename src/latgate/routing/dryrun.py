@@ -90,6 +90,7 @@ def main(args: argparse.Namespace) -> int:
     """Print the routing decision for ``args.request``; return the exit code."""
     if args.url:
         return _ask_gateway(args)
+    body: dict[str, Any] | None = None  # read before a GatewayError can be raised
     try:
         headers = parse_headers(args.headers)
         config = load_config(resolve_config_path(args.config))

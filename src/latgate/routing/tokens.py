@@ -247,7 +247,7 @@ def _prompt_tokens(body: Mapping[str, Any], count: Callable[[str], float]) -> fl
         definitions = body.get(key)
         if definitions:
             encoded = orjson.dumps(definitions, default=str)
-            total += count(encoded if count is _text_tokens else encoded.decode())
+            total += _text_tokens(encoded) if count is _text_tokens else count(encoded.decode())
     return total
 
 
@@ -294,7 +294,9 @@ def _part_tokens(part: object, count: Callable[[str], float]) -> float:
             return count(value) + _content_tokens(part.get("name"), count)
     if kind == "tool_use":
         encoded = orjson.dumps(part.get("input"), default=str)
-        return _content_tokens(part.get("name"), count) + count(encoded if count is _text_tokens else encoded.decode())
+        return _content_tokens(part.get("name"), count) + (
+            _text_tokens(encoded) if count is _text_tokens else count(encoded.decode())
+        )
     if kind == "tool_result":
         return _content_tokens(part.get("content"), count)
     return 0.0

@@ -227,8 +227,8 @@ def value_for(schema: object, *, name: str) -> Any:
     if kind is None and isinstance(schema.get("properties"), Mapping):
         kind = "object"
     if kind == "object":
-        properties = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
-        required = schema.get("required") if isinstance(schema.get("required"), list) else []
+        properties = given if isinstance(given := schema.get("properties"), Mapping) else {}
+        required = listed if isinstance(listed := schema.get("required"), list) else []
         return {str(key): value_for(properties.get(key, {}), name=str(key)) for key in required}
     if kind == "array":
         count = max(1, int(schema.get("minItems", 1) or 1))

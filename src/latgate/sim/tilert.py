@@ -182,7 +182,7 @@ class TileRtApp:
     async def _answer(
         self, scope: Scope, receive: Receive, send: Send, body: dict[str, Any], *, chat: bool, stream: bool
     ) -> Outcome | None:
-        model = body.get("model") if isinstance(body.get("model"), str) else self.options.default_model
+        model = given if isinstance(given := body.get("model"), str) else self.options.default_model
         if self.options.models and model not in self.options.models:
             await _error(send, 502, f"prefill failed: model {model!r} is not served")  # vLLM's 404, re-raised
             return None

@@ -156,7 +156,8 @@ class RedisStore:
                 back-off period.
         """
         corrections = self._corrections
-        keys, args = [], []
+        keys: list[bytes] = []
+        args: list[bytes] = []
         for q in quotas:
             key, window = self._encoded.get(q.key) or self._encode(q)
             keys.append(key)

@@ -10,6 +10,9 @@ an event loop: Redis runs commands one at a time anyway. The commands of one tur
 the loop go out in one write, and one timer per connection bounds the replies (not one
 per call); together a fraction of a general-purpose client's connection pool round.
 
+The wire format (commands, replies, scripts) is :mod:`latgate.store.resp_wire`; this
+module owns the connection.
+
 URLs: ``redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]``, ``rediss://...`` (TLS, the
 system's trust store) and ``unix://[[USER]:PASSWORD@]PATH[?db=DB]``.
 """
@@ -17,27 +20,21 @@ system's trust store) and ``unix://[[USER]:PASSWORD@]PATH[?db=DB]``.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import socket
 import ssl
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from latgate.store.resp_wire import INCOMPLETE, RespError, Script, bulk, encode, parse
+
+__all__ = ["RedisAddress", "RespAuthError", "RespClient", "RespError", "RespTimeout", "Script", "bulk"]
+
 DEFAULT_PORT = 6379
-#: deepest array nesting a reply may have: the store's commands answer with flat
-#: arrays (``MGET``, its scripts' lists), so anything deeper is not theirs
-MAX_REPLY_DEPTH = 4
-_INCOMPLETE = object()
 #: the reply timer may run this much before its deadline (timer resolution)
 TIMER_SLACK_SECONDS = 0.002
-
-
-class RespError(Exception):
-    """Redis could not be used: no connection, a closed one, or an error reply (the
-    message is Redis's, which names no host)."""
 
 
 @dataclass(frozen=True)
@@ -107,32 +104,6 @@ _AUTH_CODES = {
 }
 
 
-class Script:
-    """A Lua script, sent by its SHA-1 (``EVALSHA``) and by its text the first time a
-    server does not know it (``NOSCRIPT``)."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text.encode()
-        self.sha = hashlib.sha1(self.text).hexdigest().encode()  # Redis names scripts by SHA-1
-        self._heads: dict[int, bytes] = {}
-
-    def evalsha(self, count: int) -> bytes:
-        """The start of an ``EVALSHA`` of ``count`` arguments in all: up to the key count."""
-        head = self._heads.get(count)
-        if head is None:
-            head = self._heads[count] = b"*%d\r\n$7\r\nEVALSHA\r\n%s" % (count, bulk(self.sha))
-        return head
-
-    def eval(self, count: int) -> bytes:
-        """The same for ``EVAL`` with the script's text (after ``NOSCRIPT``)."""
-        return b"*%d\r\n$4\r\nEVAL\r\n%s" % (count, bulk(self.text))
-
-
-def bulk(data: bytes) -> bytes:
-    """``data`` as one RESP bulk string."""
-    return b"$%d\r\n%s\r\n" % (len(data), data)
-
-
 class RespClient:
     """Commands to one Redis server over one pipelined connection, opened on first use
     and again after it is lost or :meth:`reset`.
@@ -171,8 +142,8 @@ class RespClient:
         protocol = self._protocol
         if protocol is None or protocol.lost:
             async with asyncio.timeout(self._timeout):  # the connection and the reply
-                return _raise_error(await (await self._connected()).send(_encode(args)))
-        return _raise_error(await protocol.send(_encode(args)))
+                return _raise_error(await (await self._connected()).send(encode(args)))
+        return _raise_error(await protocol.send(encode(args)))
 
     async def run(self, script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> Any:
         """``script`` with ``keys`` and ``args``, each already one RESP bulk string
@@ -239,14 +210,14 @@ class RespClient:
 
     async def _hello(self, protocol: _Protocol) -> None:
         """Log in and select the database; a refusal closes the connection."""
-        hello = []
+        hello: list[tuple[bytes | str | int, ...]] = []
         if self._password is not None:
             hello.append((b"AUTH", self._username, self._password) if self._username else (b"AUTH", self._password))
         if self._db:
             hello.append((b"SELECT", self._db))
         try:
             for command in hello:
-                reply = await protocol.send(_encode(command))
+                reply = await protocol.send(encode(command))
                 if isinstance(reply, RespError) and command[0] == b"AUTH":
                     raise _auth_error(reply, default="Redis refused the AUTH of [state] redis_url")
                 _raise_error(reply)
@@ -267,7 +238,8 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # a stream connection (create_connection, create_unix_connection) is given a Transport
+        self.transport = cast(asyncio.Transport, transport)
 
     def send(self, command: bytes) -> asyncio.Future[Any]:
         future = self.loop.create_future()
@@ -308,11 +280,11 @@ class _Protocol(asyncio.Protocol):
         at = 0
         while self.waiting:
             try:
-                value, end = _parse(self.buffer, at)
+                value, end = parse(self.buffer, at)
             except (RespError, ValueError):  # not RESP: nothing after it can be trusted
                 self.close()
                 return
-            if value is _INCOMPLETE:
+            if value is INCOMPLETE:
                 break
             at = end
             future, _ = self.waiting.popleft()
@@ -337,62 +309,6 @@ class _Protocol(asyncio.Protocol):
             future, _ = self.waiting.popleft()
             if not future.done():
                 future.set_exception(error)
-
-
-def _encode(args: tuple[Any, ...]) -> bytes:
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if isinstance(arg, bytes):
-            data = arg
-        elif isinstance(arg, str):
-            data = arg.encode()
-        elif isinstance(arg, float):
-            data = repr(arg).encode()
-        else:
-            data = str(arg).encode()
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(parts)
-
-
-def _parse(buffer: bytearray, at: int, depth: int = 0) -> tuple[Any, int]:
-    """One reply starting at ``at``: ``(value, end)``, or ``(_INCOMPLETE, at)``.
-
-    Raises:
-        RespError: not RESP, or arrays nested deeper than :data:`MAX_REPLY_DEPTH`.
-        ValueError: a length or integer that is not a number.
-    """
-    eol = buffer.find(b"\r\n", at)
-    if eol < 0:
-        return _INCOMPLETE, at
-    kind, line = buffer[at], bytes(buffer[at + 1 : eol])
-    if kind == 0x2B:  # + status
-        return line.decode(), eol + 2
-    if kind == 0x2D:  # - error
-        return RespError(line.decode(errors="replace")), eol + 2
-    if kind == 0x3A:  # : integer
-        return int(line), eol + 2
-    if kind == 0x24:  # $ bulk string
-        size = int(line)
-        if size < 0:
-            return None, eol + 2
-        end = eol + 2 + size
-        if len(buffer) < end + 2:
-            return _INCOMPLETE, at
-        return bytes(buffer[eol + 2 : end]), end + 2
-    if kind == 0x2A:  # * array
-        count = int(line)
-        if count < 0:
-            return None, eol + 2
-        if depth >= MAX_REPLY_DEPTH:
-            raise RespError("Redis sent a reply nested deeper than the store's commands answer")
-        items, pos = [], eol + 2
-        for _ in range(count):
-            item, pos = _parse(buffer, pos, depth + 1)
-            if item is _INCOMPLETE:
-                return _INCOMPLETE, at
-            items.append(item)
-        return items, pos
-    raise RespError("Redis sent a reply latgate cannot read")
 
 
 def _auth_error(reply: RespError, *, default: str) -> RespAuthError:

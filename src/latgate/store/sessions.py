@@ -38,7 +38,8 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from latgate.config.schema import StateConfig
 from latgate.store.resp import RespClient, RespError, Script, bulk
@@ -103,7 +104,8 @@ class LocalSessionMap:
         self._ttl = ttl_seconds
         self._clock = clock
         # session key -> [endpoint id, expires at, last written to the shared store at]
-        self._entries: OrderedDict[int, list] = OrderedDict()
+        # (str, float, float | None: a list, not a tuple, as get() renews it in place)
+        self._entries: OrderedDict[int, list[Any]] = OrderedDict()
 
     def get(self, session_key: int) -> str | None:
         """The endpoint id that served the session last, or None (unknown or expired)."""
@@ -122,7 +124,7 @@ class LocalSessionMap:
         """The session's latest turn was served by ``endpoint_id``."""
         self._set(session_key, endpoint_id, written_at=None)
 
-    def _set(self, session_key: int, endpoint_id: str, *, written_at: float | None) -> list:
+    def _set(self, session_key: int, endpoint_id: str, *, written_at: float | None) -> list[Any]:
         """Set an entry; ``written_at`` None keeps the entry's own (a new one: never)."""
         now = self._clock()
         entries = self._entries
@@ -271,7 +273,7 @@ class RedisSessionMap(LocalSessionMap):
             if len(entries) < _POLL_COUNT:
                 return taken
 
-    def _take(self, fields: list, now: float) -> int:
+    def _take(self, fields: list[bytes], now: float) -> int:
         """One log entry's placements, unless this replica wrote it."""
         values = dict(zip(fields[::2], fields[1::2], strict=False))
         if values.get(b"o") == self._origin.encode():
@@ -302,8 +304,9 @@ class RedisSessionMap(LocalSessionMap):
         await self.flush()
         await self._client.aclose()
 
-    async def _call(self, operation: Callable, *args: object) -> object:
-        """One Redis call, or None when Redis is down or in its back-off period."""
+    async def _call(self, operation: Callable[..., Awaitable[Any]], *args: object) -> Any:
+        """One Redis call's reply (as :meth:`RespClient.call` returns it), or None when
+        Redis is down or in its back-off period."""
         if self._down and self._clock() < self._down_until:
             return None
         try:

@@ -139,11 +139,13 @@ def anthropic_usage(usage: object, *, estimated_input_tokens: int, output_tokens
     as Anthropic counts them; ``cache_creation_input_tokens`` is always 0.
     """
     counts = usage_counts(usage)
-    if counts is None:  # absent or malformed (:func:`~latgate.proxy.usage.usage_counts`): the estimates
+    # absent or malformed (:func:`~latgate.proxy.usage.usage_counts`; counts are only
+    # read from a mapping, which the isinstance says to the type checker): the estimates
+    if counts is None or not isinstance(usage, Mapping):
         prompt, completion, cached = estimated_input_tokens, output_tokens, 0
     else:
         prompt, completion = counts
-        cached = min(detail_tokens(usage, "prompt_tokens_details", "cached_tokens"), prompt)  # type: ignore[arg-type]
+        cached = min(detail_tokens(usage, "prompt_tokens_details", "cached_tokens"), prompt)
     return {
         "input_tokens": prompt - cached,
         "output_tokens": completion,

@@ -198,7 +198,7 @@ class MessagesStream:
         if self._started:
             return
         self._started = True
-        message = {
+        message: dict[str, Any] = {
             "id": message_id(chunk.get("id")),
             "type": "message",
             "role": "assistant",
@@ -233,7 +233,7 @@ class MessagesStream:
         index = fragment.get("index")
         index = index if isinstance(index, int) and not isinstance(index, bool) else None
         call_id = fragment.get("id") if isinstance(fragment.get("id"), str) and fragment.get("id") else None
-        function = fragment.get("function") if isinstance(fragment.get("function"), dict) else {}
+        function = given if isinstance(given := fragment.get("function"), dict) else {}
         name = (
             function.get("name") if isinstance(function.get("name"), str) and function.get("name") else None
         )

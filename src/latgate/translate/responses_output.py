@@ -211,7 +211,8 @@ def chat_to_response(
                 namespaced=namespaced,
             )
         )
-    incomplete = INCOMPLETE_REASONS.get(choice.get("finish_reason"))
+    finish_reason = choice.get("finish_reason")  # a JSON value: a list would not hash
+    incomplete = INCOMPLETE_REASONS.get(finish_reason) if isinstance(finish_reason, str) else None
     response = response_object(
         response_id=new_id("resp"),
         created_at=_int(chat.get("created")) or int(time.time()),

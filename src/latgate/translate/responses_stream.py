@@ -194,8 +194,8 @@ class ResponsesStreamTransform:
             for call in delta.get("tool_calls") or []:
                 if isinstance(call, dict):
                     self._tool_call_delta(call, out)
-            if choice.get("finish_reason"):
-                self._finish_reason = choice["finish_reason"]
+            if isinstance(reason := choice.get("finish_reason"), str) and reason:  # a list would not hash
+                self._finish_reason = reason
 
     def _reasoning_delta(self, text: str, out: list[bytes]) -> None:
         item = self._open
@@ -312,7 +312,7 @@ class ResponsesStreamTransform:
         self._ended = True
 
     def _snapshot(
-        self, status: str, *, incomplete_reason: str | None = None, error: dict | None = None
+        self, status: str, *, incomplete_reason: str | None = None, error: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         output = [
             item.snapshot("completed" if item.done else "in_progress", self._namespaced)

@@ -32,7 +32,7 @@ class Activity:
     """
 
     def __init__(self, metrics: Metrics, *, size: int = RECENT_REQUESTS) -> None:
-        self.requests: deque[tuple] = deque(maxlen=size)
+        self.requests: deque[tuple[Any, ...]] = deque(maxlen=size)
         self.events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         self._metrics = metrics
         self._counts: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
@@ -84,7 +84,7 @@ def _describe(labels: dict[str, str]) -> dict[str, str]:
     return {"provider": labels["provider"], "detail": detail}
 
 
-def _request_json(entry: tuple, wall_minus_perf: float) -> dict[str, Any]:
+def _request_json(entry: tuple[Any, ...], wall_minus_perf: float) -> dict[str, Any]:
     (request_id, received_at, finished_at, path, model, provider, endpoint, reason, stream, status, error,
      first_token_at, last_token_at, completion_tokens, attempts) = entry
     ttft = None if first_token_at is None else round((first_token_at - received_at) * 1000, 1)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import base64
 import binascii
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import orjson
 from starlette.datastructures import Headers
@@ -25,10 +26,10 @@ _FILES = {"index.html": "text/html; charset=utf-8", "ui.js": "text/javascript; c
 _NO_STORE = {"cache-control": "no-store"}
 
 
-def authorize(guard: AuthGuard, scope: dict) -> Response | None:
+def authorize(guard: AuthGuard, scope: dict[str, Any]) -> Response | None:
     """The 401/403 envelope for a ``/ui`` request without an admin key, else ``None``.
     A 401 challenges with HTTP Basic so a browser prompts for the key."""
-    headers = Headers(scope=scope)
+    headers: Mapping[str, str] = Headers(scope=scope)
     authorization = headers.get("authorization", "")
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() == "basic":
@@ -36,7 +37,7 @@ def authorize(guard: AuthGuard, scope: dict) -> Response | None:
             _, _, password = base64.b64decode(token.strip(), validate=True).decode("latin-1").partition(":")
         except (binascii.Error, ValueError):
             password = ""
-        headers = {"authorization": f"Bearer {password}"}  # type: ignore[assignment]
+        headers = {"authorization": f"Bearer {password}"}
     try:
         guard.authorize_admin(headers)
     except GatewayError as error:
