@@ -40,7 +40,7 @@ from latgate.proxy.upstream import (
     upstream_errors,
     upstream_headers,
 )
-from latgate.proxy.usage import answer_tokens
+from latgate.proxy.usage import answer_tokens, cached_prompt_tokens, usage_counts
 from latgate.proxy.wire import (
     client_headers,
     model_rewrite,
@@ -362,11 +362,11 @@ class AttemptSender:
     ) -> None:
         """After a stream: its time per output token (usage's completion tokens, else the
         chunks with content), for the endpoint's live numbers; the prompt tokens its
-        usage says the engine served from its prefix cache."""
-        if exchange.cached_prompt_tokens is not None:
-            self.pool.record_cached_tokens(
-                provider, endpoint, ticket, cached_tokens=exchange.cached_prompt_tokens, prompt_tokens=exchange.prompt_tokens
-            )
+        usage says the engine served from its prefix cache (read from the stream's usage
+        chunk: the relay applies it to the exchange only after this)."""
+        counts, cached = usage_counts(tap.usage), cached_prompt_tokens(tap.usage)
+        if counts is not None and cached is not None:
+            self.pool.record_cached_tokens(provider, endpoint, ticket, cached_tokens=cached, prompt_tokens=counts[0])
         if exchange.first_token_at is not None and exchange.last_token_at is not None:
             seconds = exchange.last_token_at - exchange.first_token_at
             usage = tap.usage.get("completion_tokens") if isinstance(tap.usage, dict) else None
