@@ -44,6 +44,17 @@ def test_session_key_takes_the_first_present_source_in_order() -> None:
     assert session_key({"user": "alice"}, {}) is None and session_key({}, {"session-id": ""}) is None
 
 
+def test_opencode_and_qwen_code_sessions_are_recognised_in_their_place_in_the_order() -> None:
+    opencode = session_key({}, {"x-opencode-session": "ses_1"})
+    qwen = session_key({"metadata": {"sessionId": "ses_1", "promptId": "p-7"}}, {})
+    assert opencode is not None and opencode == qwen == session_key({}, {"x-session-id": "ses_1"})
+    assert session_key({}, {"x-claude-code-session-id": "a", "x-opencode-session": "b"}) == session_key({}, {"x-claude-code-session-id": "a"})
+    assert session_key({}, {"x-opencode-session": "b", "session-id": "c"}) == session_key({}, {"x-opencode-session": "b"})
+    assert session_key({"metadata": {"sessionId": "q"}}, {"x-session-id": "z"}) == session_key({}, {"x-session-id": "q"})
+    assert session_key({"metadata": {"sessionId": 7}}, {}) is None and session_key({"metadata": {"sessionId": ""}}, {}) is None
+    assert session_key({}, {"x-continue-unique-id": "install-1"}) is None, "one id per installation is no session"
+
+
 def test_claude_code_user_id_gives_its_session_in_both_formats() -> None:
     assert claude_code_session("user_ab12_account_5e0c_session_9f3d") == "9f3d"
     assert claude_code_session("user_ab12_account__session_9f3d") == "9f3d"

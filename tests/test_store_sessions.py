@@ -5,6 +5,8 @@ caller when Redis is gone."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 from clocks import ManualClock
@@ -12,7 +14,7 @@ from redis.asyncio import Redis
 from redisd import free_port, redis_server
 
 from latgate.config.schema import StateConfig
-from latgate.store.sessions import LOG_KEY, LocalSessionMap, RedisSessionMap, open_session_map
+from latgate.store.sessions import LOG_KEY, LocalSessionMap, RedisSessionMap, SessionMaps, open_session_map
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +184,29 @@ def test_state_decides_which_map() -> None:
     assert type(open_session_map(StateConfig())) is LocalSessionMap
     shared = open_session_map(StateConfig(redis_url="redis://127.0.0.1:1/0", redis_timeout_ms=50))
     assert isinstance(shared, RedisSessionMap)
+
+
+def test_a_reload_to_another_state_writes_the_retired_shared_map_and_keeps_neither(flushed) -> None:
+    async def scenario() -> None:
+        maps = SessionMaps()
+        shared = maps.map_for(StateConfig(redis_url=flushed))
+        shared.put(7, "ep-a")  # queued behind, not yet in Redis
+        retired = weakref.ref(shared)
+        del shared
+        local = maps.map_for(StateConfig())
+        retired_local = weakref.ref(local)
+        del local
+        maps.map_for(StateConfig(redis_url=flushed, redis_timeout_ms=200))
+        await maps.closed()
+        gc.collect()
+        assert retired() is None and retired_local() is None, "a retired map is still kept"
+        reader = RedisSessionMap(url=flushed, timeout_seconds=2)
+        try:
+            assert reader.get(7) is None  # a miss: read with the next flush
+            await reader.flush()
+            assert reader.get(7) == "ep-a", "the retired map's queued write was lost"
+        finally:
+            await reader.aclose()
+        await maps.aclose()
+
+    asyncio.run(scenario())

@@ -313,6 +313,8 @@ class Metrics:
         request of a provider shows as an increase. Called at start and on reload."""
         for provider, models in served.items():
             self._child(self.in_flight, provider)
+            for source in ("predicted", "reported"):  # sessions (issue 21): the hit-ratio panel's series
+                self._child(self.prompt_tokens_cached, provider, source)
             for model in models:
                 label = self.model_label(model)
                 self._child(self.requests, provider, label, "200")

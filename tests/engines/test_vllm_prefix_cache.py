@@ -114,9 +114,10 @@ def streamed_turn(client: httpx.Client, url: str, messages: list[dict], session:
     return {"text": "".join(text), "usage": usage, "ttft_ms": ttft_ms}
 
 
-def run_sessions(replicas: list[VllmReplica], *, strategy: str, salt: str) -> list[dict]:
+def run_sessions(replicas: list[VllmReplica], *, strategy: str, salt: str) -> tuple[list[dict], list[dict]]:
     """The sessions through a latgate with ``strategy``; one record per turn: session,
-    turn, replica index, prompt and cached tokens, TTFT. ``salt`` starts the system
+    turn, replica index, prompt and cached tokens, TTFT; and each endpoint's
+    ``cache_hits`` in ``/admin/providers`` afterwards. ``salt`` starts the system
     prompt, so no other run's prefixes are in the replicas' caches."""
     rng = random.Random(salt)
     system = f"{salt} " + words(rng, SYSTEM_WORDS)
@@ -147,7 +148,8 @@ def run_sessions(replicas: list[VllmReplica], *, strategy: str, salt: str) -> li
                     }
                 )
                 print(record, flush=True)
-    return records
+        endpoints = client.get(stack.url + "/admin/providers").json()["providers"]["vllm"]["endpoints"]
+    return records, [endpoint["cache_hits"] for endpoint in endpoints]
 
 
 def test_a_sessions_turns_stay_on_one_replica_and_vllm_serves_their_history_from_its_cache(
@@ -156,11 +158,14 @@ def test_a_sessions_turns_stay_on_one_replica_and_vllm_serves_their_history_from
     facts = parse_vllm_cache(metrics_page(cache_replicas[0]))
     assert facts is not None and facts.prefix_caching, "vLLM reports prefix caching off"
     block = facts.block_size_tokens or 1
-    default = run_sessions(cache_replicas, strategy="latgate", salt="default")
-    round_robin = run_sessions(cache_replicas, strategy="round_robin", salt="round-robin")
+    default, hits = run_sessions(cache_replicas, strategy="latgate", salt="default")
+    round_robin, _ = run_sessions(cache_replicas, strategy="round_robin", salt="round-robin")
     ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
     engine = {"block_size_tokens": block, "capacity_tokens": facts.capacity_tokens}
-    ARTIFACT.write_text(json.dumps({"engine": engine, "turns": default + round_robin}, indent=1))
+    ARTIFACT.write_text(json.dumps({"engine": engine, "turns": default + round_robin, "cache_hits": hits}, indent=1))
+    # latgate counted what vLLM reported, beside what its prefix index predicted
+    assert sum(h["reported_tokens"] for h in hits) == sum(r["cached_tokens"] for r in default), hits
+    assert sum(h["predicted_tokens"] for h in hits) > 0 and sum(h["reports"] for h in hits) > 0, hits
     for session in range(SESSIONS):
         turns = [r for r in default if r["session"] == session]
         assert len({r["replica"] for r in turns}) == 1, f"session {session} moved: {turns}"

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from latgate.config.schema import EndpointConfig, ProviderConfig
+from latgate.providers.cache_hits import CacheHits
 from latgate.providers.engine_cache import EngineCacheFacts
-from latgate.providers.health import CLOSED, OPEN, CircuitBreaker
+from latgate.providers.health import CLOSED, CircuitBreaker
 from latgate.providers.predictor import ItlEstimate, TtftPredictor
 from latgate.routing.prefix_index import DEFAULT_PREFIX_CACHE_TOKENS, PrefixIndex
 
@@ -115,6 +116,8 @@ class EndpointRuntime:
             no prefix cache; its capacity is :attr:`prefix_cache_capacity_tokens`.
         prefill_tokens: uncached prompt tokens of latgate's attempts sent here and
             still without a first token: the prefill work ahead of a new request.
+        cache_hits: prompt tokens served from its engine's prefix cache, predicted
+            against reported (:class:`~latgate.providers.cache_hits.CacheHits`).
     """
 
     config: EndpointConfig
@@ -152,6 +155,7 @@ class EndpointRuntime:
     catalog: dict[str, dict[str, Any]] | None = None
     prefix_index: PrefixIndex | None = None
     prefill_tokens: int = 0
+    cache_hits: CacheHits = field(default_factory=CacheHits)
 
     @classmethod
     def for_provider(
@@ -196,66 +200,6 @@ class EndpointRuntime:
     def prefix_cache_capacity_tokens(self, tokens: int) -> None:
         if self.prefix_index is not None and tokens > 0:
             self.prefix_index.capacity_tokens = tokens
-
-    def describe(self, now: float) -> dict[str, object]:
-        """The endpoint's live numbers and circuit at ``now`` (``/admin/providers``, ``/ui``):
-        its id, never its URL. Times in ms unless named."""
-        record = self.breaker.store.get(self.key)
-        circuit = self.breaker.circuit(self.key)
-        predictor = self.predictor
-        return {
-            "id": self.config.id,
-            "healthy": circuit == CLOSED,
-            "circuit": circuit,
-            "circuit_reason": record.reason,
-            "reopens_in_seconds": round(max(0.0, record.opened_at + record.open_seconds - now), 3)
-            if circuit == OPEN
-            else None,
-            "ejection_evidence": self.ejection_evidence if record.reason == "latency" else None,
-            "consecutive_failures": record.consecutive_failures,
-            "in_flight": self.in_flight,
-            "requests": self.requests,
-            "failures": self.failures,
-            "error_rate": round(self.error_rate, 4),
-            "capacity": self.capacity or self.inferred_capacity,
-            "queue_ms": round(self.queue_ms(now), 1),
-            "predicted_ttft_ms_at_1k_tokens": round(self.predicted_ttft_ms(1000, now), 1),
-            "ttft_model": {
-                "base_ms": round(predictor.base_ms, 2),
-                "per_1k_tokens_ms": round(predictor.per_token_ms * 1000, 2),
-                "spread_ms": round(predictor.spread_ms, 2),
-                "observations": predictor.observations,
-                "age_seconds": None if self.observed_at is None else round(now - self.observed_at, 3),
-            },
-            "measured_ttft_ms": None if self.measured_ttft_ms is None else round(self.measured_ttft_ms, 1),
-            "weight": self.config.weight,
-            "busy": self.busy(now),
-            "slot_seconds": round(self.slot_seconds, 4),
-            "itl_ms": None if self.itl_ms is None else round(self.itl_ms, 3),
-            "itl_observations": self.itl.observations,
-            "prefix_index": None
-            if self.prefix_index is None
-            else {
-                "entries": self.prefix_index.entries,
-                "held_tokens": self.prefix_index.held_tokens,
-                "capacity_tokens": self.prefix_index.capacity_tokens,
-            },
-            "prefill_tokens": self.prefill_tokens,
-            "engine": None
-            if self.engine_read_at is None
-            else {
-                "running": self.engine_running,
-                "waiting": self.engine_waiting,
-                "age_seconds": round(now - self.engine_read_at, 3),
-            },
-            "probe": None
-            if self.probe_at is None
-            else {
-                "ok": self.probe_ok,
-                "ms": round(self.probe_ms or 0.0, 1),
-                "age_seconds": round(now - self.probe_at, 3),
-            },
-        }
 
     # -- health (the circuit lives in the breaker's store) ------------------------------
 

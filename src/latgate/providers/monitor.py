@@ -139,9 +139,7 @@ class Monitor:
         if connector.load_metrics_path is not None:
             cache = parse_engine_cache(connector.name, read.get(connector.load_metrics_path))
             if cache is not None:
-                endpoint.engine_cache = cache
-                if cache.capacity_tokens:  # what the engine's prefix cache really holds: the index ages out against it
-                    endpoint.prefix_cache_capacity_tokens = cache.capacity_tokens
+                self.pool.record_engine_cache(runtime, endpoint, cache)
         if load is not None:
             self.pool.record_engine_load(runtime, endpoint, running=load.running, waiting=load.waiting, capacity=load.capacity)
 

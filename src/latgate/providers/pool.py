@@ -15,13 +15,15 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 from latgate.config.apikeys import header_key
-from latgate.config.schema import Config, ProviderConfig
-from latgate.connectors import Connector, get_connector
+from latgate.config.schema import Config
+from latgate.connectors import get_connector
 from latgate.metrics import Metrics
+from latgate.providers.cache_evidence import counters_evidence, take_report
+from latgate.providers.describe import describe_providers
 from latgate.providers.endpoint import EWMA_ALPHA, EndpointRuntime
+from latgate.providers.engine_cache import EngineCacheFacts
 from latgate.providers.health import (
     CLOSED,
     HALF_OPEN,
@@ -31,96 +33,21 @@ from latgate.providers.health import (
     MemoryCircuitStore,
     Transition,
 )
-from latgate.providers.stream_options import StreamOptionsSupport
-from latgate.proxy.egress import Egress, egress_for
-from latgate.routing.policies.outlier import LatencyEvidence, judge_outlier, too_slow
+from latgate.providers.latency_judge import judge_latency
+from latgate.providers.runtime import ProviderRuntime
+from latgate.providers.ticket import Ticket
+from latgate.proxy.egress import egress_for
 from latgate.routing.prefix_index import PromptPrefix
 from latgate.routing.sessions import SessionMap
 from latgate.routing.strategies.registry import predicts
 from latgate.store.sessions import LocalSessionMap
 
 log = logging.getLogger("latgate")
-MIN_LATENCY_OBSERVATIONS = 10
-"""First tokens an endpoint and its peers must have shown before one is judged slow (more
-than a cold engine's first few slow requests)."""
 BUSY_SECONDS = 1.0
 MAX_BUSY_SECONDS = 10.0
 TRIAL_LEASE_SECONDS = 30.0
 """A half-open circuit's trial, once handed out, is not handed out again for this long
 unless it ends first (a request routed but never sent does not block trials forever)."""
-
-
-@dataclass(slots=True)
-class ProviderRuntime:
-    """One provider: its config, connector, endpoints' live numbers and upstream auth header.
-
-    ``auth_headers`` holds ``Authorization: Bearer <key>`` when ``api_key_env`` is set
-    in the environment, else nothing. It is never logged nor sent to a client.
-    ``turn`` counts the requests routed to it (equal endpoints take turns by it);
-    ``budgeted`` / ``explored``: requests with a budget routed to it, and how many of
-    those were spent refreshing thin or stale evidence.
-    ``stream_options``: whether it takes a stream's ``stream_options``, learnt at run
-    time from refusals (:mod:`latgate.providers.stream_options`).
-    """
-
-    config: ProviderConfig
-    connector: Connector
-    endpoints: list[EndpointRuntime]
-    auth_headers: dict[str, str] = field(default_factory=dict)
-    turn: int = 0
-    budgeted: int = 0
-    explored: int = 0
-    stream_options: StreamOptionsSupport = field(default_factory=StreamOptionsSupport)
-    egress: Egress | None = None
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    def carry_from(self, previous: ProviderRuntime) -> None:
-        """Take over what ``previous`` (the same provider before a reload) learnt at run
-        time: whether it takes ``stream_options``, its request counters. The smooth
-        round-robin credit starts afresh (its endpoints may have changed)."""
-        self.stream_options = previous.stream_options
-        self.turn, self.budgeted, self.explored = previous.turn, previous.budgeted, previous.explored
-
-
-@dataclass(slots=True, eq=False)
-class Ticket:
-    """One attempt on one endpoint, from sending it until it is done with.
-
-    Attributes:
-        prompt_tokens: the request's prompt size (routing's estimate).
-        queue_ms: the queue wait predicted when it was sent (taken out of its TTFT).
-        started_at: ``time.perf_counter()`` when it was sent.
-        first_token_ms: its TTFT once seen.
-        censored: it ended (cancelled, or past its first-token deadline) before a first
-            token: its elapsed time is a lower bound of the endpoint's TTFT.
-        trial: it is a half-open circuit's trial.
-        succeeded: the endpoint answered it (set by :meth:`ProviderPool.record_outcome`).
-        budget_deadline: its first-token deadline came from the request's budget: missing
-            it is a latency verdict (the censored TTFT), not an error of the endpoint.
-        sent_at: the pool clock's reading when it was sent (its entry in the
-            endpoint's ``starts``).
-        prefix: the prompt's samples (:mod:`latgate.routing.prefix_index`), recorded in
-            the endpoint's prefix index at its first token; None without one.
-        cached_tokens: prompt tokens the endpoint was believed to hold when it was sent
-            (``prompt_tokens`` is the rest: what the TTFT fit is on).
-        prefilling: its ``prompt_tokens`` still count in the endpoint's ``prefill_tokens``.
-    """
-
-    prompt_tokens: int
-    queue_ms: float
-    started_at: float
-    sent_at: float = 0.0
-    first_token_ms: float | None = None
-    censored: bool = False
-    trial: bool = False
-    succeeded: bool = False
-    budget_deadline: bool = False
-    prefix: PromptPrefix | None = None
-    cached_tokens: int = 0
-    prefilling: bool = False
 
 
 class ProviderPool:
@@ -217,20 +144,8 @@ class ProviderPool:
 
     def describe(self) -> dict[str, dict[str, object]]:
         """Every provider's endpoints with the live numbers behind routing decisions
-        (``/admin/providers``): ids only, never URLs or keys. Times in ms unless named."""
-        now = self.clock()
-        out: dict[str, dict[str, object]] = {}
-        for name, runtime in self.providers.items():
-            cfg = runtime.config
-            out[name] = {
-                "connector": cfg.connector,
-                "role": cfg.role,
-                "engine": cfg.engine,
-                "models": list(cfg.models),
-                "key_configured": bool(runtime.auth_headers),
-                "endpoints": [ep.describe(now) for ep in runtime.endpoints],
-            }
-        return out
+        (``/admin/providers``, ``/ui``: :func:`~latgate.providers.describe.describe_providers`)."""
+        return describe_providers(self.providers, self.clock())
 
     # -- a request's life on an endpoint ---------------------------------------------------
 
@@ -249,6 +164,7 @@ class ProviderPool:
         tokens ``endpoint`` is believed to hold are taken out of its TTFT observation
         and the rest counts as prefill ahead of later requests until its first token."""
         ticket = Ticket(prompt_tokens=prompt_tokens, queue_ms=queue_ms, started_at=time.perf_counter())
+        ticket.estimated_prompt_tokens = prompt_tokens
         if prefix is not None and endpoint.prefix_index is not None:
             cached = self.cached_tokens(endpoint, prefix)
             ticket.prefix, ticket.cached_tokens = prefix, cached
@@ -276,10 +192,12 @@ class ProviderPool:
         self._metrics.in_flight_gauge(provider.name).dec()
         if ticket.trial:
             endpoint.trial_until = 0.0
+        if ticket.deferred_ttft_ms is not None:  # no usage came with cached tokens: the index's prediction stands
+            self._observe_ttft(provider, endpoint, ticket, ticket.deferred_ttft_ms)
         elapsed_ms = (time.perf_counter() - ticket.started_at) * 1000.0
         if ticket.first_token_ms is None and ticket.censored:
             endpoint.observe_at_least(prompt_tokens=ticket.prompt_tokens, ttft_ms=elapsed_ms - ticket.queue_ms, now=self.clock())
-            self._judge_latency(provider, endpoint, ticket, elapsed_ms, censored=True)
+            self._judge(provider, endpoint, ticket, elapsed_ms, censored=True)
         elif ticket.succeeded:
             endpoint.observe_slot((elapsed_ms - ticket.queue_ms) / 1000.0)
         if self.slot_freed is not None:
@@ -289,13 +207,22 @@ class ProviderPool:
         self, provider: ProviderRuntime, endpoint: EndpointRuntime, ticket: Ticket, *, ttft_ms: float
     ) -> None:
         """The attempt's first generated content came ``ttft_ms`` after sending it (its
-        prefill is no longer ahead of others'; the strategy hears of it)."""
+        prefill is no longer ahead of others'; the strategy hears of it). Where the
+        endpoint's answers report cached tokens, the TTFT fit waits for this one's
+        (:meth:`record_cached_tokens`, else :meth:`end`)."""
         ticket.first_token_ms = ttft_ms
         self._prefilled(provider, endpoint, ticket)
+        if ticket.prefix is not None and endpoint.cache_hits.reports:
+            ticket.deferred_ttft_ms = ttft_ms
+            return
+        self._observe_ttft(provider, endpoint, ticket, ttft_ms)
+
+    def _observe_ttft(self, provider: ProviderRuntime, endpoint: EndpointRuntime, ticket: Ticket, ttft_ms: float) -> None:
+        ticket.deferred_ttft_ms = None
         endpoint.observe_ttft(
             prompt_tokens=ticket.prompt_tokens, ttft_ms=ttft_ms, queue_ms=ticket.queue_ms, now=self.clock()
         )
-        self._judge_latency(provider, endpoint, ticket, ttft_ms, censored=False)
+        self._judge(provider, endpoint, ticket, ttft_ms, censored=False)
 
     def record_outcome(
         self, provider: ProviderRuntime, endpoint: EndpointRuntime, *, ok: bool, ticket: Ticket | None = None
@@ -322,7 +249,11 @@ class ProviderPool:
             return
         ticket.prefilling = False
         endpoint.prefill_tokens -= ticket.prompt_tokens
-        self._metrics.record_cached_prompt_tokens(provider=provider.name, tokens=ticket.cached_tokens, source="predicted")
+        hits = endpoint.cache_hits
+        hits.predicted_tokens += ticket.cached_tokens
+        hits.prompt_tokens += ticket.estimated_prompt_tokens
+        if ticket.cached_tokens:
+            self._metrics.record_cached_prompt_tokens(provider=provider.name, tokens=ticket.cached_tokens, source="predicted")
         if self.on_first_token is not None:
             self.on_first_token(endpoint, ticket)
 
@@ -339,10 +270,42 @@ class ProviderPool:
             return prefix.previous_tokens
         return matched
 
-    def record_cached_tokens(self, provider: ProviderRuntime, *, cached_tokens: int) -> None:
-        """The engine reported ``cached_tokens`` of a prompt served from its prefix cache
-        (``usage.prompt_tokens_details.cached_tokens``): counted beside latgate's prediction."""
+    def record_cached_tokens(
+        self,
+        provider: ProviderRuntime,
+        endpoint: EndpointRuntime,
+        ticket: Ticket | None,
+        *,
+        cached_tokens: int,
+        prompt_tokens: int,
+    ) -> None:
+        """The engine's usage reported ``cached_tokens`` of the attempt's ``prompt_tokens``
+        served from its prefix cache (``usage.prompt_tokens_details.cached_tokens``),
+        counted beside latgate's prediction; evidence for the TTFT fit (on the tokens
+        really prefilled) and for the prefix index (an eviction it had not seen:
+        :mod:`latgate.providers.cache_evidence`)."""
         self._metrics.record_cached_prompt_tokens(provider=provider.name, tokens=cached_tokens, source="reported")
+        take_report(endpoint, ticket, cached_tokens=cached_tokens, prompt_tokens=prompt_tokens)
+        if ticket is not None and ticket.deferred_ttft_ms is not None:
+            self._observe_ttft(provider, endpoint, ticket, ticket.deferred_ttft_ms)
+
+    def record_engine_cache(self, provider: ProviderRuntime, endpoint: EndpointRuntime, cache: EngineCacheFacts) -> None:
+        """The engine's prefix-cache facts, just read from its ``/metrics``: its capacity
+        bounds the prefix index; where its answers report no cached tokens, the increase
+        of its hit counters since the last read is the report (counted as ``reported``,
+        and evidence for the index as one answer's would be)."""
+        endpoint.engine_cache = cache
+        index = endpoint.prefix_index
+        if index is None:
+            return
+        if cache.capacity_tokens:  # what the engine's prefix cache really holds: the index ages out against it
+            endpoint.prefix_cache_capacity_tokens = cache.capacity_tokens
+        interval = endpoint.cache_hits.counters_interval(cache)
+        if interval is None:
+            return
+        queried, hit, prompt, predicted = interval
+        self._metrics.record_cached_prompt_tokens(provider=provider.name, tokens=int(hit), source="reported")
+        index.correct(counters_evidence(prompt_tokens=prompt, predicted_cached_tokens=predicted, queried_tokens=queried, hit_tokens=hit))
 
     def record_busy(self, endpoint: EndpointRuntime, *, seconds: float | None) -> None:
         """The endpoint answered busy (429): at capacity for ``seconds`` (its
@@ -387,73 +350,14 @@ class ProviderPool:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _judge_latency(
-        self,
-        provider: ProviderRuntime,
-        endpoint: EndpointRuntime,
-        ticket: Ticket,
-        ttft_ms: float,
-        *,
-        censored: bool,
-    ) -> None:
-        """Eject an endpoint far slower than its peers (:func:`judge_outlier`); end a
-        latency trial (one first token against the peers' fitted median)."""
-        if not self.latency_ejection or len(provider.endpoints) < 2:
-            return
-        tokens = ticket.prompt_tokens
-        settings = self.config.health
-        if ticket.trial:
-            peers = [
-                ep.predictor.predict_ms(tokens)
-                for ep in provider.endpoints
-                if ep is not endpoint
-                and ep.predictor.observations >= MIN_LATENCY_OBSERVATIONS
-                and self.breaker.circuit(ep.key) == CLOSED
-            ]
-            if not peers:
-                return
-            own = ttft_ms - ticket.queue_ms
-            slow = too_slow(own, peers, factor=settings.latency_factor, margin_ms=settings.latency_margin_ms)
-            if censored and not slow:
-                return  # no first token yet is no verdict of speed
-            endpoint.ejection_evidence = f"trial ttft {own:.0f} ms against peers' {min(peers):.0f}-{max(peers):.0f} ms"
-            if not slow:  # back: judged from now on by what it does next
-                endpoint.predictor.restart(prompt_tokens=tokens, ttft_ms=own)
-                endpoint.ejection_evidence = None
-            self._apply(provider, endpoint, self.breaker.judge_latency(endpoint.key, too_slow=slow))
-            return
-        if self.breaker.circuit(endpoint.key) != CLOSED:
-            return
-        now = self.clock()
-        verdict = judge_outlier(
-            self._latency_evidence(endpoint, tokens, now, measured_ms=ttft_ms if censored else None),
-            [self._latency_evidence(ep, tokens, now) for ep in provider.endpoints if ep is not endpoint],
-            factor=settings.latency_factor,
-            margin_ms=settings.latency_margin_ms,
-            min_observations=MIN_LATENCY_OBSERVATIONS,
-            max_share=settings.max_ejection_share,
-        )
-        if verdict.eject:
-            endpoint.ejection_evidence = verdict.evidence
-            self._apply(provider, endpoint, self.breaker.judge_latency(endpoint.key, too_slow=True))
-
-    def _latency_evidence(
-        self, endpoint: EndpointRuntime, tokens: int, now: float, *, measured_ms: float | None = None
-    ) -> LatencyEvidence:
-        """``endpoint``'s record for :func:`judge_outlier` (``measured_ms``: a censored
-        attempt's elapsed time, a lower bound that counts when above its average)."""
-        predictor = endpoint.predictor
-        measured = endpoint.measured_ttft_ms or predictor.predict_ms(tokens)
-        if measured_ms is not None:
-            measured = max(measured, measured_ms)
-        return LatencyEvidence(
-            fitted_ms=predictor.predict_ms(tokens),
-            measured_ms=measured,
-            observations=predictor.observations,
-            queued=endpoint.busy(now) or endpoint.queue_ms(now) > 0.0,
-            in_service=self.breaker.circuit(endpoint.key) == CLOSED,
-            capacity=float(endpoint.capacity or endpoint.inferred_capacity or endpoint.config.weight),
-        )
+    def _judge(self, provider: ProviderRuntime, endpoint: EndpointRuntime, ticket: Ticket, ttft_ms: float, *, censored: bool) -> None:
+        """A latency verdict (:func:`~latgate.providers.latency_judge.judge_latency`),
+        with a strategy that predicts."""
+        if self.latency_ejection:
+            transition = judge_latency(
+                self.breaker, self.config.health, provider, endpoint, ticket, ttft_ms, censored=censored, now=self.clock()
+            )
+            self._apply(provider, endpoint, transition)
 
     def _apply(
         self, provider: ProviderRuntime, endpoint: EndpointRuntime, transition: Transition | None

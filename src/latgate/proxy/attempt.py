@@ -42,7 +42,7 @@ from latgate.proxy.upstream import (
     upstream_errors,
     upstream_headers,
 )
-from latgate.proxy.usage import answer_tokens
+from latgate.proxy.usage import answer_tokens, cached_prompt_tokens, usage_counts
 from latgate.proxy.wire import (
     client_headers,
     model_rewrite,
@@ -287,7 +287,7 @@ class AttemptSender:
             exchange.provider, exchange.endpoint = provider.name, endpoint.config.id
             exchange.upstream_model, exchange.reason = attempt.target.model, attempt.target.reason
             exchange.fallback_model = attempt.target.fallback_model
-        stack.callback(self._record_decode, provider, endpoint, exchange, tap)
+        stack.callback(self._record_decode, provider, endpoint, exchange, tap, ticket)
         handed = stack.pop_all()
         transform = attempt.routed.transform
         if transform is not None:
@@ -348,7 +348,9 @@ class AttemptSender:
             exchange.usage_estimated = True
             exchange.completion_tokens = answer_tokens(parsed)
         elif exchange.cached_prompt_tokens is not None:
-            self.pool.record_cached_tokens(provider, cached_tokens=exchange.cached_prompt_tokens)
+            self.pool.record_cached_tokens(
+                provider, endpoint, ticket, cached_tokens=exchange.cached_prompt_tokens, prompt_tokens=exchange.prompt_tokens
+            )
         if exchange.upstream_model != exchange.public_model and parsed.get("model") == exchange.upstream_model:
             parsed["model"] = exchange.public_model
             data = orjson.dumps(parsed)
@@ -364,12 +366,16 @@ class AttemptSender:
         # Finished once the body was handed to the server (e2e includes writing it).
         return Answer(body=data, headers=headers, on_sent=lambda: self.recorder.finish(exchange))
 
-    def _record_decode(self, provider: ProviderRuntime, endpoint: EndpointRuntime, exchange: Exchange, tap: StreamTap) -> None:
+    def _record_decode(
+        self, provider: ProviderRuntime, endpoint: EndpointRuntime, exchange: Exchange, tap: StreamTap, ticket: Ticket
+    ) -> None:
         """After a stream: its time per output token (usage's completion tokens, else the
         chunks with content), for the endpoint's live numbers; the prompt tokens its
-        usage says the engine served from its prefix cache."""
-        if exchange.cached_prompt_tokens is not None:
-            self.pool.record_cached_tokens(provider, cached_tokens=exchange.cached_prompt_tokens)
+        usage says the engine served from its prefix cache (read from the stream's usage
+        chunk: the relay applies it to the exchange only after this)."""
+        counts, cached = usage_counts(tap.usage), cached_prompt_tokens(tap.usage)
+        if counts is not None and cached is not None:
+            self.pool.record_cached_tokens(provider, endpoint, ticket, cached_tokens=cached, prompt_tokens=counts[0])
         if exchange.first_token_at is not None and exchange.last_token_at is not None:
             seconds = exchange.last_token_at - exchange.first_token_at
             usage = tap.usage.get("completion_tokens") if isinstance(tap.usage, dict) else None

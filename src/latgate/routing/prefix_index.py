@@ -30,6 +30,8 @@ from typing import Any
 
 import orjson
 
+from latgate.routing.tokens import encoded_json
+
 BLOCK_CHARS = 4096
 """Characters between samples within a long message (about 1 000 tokens of English or code)."""
 WINDOW_CHARS = 64
@@ -40,6 +42,8 @@ MIN_ENTRY_TOKENS = 16
 """What an entry costs at least against the capacity (vLLM's default block size)."""
 _MAX_OFFSET = 1 << 32
 _KEY_MASK = ~(_MAX_OFFSET - 1)
+MAX_SHORTFALL_DIVISOR = 8
+"""The engine's reports may shrink an index's effective capacity to an eighth of its capacity, no less."""
 DEFAULT_PREFIX_CACHE_TOKENS = 262_144
 """An endpoint's capacity before the config or the engine says (a 7-8B model on one
 24-80 GB GPU holds some 10^5-10^6 tokens of KV cache)."""
@@ -79,11 +83,13 @@ def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int |
 
     A message is read as its role, its content (a string as it is, anything else as
     its JSON) and its tool calls (their JSON), hashed with Python's own hash (per
-    process, as the index is). Of a content longer than ``2 * WINDOW_CHARS`` only its
-    length, its first and last ``WINDOW_CHARS`` and the ``WINDOW_CHARS`` before each
-    block boundary are hashed: the cost per request grows with the messages and
-    blocks, not with the characters, and two contents of one length that differ only
-    away from every window are taken for the same (the index is approximate).
+    process, as the index is). A string keeps its hash once computed, and the token
+    estimate (:func:`~latgate.routing.tokens.estimate_prompt_tokens`, run first) has
+    hashed every long content and the tools' JSON already
+    (:func:`~latgate.routing.tokens.encoded_json` hands back the same bytes): what this
+    adds per request grows with the messages and blocks, not with the characters. Within
+    a content longer than ``BLOCK_CHARS``, the ``WINDOW_CHARS`` before each block
+    boundary are hashed into a sample of their own.
 
     Args:
         body: a chat completions body (``messages``, optional ``tools``), an Anthropic
@@ -103,42 +109,42 @@ def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int |
     dumps = orjson.dumps
     window = WINDOW_CHARS
     keys: list[int] = []
-    offsets: list[int] = []
-    ends: list[int] = []
+    sample = keys.append
+    ends: list[int] = []  # the index in keys of each piece's last sample
     running = done = 0
-    for piece in pieces:
+    for piece in pieces[:MAX_PROMPT_SAMPLES]:
         if type(piece) is dict:
             role, content, calls = piece.get("role"), piece.get("content"), piece.get("tool_calls")
-            if type(role) is not str:  # the engine refuses such a message; here it only must not raise
-                role = None if role is None else repr(type(role))
-        else:
+            if type(role) is not str and role is not None:  # the engine refuses such a message; here it only must not raise
+                role = repr(type(role))
+        else:  # the system prompt or the tools
             role, content, calls = None, piece, None
         try:
             if type(content) is not str:
-                content = "" if content is None else dumps(content)
+                content = b"" if content is None else encoded_json(content)
             if calls is not None:
                 calls = dumps(calls)
         except orjson.JSONEncodeError:  # nested past orjson's depth: the wire encoding refuses the body (400)
             return None
         size = len(content)
+        if done + size >= _MAX_OFFSET:
+            break
         if size > BLOCK_CHARS:  # samples within a long content: the window before each boundary
             for at in range(BLOCK_CHARS, size, BLOCK_CHARS):
                 running = hash((running, at, content[at - window : at]))
-                keys.append(running & _KEY_MASK | (done + at))
-                offsets.append(done + at)
-        shown = content if size <= 2 * window else (size, content[:window], content[-window:])
-        running = hash((running, role, shown, calls))
+                sample(running & _KEY_MASK | (done + at))
+        running = hash((running, role, content, calls))  # a long content's hash: the token estimate's, kept on it
         done += size or 1
-        keys.append(running & _KEY_MASK | done)
-        offsets.append(done)
-        ends.append(len(keys) - 1)
-        if len(keys) >= MAX_PROMPT_SAMPLES or done >= _MAX_OFFSET:
-            break
-    del keys[MAX_PROMPT_SAMPLES:], offsets[MAX_PROMPT_SAMPLES:]
+        ends.append(len(keys))
+        sample(running & _KEY_MASK | done)
+    if not keys:
+        return None
+    del keys[MAX_PROMPT_SAMPLES:]
     per_char = prompt_tokens / done
-    tokens = [int(at * per_char) for at in offsets]
+    offset = _MAX_OFFSET - 1
+    tokens = [int((key & offset) * per_char) for key in keys]
     identity = keys[ends[0]] if len(pieces) > 1 else None
-    previous = tokens[ends[-3]] if len(ends) >= 3 else 0
+    previous = tokens[ends[-3]] if len(ends) >= 3 and ends[-3] < len(tokens) else 0
     return PromptPrefix(keys, tokens, identity, session, previous)
 
 
@@ -152,12 +158,23 @@ class PrefixIndex:
         index.longest_match_tokens(prefix)  # prefix.total_tokens
     """
 
-    __slots__ = ("_entries", "_held_tokens", "capacity_tokens")
+    __slots__ = ("_entries", "_held_tokens", "capacity_tokens", "shortfall_tokens")
 
     def __init__(self, *, capacity_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS) -> None:
         self.capacity_tokens = capacity_tokens
+        """What the engine can hold (the config's ``prefix_cache_tokens``, or what it reports)."""
+        self.shortfall_tokens = 0
+        """How much less than ``capacity_tokens`` the engine's reports showed it keeps of
+        latgate's prompts (:meth:`correct`)."""
         self._entries: OrderedDict[int, int] = OrderedDict()
         self._held_tokens = 0
+
+    @property
+    def effective_capacity_tokens(self) -> int:
+        """The tokens the index ages out against: ``capacity_tokens`` less the shortfall,
+        at least ``1 / MAX_SHORTFALL_DIVISOR`` of it."""
+        capacity = self.capacity_tokens
+        return max(capacity // MAX_SHORTFALL_DIVISOR, capacity - self.shortfall_tokens)
 
     @property
     def entries(self) -> int:
@@ -191,16 +208,28 @@ class PrefixIndex:
         entries = self._entries
         keys, tokens = prefix.keys, prefix.tokens
         held = self._held_tokens
+        touch = entries.move_to_end
         for i in range(len(keys) - 1, -1, -1):
-            key = keys[i]
-            if key in entries:
-                entries.move_to_end(key)
-                continue
-            cost = max(MIN_ENTRY_TOKENS, tokens[i] - (tokens[i - 1] if i else 0))
-            entries[key] = cost
-            held += cost
-        capacity = self.capacity_tokens
+            try:  # held already, as most of a session's next turn is
+                touch(keys[i])
+            except KeyError:
+                cost = max(MIN_ENTRY_TOKENS, tokens[i] - (tokens[i - 1] if i else 0))
+                entries[keys[i]] = cost
+                held += cost
+        capacity = self.effective_capacity_tokens
         while held > capacity and entries:
+            held -= entries.popitem(last=False)[1]
+        self._held_tokens = held
+
+    def correct(self, shortfall_tokens: int) -> None:
+        """The engine's report (:mod:`latgate.providers.cache_evidence`): it held
+        ``shortfall_tokens`` less than the index believed (negative: more). The
+        effective capacity moves by as much, within ``[capacity / MAX_SHORTFALL_DIVISOR,
+        capacity]``, and the least recently used entries beyond it go at once."""
+        capacity = self.capacity_tokens
+        self.shortfall_tokens = min(capacity - capacity // MAX_SHORTFALL_DIVISOR, max(0, self.shortfall_tokens + shortfall_tokens))
+        entries, held, effective = self._entries, self._held_tokens, self.effective_capacity_tokens
+        while held > effective and entries:
             held -= entries.popitem(last=False)[1]
         self._held_tokens = held
 

@@ -4,14 +4,22 @@ number, and where the session's last turn was served.
 :func:`session_key` takes the first present of (lowercase header names):
 
 1. the body's ``prompt_cache_key`` (OpenAI API reference, chat completions and
-   Responses; Codex sends it);
-2. ``x-claude-code-session-id`` (Claude Code);
+   Responses; Codex sends it, and OpenCode its session id where the provider sets
+   ``setCacheKey``);
+2. ``x-claude-code-session-id`` (Claude Code), ``x-opencode-session`` (OpenCode, to
+   providers whose id starts with ``opencode``: ``packages/opencode/src/session/llm.ts``);
 3. ``session-id``, ``session_id``, ``x-codex-session-id``, ``conversation_id``
    (Codex: its session and conversation ids);
 4. the session part of Anthropic ``metadata.user_id`` (``user`` once translated to chat
    completions): Claude Code sends ``user_<hash>_account_<uuid>_session_<uuid>``, and
-   its newer releases a JSON object string with a ``session_id`` field;
+   its newer releases a JSON object string with a ``session_id`` field; else the body's
+   ``metadata.sessionId`` (Qwen Code, to a DashScope-shaped endpoint:
+   ``packages/core/src/core/openaiContentGenerator/provider/dashscope.ts``);
 5. a generic ``x-session-id``.
+
+Sent by none of them (the prompt prefix is their identity): Cline's OpenAI-compatible
+provider (only headers the user configures), Continue (``x-continue-unique-id`` is one id
+per installation, not per session, and is not used), Qwen Code to any other endpoint.
 
 Values are hashed at once (BLAKE2b, 64 bits: the same number in every process, so a
 map shared over Redis agrees) and never kept or logged raw. Where a client sends none
@@ -31,6 +39,7 @@ import orjson
 
 SESSION_HEADERS = (
     "x-claude-code-session-id",
+    "x-opencode-session",
     "session-id",
     "session_id",
     "x-codex-session-id",
@@ -96,6 +105,10 @@ def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> int | No
         user_id = metadata.get("user_id") if isinstance(metadata, Mapping) else None
     if isinstance(user_id, str) and (session := claude_code_session(user_id)):
         return _hash("session:" + session)
+    metadata = body.get("metadata")
+    qwen_session = metadata.get("sessionId") if isinstance(metadata, Mapping) else None
+    if isinstance(qwen_session, str) and qwen_session:
+        return _hash("session:" + qwen_session)
     value = headers.get(GENERIC_SESSION_HEADER)
     return _hash("session:" + value) if value else None
 

@@ -162,6 +162,27 @@ class _Memo:
 _memo = _Memo(MEMO_MAX_CHARS)
 
 
+_last_encoded: tuple[object, bytes] | None = None
+
+
+def encoded_json(value: object) -> bytes:
+    """``value``'s JSON (``orjson.dumps``, ``default=str``), the last one remembered by
+    identity: the estimate encodes a body's tools, and the prefix index
+    (:mod:`latgate.routing.prefix_index`) hashes the same bytes object again, whose hash
+    Python keeps on it. ``value`` must not change in between (a parsed body does not).
+
+    Raises:
+        orjson.JSONEncodeError: nested past orjson's depth.
+    """
+    global _last_encoded
+    last = _last_encoded
+    if last is not None and last[0] is value:
+        return last[1]
+    encoded = orjson.dumps(value, default=str)
+    _last_encoded = (value, encoded)
+    return encoded
+
+
 def _text_tokens(text: str | bytes) -> float:
     """Estimated tokens in ``text`` (or its UTF-8 bytes), unrounded; any non-empty text is at least one."""
     if len(text) >= MEMO_MIN_CHARS:
@@ -246,7 +267,7 @@ def _prompt_tokens(body: Mapping[str, Any], count: Callable[[str], float]) -> fl
     for key in ("tools", "functions"):
         definitions = body.get(key)
         if definitions:
-            encoded = orjson.dumps(definitions, default=str)
+            encoded = encoded_json(definitions)
             total += _text_tokens(encoded) if count is _text_tokens else count(encoded.decode())
     return total
 

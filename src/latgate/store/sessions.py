@@ -34,6 +34,7 @@ local table, queued writes are dropped (bounded), and Redis is not tried again f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -343,29 +344,35 @@ def _redis_key(session_key: int) -> bytes:
 
 
 class SessionMaps:
-    """One session map per distinct ``[state]`` section, for the app's lifetime, so a
-    reload with the same ``[state]`` keeps every placement and a shared map keeps
-    following the other replicas. Like :class:`~latgate.store.SharedStores` for limits.
-
-    Run :meth:`run` as a task for the app's lifetime (it follows the current shared
-    map's log; with no shared map it waits) and :meth:`aclose` at shutdown.
-    """
+    """The session map of the current ``[state]``: a reload with the same section keeps
+    every placement (and a shared map keeps following the other replicas), one with
+    another retires the map (a shared one writes its queue and closes at once; nothing
+    keeps either). Like :class:`~latgate.store.SharedStores` for limits. Run :meth:`run`
+    as a task for the app's lifetime (it follows the current shared map's log, else
+    waits) and :meth:`aclose` at shutdown."""
 
     def __init__(self) -> None:
         self._current: LocalSessionMap | None = None
         self._config: StateConfig | None = None
-        self._retired: list[LocalSessionMap] = []
+        self._closing: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
 
     def map_for(self, config: StateConfig) -> LocalSessionMap:
         """The map for ``config`` (the same object while ``config`` is equal)."""
         if self._current is None or config != self._config:
-            if self._current is not None:
-                self._retired.append(self._current)
+            if isinstance(self._current, RedisSessionMap):  # no loop (outside the app): it never wrote
+                with contextlib.suppress(RuntimeError):
+                    task = asyncio.get_running_loop().create_task(self._current.aclose())
+                    self._closing.add(task)
+                    task.add_done_callback(self._closing.discard)
             self._current = open_session_map(config)
             self._config = config
             self._changed.set()
         return self._current
+
+    async def closed(self) -> None:
+        """Wait until every retired map is closed."""
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def run(self) -> None:
         """Follow the current shared map until cancelled (a reload that opens another
@@ -387,8 +394,7 @@ class SessionMaps:
 
     async def aclose(self) -> None:
         """Write what shared maps have queued and close their connections."""
-        for sessions in [*self._retired, *([self._current] if self._current else [])]:
-            if isinstance(sessions, RedisSessionMap):
-                await sessions.aclose()
-        self._retired.clear()
-        self._current = None
+        await self.closed()
+        current, self._current = self._current, None
+        if isinstance(current, RedisSessionMap):
+            await current.aclose()

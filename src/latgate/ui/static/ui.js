@@ -83,6 +83,13 @@ function endpointHtml(e) {
   const engine = e.engine ? `${e.engine.running ?? "–"} run · ${e.engine.waiting ?? "–"} wait <span>(${age(e.engine.age_seconds)})</span>` : "–";
   const probe = e.probe ? `${e.probe.ok ? "ok" : "failed"} ${ms(e.probe.ms)} ms <span>(${age(e.probe.age_seconds)})</span>` : "off";
   const evidence = `${m.observations ?? 0} obs` + (m.age_seconds != null ? `, ${age(m.age_seconds)}` : "");
+  const pct = (v) => (v == null ? "–" : `${(100 * v).toFixed(0)}%`);
+  const index = e.prefix_index;
+  const hits = e.cache_hits;
+  const cache = index
+    ? `${esc(index.entries)} samples · ${esc(index.held_tokens)} / ${esc(index.effective_capacity_tokens)} tok`
+    : "";
+  const hitRatio = hits ? `${pct(hits.predicted_ratio)} predicted · ${pct(hits.reported_ratio)} reported` : "";
   const circuit = e.circuit + (e.circuit_reason && e.circuit !== "closed" ? ` (${e.circuit_reason})` : "") + (e.reopens_in_seconds ? `, trial in ${e.reopens_in_seconds.toFixed(1)} s` : "");
   return `<div class="ep">
     <div class="ep-head"><span class="dot ${esc(e.circuit)}"></span>${esc(e.id)} <span class="circuit">${esc(circuit)}</span></div>
@@ -96,6 +103,8 @@ function endpointHtml(e) {
       <div><span>engine</span>${engine}</div>
       <div><span>probe</span>${probe}</div>
       <div><span>served</span>${esc(e.requests)}</div>
+      ${index ? `<div class="prefix-index"><span>prefix index</span>${cache}</div>` : ""}
+      ${hits ? `<div class="cache-hits"><span>cache hits</span>${esc(hitRatio)}</div>` : ""}
     </div>
     <div class="load" title="in flight / capacity"><i style="width:${load}%"></i></div>
   </div>`;
