@@ -20,8 +20,8 @@ only, no live numbers) into a :class:`RoutePlan` with ``routing.strategy``:
   likely to meet it; hedging when the decision's policy asks for it (where the copy
   goes: :mod:`latgate.routing.hedge_choice`).
 
-The endpoint choice itself is the configured strategy object's
-(:mod:`latgate.routing.strategies`).
+The endpoints' snapshots are :mod:`latgate.routing.snapshots`'; the endpoint choice
+itself is the configured strategy object's (:mod:`latgate.routing.strategies`).
 
 Under every strategy, endpoints whose circuit is open are skipped while another can
 take the request, and a provider with none left is tried after the fallbacks that
