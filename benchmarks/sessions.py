@@ -1,20 +1,23 @@
 """Coding-agent sessions: where each turn lands decides what it costs (issue 21).
 
-    .venv/bin/python benchmarks/sessions.py [--json OUT.json] [--markdown OUT.md]
-        [--sessions 16] [--turns 8] [--think-seconds 0.6] [--systems a,b,...]
-        [--replicas equal,unequal] [--headers on,off] [--seed 21]
+    .venv/bin/python benchmarks/sessions.py [--quick] [--json OUT.json] [--markdown OUT.md]
+        [--sessions 16] [--turns 30] [--think-seconds 0.4] [--cache-tokens 400000]
+        [--systems a,b,...] [--replicas equal,unequal] [--headers on,off] [--seed 21]
 
-N sessions (16) share one ~8k-token system prompt; each turn resends the session's
-whole history plus ~1.6k new tokens (a short assistant message and a tool output),
-then waits a think time (exponential, mean ``--think-seconds``) after its reply. The
-sessions start spread over the first two seconds. Four simulated replicas of one
-model (``latgate.sim``, one event loop in a child process) each keep a block-level
-prefix cache (16-token blocks, LRU; capacity 1.6x what four sessions' longest
+The issue's shape: 16 sessions share one ~8k-token system prompt; each of 30 turns
+(480 requests) resends the session's whole history plus ~1.6k new tokens (a short
+assistant message and a tool output), then waits a think time (exponential, mean
+``--think-seconds``, 0.4 s: an agent's tool runs scaled down so that every system and
+case fits in ~20 minutes on a loaded 2-core machine) after its reply. The sessions
+start spread over the first two seconds. Four simulated replicas of one model
+(``latgate.sim``, one event loop in a child process) each keep a block-level prefix
+cache (16-token blocks, LRU, 400k tokens: 1.8x what four sessions' 56k-token final
 histories need, so the oracle's placement fits and every session everywhere does not)
-and prefill one request at a time (20k tokens/s: a full 20k-token history costs
-1 s, a turn's new tokens 80 ms); ``unequal`` makes the fourth replica slower (10k
-tokens/s, twice the time per token). Session headers ``on``: every turn carries
+and prefill one request at a time (20k tokens/s: a full 56k-token history costs 2.8 s,
+a turn's new tokens 80 ms); ``unequal`` makes the fourth replica slower (10k tokens/s,
+twice the time per token). Session headers ``on``: every turn carries
 ``x-claude-code-session-id`` as Claude Code sends it; ``off``: nothing but the prompt.
+``--quick``: 10 turns a session and a 160k-token cache (the same 1.7x), for iteration.
 
 Systems (all on the same sessions, bodies and think times; fresh simulators and a
 fresh router for each):
@@ -120,22 +123,23 @@ class Workload:
     """The sizes of a run (tokens are ``latgate.routing.tokens`` estimates)."""
 
     sessions: int = 16
-    turns: int = 8
+    turns: int = 30
     system_tokens: int = 8_000
     turn_tokens: int = 1_600
-    think_seconds: float = 0.6
+    think_seconds: float = 0.4
     start_spread_seconds: float = 2.0
     max_tokens: int = 24
+    cache_tokens: int = 400_000
+    """Each replica's block cache (the issue's: LRU, 400k tokens)."""
 
     @property
     def longest_history_tokens(self) -> int:
         return self.system_tokens + self.turns * self.turn_tokens
 
-    @property
-    def cache_tokens(self) -> int:
-        """Each replica's cache: 1.6x the longest histories of its share of sessions."""
-        per_replica = -(-self.sessions // REPLICAS)
-        return int(1.6 * per_replica * self.longest_history_tokens)
+
+QUICK = Workload(turns=10, cache_tokens=160_000)
+"""``--quick``: a third of the turns, the cache scaled by the histories (400k holds 1.8x
+four sessions' 30-turn histories; 160k, 1.7x their 10-turn ones)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -583,12 +587,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="OUT", type=Path, help="write the results as JSON")
     parser.add_argument("--markdown", metavar="OUT", type=Path, help="write the tables as markdown")
-    defaults = Workload()
-    parser.add_argument("--sessions", type=int, default=defaults.sessions)
-    parser.add_argument("--turns", type=int, default=defaults.turns, help="turns per session")
-    parser.add_argument("--system-tokens", type=int, default=defaults.system_tokens)
-    parser.add_argument("--turn-tokens", type=int, default=defaults.turn_tokens, help="new tokens per turn")
-    parser.add_argument("--think-seconds", type=float, default=defaults.think_seconds, help="mean think time")
+    parser.add_argument("--quick", action="store_true", help="10 turns a session (QUICK), for iteration")
+    parser.add_argument("--sessions", type=int)
+    parser.add_argument("--turns", type=int, help="turns per session")
+    parser.add_argument("--system-tokens", type=int)
+    parser.add_argument("--turn-tokens", type=int, help="new tokens per turn")
+    parser.add_argument("--think-seconds", type=float, help="mean think time")
+    parser.add_argument("--cache-tokens", type=int, help="each replica's prefix cache")
     parser.add_argument("--seed", type=int, default=21)
     parser.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma-separated (default: all)")
     parser.add_argument("--replicas", default="equal,unequal", help="equal, unequal or both")
@@ -603,13 +608,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"sessions: error: unknown system {unknown[0]!r}; choose from {', '.join(ALL_SYSTEMS)}", file=sys.stderr)
         return 2
-    workload = Workload(
-        sessions=args.sessions,
-        turns=args.turns,
-        system_tokens=args.system_tokens,
-        turn_tokens=args.turn_tokens,
-        think_seconds=args.think_seconds,
-    )
+    sizes = {
+        name: value
+        for name in ("sessions", "turns", "system_tokens", "turn_tokens", "think_seconds", "cache_tokens")
+        if (value := getattr(args, name)) is not None
+    }
+    workload = dataclasses.replace(QUICK if args.quick else Workload(), **sizes)
     started = time.monotonic()
     document = run(
         workload,

@@ -77,3 +77,11 @@ def test_a_tiny_run_writes_the_json_with_latgate_and_the_oracle(bench, tmp_path:
     assert oracle["from_cache"] > 0.3  # each second turn reuses its first turn's blocks
     assert sum(latgate["requests"].values()) == 4 and latgate["ttft_p99_s"] > 0
     assert set(case["targets"]) >= {"on_most_used", "max_share", "from_cache_vs_oracle"}
+
+
+def test_the_default_workload_is_the_issue_s_shape_and_quick_is_a_third_of_it(bench) -> None:
+    full, quick = bench.Workload(), bench.QUICK
+    assert (full.sessions * full.turns, full.system_tokens, full.turn_tokens, full.cache_tokens) == (480, 8_000, 1_600, 400_000)
+    assert quick.turns * 3 == full.turns and quick.sessions == full.sessions
+    # each holds its four sessions' final histories with the same room to spare
+    assert abs(full.cache_tokens / (4 * full.longest_history_tokens) - quick.cache_tokens / (4 * quick.longest_history_tokens)) < 0.15

@@ -48,6 +48,7 @@ from latgate.config.errors import ConfigError
 from latgate.config.providers import tokenizer_path
 from latgate.config.schema import Config, PolicyConfig
 from latgate.errors import InvalidRequest, NotFound
+from latgate.routing.alternatives import Alternatives
 from latgate.routing.headers import budget_header, debug_header, flag_header
 from latgate.routing.models import model_key, rule_model, skipped_note, upstream_model
 from latgate.routing.sessions import session_key
@@ -100,9 +101,14 @@ class Router:
             model.fallback_model for model in config.models.values() if model.fallback_model
         }
         self._serving_known = {public: self._compute_serving(public) for public in known}
-        self._overflow_known: dict[tuple[str, str], tuple[Target, ...]] = {}
-        self._fallbacks_known: dict[tuple[str, str, str], tuple[tuple[Target, ...], tuple[str, ...]]] = {}
         self._predicts = predicts(routing.strategy)
+        self._alternatives = Alternatives(
+            config,
+            serving=self._serving,
+            rule_upstream=self._rule_upstream,
+            known=frozenset(self._serving_known),
+            overflows=self._predicts,
+        )
         # providers where a session's place counts: a prefix cache and a choice of endpoints
         self._affine = frozenset(
             name
@@ -157,8 +163,8 @@ class Router:
             choice = self._model_or_default(serving, public)
         provider, reason, upstream = choice
         primary = Target(provider, upstream, reason)
-        candidates = (primary, *self._fallbacks(primary, public, notes))
-        overflow = self._overflow(primary, public) if budget_ms is not None else ()
+        candidates = (primary, *self._alternatives.fallbacks(primary, public, notes))
+        overflow = self._alternatives.overflow(primary, public) if budget_ms is not None else ()
         session = None
         if self._affine and any(t.provider in self._affine for t in (*candidates, *overflow)):
             session = session_key(body, headers)
@@ -239,7 +245,7 @@ class Router:
         if upstream is None:
             raise ValueError(f"provider {provider!r} does not serve {public!r}")
         notes: list[str] = []
-        targets = self._fallbacks(Target(provider, upstream, "default"), public, notes)
+        targets = self._alternatives.fallbacks(Target(provider, upstream, "default"), public, notes)
         return targets, tuple(notes)
 
     def serving(self, public: str) -> dict[str, str]:
@@ -265,7 +271,9 @@ class Router:
         """The 404 message: the available names, and a same-model one when there is one."""
         same = [name for name in self._public_models if model_key(name) == model_key(public)]
         hint = f" (did you mean {same[0]!r}?)" if same else ""
-        return f"model {public!r} is not served here{hint}; available models: {', '.join(self._public_models)}"
+        return (
+            f"model {public!r} is not served here{hint}; available models: {', '.join(self._public_models)}"
+        )
 
     # -- the rules ----------------------------------------------------------------
 
@@ -353,58 +361,6 @@ class Router:
                 return name, "model", serving[name]
         name = next(iter(serving))
         return name, "model", serving[name]
-
-    def _fallbacks(self, primary: Target, public: str, notes: list[str]) -> tuple[Target, ...]:
-        """The primary's fallbacks, with notes for those skipped (memoised for configured
-        model names: they depend on the config only)."""
-        key = (primary.provider, primary.model, public)
-        known = self._fallbacks_known.get(key)
-        if known is None:
-            found: list[str] = []
-            known = (tuple(self._compute_fallbacks(primary, public, found)), tuple(found))
-            if public in self._serving_known:
-                self._fallbacks_known[key] = known
-        notes.extend(known[1])
-        return known[0]
-
-    def _compute_fallbacks(self, primary: Target, public: str, notes: list[str]) -> list[Target]:
-        reason = f"fallback:{primary.provider}"
-        model_config = self._config.models.get(public)
-        fallback_model = model_config.fallback_model if model_config is not None else None
-        seen = {(primary.provider, primary.model)}
-        targets: list[Target] = []
-        for name in self._routing.fallbacks.get(primary.provider, ()):
-            upstream = self._rule_upstream(name, public)
-            instead = None
-            if upstream is None and fallback_model:
-                upstream = self._rule_upstream(name, fallback_model)
-                instead = fallback_model
-            if upstream is None:
-                notes.append(f"fallback {name} skipped: {skipped_note(self._providers[name], public)}")
-            elif (name, upstream) not in seen:
-                seen.add((name, upstream))
-                targets.append(Target(name, upstream, reason, instead))
-        upstream = self._rule_upstream(primary.provider, fallback_model) if fallback_model and not targets else None
-        if upstream is not None and (primary.provider, upstream) not in seen:
-            targets.append(Target(primary.provider, upstream, reason, fallback_model))
-        return targets
-
-    def _overflow(self, primary: Target, public: str) -> tuple[Target, ...]:
-        """The primary's fallbacks then the other providers serving ``public`` (memoised
-        for configured model names)."""
-        if not self._predicts or primary.reason in ("override", "long_context"):
-            return ()
-        key = (primary.provider, public)
-        known = self._overflow_known.get(key)
-        if known is not None:
-            return known
-        order = [*self._routing.fallbacks.get(primary.provider, ()), *self._serving(public)]
-        reason = f"overflow:{primary.provider}"
-        upstreams = {name: self._rule_upstream(name, public) for name in dict.fromkeys(order) if name != primary.provider}
-        targets = tuple(Target(name, upstream, reason) for name, upstream in upstreams.items() if upstream is not None)
-        if public in self._serving_known:
-            self._overflow_known[key] = targets
-        return targets
 
 
 def _load_tokenizers(config: Config) -> dict[str, ExactTokenizer]:

@@ -70,6 +70,8 @@ class RoutePlan:
         prompt_prefix: the prompt's samples and session
             (:mod:`latgate.routing.prefix_index`), for a provider keeping a prefix cache
             with several endpoints; None otherwise.
+        conversation: the conversation the prompt belongs to
+            (:func:`latgate.routing.strategies.placement.conversation_key`), or None.
         predicted_ttft_ms: the first endpoint's predicted TTFT (``latgate`` only).
         completion_tokens / completion_source: the completion tokens the request is
             expected to produce and where that came from (its ``max_tokens``... field,
@@ -92,6 +94,7 @@ class RoutePlan:
     prompt_tokens: int
     budget_ms: int | None
     prompt_prefix: PromptPrefix | None = None
+    conversation: int | None = None
     predicted_ttft_ms: float | None = None
     completion_tokens: int = 1
     completion_source: str = "default"

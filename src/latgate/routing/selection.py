@@ -20,8 +20,8 @@ only, no live numbers) into a :class:`RoutePlan` with ``routing.strategy``:
   likely to meet it; hedging when the decision's policy asks for it (where the copy
   goes: :mod:`latgate.routing.hedge_choice`).
 
-The endpoint choice itself is the configured strategy object's
-(:mod:`latgate.routing.strategies`).
+The endpoints' snapshots are :mod:`latgate.routing.snapshots`'; the endpoint choice
+itself is the configured strategy object's (:mod:`latgate.routing.strategies`).
 
 Under every strategy, endpoints whose circuit is open are skipped while another can
 take the request, and a provider with none left is tried after the fallbacks that
@@ -42,27 +42,23 @@ from typing import Any
 
 from latgate.config.schema import Config
 from latgate.providers.endpoint import QUEUE_P90_FACTOR, EndpointRuntime
-from latgate.providers.health import CLOSED, HALF_OPEN
 from latgate.providers.pool import ProviderPool, ProviderRuntime
-from latgate.providers.predictor import P90_SPREADS
 from latgate.routing.decision import RouteDecision
 from latgate.routing.hedge_choice import hedge_target, planned_hedge
 from latgate.routing.plan import Considered, Hedge, RoutePlan
 from latgate.routing.policies.deadline import first_token_deadline_ms
-from latgate.routing.policies.e2e import expected_completion_tokens, predicted_e2e_ms
+from latgate.routing.policies.e2e import expected_completion_tokens
 from latgate.routing.policies.evidence import (
     MIN_OBSERVATIONS,
-    aged_estimate_ms,
-    confidence,
     leave_evidence,
-    peer_prior_ms,
-    stale,
 )
 from latgate.routing.policies.overflow import choose_overflow
-from latgate.routing.policies.rendezvous import endpoint_salt
 from latgate.routing.policies.view import EndpointView
-from latgate.routing.prefix_index import PromptPrefix, prompt_prefix
+from latgate.routing.prefix_index import prompt_prefix
+from latgate.routing.snapshots import Snapshots
 from latgate.routing.strategies import Strategy, build_strategy
+from latgate.routing.strategies.base import Choice
+from latgate.routing.strategies.placement import conversation_key
 from latgate.routing.targets import Target
 
 
@@ -76,24 +72,22 @@ class Selector:
     """
 
     def __init__(self, *, config: Config, pool: ProviderPool, rng: random.Random | None = None) -> None:
-        self.strategy: Strategy = build_strategy(config.routing.strategy, sessions=pool.sessions, rng=rng or random.Random())
+        self.strategy: Strategy = build_strategy(
+            config.routing.strategy, sessions=pool.sessions, rng=rng or random.Random(), clock=pool.clock
+        )
         self._pool = pool
         pool.on_first_token = self.strategy.on_first_token
         self._exploration_share = config.routing.exploration_share
         self._expected_completion_tokens = config.routing.expected_completion_tokens
         timeout = config.defaults.first_token_timeout_sec
         self.configured_deadline_ms = timeout * 1000.0 if timeout else None
-        self._salts = {
-            ep.key: endpoint_salt(ep.config.id)
-            for runtime in pool.providers.values()
-            for ep in runtime.endpoints
-        }
         # providers where a prompt's prefix counts: a prefix cache and a choice of endpoints
         self._caching = frozenset(
             name
             for name, runtime in pool.providers.items()
             if self.strategy.predicts and runtime.config.caches_prefixes and len(runtime.endpoints) > 1
         )
+        self._views = Snapshots(pool, caching=self._caching).take
 
     def plan(self, decision: RouteDecision, body: Mapping[str, Any], *, commit: bool = True) -> RoutePlan:
         """The plan for ``decision``. ``commit=False`` (an explanation only) leaves the
@@ -103,13 +97,22 @@ class Selector:
         targets = decision.candidates
         runtime = self._pool[targets[0].provider]
         plan = RoutePlan(
-            targets=targets, endpoint=runtime.endpoints[0], prompt_tokens=decision.prompt_tokens, budget_ms=decision.budget_ms
+            targets=targets,
+            endpoint=runtime.endpoints[0],
+            prompt_tokens=decision.prompt_tokens,
+            budget_ms=decision.budget_ms,
         )
         caching = self._caching
         if caching and body and any(t.provider in caching for t in (*targets, *decision.overflow)):
-            plan.prompt_prefix = prompt_prefix(body, prompt_tokens=decision.prompt_tokens, session=decision.session_key)
+            plan.prompt_prefix = prefix = prompt_prefix(
+                body, prompt_tokens=decision.prompt_tokens, session=decision.session_key
+            )
+            if prefix is not None:
+                plan.conversation = conversation_key(body, prefix)
         plan.completion_tokens, plan.completion_source = expected_completion_tokens(
-            body, default_tokens=self._expected_completion_tokens, observed_tokens=self._pool.completion_tokens_mean
+            body,
+            default_tokens=self._expected_completion_tokens,
+            observed_tokens=self._pool.completion_tokens_mean,
         )
         now = self._pool.clock()
         e2e = decision.budget_ms is not None or explain
@@ -131,9 +134,13 @@ class Selector:
                     self._overflow(decision, plan, best, None, now, alternatives, explain=explain)
                 elif decision.overflow:
                     queue_p90_ms = QUEUE_P90_FACTOR * plan.endpoint.queue_ms(now)
-                    evidence = leave_evidence(views, best, budget_ms=decision.budget_ms, queue_p90_ms=queue_p90_ms)
+                    evidence = leave_evidence(
+                        views, best, budget_ms=decision.budget_ms, queue_p90_ms=queue_p90_ms
+                    )
                     if evidence is not None:
-                        self._overflow(decision, plan, best, evidence, now, decision.overflow, explain=explain)
+                        self._overflow(
+                            decision, plan, best, evidence, now, decision.overflow, explain=explain
+                        )
             if decision.left is not None and plan.overflow_from is None:
                 plan.overflow_from = decision.left
         if not best.available and len(targets) > 1 and plan.overflow_from is None:
@@ -152,7 +159,9 @@ class Selector:
             plan.reserved = True
         return plan
 
-    def _may_explore(self, runtime: ProviderRuntime, views: list[EndpointView], budget_ms: int | None) -> bool:
+    def _may_explore(
+        self, runtime: ProviderRuntime, views: list[EndpointView], budget_ms: int | None
+    ) -> bool:
         """A request without a budget may explore; one with a budget only while no
         measured endpoint is known to meet it (or to be the best there is), or within the
         exploration share."""
@@ -160,7 +169,10 @@ class Selector:
             return True
         best_p90 = min((v.p90_ttft_ms for v in views if v.available), default=math.inf)
         known_good = any(
-            v.available and v.observations and not v.busy and (v.p90_ttft_ms <= budget_ms or v.p90_ttft_ms <= best_p90)
+            v.available
+            and v.observations
+            and not v.busy
+            and (v.p90_ttft_ms <= budget_ms or v.p90_ttft_ms <= best_p90)
             for v in views
         )
         return not known_good or runtime.explored + 1 <= self._exploration_share * runtime.budgeted
@@ -208,114 +220,6 @@ class Selector:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _views(
-        self, runtime: ProviderRuntime, plan: RoutePlan, now: float, *, predict: bool, e2e: bool = False
-    ) -> list[EndpointView]:
-        """Snapshots of ``runtime``'s endpoints; with ``predict``, their predicted TTFT
-        (on the prompt tokens each is not believed to hold) and evidence, and with
-        ``e2e`` (or a budget) their predicted ITL and e2e latency."""
-        circuit_of = self._pool.breaker.circuit
-        salts = self._salts
-        tokens = plan.prompt_tokens
-        endpoints = runtime.endpoints
-        circuits = [circuit_of(ep.key) for ep in endpoints]
-        measured: list[float | None] = []
-        measured_itl: list[float | None] = []
-        e2e = predict and (e2e or plan.budget_ms is not None)
-        prefix = plan.prompt_prefix if predict and runtime.name in self._caching else None
-        cached: list[int] = []
-        if prefix is not None:
-            cached = [self._pool.cached_tokens(ep, prefix) for ep in endpoints]
-            if not any(cached):
-                cached = []
-        if predict and len(endpoints) > 1:
-            measured = [
-                ep.predictor.predict_ms(tokens)
-                if ep.predictor.observations >= MIN_OBSERVATIONS and circuit == CLOSED
-                else None
-                for ep, circuit in zip(endpoints, circuits, strict=True)
-            ]
-            if e2e:
-                measured_itl = [
-                    ep.itl.ms if ep.itl.observations >= MIN_OBSERVATIONS and circuit == CLOSED else None
-                    for ep, circuit in zip(endpoints, circuits, strict=True)
-                ]
-        turn = runtime.turn
-        views = []
-        for index, (ep, circuit) in enumerate(zip(endpoints, circuits, strict=True)):
-            trial = circuit == HALF_OPEN and now >= ep.trial_until
-            view = EndpointView(ep.in_flight, circuit == CLOSED or trial, trial, 0.0, 0.0, salts[ep.key])
-            view.weight = ep.config.weight
-            if predict:
-                predictor = ep.predictor
-                view.others = ep.others(now) + ep.pending
-                view.observations = observations = predictor.observations
-                age_s = math.inf if ep.observed_at is None else now - ep.observed_at
-                uncached = tokens
-                if cached:
-                    view.cached_tokens = cached[index]
-                    uncached = max(0, tokens - cached[index])
-                prior = None
-                if measured:
-                    if uncached == tokens:
-                        prior = peer_prior_ms([m for i, m in enumerate(measured) if m is not None and i != index])
-                    else:  # the peers' lines at this endpoint's uncached tokens
-                        prior = peer_prior_ms(
-                            [endpoints[i].predictor.predict_ms(uncached) for i, m in enumerate(measured) if m is not None and i != index]
-                        )
-                if prior is None:
-                    prior = predictor.prior_ms(uncached)
-                trust = confidence(predictor.weight, age_s) if observations else 0.0
-                fitted = aged_estimate_ms(predictor.predict_ms(uncached), prior, trust)
-                view.prefill_ms = fitted
-                spread = aged_estimate_ms(predictor.spread_ms, prior / 4, trust)
-                queue = ep.queue_ms(now)
-                view.predicted_ttft_ms = queue + fitted
-                view.p90_ttft_ms = QUEUE_P90_FACTOR * queue + fitted + P90_SPREADS * spread
-                view.busy = ep.busy(now)
-                view.explore = stale(observations=observations, age_s=age_s, routed_elsewhere=turn - ep.chosen_turn)
-                if e2e:
-                    view.predicted_itl_ms = itl_ms = self._itl_ms(ep, index, measured_itl, now)
-                    view.predicted_e2e_ms = predicted_e2e_ms(
-                        ttft_ms=view.predicted_ttft_ms, itl_ms=itl_ms, completion_tokens=plan.completion_tokens
-                    )
-            views.append(view)
-        if prefix is not None and predict:
-            self._mark_home(endpoints, views, cached, prefix)
-        return views
-
-    def _mark_home(
-        self, endpoints: list[EndpointRuntime], views: list[EndpointView], cached: list[int], prefix: PromptPrefix
-    ) -> None:
-        """Mark the session's endpoint: where the client's session was served last; for a
-        prompt naming no session, of more than one message, the one holding its longest
-        prefix (none when none holds any)."""
-        home = None
-        if prefix.session is not None:
-            served = self._pool.sessions.get(prefix.session)
-            home = next((i for i, ep in enumerate(endpoints) if ep.config.id == served), None)
-        elif cached and prefix.identity is not None:
-            longest = max(cached)
-            home = cached.index(longest) if longest > 0 else None
-        if home is not None:
-            views[home].home = True
-
-    @staticmethod
-    def _itl_ms(ep: EndpointRuntime, index: int, measured_itl: list[float | None], now: float) -> float:
-        """The endpoint's time per output token: its streams' mean blended with a prior
-        by the same confidence as its TTFT fit (the prior: its measured replicas' median,
-        else its role's)."""
-        itl = ep.itl
-        prior = None
-        if measured_itl:
-            prior = peer_prior_ms([m for i, m in enumerate(measured_itl) if m is not None and i != index])
-        if prior is None:
-            prior = itl.prior_ms
-        if itl.ms is None:
-            return prior
-        age_s = math.inf if ep.itl_observed_at is None else now - ep.itl_observed_at
-        return aged_estimate_ms(itl.ms, prior, confidence(itl.weight, age_s))
-
     def _choose(
         self,
         runtime: ProviderRuntime,
@@ -323,13 +227,13 @@ class Selector:
         plan: RoutePlan,
         *,
         commit: bool,
-        trial_ok: bool = False,
-        explore: bool = False,
+        **asks: bool,
     ) -> int:
-        """The strategy's endpoint of ``runtime`` (see :meth:`Strategy.choose`)."""
+        """The strategy's endpoint of ``runtime`` (``asks``: ``trial_ok``, ``explore``,
+        see :class:`~latgate.routing.strategies.base.Choice`)."""
         if len(views) == 1:
             return 0
-        return self.strategy.choose(runtime, views, plan, commit=commit, trial_ok=trial_ok, explore=explore)
+        return self.strategy.choose(Choice(runtime, views, plan, commit, **asks))
 
     def _overflow(
         self,
@@ -358,7 +262,9 @@ class Selector:
             choices.append((runtime, index))
             if explain:
                 self._consider(plan, runtime, views, -1)
-        pick = choose_overflow(ttfts, e2e_ms=e2es, budget_ms=decision.budget_ms or 0, keep_preferred=evidence is not None)
+        pick = choose_overflow(
+            ttfts, e2e_ms=e2es, budget_ms=decision.budget_ms or 0, keep_preferred=evidence is not None
+        )
         if pick == 0:
             return
         target = alternatives[pick - 1]
@@ -382,9 +288,7 @@ class Selector:
         for considered in plan.considered:
             considered.chosen = considered.endpoint == plan.endpoint.config.id
 
-    def _skip_unavailable(
-        self, plan: RoutePlan, now: float, *, commit: bool
-    ) -> None:
+    def _skip_unavailable(self, plan: RoutePlan, now: float, *, commit: bool) -> None:
         """Try first the first candidate that has an endpoint able to take traffic."""
         for position, target in enumerate(plan.targets[1:], start=1):
             runtime = self._pool[target.provider]
@@ -413,10 +317,16 @@ class Selector:
                     chosen=index == chosen,
                     observations=ep.predictor.observations,
                     evidence=ep.ejection_evidence,
-                    predicted_itl_ms=view.predicted_itl_ms if view.predicted_itl_ms > 0 else None,  # 0: not predicted
+                    predicted_itl_ms=view.predicted_itl_ms
+                    if view.predicted_itl_ms > 0
+                    else None,  # 0: not predicted
                     predicted_e2e_ms=view.predicted_e2e_ms if view.predicted_itl_ms > 0 else None,
                     itl_observations=ep.itl.observations,
-                    cached_tokens=view.cached_tokens if plan.prompt_prefix is not None and view.prefill_ms > 0 else None,
-                    prefill_ms=view.prefill_ms if plan.prompt_prefix is not None and view.prefill_ms > 0 else None,
+                    cached_tokens=view.cached_tokens
+                    if plan.prompt_prefix is not None and view.prefill_ms > 0
+                    else None,
+                    prefill_ms=view.prefill_ms
+                    if plan.prompt_prefix is not None and view.prefill_ms > 0
+                    else None,
                 )
             )

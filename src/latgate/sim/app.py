@@ -25,7 +25,6 @@ from latgate.routing.tokens import REPLY_PRIMER_TOKENS, estimate_prompt_tokens
 from latgate.sim import embeddings, replies, wire
 from latgate.sim.asgi import (
     JSON_HEADERS,
-    SSE_HEADERS,
     Outcome,
     Receive,
     Scope,
@@ -37,8 +36,9 @@ from latgate.sim.asgi import (
     until_disconnect,
 )
 from latgate.sim.clock import Clock, MonotonicClock
+from latgate.sim.delivery import Faults, stream_reply, whole_reply
 from latgate.sim.engine import Engine, Generation
-from latgate.sim.faults import FaultInjector, FaultPlan
+from latgate.sim.faults import FaultInjector
 from latgate.sim.options import SimOptions
 from latgate.sim.prefix_cache import BlockKey, block_keys, prefix_digests
 from latgate.sim.replies import ChoicePlan
@@ -290,9 +290,9 @@ class SimApp:
                 return render(plans, envelope)
 
             if render is wire.chat_stream or render is wire.completion_stream:
-                work = self._stream(scope, send, generation, rendered, fault)
+                work = stream_reply(scope, send, generation, rendered, Faults(fault, self.stats, self.options.stall_ms))
             else:
-                work = self._respond(scope, send, generation, rendered, steps, fault)
+                work = whole_reply(scope, send, generation, rendered, steps, Faults(fault, self.stats, self.options.stall_ms))
             outcome = await until_disconnect(receive, work)
         finally:
             generation.close()
@@ -303,64 +303,6 @@ class SimApp:
             self.stats.prompt_tokens_total += usage["prompt_tokens"]
             self.stats.completion_tokens_total += usage["completion_tokens"]
         return outcome
-
-    async def _stream(
-        self,
-        scope: Scope,
-        send: Send,
-        generation: Generation,
-        rendered: Callable[[], wire.StreamPlan | bytes],
-        fault: FaultPlan,
-    ) -> Outcome:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + request_id(scope)})
-        await generation.first_token()
-        stream = rendered()
-        assert isinstance(stream, wire.StreamPlan)
-        last = len(stream.steps)
-        for index in range(last + 1):
-            if 0 < index < last:
-                await generation.next_token()
-            if await self._fault_before(index, generation, fault):
-                return Outcome.DROPPED
-            body = stream.tail if index == last else stream.steps[index]
-            await send({"type": "http.response.body", "body": body, "more_body": index < last})
-        return Outcome.COMPLETED
-
-    async def _respond(
-        self,
-        scope: Scope,
-        send: Send,
-        generation: Generation,
-        rendered: Callable[[], wire.StreamPlan | bytes],
-        steps: int,
-        fault: FaultPlan,
-    ) -> Outcome:
-        await generation.first_token()
-        body = rendered()
-        assert isinstance(body, bytes)
-        for index in range(1, steps + 1):
-            if index < steps:
-                await generation.next_token()
-            if await self._fault_before(index, generation, fault):
-                # Headers and half the body, then the connection closes (the ASGI server
-                # closes it when the app returns with the response incomplete).
-                start = {"type": "http.response.start", "status": 200}
-                start["headers"] = JSON_HEADERS + [(b"content-length", str(len(body)).encode())]
-                await send(start)
-                await send({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
-                return Outcome.DROPPED
-        await send_bytes(send, 200, body, headers=JSON_HEADERS + request_id(scope))
-        return Outcome.COMPLETED
-
-    async def _fault_before(self, index: int, generation: Generation, fault: FaultPlan) -> bool:
-        """Apply a stall due before step ``index``; True when the connection must drop there."""
-        if index == fault.stall_before_step:
-            self.stats.stalls += 1
-            await generation.pause(self.options.stall_ms / 1000.0)
-        if index == fault.drop_before_step:
-            self.stats.drops += 1
-            return True
-        return False
 
     # -- helpers -------------------------------------------------------------------
 

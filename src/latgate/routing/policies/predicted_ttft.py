@@ -36,6 +36,18 @@ def close(a_ms: float, b_ms: float) -> bool:
     return abs(a_ms - b_ms) <= CLOSE_FRACTION * min(a_ms, b_ms) + CLOSE_MARGIN_MS
 
 
+def _candidates(views: list[EndpointView], *, trial_first: bool) -> list[int] | int:
+    """The usable indexes (:func:`usable`), views on trial left out unless
+    ``trial_first``, or the index of the view on trial that takes the request."""
+    candidates = usable(views)
+    if trial_first:
+        for index in candidates:
+            if views[index].trial and views[index].available:
+                return index
+        return candidates
+    return [i for i in candidates if not views[i].trial] or candidates
+
+
 def choose_power_of_two(
     views: list[EndpointView],
     *,
@@ -84,13 +96,9 @@ def choose_power_of_two(
         views = [EndpointView(predicted_ttft_ms=80.0), EndpointView(predicted_ttft_ms=20.0)]
         choose_power_of_two(views, draws=(0, 0))  # 1
     """
-    candidates = usable(views)
-    if trial_first:
-        for index in candidates:
-            if views[index].trial and views[index].available:
-                return index
-    else:
-        candidates = [i for i in candidates if not views[i].trial] or candidates
+    candidates = _candidates(views, trial_first=trial_first)
+    if type(candidates) is int:
+        return candidates
     if explore:
         least = min(views[i].load for i in candidates)
         thin = [
@@ -101,7 +109,14 @@ def choose_power_of_two(
         if thin:
             count = len(views)
             if identity is not None:  # equals by rendezvous: a session explores one place
-                return min(thin, key=lambda i: (views[i].observations, views[i].load, -rendezvous_score(identity, views[i].salt)))
+                return min(
+                    thin,
+                    key=lambda i: (
+                        views[i].observations,
+                        views[i].load,
+                        -rendezvous_score(identity, views[i].salt),
+                    ),
+                )
             return min(thin, key=lambda i: (views[i].observations, views[i].load, (i - turn) % count))
     if len(candidates) > 2 and not compare_all:
         first = draws[0] % len(candidates)
@@ -129,3 +144,78 @@ def choose_power_of_two(
         return max(equals, key=lambda i: rendezvous_score(identity, views[i].salt))
     count = len(views)
     return min(equals, key=lambda i: (i - turn) % count)
+
+
+def choose_for_session(
+    views: list[EndpointView],
+    *,
+    prompt_tokens: int,
+    sessions: list[int],
+    queued_tokens: list[float],
+    speed: list[float],
+    home: int | None,
+    identity: int,
+    trial_first: bool = True,
+) -> int:
+    """The endpoint for one turn of a conversation, on a provider whose engines cache
+    prefixes and prefill one request after another: what a turn waits for is the
+    uncached prompt tokens ahead of it and its own, at the endpoint's speed. The turn
+    stays on ``home`` unless another endpoint has less than that work by more than
+    ``CLOSE_FRACTION``; a conversation without a home (its first turn, or its endpoint
+    out of service), or leaving it, is placed by session balance.
+
+    Comparing work in tokens keeps the choice off the TTFT fit's split between its
+    fixed part and its slope, which prompts of one uncached size cannot pin down (a
+    session's turns all add about the same): a line that lost its slope would price a
+    whole history's prefill elsewhere like one turn's.
+
+    Args:
+        prompt_tokens: the prompt's tokens.
+        views: the provider's endpoints (every one compared); ``cached_tokens`` is
+            what each is believed to hold of the prompt, ``busy`` counts.
+        sessions: conversations placed on each endpoint now, this one not counted.
+        queued_tokens: uncached prompt tokens sent to each and not yet prefilled.
+        speed: each endpoint's time per token relative to a typical peer's (1: as
+            fast, 2: twice as slow); up to ``1 + CLOSE_FRACTION`` counts as 1.
+        home: the index of the conversation's endpoint (holding its history, or where
+            its client's session was served last), or None.
+        identity: the conversation's number, for rendezvous hashing between equals.
+        trial_first: as :func:`choose_power_of_two`.
+
+    Returns:
+        ``home`` while its work (queued plus the prompt's uncached tokens, times its
+        speed) is within ``CLOSE_FRACTION`` of the least and it is not busy. Otherwise,
+        among the endpoints within that of the least (leaving home), or (a new
+        conversation) among those not busy whose queued work is at most the least
+        work: the fewest conversations per unit of speed (a new session goes where it
+        adds least to the sessions sharing one prefill), then the least work, then the
+        least loaded, then the highest rendezvous score.
+
+    Example::
+
+        views = [EndpointView(cached_tokens=8_000), EndpointView(cached_tokens=8_000)]
+        choose_for_session(views, prompt_tokens=9_600, sessions=[3, 2], queued_tokens=[0, 0],
+                           speed=[1.0, 1.0], home=None, identity=7)  # 1
+    """
+    candidates = _candidates(views, trial_first=trial_first)
+    if type(candidates) is int:
+        return candidates
+    speeds = [1.0 if value <= 1.0 + CLOSE_FRACTION else value for value in speed]
+    work = [speeds[i] * (queued_tokens[i] + max(0, prompt_tokens - views[i].cached_tokens)) for i in range(len(views))]
+    least = min(work[i] for i in candidates)
+
+    def near(i: int) -> bool:
+        return work[i] <= (1.0 + CLOSE_FRACTION) * least
+
+    if home is not None and home in candidates:
+        if near(home) and not views[home].busy:
+            return home
+        pool = [i for i in candidates if i != home and near(i)]
+    else:
+        pool = [i for i in candidates if not views[i].busy and speeds[i] * queued_tokens[i] <= least]
+    pool = pool or candidates
+
+    def rank(i: int) -> tuple[float, bool, float, int]:
+        return ((sessions[i] + 1) * speeds[i], not near(i), views[i].load, -rendezvous_score(identity, views[i].salt))
+
+    return min(pool, key=rank)

@@ -16,7 +16,8 @@ budget, hedges) stays in the selector, asked of :attr:`Strategy.predicts`.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from latgate.routing.strategies.base import Strategy
@@ -30,15 +31,24 @@ if TYPE_CHECKING:
 __all__ = ["Strategy", "build_strategy"]
 
 
-def build_strategy(name: str, *, sessions: SessionMap, rng: random.Random | None = None) -> Strategy:
+def build_strategy(
+    name: str,
+    *,
+    sessions: SessionMap,
+    rng: random.Random | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Strategy:
     """The strategy ``routing.strategy = name`` means, fresh; ``sessions``: where a
-    client session's turns were served (kept by the pool, shared across replicas).
+    client session's turns were served (kept by the pool, shared across replicas);
+    ``clock``: seconds, monotonic (the pool's), for how long a conversation counts.
 
     Raises:
         KeyError: no such strategy (the config loader refuses such a name first).
     """
     kinds: Mapping[str, Any] = {
-        PREDICTED_LATENCY: lambda: PredictedLatency(rng=rng or random.Random(), sessions=sessions),
+        PREDICTED_LATENCY: lambda: PredictedLatency(
+            rng=rng or random.Random(), sessions=sessions, clock=clock
+        ),
         ROUND_ROBIN: RoundRobin,
         LEAST_OUTSTANDING: LeastOutstanding,
     }

@@ -3,12 +3,35 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from latgate.providers import EndpointRuntime, ProviderRuntime, Ticket
     from latgate.routing.plan import RoutePlan
     from latgate.routing.policies.view import EndpointView
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """What a strategy chooses an endpoint from.
+
+    Attributes:
+        runtime: the provider whose endpoint is chosen (more than one endpoint).
+        views: snapshots of ``runtime``'s endpoints, in order.
+        plan: the request's plan so far (prompt tokens, prefix, budget).
+        commit: the request is really sent; False: an explanation only, no state
+            changes.
+        trial_ok: the request may be a half-open endpoint's trial.
+        explore: it may refresh an endpoint with thin or stale evidence.
+    """
+
+    runtime: ProviderRuntime
+    views: list[EndpointView]
+    plan: RoutePlan
+    commit: bool
+    trial_ok: bool = False
+    explore: bool = False
 
 
 class Strategy:
@@ -23,20 +46,8 @@ class Strategy:
     name = ""
     predicts = False
 
-    def choose(
-        self,
-        runtime: ProviderRuntime,
-        views: list[EndpointView],
-        plan: RoutePlan,
-        *,
-        commit: bool,
-        trial_ok: bool = False,
-        explore: bool = False,
-    ) -> int:
-        """The index in ``views`` (``runtime``'s endpoints, more than one) of the
-        endpoint that takes the request; ``commit`` False: an explanation only, no
-        state changes. ``trial_ok``: the request may be a half-open endpoint's trial;
-        ``explore``: it may refresh an endpoint with thin or stale evidence."""
+    def choose(self, choice: Choice) -> int:
+        """The index in ``choice.views`` of the endpoint that takes the request."""
         raise NotImplementedError
 
     def on_first_token(self, endpoint: EndpointRuntime, ticket: Ticket) -> None:

@@ -16,17 +16,20 @@ the prompt, and the session map the endpoint (:meth:`PredictedLatency.on_first_t
 from __future__ import annotations
 
 import random
+import statistics
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from latgate.routing.policies.predicted_ttft import choose_power_of_two
+from latgate.routing.policies.predicted_ttft import choose_for_session, choose_power_of_two
 from latgate.routing.strategies.base import Strategy
+from latgate.routing.strategies.placement import Placements
 from latgate.routing.strategies.registry import PREDICTED_LATENCY
 
 if TYPE_CHECKING:
-    from latgate.providers import EndpointRuntime, ProviderRuntime, Ticket
-    from latgate.routing.plan import RoutePlan
-    from latgate.routing.policies.view import EndpointView
+    from latgate.providers import EndpointRuntime, Ticket
     from latgate.routing.sessions import SessionMap
+    from latgate.routing.strategies.base import Choice
 
 
 class PredictedLatency(Strategy):
@@ -36,9 +39,13 @@ class PredictedLatency(Strategy):
     name = PREDICTED_LATENCY
     predicts = True
 
-    def __init__(self, *, rng: random.Random, sessions: SessionMap) -> None:
+    def __init__(
+        self, *, rng: random.Random, sessions: SessionMap, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._rng = rng
         self._sessions = sessions
+        self._clock = clock
+        self.placements = Placements()
 
     def on_first_token(self, endpoint: EndpointRuntime, ticket: Ticket) -> None:
         """The endpoint prefilled the ticket's prompt: its prefix index records it and
@@ -49,29 +56,28 @@ class PredictedLatency(Strategy):
             if prefix.session is not None:
                 self._sessions.put(prefix.session, endpoint.config.id)
 
-    def choose(
-        self,
-        runtime: ProviderRuntime,
-        views: list[EndpointView],
-        plan: RoutePlan,
-        *,
-        commit: bool,
-        trial_ok: bool = False,
-        explore: bool = False,
-    ) -> int:
-        draws = (self._rng.getrandbits(30), self._rng.getrandbits(30)) if len(views) > 2 else (0, 0)
+    def choose(self, choice: Choice) -> int:
+        runtime, views, plan = choice.runtime, choice.views, choice.plan
         prefix = plan.prompt_prefix if runtime.config.caches_prefixes else None
+        conversation = plan.conversation if prefix is not None else None
         home = None
+        if prefix is not None:
+            home = next(
+                (i for i, view in enumerate(views) if view.home and view.available and not view.trial), None
+            )
+        if conversation is not None and plan.budget_ms is None:
+            return self._place(choice, conversation, home)
+        explore = choice.explore
+        draws = (self._rng.getrandbits(30), self._rng.getrandbits(30)) if len(views) > 2 else (0, 0)
         identity = None
         if prefix is not None:
             identity = prefix.session if prefix.session is not None else prefix.identity
-            home = next((i for i, view in enumerate(views) if view.home and view.available and not view.trial), None)
             if home is not None:
                 explore = False  # a held prefix is worth more than a fresh measurement
         return choose_power_of_two(
             views,
             draws=draws,
-            trial_first=trial_ok,
+            trial_first=choice.trial_ok,
             turn=runtime.turn,
             explore=explore,
             compare_all=plan.budget_ms is not None or home is not None,
@@ -79,3 +85,33 @@ class PredictedLatency(Strategy):
             home=home,
             identity=identity,
         )
+
+    def _place(self, choice: Choice, conversation: int, home: int | None) -> int:
+        """One turn of a conversation (:func:`choose_for_session`), placed by session
+        balance when it has no home; a committed choice is counted. An endpoint's speed
+        is its time per output token against the median endpoint's (measured on every
+        stream, so known long before a prefill rate is: the same compute runs both; the
+        median, not the fastest, so that one lucky measurement makes no peer slow)."""
+        runtime, views, plan = choice.runtime, choice.views, choice.plan
+        now = self._clock()
+        placements = self.placements
+        counts = placements.counts(now=now)
+        placed = placements.where(conversation)
+        endpoints = runtime.endpoints
+        ids = [ep.config.id for ep in endpoints]
+        sessions = [counts.get(i, 0) - (i == placed) for i in ids]
+        itl_ms = [max(ep.itl.ms if ep.itl.ms is not None else ep.itl.prior_ms, 1e-3) for ep in endpoints]
+        typical = statistics.median(itl_ms)
+        index = choose_for_session(
+            views,
+            prompt_tokens=plan.prompt_tokens,
+            sessions=sessions,
+            queued_tokens=[ep.prefill_tokens for ep in endpoints],
+            speed=[ms / typical for ms in itl_ms],
+            home=home,
+            identity=conversation,
+            trial_first=choice.trial_ok,
+        )
+        if choice.commit:
+            placements.place(conversation, ids[index], now=now)
+        return index

@@ -10,9 +10,7 @@ from latgate.routing.strategies.base import Strategy
 from latgate.routing.strategies.registry import LEAST_OUTSTANDING, ROUND_ROBIN
 
 if TYPE_CHECKING:
-    from latgate.providers import ProviderRuntime
-    from latgate.routing.plan import RoutePlan
-    from latgate.routing.policies.view import EndpointView
+    from latgate.routing.strategies.base import Choice
 
 
 class RoundRobin(Strategy):
@@ -24,19 +22,11 @@ class RoundRobin(Strategy):
     def __init__(self) -> None:
         self._credit: dict[str, list[float]] = {}
 
-    def choose(
-        self,
-        runtime: ProviderRuntime,
-        views: list[EndpointView],
-        plan: RoutePlan,
-        *,
-        commit: bool,
-        trial_ok: bool = False,
-        explore: bool = False,
-    ) -> int:
+    def choose(self, choice: Choice) -> int:
+        runtime, commit = choice.runtime, choice.commit
         if commit:
             runtime.turn += 1
-        index, credit = choose_round_robin(views, credit=self._credit.get(runtime.name, ()))
+        index, credit = choose_round_robin(choice.views, credit=self._credit.get(runtime.name, ()))
         if commit:
             self._credit[runtime.name] = credit
         return index
@@ -47,17 +37,9 @@ class LeastOutstanding(Strategy):
 
     name = LEAST_OUTSTANDING
 
-    def choose(
-        self,
-        runtime: ProviderRuntime,
-        views: list[EndpointView],
-        plan: RoutePlan,
-        *,
-        commit: bool,
-        trial_ok: bool = False,
-        explore: bool = False,
-    ) -> int:
+    def choose(self, choice: Choice) -> int:
+        runtime, commit = choice.runtime, choice.commit
         turn = runtime.turn
         if commit:
             runtime.turn = turn + 1
-        return choose_least_outstanding(views, turn=turn)
+        return choose_least_outstanding(choice.views, turn=turn)
