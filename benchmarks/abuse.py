@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import resource
 import socket
@@ -57,6 +58,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import percentile
 from serving import free_port, latgate_serve_command
 from soak import rss_mb, wait_ready
 
@@ -264,11 +266,6 @@ async def probe_process(port: int, *, until: float) -> list[tuple[float, str, fl
     return [tuple(row) for row in json.loads(out)]  # type: ignore[misc]
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def summary(results: list[tuple[float, str, float]], *, origin: float | None = None) -> dict:
     """p50/p99 of the answered probes and the errors; with ``origin`` (the load's start)
     also the three slowest, each as ``[ms, seconds after the load began]``."""
@@ -277,7 +274,7 @@ def summary(results: list[tuple[float, str, float]], *, origin: float | None = N
     for _, outcome, _ in results:
         if outcome != "200":
             errors[outcome] = errors.get(outcome, 0) + 1
-    out = {"requests": len(results), "p50_ms": round(percentile(ok, 0.5), 1), "p99_ms": round(percentile(ok, 0.99), 1), "errors": errors}
+    out = {"requests": len(results), "p50_ms": round(percentile(ok, 50, empty=math.nan), 1), "p99_ms": round(percentile(ok, 99, empty=math.nan), 1), "errors": errors}
     if origin is not None:
         slowest = sorted(results, reverse=True)[:3]
         out["slowest_ms_at_s"] = [[round(seconds * 1000, 1), round(at - origin, 2)] for seconds, _, at in slowest]

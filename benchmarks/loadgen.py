@@ -172,11 +172,3 @@ async def run_load(
         result.errors += 1
     result.seconds = time.perf_counter() - started
     return result
-
-
-def pct(values: list[float], p: float) -> float:
-    """The ``p``-th percentile (nearest rank), NaN when empty."""
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(p / 100 * len(values)))]

@@ -49,7 +49,8 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_bodies import chat_body, messages_body
-from loadgen import pct, request_bytes, run_load
+from harness import percentile, write_json
+from loadgen import request_bytes, run_load
 from mock_upstream import CHUNKS, PACED_CHUNKS
 from peers import Direct, Latgate, LiteLLM, Nginx, Redis, Target, VllmRouter, cpu_seconds, rss_mb, wait_port
 from peers import free_port as _free_port
@@ -113,15 +114,15 @@ def measure(target: Target, mode: str, c: int, seconds: float) -> dict:
         "requests": n,
         "errors": res.errors,
         "rps": n / res.seconds if res.seconds else 0.0,
-        "p50_ms": pct(res.latency_ms, 50),
-        "p99_ms": pct(res.latency_ms, 99),
-        "ttfc_p50_ms": pct(res.ttfc_ms, 50),
+        "p50_ms": percentile(res.latency_ms, 50, empty=math.nan),
+        "p99_ms": percentile(res.latency_ms, 99, empty=math.nan),
+        "ttfc_p50_ms": percentile(res.ttfc_ms, 50, empty=math.nan),
         "cpu_us_per_request": cpu / n * 1e6 if n and pids else None,
         "rss_mb": rss_mb(pids) if pids else None,
     }
     if paced:
-        row["itl_p50_ms"] = pct(res.gaps_ms, 50)
-        row["itl_p99_ms"] = pct(res.gaps_ms, 99)
+        row["itl_p50_ms"] = percentile(res.gaps_ms, 50, empty=math.nan)
+        row["itl_p99_ms"] = percentile(res.gaps_ms, 99, empty=math.nan)
     return row
 
 
@@ -200,17 +201,6 @@ def check_targets(rows: list[dict], idle: dict[str, float]) -> list[dict]:
                 at_least=True,
             )
     return out
-
-
-def _no_nan(value: object) -> object:
-    """NaN (a percentile of no samples) as null, so the file is strict JSON."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _no_nan(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_no_nan(v) for v in value]
-    return value
 
 
 def fmt(value: float | None, spec: str) -> str:
@@ -361,7 +351,7 @@ def main() -> int:
             "rows": rows,
             "targets": checks,
         }
-        Path(args.json).write_text(json.dumps(_no_nan(out), indent=2))
+        write_json(Path(args.json), out)
     return 0
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -25,8 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import write_json
 from mock_upstream import PACED_CHUNKS
-from overhead import _no_nan, measure
+from overhead import measure
 from peers import MODELS, Direct, Latgate, Nginx, free_port, wait_port
 
 SERVERS = ("uvicorn", "granian-asgi", "granian-rsgi", "own")
@@ -118,7 +118,7 @@ def main() -> int:
     for c in checks:
         print(f"  {c['target']} (round {c['round']}): CPU {c['cpu_x_nginx']:.2f}x nginx (target <= 2), added itl p99 {c['itl_p99_x_nginx']:.2f}x nginx (target <= 3)")
     if args.json:
-        Path(args.json).write_text(json.dumps(_no_nan({"command": " ".join(sys.argv), "load_average": os.getloadavg(), "rows": rows, "ratios": checks}), indent=2))
+        write_json(Path(args.json), {"command": " ".join(sys.argv), "load_average": os.getloadavg(), "rows": rows, "ratios": checks})
     return 0
 
 

@@ -1,7 +1,7 @@
 """Priority classes on a full pool: interactive agent turns with budgets beside a batch
 flood from another key, on a pool of fixed capacity (issue 22's targets).
 
-    .venv/bin/python benchmarks/routing_slo.py --classes [--duration 60] [--scale 1.0]
+    .venv/bin/python benchmarks/routing_classes.py [--duration 60] [--scale 1.0]
         [--systems latgate-classes,latgate-fifo,litellm,vllm-router] [--json OUT.json]
 
 Loopback, three processes: the simulator (``latgate.sim``, one vLLM-style engine with
@@ -34,35 +34,34 @@ of one run on a shared machine: compare the rows.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
 import random
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
-import routing_scenarios
-from routing_scenarios import PEER_SYSTEMS, Scenario, peer_missing, running
-from routing_slo import wait_until_up
+from harness import (
+    PEER_SYSTEMS,
+    fill,
+    peer_missing,
+    percentile,
+    poisson_times,
+    rounded,
+    router,
+    simulators,
+    write_json,
+)
 
-# a loaded 2-core machine can take longer than the default 20 s to start a gateway
-routing_scenarios.wait_until_up = lambda url, seconds=90.0: wait_until_up(url, seconds=seconds)
-_peer_command = routing_scenarios._command
-
-
-def _command(scenario: Scenario, system: str, urls: dict[str, str], port: int, tmp: Any) -> list[str]:
-    """routing_scenarios' command, with vllm-router's ``round_robin`` for this one-engine
-    pool (its ``power_of_two`` refuses fewer than 2 workers)."""
-    command = _peer_command(scenario, system, urls, port, tmp)
-    if system == "vllm-router" and len(urls) == 1:
-        command[command.index("power_of_two")] = "round_robin"
-    return command
-
-
-routing_scenarios._command = _command
+UP_TIMEOUT_S = 90.0
+"""A loaded 2-core machine can take longer than the default 20 s to start a gateway."""
 
 SLOTS = 8
 TTFT_MS = 40.0
@@ -139,11 +138,7 @@ def make_trace(*, seed: int, duration_s: float, scale: float, flood: bool = True
         streams.append(("flood", "batch", max(0.0, 1.5 * capacity_per_s * scale - 3.0 * scale), BATCH_TOKENS))
     trace = []
     for key, kind, rate, tokens in streams:
-        t = 0.0
-        while rate > 0:
-            t += rng.expovariate(rate)
-            if t >= duration_s:
-                break
+        for t in poisson_times(rng, duration_s=duration_s, rate=rate):
             words = " ".join(rng.choice(("fix", "test", "route", "pool", "token", "build")) for _ in range(rng.randint(20, 60)))
             body = {"model": "m", "messages": [{"role": "user", "content": words}], "max_tokens": tokens, "stream": True}
             trace.append(Arrival(at_s=t, key=key, kind=kind, body=orjson.dumps(body)))
@@ -195,20 +190,13 @@ async def run_trace(base: str, trace: list[Arrival]) -> tuple[list[Outcome], flo
         return outcomes, loop.time() - started
 
 
-def p99(values: list[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-
-
 def summarize(outcomes: list[Outcome], wall_s: float, *, idle_p99: float | None, alone_p99: float | None) -> dict[str, Any]:
     interactive = [o for o in outcomes if o.kind == "interactive"]
     batch = [o for o in outcomes if o.kind == "batch"]
     quiet = [o for o in outcomes if o.key == "quiet"]
     within = sum(1 for o in interactive if o.complete and o.ttft_s is not None and o.ttft_s <= BUDGET_MS / 1000.0)
-    i_p99 = p99([o.ttft_s for o in interactive if o.ttft_s is not None])
-    q_p99 = p99([o.ttft_s for o in quiet if o.ttft_s is not None])
+    i_p99 = percentile([o.ttft_s for o in interactive if o.ttft_s is not None], 99)
+    q_p99 = percentile([o.ttft_s for o in quiet if o.ttft_s is not None], 99)
     served = sum(1 for o in batch if o.complete)
     shed = sum(1 for o in batch if o.status == 503 and o.retry_after)
     left_tok_s = SLOTS * 1000.0 / TPOT_MS - sum(o.tokens for o in interactive) / wall_s
@@ -216,9 +204,9 @@ def summarize(outcomes: list[Outcome], wall_s: float, *, idle_p99: float | None,
     return {
         "interactive": len(interactive),
         "interactive_within_budget": round(within / len(interactive), 4) if interactive else None,
-        "interactive_ttft_p99_s": _r(i_p99),
+        "interactive_ttft_p99_s": rounded(i_p99),
         "interactive_p99_vs_idle": _ratio(i_p99, idle_p99),
-        "quiet_ttft_p99_s": _r(q_p99),
+        "quiet_ttft_p99_s": rounded(q_p99),
         "quiet_p99_vs_alone": _ratio(q_p99, alone_p99),
         "batch": len(batch),
         "batch_served": served,
@@ -230,28 +218,22 @@ def summarize(outcomes: list[Outcome], wall_s: float, *, idle_p99: float | None,
     }
 
 
-def _r(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
-
-
 def _ratio(value: float | None, reference: float | None) -> float | None:
     return None if value is None or not reference else round(value / reference, 2)
 
 
-def _scenario(system: str) -> Scenario:
-    enabled = "false" if system == "latgate-fifo" else "true"
-    return Scenario(name="classes", sims=SIMS, config=CONFIG % (SLOTS, enabled), single_pool=True, budget_ms=BUDGET_MS)
-
-
-def _system(system: str) -> str:
-    """The name routing_scenarios.running knows (latgate's strategy, or a peer)."""
-    return "latgate" if system.startswith("latgate") else system
-
-
 @contextlib.contextmanager
-def _running(system: str):
-    with running(_scenario(system), _system(system)) as (base, _):
-        yield base
+def _running(system: str) -> Iterator[str]:
+    """Fresh simulator and ``system`` in front of it; yields the router's URL. vllm-router
+    takes ``round_robin`` for this one-engine pool (its ``power_of_two`` refuses fewer
+    than 2 workers)."""
+    with simulators(SIMS, up_timeout_s=UP_TIMEOUT_S) as urls:
+        enabled = "false" if system == "latgate-fifo" else "true"
+        config = fill(CONFIG % (SLOTS, enabled), urls)
+        name = "latgate" if system.startswith("latgate") else system
+        policy = "round_robin" if name == "vllm-router" else None
+        with router(name, list(urls.values()), config=config, policy=policy, up_timeout_s=UP_TIMEOUT_S) as base:
+            yield base
 
 
 def run(*, seed: int, duration_s: float, scale: float, systems: list[str]) -> dict[str, Any]:
@@ -259,9 +241,9 @@ def run(*, seed: int, duration_s: float, scale: float, systems: list[str]) -> di
     alone = make_trace(seed=seed, duration_s=min(duration_s, 30.0), scale=scale, flood=False)
     with _running("latgate-classes") as base:
         outcomes, _ = asyncio.run(run_trace(base, alone))
-    idle_p99 = p99([o.ttft_s for o in outcomes if o.kind == "interactive" and o.ttft_s is not None])
-    alone_p99 = p99([o.ttft_s for o in outcomes if o.ttft_s is not None])
-    print(f"quiet key alone: interactive p99 {_r(idle_p99)} s, all p99 {_r(alone_p99)} s", flush=True)
+    idle_p99 = percentile([o.ttft_s for o in outcomes if o.kind == "interactive" and o.ttft_s is not None], 99)
+    alone_p99 = percentile([o.ttft_s for o in outcomes if o.ttft_s is not None], 99)
+    print(f"quiet key alone: interactive p99 {rounded(idle_p99)} s, all p99 {rounded(alone_p99)} s", flush=True)
     trace = make_trace(seed=seed, duration_s=duration_s, scale=scale)
     rows: dict[str, Any] = {}
     for system in systems:
@@ -276,7 +258,7 @@ def run(*, seed: int, duration_s: float, scale: float, systems: list[str]) -> di
         print(f"{system}: {json.dumps(rows[system])}", flush=True)
     counts = {kind: sum(1 for a in trace if a.kind == kind) for kind in ("interactive", "batch")}
     scenario = {"seed": seed, "duration_s": duration_s, "scale": scale, "slots": SLOTS, "budget_ms": BUDGET_MS, "mix": counts}
-    return {"scenario": scenario, "idle_p99_s": _r(idle_p99), "alone_p99_s": _r(alone_p99), "systems": rows}
+    return {"scenario": scenario, "idle_p99_s": rounded(idle_p99), "alone_p99_s": rounded(alone_p99), "systems": rows}
 
 
 def table(document: dict[str, Any]) -> str:
@@ -297,11 +279,8 @@ def table(document: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``routing_slo.py --classes [--duration S] [--scale X] [--seed N] [--systems ...] [--json OUT]``."""
-    import argparse
-    from pathlib import Path
-
-    parser = argparse.ArgumentParser(prog="routing_slo.py --classes")
+    """``routing_classes.py [--duration S] [--scale X] [--seed N] [--systems ...] [--json OUT]``."""
+    parser = argparse.ArgumentParser(prog="routing_classes.py")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--scale", type=float, default=1.0)
@@ -311,11 +290,15 @@ def main(argv: list[str]) -> int:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
-        print(f"routing_slo.py --classes: unknown system {unknown[0]!r}; choose from {', '.join(SYSTEMS)}")
+        print(f"routing_classes.py: unknown system {unknown[0]!r}; choose from {', '.join(SYSTEMS)}")
         return 2
     document = run(seed=args.seed, duration_s=args.duration, scale=args.scale, systems=systems)
     print()
     print(table(document))
     if args.json:
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        write_json(args.json, document)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

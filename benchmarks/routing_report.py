@@ -3,16 +3,15 @@ per system, latgate's targets met or missed, and the markdown table.
 
 Which endpoint served each request comes from the simulators' arrival times, the same
 for every system; latgate's own counters (overflows, latency ejections by endpoint) from
-its ``/metrics``.
+its ``/metrics``. Percentiles are ``benchmarks/harness.py``'s (linear interpolation).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from routing_slo import Result, percentile
+from harness import LATGATE_SYSTEMS, Result, percentile, rounded
 
-LATGATE_SYSTEMS = ("latgate", "round_robin", "least_outstanding")
 SLOWED_ENDPOINT = "pool-1"
 """The endpoint of the ``unequal`` scenario that slows down (its simulator ``u1``)."""
 
@@ -28,8 +27,8 @@ def summarize(name: str, budget_ms: int, observed: dict[str, Any], gateway: dict
         "requests": len(results),
         "errors": sum(1 for r in results if not r.ok),
         "slo": round(sum(1 for r in ls if r.ok and r.ttft_s is not None and r.ttft_s <= budget_s) / len(ls), 4),
-        "ls_p50_s": _r(percentile(ttft, 50)),
-        "ls_p99_s": _r(percentile(ttft, 99)),
+        "ls_p50_s": rounded(percentile(ttft, 50)),
+        "ls_p99_s": rounded(percentile(ttft, 99)),
         "served": {name: len(times) for name, times in arrivals.items()},
     }
     if name == "cold":
@@ -49,8 +48,8 @@ def summarize(name: str, budget_ms: int, observed: dict[str, Any], gateway: dict
         out["b_share_next_100"] = round(sum(1 for _, n in window if n == "b") / max(1, len(window)), 3)
     elif name == "overflow":
         e2e = [r.done_at - r.sent_at for r in ls if r.ok]
-        out["ls_e2e_p50_s"] = _r(percentile(e2e, 50))
-        out["ls_e2e_p99_s"] = _r(percentile(e2e, 99))
+        out["ls_e2e_p50_s"] = rounded(percentile(e2e, 50))
+        out["ls_e2e_p99_s"] = rounded(percentile(e2e, 99))
         out["ls_served"] = {p: sum(1 for r in ls if r.provider == p) for p in sorted({str(r.provider) for r in ls})}
     elif name == "unequal":
         ejections = gateway.get("ejections_by_endpoint", {})
@@ -59,10 +58,6 @@ def summarize(name: str, budget_ms: int, observed: dict[str, Any], gateway: dict
     if "overflows" in gateway:
         out["overflows"] = int(gateway["overflows"])
     return out
-
-
-def _r(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
 
 
 def gateway_numbers(base: str, system: str) -> dict[str, Any]:

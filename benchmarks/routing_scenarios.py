@@ -1,8 +1,8 @@
 """Routing scenarios: cold start, identical replicas, recovery, a full decode pool, and
 unequal capacity under overload, each under latgate's strategies and the peers.
 
-    .venv/bin/python benchmarks/routing_slo.py --scenarios all [--json OUT.json]
-    .venv/bin/python benchmarks/routing_slo.py --scenarios identical,recovery --systems latgate,vllm-router
+    .venv/bin/python benchmarks/routing_scenarios.py [--scenarios all] [--json OUT.json] [--seed N]
+    .venv/bin/python benchmarks/routing_scenarios.py --scenarios identical,recovery --systems latgate,vllm-router
 
 Every scenario starts fresh simulators (``latgate.sim``, one event loop in a child
 process) and a fresh router per system, and sends the same requests to each:
@@ -41,34 +41,44 @@ where ``benchmarks/setup_peers.sh`` installed them, ``litellm`` (LiteLLM proxy,
 power_of_two``), in the single-pool scenarios (``identical``, ``recovery``,
 ``unequal``): the peers have no latency-sensitive rule to honour, so ``cold`` and
 ``full`` are latgate's strategies only. Which endpoint served each request is read
-from the simulators (arrival times), the same for every system.
+from the simulators (arrival times), the same for every system. Start-up, the client,
+arrivals and percentiles are ``benchmarks/harness.py``'s; the numbers and targets
+``benchmarks/routing_report.py``'s.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import dataclasses
 import json
-import os
 import random
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
-from peers import PEERS, wait_port
-from routing_report import LATGATE_SYSTEMS, gateway_numbers, summarize, table
-from routing_slo import ROOT, Arrival, Result, send, wait_until_up
-from serving import free_port, latgate_serve_command, serve_apps
+from harness import (
+    LATGATE_SYSTEMS,
+    MODEL,
+    PEER_SYSTEMS,
+    Arrival,
+    Result,
+    closed_loop,
+    fill,
+    open_loop,
+    peer_missing,
+    poisson_times,
+    router,
+    simulators,
+    write_json,
+)
+from routing_report import gateway_numbers, summarize, table
 
-PEER_SYSTEMS = ("litellm", "vllm-router")
-MODEL = "m"
 CLIENT_TIMEOUT_S = 60.0
 
 
@@ -200,142 +210,18 @@ SCENARIOS = {
 }  # fmt: skip
 
 
-# -- simulators with a control surface ------------------------------------------------------
-
-
-def serve_controlled_sims(spec: dict[str, Any]) -> None:
-    """Child process: each simulator of ``spec`` (name -> [port, fields]) on one loop, with
-    ``GET /bench/arrivals`` (monotonic times of its chat requests) and ``POST
-    /bench/options`` (JSON fields to set on its engine); ``slow_first`` delays its
-    first N chat requests by the given ms before they reach the engine."""
-    from latgate.sim import SimOptions, create_sim_app
-
-    def controlled(app: Any, slow_first: tuple[int, float] | None) -> Any:
-        arrivals: list[float] = []
-
-        async def wrapped(scope: dict, receive: Any, send_: Any) -> None:
-            path = scope.get("path", "")
-            if scope["type"] == "http" and path.startswith("/bench/"):
-                if path == "/bench/arrivals":
-                    body = orjson.dumps(arrivals)
-                else:
-                    chunks = []
-                    while True:
-                        message = await receive()
-                        chunks.append(message.get("body", b""))
-                        if not message.get("more_body"):
-                            break
-                    fields = orjson.loads(b"".join(chunks))
-                    app.engine.options = dataclasses.replace(app.engine.options, **fields)
-                    body = b"{}"
-                await send_({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-                await send_({"type": "http.response.body", "body": body})
-                return
-            if scope["type"] == "http" and path.endswith("/chat/completions"):
-                arrivals.append(time.monotonic())
-                if slow_first is not None and len(arrivals) <= slow_first[0]:
-                    await asyncio.sleep(slow_first[1] / 1000.0)
-            await app(scope, receive, send_)
-
-        return wrapped
-
-    apps = {}
-    for name, (port, fields) in spec.items():
-        fields = dict(fields)
-        slow_first = fields.pop("slow_first", None)
-        fields.pop("slow_window", None)
-        apps[port] = controlled(create_sim_app(SimOptions(name=name, seed=1, **fields)), slow_first)
-    serve_apps(apps)
+# -- start-up -------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
 def running(scenario: Scenario, system: str) -> Iterator[tuple[str, dict[str, str]]]:
     """The scenario's simulators and ``system`` in front of them; yields (router URL,
     simulator URLs by name)."""
-    spec = {name: (free_port(), fields) for name, fields in scenario.sims.items()}
-    urls = {name: f"http://127.0.0.1:{port}" for name, (port, _) in spec.items()}
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    sims = subprocess.Popen(
-        [sys.executable, str(ROOT / "benchmarks" / "routing_slo.py"), "--serve-scenario-sims", json.dumps(spec)], env=env
-    )
-    router = None
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            for url in urls.values():
-                wait_until_up(url + "/health")
-            port = free_port()
-            quiet = subprocess.DEVNULL if system in PEER_SYSTEMS else None  # the peers log every request
-            router = subprocess.Popen(
-                _command(scenario, system, urls, port, Path(tmp)), env=_env(system, env), stdout=quiet, stderr=quiet
-            )
-            if system in LATGATE_SYSTEMS:
-                wait_until_up(f"http://127.0.0.1:{port}/readyz")
-            else:
-                wait_port(port, timeout=120.0, proc=router)
-                _wait_routes(f"http://127.0.0.1:{port}")
-            yield f"http://127.0.0.1:{port}", urls
-        finally:
-            for process in (router, sims):
-                if process is not None:
-                    process.kill()
-                    process.wait()
-
-
-def _command(scenario: Scenario, system: str, urls: dict[str, str], port: int, tmp: Path) -> list[str]:
-    if system in LATGATE_SYSTEMS:
-        text = scenario.config
-        for name, url in urls.items():
-            text = text.replace("{" + name + "}", url)
-        config = tmp / "config.toml"
-        config.write_text(text.replace("{strategy}", system).replace("{{", "{").replace("}}", "}"))
-        return latgate_serve_command(config, port=port, log_level="warning")
-    if system == "vllm-router":
-        return [str(PEERS / "vllm-router" / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
-                "--policy", "power_of_two", "--worker-urls", *urls.values()]  # fmt: skip
-    entries = "".join(
-        f"  - model_name: {MODEL}\n    litellm_params:\n      model: openai/{MODEL}\n"
-        f"      api_base: {url}/v1\n      api_key: sk-bench\n"
-        for url in urls.values()
-    )
-    (tmp / "litellm.yaml").write_text(
-        "model_list:\n" + entries + "router_settings:\n  routing_strategy: latency-based-routing\n"
-        "litellm_settings:\n  telemetry: false\n  drop_params: true\n"
-        "general_settings:\n  disable_spend_logs: true\n"
-    )
-    return [str(PEERS / "litellm" / "bin" / "litellm"), "--config", str(tmp / "litellm.yaml"),
-            "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]  # fmt: skip
-
-
-def _env(system: str, env: dict[str, str]) -> dict[str, str]:
-    if system != "litellm":
-        return env
-    return {
-        **env,
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "LITELLM_LOG": "ERROR",
-        "LITELLM_TELEMETRY": "False",
-        "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
-    }
-
-
-def _wait_routes(base: str, *, seconds: float = 60.0) -> None:
-    """Poll a peer until a small chat request succeeds (its workers are registered)."""
-    import httpx
-
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "warm"}], "max_tokens": 1}
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.post(base + "/v1/chat/completions", json=body, timeout=5.0).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"{base} routes no request after {seconds:.0f} s")
-
-
-def peer_missing(system: str) -> str | None:
-    """Why a peer cannot run here, or None."""
-    binary = PEERS / system / "bin" / system
-    return None if binary.exists() else "not installed (benchmarks/setup_peers.sh)"
+    sims = {name: {k: v for k, v in fields.items() if k != "slow_window"} for name, fields in scenario.sims.items()}
+    with simulators(sims) as urls:
+        config = fill(scenario.config, {**urls, "strategy": system}) if system in LATGATE_SYSTEMS else None
+        with router(system, list(urls.values()), config=config) as base:
+            yield base, urls
 
 
 # -- the requests -----------------------------------------------------------------------------
@@ -360,35 +246,6 @@ def _arrival(rng: random.Random, kind: str, *, at_s: float = 0.0, budget_ms: int
     return Arrival(at_s=at_s, kind=kind, body=_body(rng, words=words, max_tokens=max_tokens), headers=headers)
 
 
-async def closed_loop(session: aiohttp.ClientSession, url: str, arrivals: list[Arrival], concurrency: int) -> list[Result]:
-    """Send ``arrivals`` in order, ``concurrency`` at a time."""
-    queue = list(reversed(arrivals))
-    results: list[Result] = []
-
-    async def worker() -> None:
-        while queue:
-            results.append(await send(session, url, queue.pop()))
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return results
-
-
-async def open_loop(session: aiohttp.ClientSession, url: str, arrivals: list[Arrival], controls: list[tuple[float, Callable]]) -> list[Result]:
-    """Send each arrival at its time; run each control coroutine factory at its time."""
-    started = time.perf_counter()
-    events = sorted([(a.at_s, 1, a) for a in arrivals] + [(at, 0, c) for at, c in controls], key=lambda e: (e[0], e[1]))
-    tasks = []
-    for at_s, kind, item in events:
-        delay = started + at_s - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if kind == 0:
-            await item()
-        else:
-            tasks.append(asyncio.create_task(send(session, url, item)))
-    return list(await asyncio.gather(*tasks))
-
-
 async def _set_options(session: aiohttp.ClientSession, url: str, fields: dict[str, Any]) -> None:
     async with session.post(url + "/bench/options", data=orjson.dumps(fields)) as response:
         assert response.status == 200
@@ -400,6 +257,12 @@ async def _arrivals(session: aiohttp.ClientSession, urls: dict[str, str]) -> dic
         async with session.get(url + "/bench/arrivals") as response:
             out[name] = orjson.loads(await response.read())
     return out
+
+
+def _unequal_rate(t: float) -> float:
+    """The ``unequal`` scenario's arrivals per second at ``t``: 14, with a 2 s burst of 40
+    every 8 s from 3 s on."""
+    return 40.0 if t >= 3.0 and (t - 3.0) % 8.0 < 2.0 else 14.0
 
 
 async def drive(scenario: Scenario, base: str, sims: dict[str, str], seed: int) -> dict[str, Any]:
@@ -423,22 +286,16 @@ async def drive(scenario: Scenario, base: str, sims: dict[str, str], seed: int) 
         elif name == "recovery":
             results += await closed_loop(session, url, [_arrival(rng, "ordinary") for _ in range(140)], 2)
         elif name == "full":
-            arrivals = []
-            t = 0.0
-            while t < 15.0:
-                t += rng.expovariate(10.0)
-                arrivals.append(_arrival(rng, "ls" if rng.random() < 0.6 else "ordinary", at_s=t, max_tokens=32))
-            results += await open_loop(session, url, arrivals, [])
+            arrivals = [
+                _arrival(rng, "ls" if rng.random() < 0.6 else "ordinary", at_s=t, max_tokens=32)
+                for t in poisson_times(rng, duration_s=15.0, rate=10.0)
+            ]
+            results += await open_loop(session, url, arrivals)
         elif name == "unequal":
-            arrivals = []
-            t = 0.0
-            while t < 40.0:
-                t += rng.expovariate(40.0)
-                rate = 40.0 if t >= 3.0 and (t - 3.0) % 8.0 < 2.0 else 14.0
-                if rng.random() * 40.0 > rate:
-                    continue
-                kind = "ls" if rng.random() < 0.4 else "ordinary"
-                arrivals.append(_arrival(rng, kind, at_s=t, budget_ms=scenario.budget_ms, max_tokens=32))
+            arrivals = [
+                _arrival(rng, "ls" if rng.random() < 0.4 else "ordinary", at_s=t, budget_ms=scenario.budget_ms, max_tokens=32)
+                for t in poisson_times(rng, duration_s=40.0, rate=_unequal_rate, peak=40.0)
+            ]
             slow_from, slow_to, slow = scenario.sims["u1"]["slow_window"]
             normal = {k: scenario.sims["u1"][k] for k in slow}
             controls = [
@@ -452,19 +309,14 @@ async def drive(scenario: Scenario, base: str, sims: dict[str, str], seed: int) 
             warm = [dataclasses.replace(a, headers=steady) if i % 2 else a for i, a in enumerate(warm)]
             results += await closed_loop(session, url, warm, 1)
             arrivals = []
-            t = 0.0
-            while t < 15.0:
-                t += rng.expovariate(6.0)
+            for t in poisson_times(rng, duration_s=15.0, rate=6.0):
                 kind = rng.choice(("ls", "ls", "ls", "ls", "ordinary", "steady"))
                 arrival = _arrival(rng, "ordinary" if kind == "steady" else kind, at_s=t, max_tokens=64)
                 arrivals.append(dataclasses.replace(arrival, headers=steady) if kind == "steady" else arrival)
-            results += await open_loop(session, url, arrivals, [])
+            results += await open_loop(session, url, arrivals)
         after = await _arrivals(session, sims)
     seen = {n: after[n][len(before[n]) :] for n in after}
     return {"results": results, "arrivals": seen, "marks": marks}
-
-
-__all__ = ["LATGATE_SYSTEMS", "PEER_SYSTEMS", "SCENARIOS", "run", "serve_controlled_sims", "table"]
 
 
 def run(names: list[str], systems: list[str], *, seed: int) -> dict[str, dict[str, Any]]:
@@ -487,3 +339,31 @@ def run(names: list[str], systems: list[str], *, seed: int) -> dict[str, dict[st
             print(f"{name} / {system}: {json.dumps(rows[system])}", flush=True)
         document[name] = rows
     return document
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenarios", default="all", help=f"comma-separated, or all: {', '.join(SCENARIOS)}")
+    parser.add_argument(
+        "--systems", default=",".join((*LATGATE_SYSTEMS, *PEER_SYSTEMS)), help="the strategies and peers to compare (default: all)"
+    )
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", metavar="OUT", type=Path, help="write the results as JSON")
+    args = parser.parse_args(argv)
+    names = list(SCENARIOS) if args.scenarios == "all" else [n.strip() for n in args.scenarios.split(",") if n.strip()]
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SCENARIOS] + [s for s in systems if s not in (*LATGATE_SYSTEMS, *PEER_SYSTEMS)]
+    if unknown:
+        print(f"routing_scenarios: error: unknown scenario or system {unknown[0]!r}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    document = run(names, systems, seed=args.seed)
+    print(table(document))
+    if args.json:
+        write_json(args.json, {"scenarios": document, "wall_seconds": round(time.monotonic() - started, 1)})
+    print(f"wall time: {time.monotonic() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

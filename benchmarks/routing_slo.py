@@ -2,15 +2,10 @@
 
     .venv/bin/python benchmarks/routing_slo.py [--json OUT.json] [--plot OUT.png]
                                               [--duration SECONDS] [--seed N] [--strategies a,b,c]
-    .venv/bin/python benchmarks/routing_slo.py --scenarios all|cold,identical,... [--systems ...] [--json OUT.json]
-    .venv/bin/python benchmarks/routing_slo.py --tilert [--json OUT.json]   (benchmarks/tilert_admission.py)
-    .venv/bin/python benchmarks/routing_slo.py --classes [--duration S] [--scale X]   (benchmarks/routing_classes.py)
 
-The second form runs the routing scenarios of ``benchmarks/routing_scenarios.py``
-(cold start after ordinary traffic, identical replicas, a replica that recovers, a
-decode pool that is really full, unequal capacity under overload) under latgate's
-strategies and, where installed, LiteLLM and vllm-router; the rest of this docstring
-is the first form's scenario.
+The other routing benchmarks are scripts of their own: ``routing_scenarios.py``,
+``tilert_admission.py``, ``routing_classes.py``. Start-up, the client and percentiles
+are ``benchmarks/harness.py``'s.
 
 Everything runs on loopback, in three processes: five simulated engines on one event
 loop (``latgate.sim``), the gateway (``latgate serve``), and this load generator.
@@ -54,12 +49,8 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import math
-import os
 import random
-import subprocess
 import sys
-import tempfile
 import time
 import timeit
 from pathlib import Path
@@ -68,15 +59,14 @@ from typing import Any
 import aiohttp
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serving import free_port, latgate_serve_command, serve_apps
+from harness import ROOT, Arrival, Result, percentile, send, sims_and_gateway, wait_until_up
+
+__all__ = ["ROOT", "Arrival", "Result", "percentile", "send", "wait_until_up"]
 
 BUDGET_MS = 200
 STRATEGIES = ("latgate", "round_robin", "least_outstanding")
-DEBUG_ROUTES = False
-"""``--dump`` sets it: requests ask for ``X-Latgate-Route-Candidates`` (dumped with them)."""
 SLOW_ENDPOINT = "tile-rt-1"
 SLOW_OPTIONS = {"ttft_overhead_ms": 500.0, "tpot_ms": 75.0}
 SIMS: dict[str, dict[str, Any]] = {
@@ -183,17 +173,6 @@ WORDS = [
 ]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Arrival:
-    """One request of the trace: when it is sent (seconds from the start), its kind
-    (``ls``, ``ordinary``, ``long``), its body and headers."""
-
-    at_s: float
-    kind: str
-    body: bytes
-    headers: dict[str, str]
-
-
 _POOL = random.Random(0).choices(WORDS, k=60_000)
 
 
@@ -254,148 +233,14 @@ def make_trace(*, seed: int, duration_s: float) -> list[Arrival]:
 # -- processes ------------------------------------------------------------------------------
 
 
-def serve_sims(spec: dict[str, Any]) -> None:
-    """Child process: every simulator of ``spec`` on one event loop; ``POST /bench/slow``
-    on the slow endpoint's port makes it slow."""
-    from latgate.sim import SimOptions, create_sim_app
-
-    def slow_switch(app: Any) -> Any:
-        async def wrapped(scope: dict, receive: Any, send: Any) -> None:
-            if scope["type"] == "http" and scope["path"] == "/bench/slow":
-                app.engine.options = dataclasses.replace(app.engine.options, **SLOW_OPTIONS)
-                await send({"type": "http.response.start", "status": 204, "headers": []})
-                await send({"type": "http.response.body", "body": b""})
-                return
-            await app(scope, receive, send)
-
-        return wrapped
-
-    apps: dict[int, Any] = {}
-    for name, (port, options) in spec.items():
-        app: Any = create_sim_app(SimOptions(name=name, seed=1, **options))
-        apps[port] = slow_switch(app) if name == SLOW_ENDPOINT else app
-    serve_apps(apps)
-
-
-def wait_until_up(url: str, *, seconds: float = 20.0) -> None:
-    """Poll ``url`` until it answers 200 (process start-up; not part of any measurement)."""
-    import httpx
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} did not come up within {seconds:.0f} s")
-
-
 @contextlib.contextmanager
 def running_stack(strategy: str):
     """The simulators and a gateway for ``strategy``; yields (gateway URL, sim URLs)."""
-    with sims_and_gateway(SIMS, CONFIG.replace("{strategy}", strategy), script=__file__) as running:
+    with sims_and_gateway(SIMS, CONFIG.replace("{strategy}", strategy)) as running:
         yield running
 
 
-@contextlib.contextmanager
-def sims_and_gateway(sims: dict[str, dict[str, Any]], config: str, *, script: str):
-    """Fresh simulators and a ``latgate serve`` in front of them, killed on exit.
-
-    Args:
-        sims: ``{name: SimOptions fields}``; each gets a free port.
-        config: the gateway's TOML with ``{name}`` where a simulator's base URL goes
-            (``{{``/``}}`` for literal braces).
-        script: the benchmark whose ``--serve-sims SPEC`` runs the simulators (SPEC:
-            JSON ``{name: [port, fields]}``).
-
-    Yields:
-        (gateway base URL, ``{name: simulator base URL}``), once every ``/health`` and
-        the gateway's ``/readyz`` answer 200.
-    """
-    spec = {name: (free_port(), options) for name, options in sims.items()}
-    urls = {name: f"http://127.0.0.1:{port}" for name, (port, _) in spec.items()}
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    sims_process = subprocess.Popen([sys.executable, script, "--serve-sims", json.dumps(spec)], env=env)
-    gateway = None
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            for url in urls.values():
-                wait_until_up(url + "/health")
-            text = config
-            for name, url in urls.items():
-                text = text.replace("{" + name + "}", url)
-            config_path = Path(tmp) / "config.toml"
-            config_path.write_text(text.replace("{{", "{").replace("}}", "}"))
-            port = free_port()
-            gateway = subprocess.Popen(latgate_serve_command(config_path, port=port, log_level="warning"), env=env)
-            base = f"http://127.0.0.1:{port}"
-            wait_until_up(base + "/readyz")
-            yield base, urls
-        finally:
-            for process in (gateway, sims_process):
-                if process is not None:
-                    process.kill()
-                    process.wait()
-
-
 # -- the load generator -----------------------------------------------------------------------
-
-
-@dataclasses.dataclass(slots=True)
-class Result:
-    """What the client saw of one request."""
-
-    kind: str
-    ok: bool
-    ttft_s: float | None
-    completion_tokens: int
-    provider: str | None
-    reason: str | None
-    candidates: str | None
-    sent_at: float
-    done_at: float
-    error: str | None
-
-
-async def send(session: aiohttp.ClientSession, url: str, arrival: Arrival) -> Result:
-    from latgate.bench.sample import SampleRecorder
-    from latgate.bench.sse import SseDecoder
-
-    clock = time.perf_counter
-    sent_at = clock()
-    recorder = SampleRecorder(index=0, started_at=sent_at)
-    headers = {"content-type": "application/json", "accept": "text/event-stream", **arrival.headers}
-    if DEBUG_ROUTES:
-        headers["x-latgate-debug"] = "1"
-    candidates = None
-    try:
-        async with session.post(url, data=arrival.body, headers=headers) as response:
-            recorder.on_response(status_code=response.status, headers=response.headers)
-            candidates = response.headers.get("x-latgate-route-candidates")
-            if response.status >= 300:
-                recorder.on_error_body(await response.read())
-            else:
-                decoder = SseDecoder()
-                async for chunk in response.content.iter_any():
-                    at = clock()
-                    for data in decoder.feed(chunk):
-                        recorder.on_event(data, at=at)
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        recorder.fail(kind="transport_error", message=type(exc).__name__)
-    done_at = clock()
-    sample = recorder.finish(at=done_at)
-    return Result(
-        kind=arrival.kind,
-        ok=sample.ok,
-        ttft_s=None if sample.ttft_ms is None else sample.ttft_ms / 1000.0,
-        completion_tokens=sample.completion_tokens or 0,
-        provider=sample.provider,
-        reason=sample.route_reason,
-        candidates=candidates,
-        sent_at=sent_at,
-        done_at=done_at,
-        error=sample.error_kind,
-    )
 
 
 async def run_trace(base: str, trace: list[Arrival], *, slow_url: str, slow_at_s: float) -> list[Result]:
@@ -408,8 +253,8 @@ async def run_trace(base: str, trace: list[Arrival], *, slow_url: str, slow_at_s
         slowed = False
         for arrival in trace:
             if not slowed and arrival.at_s >= slow_at_s:
-                async with session.post(slow_url + "/bench/slow") as response:
-                    assert response.status == 204
+                async with session.post(slow_url + "/bench/options", data=orjson.dumps(SLOW_OPTIONS)) as response:
+                    assert response.status == 200
                 slowed = True
             delay = started + arrival.at_s - time.perf_counter()
             if delay > 0:
@@ -434,15 +279,6 @@ def gateway_counters(base: str) -> dict[str, float]:
 
 
 # -- summary, table, plot ---------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in 0..100) of ``values``, or None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def summarize(results: list[Result]) -> dict[str, Any]:
@@ -580,14 +416,6 @@ def routing_cost_us() -> dict[str, dict[str, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--tilert" in argv:  # the TileRT admission scenario: benchmarks/tilert_admission.py
-        import tilert_admission
-
-        return tilert_admission.main([arg for arg in argv if arg != "--tilert"])
-    if "--classes" in argv:  # priority classes on a full pool: benchmarks/routing_classes.py
-        import routing_classes
-
-        return routing_classes.main([arg for arg in argv if arg != "--classes"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="OUT", type=Path, help="write the results as JSON")
     parser.add_argument(
@@ -607,30 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         "--dump", metavar="OUT.jsonl", type=Path, help="write every request's result, one JSON line each"
     )
     parser.add_argument("--no-routing-cost", action="store_true", help="skip timing the routing cost")
-    parser.add_argument(
-        "--scenarios",
-        help="run these routing scenarios instead (comma-separated, or all: cold, identical, recovery, full, unequal, overflow)",
-    )
-    parser.add_argument(
-        "--systems",
-        default="latgate,round_robin,least_outstanding,litellm,vllm-router",
-        help="with --scenarios: the strategies and peers to compare (default: all)",
-    )
-    parser.add_argument("--serve-sims", help=argparse.SUPPRESS)
-    parser.add_argument("--serve-scenario-sims", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.serve_sims:
-        serve_sims(json.loads(args.serve_sims))
-        return 0
-    if args.serve_scenario_sims or args.scenarios:
-        import routing_scenarios
-
-        if args.serve_scenario_sims:
-            routing_scenarios.serve_controlled_sims(json.loads(args.serve_scenario_sims))
-            return 0
-        return _scenarios(routing_scenarios, args)
-    global DEBUG_ROUTES
-    DEBUG_ROUTES = args.dump is not None
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
@@ -644,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     if cost is not None:
         print("routing cost per request (us, in-process): " + json.dumps(cost))
     trace = make_trace(seed=args.seed, duration_s=args.duration)
+    if args.dump:  # each request asks for X-Latgate-Route-Candidates (dumped with it)
+        trace = [dataclasses.replace(a, headers={**a.headers, "x-latgate-debug": "1"}) for a in trace]
     kinds = {k: sum(1 for a in trace if a.kind == k) for k in ("ls", "ordinary", "long")}
     print(
         f"trace: {len(trace)} requests over {args.duration:.0f} s ({kinds}); slow endpoint from {args.duration / 2:.0f} s"
@@ -689,24 +496,6 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             print("plot skipped: it needs matplotlib (pip install 'latgate[plot]')")
     print(f"wall time: {document['wall_seconds']} s")
-    return 0
-
-
-def _scenarios(module: Any, args: argparse.Namespace) -> int:
-    names = list(module.SCENARIOS) if args.scenarios == "all" else [n.strip() for n in args.scenarios.split(",")]
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = [n for n in names if n not in module.SCENARIOS] + [
-        s for s in systems if s not in (*module.LATGATE_SYSTEMS, *module.PEER_SYSTEMS)
-    ]
-    if unknown:
-        print(f"routing_slo: error: unknown scenario or system {unknown[0]!r}", file=sys.stderr)
-        return 2
-    started = time.monotonic()
-    document = module.run(names, systems, seed=args.seed)
-    print(module.table(document))
-    if args.json:
-        args.json.write_text(json.dumps({"scenarios": document, "wall_seconds": round(time.monotonic() - started, 1)}, indent=2) + "\n")
-    print(f"wall time: {time.monotonic() - started:.1f} s")
     return 0
 
 

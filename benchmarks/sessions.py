@@ -39,7 +39,7 @@ most-used endpoint: the mean over sessions, and the lowest session), ``max_share
 (the busiest endpoint's requests over the mean per endpoint), ``from_cache`` (prompt
 tokens served from cache over prompt tokens, from the simulators' own
 ``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total``), TTFT p50 / p90 /
-p99 as the client saw it (nearest-rank percentiles, as ``routing_slo.percentile``), the
+p99 as the client saw it (percentiles as ``harness.percentile``: linear interpolation), the
 slow replica's request share, errors. Which endpoint served a turn is read from the
 simulators (a session marker in the first user message), the same for every system.
 Targets (issue 21) are checked against the oracle and the best peer of the same table.
@@ -64,8 +64,8 @@ from typing import Any
 
 import aiohttp
 import orjson
+from harness import PERCENTILES, ROOT, Arrival, Result, percentile, send, wait_until_up
 from peers import PEERS, wait_port
-from routing_slo import ROOT, Arrival, Result, percentile, send, wait_until_up
 from serving import free_port, latgate_serve_command, serve_apps
 
 MODEL = "m"
@@ -562,7 +562,7 @@ def run(
         "replica": REPLICA_FIELDS,
         "slow_replica": {"name": SLOW_REPLICA, **SLOW_FIELDS},
         "seed": seed,
-        "percentiles": "nearest rank",
+        "percentiles": PERCENTILES,
         "cases": cases,
     }
 

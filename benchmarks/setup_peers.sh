@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the peers that benchmarks/overhead.py, routing_slo.py --scenarios and sessions.py
+# Installs the peers that benchmarks/overhead.py, routing_scenarios.py, routing_classes.py and sessions.py
 # compare latgate with. Each is optional: a benchmark skips (and says so) any peer that is
 # not installed.
 #

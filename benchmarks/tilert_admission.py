@@ -1,7 +1,7 @@
 """A TileRT pool under latency-sensitive bursts: deadline-aware admission on and off.
 
-    .venv/bin/python benchmarks/routing_slo.py --tilert [--json OUT.json] [--duration S] [--seed N]
-    .venv/bin/python benchmarks/routing_slo.py --tilert --burst [--rounds N]   (the issue-22 case, below)
+    .venv/bin/python benchmarks/tilert_admission.py [--json OUT.json] [--duration S] [--seed N]
+    .venv/bin/python benchmarks/tilert_admission.py --burst [--rounds N]   (the issue-22 case, below)
 
 ``--burst``: the case of issue 22, against a stand-in written from TileRT 0.1.5's
 PD-router interface: 2 decode nodes, one request per node, 40 ms to first token, 8 ms a
@@ -55,8 +55,7 @@ from typing import Any
 
 import aiohttp
 import orjson
-from routing_slo import Arrival, Result, percentile, send, sims_and_gateway
-from serving import serve_apps
+from harness import Arrival, Result, percentile, send, sims_and_gateway
 
 BUDGET_MS = 200
 SYSTEMS = {
@@ -143,19 +142,12 @@ def _arrival(kind: str, at_s: float, rng: random.Random) -> Arrival:
     return Arrival(at_s=at_s, kind=kind, body=orjson.dumps(body), headers=headers)
 
 
-def serve_sims(spec: dict[str, Any]) -> None:
-    """Child process: every simulator of ``spec`` on one event loop."""
-    from latgate.sim import SimOptions, create_sim_app
-
-    serve_apps({port: create_sim_app(SimOptions(name=name, seed=1, **options)) for name, (port, options) in spec.items()})
-
-
 @contextlib.contextmanager
 def running(system: str):
     """Fresh simulators and a gateway for ``system``; yields the gateway URL."""
     strategy, admission = SYSTEMS[system]
     config = CONFIG.replace("{strategy}", strategy).replace("{admission}", "true" if admission else "false")
-    with sims_and_gateway(SIMS, config, script=__file__) as (base, _):
+    with sims_and_gateway(SIMS, config) as (base, _):
         yield base
 
 
@@ -279,7 +271,7 @@ def run_burst(*, rounds: int, systems: list[str]) -> dict[str, Any]:
     for system in systems:
         strategy, admission = SYSTEMS[system]
         config = CONFIG.replace("{strategy}", strategy).replace("{admission}", "true" if admission else "false")
-        with sims_and_gateway(BURST_SIMS, config, script=__file__) as (base, _):
+        with sims_and_gateway(BURST_SIMS, config) as (base, _):
             warm = [_burst_arrival(0.4 * i) for i in range(6)]
             asyncio.run(run_trace(base, warm))
             trace = [_burst_arrival(1.5 * r + 0.002 * i) for r in range(rounds) for i in range(5)]
@@ -308,21 +300,17 @@ def run_burst(*, rounds: int, systems: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """``routing_slo.py --tilert [--json OUT] [--duration S] [--seed N] [--burst [--rounds N]]``."""
+    """``tilert_admission.py [--json OUT] [--duration S] [--seed N] [--burst [--rounds N]]``."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="routing_slo.py --tilert")
+    parser = argparse.ArgumentParser(prog="tilert_admission.py")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--burst", action="store_true", help="the issue-22 case: bursts of 5 on 2 nodes, 500 ms budget")
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--serve-sims", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.serve_sims:
-        serve_sims(json.loads(args.serve_sims))
-        return 0
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if args.burst:
         document = run_burst(rounds=args.rounds, systems=[s for s in systems if s in ("admission", "no-admission")])
