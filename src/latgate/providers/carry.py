@@ -18,7 +18,8 @@ from latgate.providers.health import CircuitRecord
 
 if TYPE_CHECKING:
     from latgate.providers.endpoint import EndpointRuntime
-    from latgate.providers.pool import ProviderPool, ProviderRuntime
+    from latgate.providers.pool import ProviderPool
+    from latgate.providers.runtime import ProviderRuntime
 
 
 def same_engine(before: ProviderConfig, after: ProviderConfig) -> bool:

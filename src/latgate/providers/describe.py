@@ -16,10 +16,10 @@ if TYPE_CHECKING:
     from latgate.providers.runtime import ProviderRuntime
 
 
-def describe_providers(providers: Mapping[str, ProviderRuntime], now: float) -> dict[str, object]:
+def describe_providers(providers: Mapping[str, ProviderRuntime], now: float) -> dict[str, dict[str, object]]:
     """Every provider by name at ``now`` (clock seconds): its connector, role, engine,
     models, whether its key is configured, and its endpoints (:func:`describe_endpoint`)."""
-    out: dict[str, object] = {}
+    out: dict[str, dict[str, object]] = {}
     for name, runtime in providers.items():
         cfg = runtime.config
         out[name] = {

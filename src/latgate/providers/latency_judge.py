@@ -11,7 +11,7 @@ from latgate.providers.health import CLOSED, CircuitBreaker, Transition
 from latgate.routing.policies.outlier import LatencyEvidence, judge_outlier, too_slow
 
 if TYPE_CHECKING:
-    from latgate.config.schema import HealthSettings
+    from latgate.config.schema import HealthConfig
     from latgate.providers.endpoint import EndpointRuntime
     from latgate.providers.runtime import ProviderRuntime
     from latgate.providers.ticket import Ticket
@@ -23,7 +23,7 @@ than a cold engine's first few slow requests)."""
 
 def judge_latency(
     breaker: CircuitBreaker,
-    settings: HealthSettings,
+    settings: HealthConfig,
     provider: ProviderRuntime,
     endpoint: EndpointRuntime,
     ticket: Ticket,

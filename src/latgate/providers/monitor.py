@@ -40,7 +40,8 @@ from latgate.connectors.load import parse_gauges, root_url
 from latgate.providers.catalog import CATALOG_INTERVAL_SECONDS, parse_catalog
 from latgate.providers.endpoint import EndpointRuntime
 from latgate.providers.engine_cache import parse_engine_cache
-from latgate.providers.pool import ProviderPool, ProviderRuntime
+from latgate.providers.pool import ProviderPool
+from latgate.providers.runtime import ProviderRuntime
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
 
 __all__ = ["Monitor", "parse_gauges", "root_url", "run_monitor"]  # parse_gauges: also read by benchmarks

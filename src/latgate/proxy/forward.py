@@ -42,7 +42,7 @@ from latgate.errors import ContextLengthExceeded, GatewayError, Overloaded, Upst
 from latgate.metrics import Metrics
 from latgate.providers import EndpointRuntime, ProviderPool
 from latgate.providers.catalog import context_tokens, fits, window_refusal
-from latgate.providers.pool import ProviderRuntime
+from latgate.providers.runtime import ProviderRuntime
 from latgate.proxy.attempt import Attempt, AttemptSender, Routed
 from latgate.proxy.exchange import Exchange
 from latgate.proxy.failures import AttemptFailed, Failures

@@ -134,8 +134,10 @@ class H1Connection(asyncio.Protocol):
             self._fail(UpstreamFailure("read", "the upstream switched protocols"))
             self.close()
         except httptools.HttpParserError:
+            # feed_data's callbacks may have completed the response since the check above
+            # (mypy keeps that check's narrowing across the call)
             if self.complete:  # junk or a second response after this one: not ours
-                self.keep_alive = False
+                self.keep_alive = False  # type: ignore[unreachable]
                 return
             self._fail(UpstreamFailure("read", "the upstream sent a malformed HTTP response"))
             self.close()

@@ -25,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import Any
+
+from starlette.types import Receive, Scope, Send
 
 from latgate.config.schema import Config
 from latgate.errors import GatewayError
@@ -144,7 +145,7 @@ class EarlyStream:
         self.interval_seconds = interval_seconds
         self.transform = transform
 
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         attempts, ex = self.attempts, self.exchange
         left = False
 
@@ -181,7 +182,7 @@ class EarlyStream:
                 error = GatewayError("internal error")
             await self._fail(send, error)
 
-    async def _keep_alive(self, send: Callable) -> None:
+    async def _keep_alive(self, send: Send) -> None:
         """The head, then keep-alives (and the upstream's comments) until the attempts are done."""
         transform, early, attempts = self.transform, self.early, self.attempts
         keepalive = KEEPALIVE if transform is None else transform.keepalive_event
@@ -201,7 +202,7 @@ class EarlyStream:
             elif not done:
                 await send({"type": "http.response.body", "body": keepalive, "more_body": True})
 
-    async def _fail(self, send: Callable, error: GatewayError) -> None:
+    async def _fail(self, send: Send, error: GatewayError) -> None:
         """Every candidate failed after the head went out: one error event, no ``[DONE]``."""
         ex = self.exchange
         if self.transform is not None:

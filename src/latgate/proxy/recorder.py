@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 
@@ -55,7 +55,7 @@ class Recorder:
 
     __slots__ = ("metrics", "recent", "tracing")
 
-    def __init__(self, *, metrics: Metrics, tracing: SpanSink | None = None, recent: deque[tuple] | None = None) -> None:
+    def __init__(self, *, metrics: Metrics, tracing: SpanSink | None = None, recent: deque[tuple[Any, ...]] | None = None) -> None:
         self.metrics = metrics
         self.tracing = tracing
         self.recent = recent

@@ -37,6 +37,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
+from starlette.types import Message, Receive, Scope, Send
 
 from latgate.config.schema import Config
 from latgate.proxy.exchange import CLIENT_CLOSED, DRAIN_CUT_STATUS, Exchange, is_drain_cut
@@ -46,10 +47,6 @@ from latgate.proxy.sse import StreamTap, stream_unfinished
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamFailure, upstream_errors
 from latgate.scope_keys import TIMEOUT_SCOPE_KEY
-
-Scope = dict
-Receive = Callable
-Send = Callable
 
 
 class _MaxDuration(Exception):
@@ -320,7 +317,7 @@ def _transforming(send: Send, transform: ResponseTransform) -> Send:
     """``send`` with body bytes converted by ``transform``; ``latgate.finish`` messages
     send the transform's closing bytes."""
 
-    async def transformed(message: dict) -> None:
+    async def transformed(message: Message) -> None:
         if message["type"] == "latgate.finish":
             body = transform.finish(error=message["error"])
         else:
@@ -333,5 +330,6 @@ def _transforming(send: Send, transform: ResponseTransform) -> Send:
 
 async def _nothing() -> AsyncIterator[bytes]:
     """An empty body: the head already held the whole stream."""
-    return
-    yield
+    empty: tuple[bytes, ...] = ()
+    for chunk in empty:
+        yield chunk

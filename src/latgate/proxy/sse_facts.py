@@ -126,6 +126,7 @@ class ChunkFacts:
                 return -1
             return 0 if choices is not None or usage else _FOREIGN
         units = 0
+        delta: object = None
         for choice in choices:
             if not isinstance(choice, dict):
                 continue

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from latgate.errors import GatewayError, InvalidRequest
-from latgate.providers.pool import ProviderRuntime
+from latgate.providers.runtime import ProviderRuntime
 from latgate.providers.stream_options import OWN_STREAM_OPTIONS
 from latgate.proxy.exchange import Exchange
 from latgate.proxy.largebody import dumps_in_slices, is_large

@@ -55,7 +55,8 @@ from latgate.config.schema import QueueConfig
 from latgate.errors import GatewayError, Overloaded
 from latgate.metrics import Metrics
 from latgate.providers.endpoint import EndpointRuntime
-from latgate.providers.pool import ProviderPool, ProviderRuntime
+from latgate.providers.pool import ProviderPool
+from latgate.providers.runtime import ProviderRuntime
 from latgate.routing.priority import BATCH, CLASS_NAMES, INTERACTIVE
 from latgate.routing.queue import Waiter, WaitQueue, choose_preemption, correction, predicted_wait_ms
 from latgate.routing.targets import RouteDecision, Target

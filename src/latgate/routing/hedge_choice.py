@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from latgate.providers.endpoint import EndpointRuntime
 from latgate.providers.health import CLOSED, HALF_OPEN
-from latgate.providers.pool import ProviderPool, ProviderRuntime
+from latgate.providers.pool import ProviderPool
+from latgate.providers.runtime import ProviderRuntime
 from latgate.routing.decision import Target
 from latgate.routing.plan import Hedge, RoutePlan
 from latgate.routing.policies.hedging import hedge_delay_ms

@@ -97,7 +97,7 @@ def choose_power_of_two(
         choose_power_of_two(views, draws=(0, 0))  # 1
     """
     candidates = _candidates(views, trial_first=trial_first)
-    if type(candidates) is int:
+    if isinstance(candidates, int):
         return candidates
     if explore:
         least = min(views[i].load for i in candidates)
@@ -198,7 +198,7 @@ def choose_for_session(
                            speed=[1.0, 1.0], home=None, identity=7)  # 1
     """
     candidates = _candidates(views, trial_first=trial_first)
-    if type(candidates) is int:
+    if isinstance(candidates, int):
         return candidates
     speeds = [1.0 if value <= 1.0 + CLOSE_FRACTION else value for value in speed]
     work = [speeds[i] * (queued_tokens[i] + max(0, prompt_tokens - views[i].cached_tokens)) for i in range(len(views))]
