@@ -332,3 +332,25 @@ def test_a_reload_keeps_the_queues_counters_correction_and_leases() -> None:
     after = fresh.describe()["vllm"]
     assert after["shed"] == 1 and after["wait_correction"] == {"batch": 3.0}
     assert after["lease_ms"] == {"vllm-0": 300.0}
+
+
+def test_a_batch_request_leaves_the_headroom_slot_to_the_other_classes() -> None:
+    router, pool, holder, _, _ = setup(text=POOL.format(batch_wait=10_000).replace("max_batch_size = 1", "max_batch_size = 8"))
+    runtime = pool["vllm"]
+    endpoint = runtime.endpoints[0]
+    tickets = [pool.begin(runtime, endpoint) for _ in range(7)]  # one slot free: the headroom
+
+    async def main() -> None:
+        batch = asyncio.ensure_future(hold(holder, router.decide(BODY, {}), BATCH))
+        await asyncio.sleep(0)
+        assert holder.describe()["vllm"]["waiting_by_priority"]["batch"] == 1, "the batch request waits"
+        interactive = await hold(holder, router.decide(BODY, {}), INTERACTIVE)
+        assert interactive.reason != "waited:vllm", "the interactive one takes the free slot at once"
+        pool.begin(runtime, endpoint)  # it started there: 8 of 8
+        pool.end(runtime, endpoint, tickets.pop())  # one frees: still only the headroom is free
+        await asyncio.sleep(0)
+        assert not batch.done()
+        pool.end(runtime, endpoint, tickets.pop())  # two free: one for the batch request
+        assert (await batch).reason == "waited:vllm"
+
+    asyncio.run(main())

@@ -54,7 +54,7 @@ from latgate.providers.endpoint import EndpointRuntime
 from latgate.providers.pool import ProviderPool, ProviderRuntime
 from latgate.routing.priority import BATCH, CLASS_NAMES, INTERACTIVE
 from latgate.routing.queue import Waiter, WaitQueue
-from latgate.routing.queue_outlook import WaitOutlook
+from latgate.routing.queue_outlook import WaitOutlook, batch_headroom, free_endpoint, has_room
 from latgate.routing.queue_preempt import Preemptible
 from latgate.routing.queue_refuse import elsewhere, fits_budget, shed_error
 from latgate.routing.targets import RouteDecision
@@ -147,10 +147,11 @@ class Admission:
         queue = self._queues[name]
         runtime = self._pool[name]
         now = self._pool.clock()
-        if not queue.waiting and _has_room(self._pool, runtime, now):
+        headroom = batch_headroom(runtime, self.settings.batch_headroom_slots) if ask.priority == BATCH else 0
+        if not queue.waiting and has_room(self._pool, runtime, now, headroom):
             return decision, None
         view = self.outlook.view(runtime, decision.prompt_tokens, now)
-        if view is None or view.free > len(queue):
+        if view is None or view.free > queue.ahead_of(ask.priority) + headroom:  # a slot none before it can take
             return decision, None
         stats = self._stats[name]
         klass = CLASS_NAMES[ask.priority]
@@ -362,9 +363,11 @@ class Admission:
         queue = self._queues[runtime.name]
         now = self._pool.clock()
         while queue.waiting:
-            endpoint = self._free_endpoint(runtime, now)
+            endpoint = free_endpoint(self._pool, runtime, now)
             if endpoint is None:
                 return
+            if queue.top_priority() == BATCH and not has_room(self._pool, runtime, now, batch_headroom(runtime, self.settings.batch_headroom_slots)):
+                return  # the headroom is kept for the other classes
             waiter = queue.pop()
             assert waiter is not None
             self._metrics.queue_depth_gauge(runtime.name, CLASS_NAMES[waiter.priority]).dec()
@@ -372,16 +375,6 @@ class Admission:
                 continue
             self._pool.reserve(endpoint)
             waiter.handle.set_result(endpoint)
-
-    def _free_endpoint(self, runtime: ProviderRuntime, now: float) -> EndpointRuntime | None:
-        best, room = None, 0
-        for ep in runtime.endpoints:
-            capacity = ep.capacity or ep.inferred_capacity
-            if capacity is None or not self._pool.available(ep) or now < ep.busy_until:
-                continue
-            if capacity - ep.load(now) > room:
-                best, room = ep, capacity - ep.load(now)
-        return best
 
     def _drop(self, name: str, waiter: Waiter) -> None:
         self._metrics.queue_depth_gauge(name, CLASS_NAMES[waiter.priority]).dec()
@@ -399,18 +392,6 @@ class Admission:
             self._wake(runtime)
         else:
             future.cancel()
-
-
-def _has_room(pool: ProviderPool, runtime: ProviderRuntime, now: float) -> bool:
-    """True when an endpoint of ``runtime`` that can take traffic has a free slot, or
-    one's capacity is unknown (no queue then)."""
-    for ep in runtime.endpoints:
-        capacity = ep.capacity or ep.inferred_capacity
-        if capacity is None:
-            return True
-        if ep.load(now) < capacity and now >= ep.busy_until and pool.available(ep):
-            return True
-    return False
 
 
 def _ms(value: float) -> str:

@@ -84,6 +84,10 @@ class WaitQueue:
         higher one)."""
         return sum(1 for w in self.waiting if w.priority >= priority)
 
+    def top_priority(self) -> int | None:
+        """The class of the waiter :meth:`pop` would give a slot to (None: no waiter)."""
+        return max((w.priority for w in self.waiting), default=None)
+
     def push(self, waiter: Waiter) -> Waiter | None:
         """Queue ``waiter``; returns the one that must leave instead (shed): None when
         there was room, the newest waiter of the lowest class below ``waiter``'s when the

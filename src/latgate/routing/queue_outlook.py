@@ -152,3 +152,37 @@ class WaitOutlook:
         for name, learnt in previous.corrections.items():
             if name in self.corrections:
                 self.corrections[name].update(learnt)
+
+
+def has_room(pool: ProviderPool, runtime: ProviderRuntime, now: float, headroom: int = 0) -> bool:
+    """True when the endpoints of ``runtime`` that can take traffic have more than
+    ``headroom`` free slots, or one's capacity is unknown (no queue then)."""
+    free = 0
+    for ep in runtime.endpoints:
+        capacity = ep.capacity or ep.inferred_capacity
+        if capacity is None:
+            return True
+        if now >= ep.busy_until and pool.available(ep):
+            free += max(0, capacity - ep.load(now))
+            if free > headroom:
+                return True
+    return False
+
+
+def batch_headroom(runtime: ProviderRuntime, setting: int) -> int:
+    """Free slots of ``runtime`` a ``batch`` request does not take: ``setting``
+    (``batch_headroom_slots``) on a provider of at least 4 slots per headroom slot, else 0."""
+    slots = sum(ep.capacity or ep.inferred_capacity or 0 for ep in runtime.endpoints)
+    return setting if setting and slots >= 4 * setting else 0
+
+
+def free_endpoint(pool: ProviderPool, runtime: ProviderRuntime, now: float) -> EndpointRuntime | None:
+    """The endpoint of ``runtime`` with the most free slots that can take traffic now, or None."""
+    best, room = None, 0
+    for ep in runtime.endpoints:
+        capacity = ep.capacity or ep.inferred_capacity
+        if capacity is None or not pool.available(ep) or now < ep.busy_until:
+            continue
+        if capacity - ep.load(now) > room:
+            best, room = ep, capacity - ep.load(now)
+    return best
