@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/routing_slo.py --scenarios all|cold,identical,... [--systems ...] [--json OUT.json]
     .venv/bin/python benchmarks/routing_slo.py --tilert [--json OUT.json]   (benchmarks/tilert_admission.py)
     .venv/bin/python benchmarks/routing_slo.py --classes [--duration S] [--scale X]   (benchmarks/routing_classes.py)
+    .venv/bin/python benchmarks/routing_slo.py --retry-storm [--duration S] [--rate R]   (benchmarks/retry_storm.py)
 
 The second form runs the routing scenarios of ``benchmarks/routing_scenarios.py``
 (cold start after ordinary traffic, identical replicas, a replica that recovers, a
@@ -584,6 +585,10 @@ def main(argv: list[str] | None = None) -> int:
         import tilert_admission
 
         return tilert_admission.main([arg for arg in argv if arg != "--tilert"])
+    if "--retry-storm" in argv:  # one endpoint failing every request: benchmarks/retry_storm.py
+        import retry_storm
+
+        return retry_storm.main([arg for arg in argv if arg != "--retry-storm"])
     if "--classes" in argv:  # priority classes on a full pool: benchmarks/routing_classes.py
         import routing_classes
 

@@ -188,7 +188,8 @@ def test_the_access_line_gives_the_class_the_wait_and_the_outcome(monkeypatch: p
     first, second, third = (orjson.loads(line) for line in lines)
     assert (first["priority"], first["queue_ms"], first["queue_outcome"]) == ("batch", None, "shed")
     assert (second["priority"], second["queue_ms"], second["queue_outcome"]) == ("interactive", 12.346, "admitted")
-    assert "queue_outcome" not in third, "a request that met no full pool: the line as before"
+    assert "queue_outcome" not in third, "a request that met no full pool: no wait or outcome"
+    assert third["priority"] == "default", "every line gives the class"
 
 
 def test_a_keys_interactive_turns_do_not_push_back_its_batch_jobs_share() -> None:
@@ -229,3 +230,14 @@ def test_retry_after_is_the_predicted_wait_rounded_up_and_bounded() -> None:
     assert retry_after_seconds(10.0) == 1
     assert retry_after_seconds(10_000_000.0) == MAX_RETRY_AFTER_SECONDS
     assert retry_after_seconds(math.inf) == 1
+
+
+def test_a_quiet_tenants_newcomer_stands_before_a_floods_backlog() -> None:
+    clock = ManualClock()
+    queue = WaitQueue(max_waiting=100)
+    for _ in range(20):
+        queue.push(waiter(clock, BATCH, tenant="flood"))
+    assert queue.ahead_of(BATCH, "flood") == 20, "the flood's next one waits behind its own backlog"
+    assert queue.ahead_of(BATCH, "quiet") <= 1, "a quiet key's job is predicted near the front, as it is served"
+    queue.push(waiter(clock, BATCH, tenant="quiet"))
+    assert [w.tenant for w in drain(queue)].index("quiet") <= 1

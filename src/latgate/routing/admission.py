@@ -126,6 +126,8 @@ class Admission:
         }
         if enabled:
             pool.slot_freed = self._freed
+            for name in pool.providers:
+                metrics.start_queue_series(name, CLASS_NAMES)
 
     async def hold(
         self, decision: RouteDecision, ask: Ask, *, explain: dict[str, str] | None = None
@@ -151,13 +153,12 @@ class Admission:
         if not queue.waiting and has_room(self._pool, runtime, now, headroom):
             return decision, None
         view = self.outlook.view(runtime, decision.prompt_tokens, now)
-        if view is None or view.free > queue.ahead_of(ask.priority) + headroom:  # a slot none before it can take
+        ahead = queue.ahead_of(ask.priority, ask.tenant)  # its fair share's place, not the queue's length
+        if view is None or view.free > ahead + headroom:  # a slot none before it can take
             return decision, None
         stats = self._stats[name]
         klass = CLASS_NAMES[ask.priority]
-        predicted_ms = self.outlook.predict_ms(
-            view, ahead=queue.ahead_of(ask.priority)
-        )  # from the leases alone
+        predicted_ms = self.outlook.predict_ms(view, ahead=ahead)  # from the leases alone
         wait_ms = shown_ms = self.outlook.corrected_ms(name, ask.priority, predicted_ms)
         elapsed_ms = (self._timer() - ask.received_at) * 1000.0
         budget = decision.budget_ms
@@ -284,8 +285,7 @@ class Admission:
         return out
 
     def lease_seconds(self, endpoint: EndpointRuntime) -> float:
-        """How long a request is expected to hold one of ``endpoint``'s slots (seconds):
-        :meth:`WaitOutlook.lease_seconds`."""
+        """Seconds a request is expected to hold a slot: :meth:`WaitOutlook.lease_seconds`."""
         return self.outlook.lease_seconds(endpoint)
 
     def carry_from(self, previous: Admission) -> None:

@@ -78,11 +78,15 @@ class WaitQueue:
     def __len__(self) -> int:
         return len(self.waiting)
 
-    def ahead_of(self, priority: int) -> int:
-        """Waiters that go before a newcomer of class ``priority`` (those of its class or
-        higher: its fair share may put it before some of its own class, never before a
-        higher one)."""
-        return sum(1 for w in self.waiting if w.priority >= priority)
+    def ahead_of(self, priority: int, tenant: str | None = None) -> int:
+        """Waiters that go before a newcomer of class ``priority``: every one of a higher
+        class, and of its own class those whose share starts no later than the
+        newcomer's would (its tenant's, ``tenant``; None: every one of its class). A
+        quiet tenant's newcomer stands before a flood's backlog, as :meth:`pop` serves it."""
+        if tenant is None:
+            return sum(1 for w in self.waiting if w.priority >= priority)
+        start = max(self.virtual.get(priority, 0.0), self.finish.get((priority, tenant), 0.0))
+        return sum(1 for w in self.waiting if w.priority > priority or (w.priority == priority and w.tag <= start))
 
     def top_priority(self) -> int | None:
         """The class of the waiter :meth:`pop` would give a slot to (None: no waiter)."""
