@@ -241,3 +241,23 @@ def test_a_quiet_tenants_newcomer_stands_before_a_floods_backlog() -> None:
     assert queue.ahead_of(BATCH, "quiet") <= 1, "a quiet key's job is predicted near the front, as it is served"
     queue.push(waiter(clock, BATCH, tenant="quiet"))
     assert [w.tenant for w in drain(queue)].index("quiet") <= 1
+
+
+def test_without_a_key_the_fair_share_is_the_clients_address_whatever_session_it_claims() -> None:
+    from types import SimpleNamespace
+
+    from latgate.config import load_config_text
+    from latgate.gateway import Gateway, client_tenant
+    from latgate.routing.decision import Router
+
+    config = load_config_text('[providers.p]\napi_base = "http://127.0.0.1:9/v1"\nmodels = ["m"]\n', source="t.toml")
+    router = Router(config)
+    fake = SimpleNamespace(config=config)
+    address = client_tenant(("10.0.0.7", 50123))
+    tenants = set()
+    for session in ("s-1", "s-2", "s-3"):  # a flooder minting a session per request
+        decision = router.decide({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, {"x-session-id": session})
+        tenants.add(Gateway._priority(fake, decision, {}, None, address)[1])  # type: ignore[arg-type]
+    assert tenants == {"addr:10.0.0.7"}, "one share for one address"
+    assert client_tenant(("10.0.0.7", 60000)) == address, "a new connection is not a new tenant"
+    assert client_tenant(None) == ""
