@@ -34,8 +34,6 @@ import httpx
 import orjson
 from routing_scenarios import Scenario, running
 
-from latgate.providers.monitor import parse_gauges
-
 CONFIG = """
 [defaults]
 timeout_sec = 30
@@ -94,6 +92,9 @@ async def _load(base: str, times: list[float]) -> list[int]:
 
 
 def run_one(name: str, times: list[float]) -> dict[str, Any]:
+    import latgate.config  # noqa: F401  (first: importing latgate.providers alone meets an import cycle)
+    from latgate.providers.monitor import parse_gauges
+
     scenario = Scenario(name="retry_storm", sims=SIMS, config=CONFIG % RUNS[name], single_pool=True, budget_ms=1000)
     with running(scenario, "latgate") as (base, urls):
         started = time.monotonic()
