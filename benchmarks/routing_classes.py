@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import sys
@@ -119,10 +120,14 @@ class Outcome:
     key: str
     kind: str
     status: int
-    retry_after: bool
+    shed: bool  # refused with Retry-After
     ttft_s: float | None
     tokens: int
     complete: bool
+    sent_at_s: float = 0.0
+    reason: str = ""  # X-Latgate-Route-Reason (latgate only)
+    queue_ms: int | None = None  # X-Latgate-Queue-Ms (latgate only)
+    retry_after: str | None = None  # Retry-After on a refusal
 
 
 def job_seconds() -> float:
@@ -161,7 +166,10 @@ async def send(session: aiohttp.ClientSession, url: str, arrival: Arrival) -> Ou
         async with session.post(url, data=arrival.body, headers=headers) as response:
             if response.status != 200:
                 await response.read()
-                return Outcome(arrival.key, arrival.kind, response.status, "retry-after" in response.headers, None, 0, False)
+                after = response.headers.get("retry-after")
+                return Outcome(arrival.key, arrival.kind, response.status, after is not None, None, 0, False, arrival.at_s, retry_after=after)
+            reason = response.headers.get("x-latgate-route-reason", "")
+            queue_ms = response.headers.get("x-latgate-queue-ms")
             async for line in response.content:
                 if line.startswith(b"data: [DONE]"):
                     complete = True
@@ -169,9 +177,10 @@ async def send(session: aiohttp.ClientSession, url: str, arrival: Arrival) -> Ou
                     tokens += 1
                     if ttft is None:
                         ttft = time.perf_counter() - started
-            return Outcome(arrival.key, arrival.kind, 200, False, ttft, tokens, complete)
+            waited = int(queue_ms) if queue_ms and queue_ms.isdigit() else None
+            return Outcome(arrival.key, arrival.kind, 200, False, ttft, tokens, complete, arrival.at_s, reason, waited)
     except (aiohttp.ClientError, TimeoutError):
-        return Outcome(arrival.key, arrival.kind, 0, False, None, 0, False)
+        return Outcome(arrival.key, arrival.kind, 0, False, None, 0, False, arrival.at_s)
 
 
 async def run_trace(base: str, trace: list[Arrival]) -> tuple[list[Outcome], float]:
@@ -198,7 +207,7 @@ def summarize(outcomes: list[Outcome], wall_s: float, *, idle_p99: float | None,
     i_p99 = percentile([o.ttft_s for o in interactive if o.ttft_s is not None], 99)
     q_p99 = percentile([o.ttft_s for o in quiet if o.ttft_s is not None], 99)
     served = sum(1 for o in batch if o.complete)
-    shed = sum(1 for o in batch if o.status == 503 and o.retry_after)
+    shed = sum(1 for o in batch if o.status == 503 and o.shed)
     left_tok_s = SLOTS * 1000.0 / TPOT_MS - sum(o.tokens for o in interactive) / wall_s
     batch_tok_s = sum(o.tokens for o in batch if o.complete) / wall_s
     return {
@@ -236,8 +245,9 @@ def _running(system: str) -> Iterator[str]:
             yield base
 
 
-def run(*, seed: int, duration_s: float, scale: float, systems: list[str]) -> dict[str, Any]:
-    """The reference runs, then every system on the same arrivals; the JSON document."""
+def run(*, seed: int, duration_s: float, scale: float, systems: list[str], dump: Any = None) -> dict[str, Any]:
+    """The reference runs, then every system on the same arrivals; the JSON document.
+    ``dump``: a path to write each request's outcome to (JSON lines), or None."""
     alone = make_trace(seed=seed, duration_s=min(duration_s, 30.0), scale=scale, flood=False)
     with _running("latgate-classes") as base:
         outcomes, _ = asyncio.run(run_trace(base, alone))
@@ -255,6 +265,9 @@ def run(*, seed: int, duration_s: float, scale: float, systems: list[str]) -> di
         with _running(system) as base:
             outcomes, wall = asyncio.run(run_trace(base, trace))
         rows[system] = summarize(outcomes, wall, idle_p99=idle_p99, alone_p99=alone_p99)
+        if dump is not None:
+            with open(dump, "a") as out:
+                out.writelines(json.dumps({"system": system, **dataclasses.asdict(o)}) + "\n" for o in outcomes)
         print(f"{system}: {json.dumps(rows[system])}", flush=True)
     counts = {kind: sum(1 for a in trace if a.kind == kind) for kind in ("interactive", "batch")}
     scenario = {"seed": seed, "duration_s": duration_s, "scale": scale, "slots": SLOTS, "budget_ms": BUDGET_MS, "mix": counts}
@@ -286,13 +299,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--dump", type=Path, help="each request's outcome, JSON lines")
     args = parser.parse_args(argv)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         print(f"routing_classes.py: unknown system {unknown[0]!r}; choose from {', '.join(SYSTEMS)}")
         return 2
-    document = run(seed=args.seed, duration_s=args.duration, scale=args.scale, systems=systems)
+    document = run(seed=args.seed, duration_s=args.duration, scale=args.scale, systems=systems, dump=args.dump)
     print()
     print(table(document))
     if args.json:

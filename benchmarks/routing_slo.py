@@ -4,7 +4,7 @@
                                               [--duration SECONDS] [--seed N] [--strategies a,b,c]
 
 The other routing benchmarks are scripts of their own: ``routing_scenarios.py``,
-``tilert_admission.py``, ``routing_classes.py``. Start-up, the client and percentiles
+``tilert_admission.py``, ``routing_classes.py``, ``retry_storm.py``. Start-up, the client and percentiles
 are ``benchmarks/harness.py``'s.
 
 Everything runs on loopback, in three processes: five simulated engines on one event

@@ -12,9 +12,10 @@ from latgate.config import load_config_text
 from latgate.errors import Overloaded
 from latgate.metrics import Metrics
 from latgate.providers import ProviderPool
-from latgate.routing.admission import Admission, Ask, fits_budget
+from latgate.routing.admission import Admission, Ask
 from latgate.routing.decision import Router
 from latgate.routing.priority import BATCH, DEFAULT, INTERACTIVE
+from latgate.routing.queue_refuse import fits_budget
 
 CONFIG = """
 [providers.tile-rt]
@@ -47,7 +48,7 @@ def setup(*, admission: bool = True, slot_seconds: float = 0.3, text: str = CONF
     holder = Admission(pool=pool, metrics=metrics, settings=config.routing.queue, enabled=admission, timer=clock)
     for runtime in pool.providers.values():
         for ep in runtime.endpoints:
-            holder._lease_seconds[ep.key] = slot_seconds  # as if observed: requests hold a slot 300 ms
+            holder.outlook.leases[ep.key] = slot_seconds  # as if observed: requests hold a slot 300 ms
     return Router(config), pool, holder, clock, metrics
 
 
@@ -157,7 +158,7 @@ def test_the_lease_time_is_learnt_from_the_requests_that_held_a_node() -> None:
     _, pool, admission, _, _ = setup(slot_seconds=5.0)
     runtime = pool["tile-rt"]
     endpoint = runtime.endpoints[0]
-    admission._lease_seconds.clear()
+    admission.outlook.leases.clear()
     assert admission.lease_seconds(endpoint) > 1.0, "before any: TTFT plus the expected tokens times the time per token"
     ticket = pool.begin(runtime, endpoint)
     pool.record_outcome(runtime, endpoint, ok=True, ticket=ticket)
@@ -323,5 +324,61 @@ def test_a_batch_stream_whose_head_went_out_with_keepalives_is_not_preempted() -
         assert held.queue_outcome == "preempted" and streaming.queue_outcome is None
         first.cancel()
         await asyncio.gather(first, return_exceptions=True)
+
+
+def test_a_shed_batch_requests_retry_after_is_its_predicted_wait() -> None:
+    router, pool, holder, runtime, endpoint = vllm_setup(batch_wait=1000)
+    holder.outlook.leases[endpoint.key] = 2.5  # the running request holds its slot 2.5 s
+    pool.begin(runtime, endpoint)
+    with pytest.raises(Overloaded) as shed:
+        asyncio.run(hold(holder, router.decide(BODY, {}), BATCH))
+    assert shed.value.headers["retry-after"] == "3", "2.5 s predicted, rounded up"
+
+
+def test_a_cold_full_pool_predicts_a_wait_from_its_capacity_not_zero() -> None:
+    _, pool, holder, runtime, endpoint = vllm_setup(batch_wait=1)
+    holder.outlook.leases.clear()  # nothing observed yet
+    ticket = pool.begin(runtime, endpoint)
+    lease_ms = holder.lease_seconds(endpoint) * 1000.0
+    pool.clock.now += lease_ms / 1000.0 + 1.0  # the running request outlived the prior lease
+    view = holder.outlook.view(runtime, 10, pool.clock())
+    assert view is not None and view.cold
+    assert holder.outlook.predict_ms(view, ahead=0) >= lease_ms, "a slot frees every lease / slots"
+    assert holder.outlook.predict_ms(view, ahead=1) >= 2 * lease_ms
+    pool.end(runtime, endpoint, ticket)
+
+
+def test_a_reload_keeps_the_queues_counters_correction_and_leases() -> None:
+    router, pool, holder, runtime, endpoint = vllm_setup(batch_wait=1)
+    pool.begin(runtime, endpoint)
+    with pytest.raises(Overloaded):
+        asyncio.run(hold(holder, router.decide(BODY, {}), BATCH))
+    holder.outlook.learn("vllm", BATCH, predicted_ms=100.0, actual_ms=300.0)
+    _, _, fresh, _, _ = vllm_setup()
+    fresh.outlook.leases.clear()
+    fresh.carry_from(holder)
+    after = fresh.describe()["vllm"]
+    assert after["shed"] == 1 and after["wait_correction"] == {"batch": 3.0}
+    assert after["lease_ms"] == {"vllm-0": 300.0}
+
+
+def test_a_batch_request_leaves_the_headroom_slot_to_the_other_classes() -> None:
+    router, pool, holder, _, _ = setup(text=POOL.format(batch_wait=10_000).replace("max_batch_size = 1", "max_batch_size = 8"))
+    runtime = pool["vllm"]
+    endpoint = runtime.endpoints[0]
+    tickets = [pool.begin(runtime, endpoint) for _ in range(7)]  # one slot free: the headroom
+
+    async def main() -> None:
+        batch = asyncio.ensure_future(hold(holder, router.decide(BODY, {}), BATCH))
+        await asyncio.sleep(0)
+        assert holder.describe()["vllm"]["waiting_by_priority"]["batch"] == 1, "the batch request waits"
+        interactive = await hold(holder, router.decide(BODY, {}), INTERACTIVE)
+        assert interactive.reason != "waited:vllm", "the interactive one takes the free slot at once"
+        pool.begin(runtime, endpoint)  # it started there: 8 of 8
+        pool.end(runtime, endpoint, tickets.pop())  # one frees: still only the headroom is free
+        await asyncio.sleep(0)
+        assert not batch.done()
+        pool.end(runtime, endpoint, tickets.pop())  # two free: one for the batch request
+        assert (await batch).reason == "waited:vllm"
 
     asyncio.run(main())

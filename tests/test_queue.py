@@ -189,4 +189,76 @@ def test_the_access_line_gives_the_class_the_wait_and_the_outcome(monkeypatch: p
     first, second, third = (orjson.loads(line) for line in lines)
     assert (first["priority"], first["queue_ms"], first["queue_outcome"]) == ("batch", None, "shed")
     assert (second["priority"], second["queue_ms"], second["queue_outcome"]) == ("interactive", 12.346, "admitted")
-    assert "queue_outcome" not in third, "a request that met no full pool: the line as before"
+    assert "queue_outcome" not in third, "a request that met no full pool: no wait or outcome"
+    assert third["priority"] == "default", "every line gives the class"
+
+
+def test_a_keys_interactive_turns_do_not_push_back_its_batch_jobs_share() -> None:
+    clock = ManualClock()
+    queue = WaitQueue(max_waiting=20)
+    for _ in range(3):  # the quiet key's interactive turns, served first (their own class)
+        queue.push(waiter(clock, INTERACTIVE, tenant="quiet", tokens=1000))
+    floods = [queue.push(waiter(clock, BATCH, tenant="flood", tokens=100)) for _ in range(3)]
+    assert floods == [None] * 3
+    quiet_batch = waiter(clock, BATCH, tenant="quiet", tokens=100)
+    queue.push(quiet_batch)
+    order = drain(queue)
+    batch_order = [w.tenant for w in order if w.priority == BATCH]
+    assert batch_order.index("quiet") <= 1, f"the quiet key's batch job goes among the first: {batch_order}"
+
+
+def test_the_expected_completion_is_a_median_per_tenant_capped_by_the_requests_own_cap() -> None:
+    from latgate.routing.policies.completion_length import MIN_OWN_STREAMS, CompletionLengths
+
+    lengths = CompletionLengths()
+    for _ in range(20):
+        lengths.observe(40, priority=INTERACTIVE, tenant="quiet")
+    for _ in range(MIN_OWN_STREAMS):  # one client's very long streams
+        lengths.observe(100_000, priority=BATCH, tenant="poison")
+    assert lengths.expected(priority=INTERACTIVE, tenant="quiet") == 40.0, "the quiet key's own streams"
+    assert lengths.expected(priority=INTERACTIVE, tenant="new") == 40.0, "its class's, untouched by batch"
+    assert lengths.pool_median == 40.0, "a minority of outliers does not move the pool's median"
+    assert lengths.expected(priority=BATCH, tenant="poison") == 100_000.0, "the poisoner's own estimate only"
+    assert lengths.expected(priority=BATCH, tenant="poison", cap=64) == 64.0, "never beyond the request's cap"
+    assert CompletionLengths().expected(priority=BATCH, cap=16) == 16.0
+    assert CompletionLengths().expected(priority=BATCH) is None
+
+
+def test_retry_after_is_the_predicted_wait_rounded_up_and_bounded() -> None:
+    from latgate.routing.queue_outlook import MAX_RETRY_AFTER_SECONDS, retry_after_seconds
+
+    assert retry_after_seconds(2_900.0) == 3
+    assert retry_after_seconds(10.0) == 1
+    assert retry_after_seconds(10_000_000.0) == MAX_RETRY_AFTER_SECONDS
+    assert retry_after_seconds(math.inf) == 1
+
+
+def test_a_quiet_tenants_newcomer_stands_before_a_floods_backlog() -> None:
+    clock = ManualClock()
+    queue = WaitQueue(max_waiting=100)
+    for _ in range(20):
+        queue.push(waiter(clock, BATCH, tenant="flood"))
+    assert queue.ahead_of(BATCH, "flood") == 20, "the flood's next one waits behind its own backlog"
+    assert queue.ahead_of(BATCH, "quiet") <= 1, "a quiet key's job is predicted near the front, as it is served"
+    queue.push(waiter(clock, BATCH, tenant="quiet"))
+    assert [w.tenant for w in drain(queue)].index("quiet") <= 1
+
+
+def test_without_a_key_the_fair_share_is_the_clients_address_whatever_session_it_claims() -> None:
+    from types import SimpleNamespace
+
+    from latgate.config import load_config_text
+    from latgate.gateway import Gateway, client_tenant
+    from latgate.routing.decision import Router
+
+    config = load_config_text('[providers.p]\napi_base = "http://127.0.0.1:9/v1"\nmodels = ["m"]\n', source="t.toml")
+    router = Router(config)
+    fake = SimpleNamespace(config=config)
+    address = client_tenant(("10.0.0.7", 50123))
+    tenants = set()
+    for session in ("s-1", "s-2", "s-3"):  # a flooder minting a session per request
+        decision = router.decide({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, {"x-session-id": session})
+        tenants.add(Gateway._priority(fake, decision, {}, None, address)[1])  # type: ignore[arg-type]
+    assert tenants == {"addr:10.0.0.7"}, "one share for one address"
+    assert client_tenant(("10.0.0.7", 60000)) == address, "a new connection is not a new tenant"
+    assert client_tenant(None) == ""

@@ -20,7 +20,7 @@ def test_check_shows_the_queue_and_retry_budget_with_their_defaults(tmp_path: Pa
     config.write_text(BASE + "\n[routing.queue]\nmax_waiting = 10\n")
     result = run_check("--config", str(config))
     assert result.returncode == 0, result.stderr
-    assert "max_waiting 10, max_wait_ms 30000, batch_max_wait_ms 10000, preempt true" in result.stdout
+    assert "max_waiting 10, max_wait_ms 30000, batch_max_wait_ms 10000, batch_headroom_slots 1, preempt true" in result.stdout
     assert "retry_budget_percent 20.0, retry_budget_min 3, hedge_slow_share 0.5" in result.stdout
 
 

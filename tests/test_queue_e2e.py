@@ -138,20 +138,49 @@ def test_on_a_full_pool_an_interactive_request_waits_less_than_the_batch_request
     assert (ui["admitted"], ui["waiting"]) == (3, 0), "the /ui page shows the queue"
 
 
-def test_a_preempted_batch_request_gets_a_503_before_any_byte_and_the_interactive_one_its_slot() -> None:
+def preempt_one(queue: str) -> tuple[httpx.Response, httpx.Response, dict[str, Any]]:
+    """A batch stream admitted and waiting for its first token, then an interactive
+    request with a budget it can meet only with that slot: (interactive, batch, queue)."""
     slow_first_token = SimOptions(name="vllm", ttft_overhead_ms=1500.0, tpot_ms=1.0, default_max_tokens=4)
-    with pool_stack(slow_first_token) as stack, ThreadPoolExecutor(2) as threads:
+    with pool_stack(slow_first_token, queue=queue) as stack, ThreadPoolExecutor(2) as threads:
         chat = stack.v1 + "/chat/completions"
         body = {"model": MODEL, "messages": ASK, "stream": True}
-        batch = threads.submit(httpx.post, chat, json=body, headers={"X-Latgate-Priority": "batch"}, timeout=30)
-        in_flight = lambda: httpx.get(stack.url + "/admin/providers").json()["providers"]["vllm"]["endpoints"][0]["in_flight"]
+        batch = threads.submit(
+            httpx.post, chat, json=body, headers={"X-Latgate-Priority": "batch"}, timeout=30
+        )
+        in_flight = lambda: httpx.get(stack.url + "/admin/providers").json()["providers"]["vllm"][
+            "endpoints"
+        ][0]["in_flight"]
         poll(lambda: in_flight() == 1)  # admitted, waiting for its first token
         interactive = httpx.post(
-            chat, json=body, headers={"X-Latgate-Priority": "interactive", "X-Latency-Budget-Ms": "3000"}, timeout=30
+            chat,
+            json=body,
+            headers={"X-Latgate-Priority": "interactive", "X-Latency-Budget-Ms": "3000"},
+            timeout=30,
         )
-        preempted = batch.result()
-        admin = queue_of(stack)
-    assert interactive.status_code == 200 and interactive.text.rstrip().endswith("data: [DONE]"), interactive.text
+        return interactive, batch.result(), queue_of(stack)
+
+
+def test_a_preempted_batch_request_goes_back_to_the_queue_and_is_answered_whole_after_the_interactive_one() -> (
+    None
+):
+    interactive, preempted, admin = preempt_one("batch_max_wait_ms = 30000")
+    assert interactive.status_code == 200 and interactive.text.rstrip().endswith("data: [DONE]"), (
+        interactive.text
+    )
+    assert preempted.status_code == 200, preempted.text
+    assert preempted.text.rstrip().endswith("data: [DONE]"), "answered whole by its retry, never a cut stream"
+    assert preempted.text.count("data: {") == interactive.text.count("data: {"), (
+        "one answer, not a partial one and another"
+    )
+    assert admin["preempted"] == 1 and admin["admitted"] >= 1
+
+
+def test_a_preempted_batch_request_whose_bound_is_over_gets_a_503_before_any_byte() -> None:
+    interactive, preempted, admin = preempt_one("batch_max_wait_ms = 1")
+    assert interactive.status_code == 200 and interactive.text.rstrip().endswith("data: [DONE]"), (
+        interactive.text
+    )
     assert preempted.status_code == 503, "never a 200 with a cut stream"
     assert preempted.headers["x-latgate-preempted"] == "1" and preempted.headers["retry-after"] == "1"
     assert preempted.json()["error"]["code"] == "preempted" and "data:" not in preempted.text

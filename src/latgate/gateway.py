@@ -92,6 +92,8 @@ class Gateway:
         if previous is not None:  # a reload: before anything else sees the new pool
             carry_live_state(self.pool, previous.pool, metrics=metrics)
         self.forwarder = Forwarder(config=config, pool=self.pool, client=client, metrics=metrics, recorder=self.recorder)
+        if previous is not None:  # the gateway queue's counters and what it learnt
+            self.forwarder.admission.carry_from(previous.forwarder.admission)
         self.store = open_store(config.state) if store is None else store
         self.guard: AuthGuard | None = None
         if config.auth is not None:
@@ -150,7 +152,7 @@ class Gateway:
             decision = self.decide(body, headers, key_policy=None if caller is None else caller.policy)
         exchange.public_model = decision.public_model
         exchange.prompt_tokens = exchange.routed_prompt_tokens = decision.prompt_tokens
-        exchange.priority, exchange.tenant = self._priority(decision, headers, caller)
+        exchange.priority, exchange.tenant = self._priority(decision, headers, caller, exchange.tenant)
         if "model" not in body:
             body["model"] = decision.public_model
         if caller is not None:
@@ -177,9 +179,14 @@ class Gateway:
                     )
         return await self.forwarder.forward(exchange=exchange, decision=decision, body=body, path=path, transform=transform)
 
-    def _priority(self, decision: RouteDecision, headers: Mapping[str, str], caller: Caller | None) -> tuple[int, str]:
-        """The request's priority class and fair-share tenant (its key's name; without
-        keys, its session) for the gateway queue (:mod:`latgate.routing.priority`).
+    def _priority(
+        self, decision: RouteDecision, headers: Mapping[str, str], caller: Caller | None, address: str
+    ) -> tuple[int, str]:
+        """The request's priority class and fair-share tenant for the gateway queue
+        (:mod:`latgate.routing.priority`): its key's name; without a key, ``address``
+        (the client's network address, :meth:`new_exchange`), never anything the
+        client sends (a session id is the client's to mint: a fresh one per request
+        would be a fresh share each time).
 
         Raises:
             InvalidRequest: a malformed ``X-Latgate-Priority``.
@@ -193,9 +200,7 @@ class Gateway:
             has_budget=decision.budget_ms is not None,
             latency_sensitive=decision.latency_sensitive,
         )
-        if caller is not None:
-            return priority, caller.name
-        return priority, "" if decision.session_key is None else f"session:{decision.session_key:x}"  # hashed, never the raw id
+        return priority, caller.name if caller is not None else address
 
     def decide(self, body: dict[str, Any], headers: Mapping[str, str], *, key_policy: str | None = None) -> RouteDecision:
         """``Router.decide`` for a client's body (see :meth:`Router.decide`).
@@ -219,6 +224,7 @@ class Gateway:
             path=request.scope["path"],
             stream=False,
         )
+        exchange.tenant = client_tenant(request.scope.get("client"))  # the fair share of a request without a key
         request.scope[REQUEST_ID_SCOPE_KEY] = exchange.request_id  # a stalled body's 408 names it too
         tracing = self.recorder.tracing
         if tracing is not None:
@@ -333,3 +339,12 @@ def request_id(given: str | None) -> str:
     if given and len(given) <= MAX_REQUEST_ID_LENGTH and given.isascii() and given.isprintable():
         return given
     return os.urandom(16).hex()
+
+
+def client_tenant(client: Any) -> str:
+    """The fair-share tenant of a request without a key: its peer's address
+    (``"addr:HOST"`` from the ASGI scope's ``client``), ``""`` when unknown. The port is
+    left out: a client opens connections at will, not addresses."""
+    if isinstance(client, (tuple, list)) and client and isinstance(client[0], str):
+        return f"addr:{client[0]}"
+    return ""

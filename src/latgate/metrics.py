@@ -244,6 +244,13 @@ class Metrics:
         once) and how it ended (``admitted``, ``overflow``, ``shed``, ``preempted``)."""
         self._child(self.queue_wait, provider, priority, outcome).observe(seconds)
 
+    def start_queue_series(self, provider: str, classes: tuple[str, ...]) -> None:
+        """Export ``provider``'s queue depth per class at 0 from the start, and its
+        admitted waits' histogram, so dashboards and ``rate()`` see the first wait."""
+        for priority in classes:
+            self._child(self.queue_depth, provider, priority)
+            self._child(self.queue_wait, provider, priority, "admitted")
+
     def queue_depth_gauge(self, provider: str, priority: str) -> Gauge:
         """The gauge of requests of class ``priority`` waiting for ``provider``."""
         return self._child(self.queue_depth, provider, priority)

@@ -278,7 +278,7 @@ def _queue_rows(config: Config) -> list[str]:
     if not on and queue.enabled and config.routing.admission:
         state += " (strategy predicted_latency only)"
     return [
-        _row("queue", f"{state}: max_waiting {queue.max_waiting}, max_wait_ms {queue.max_wait_ms}, batch_max_wait_ms {queue.batch_max_wait_ms}, preempt {_value(queue.preempt)}"),
+        _row("queue", f"{state}: max_waiting {queue.max_waiting}, max_wait_ms {queue.max_wait_ms}, batch_max_wait_ms {queue.batch_max_wait_ms}, batch_headroom_slots {queue.batch_headroom_slots}, preempt {_value(queue.preempt)}"),
         _row("retry budget", f"retry_budget_percent {_value(queue.retry_budget_percent)}, retry_budget_min {queue.retry_budget_min}, hedge_slow_share {_value(queue.hedge_slow_share)}"),
     ]
 

@@ -217,6 +217,9 @@ class QueueConfig(Frozen):
         max_wait_ms: the longest any request waits for a slot.
         batch_max_wait_ms: the longest a ``batch`` request waits; past it (or predicted
             past it) it is shed with 503 and ``Retry-After``.
+        batch_headroom_slots: free slots a ``batch`` request never takes, kept for the
+            other classes so an interactive turn finds a slot at once instead of the next
+            to free; only on a provider with at least 4 slots per headroom slot.
         preempt: an ``interactive`` request that would miss its budget may take the slot
             of a ``batch`` request admitted before its first byte (that one is queued
             again, or answered 503 with ``x-latgate-preempted``).
@@ -231,6 +234,7 @@ class QueueConfig(Frozen):
     max_waiting: int = Field(default=256, ge=1, le=100_000)
     max_wait_ms: int = Field(default=30_000, gt=0, le=600_000)
     batch_max_wait_ms: int = Field(default=10_000, gt=0, le=600_000)
+    batch_headroom_slots: int = Field(default=1, ge=0, le=1024)
     preempt: bool = True
     retry_budget_percent: float = Field(default=20.0, ge=0, le=100)
     retry_budget_min: int = Field(default=3, ge=0)

@@ -43,10 +43,11 @@ def carry_live_state(pool: ProviderPool, previous: ProviderPool, *, metrics: Met
     failures counted, back-off) is shared by both pools' circuit stores, so an old
     request's outcome counts too, and a slot an old request frees reaches ``pool``'s
     admission. Per provider: :meth:`ProviderRuntime.carry_from`. Pool-wide: the
-    expected completion length. Every other endpoint starts afresh.
+    recent completion lengths. The gateway queue's own state (outcome counters, the
+    learnt wait correction and leases) is carried by
+    :meth:`~latgate.routing.admission.Admission.carry_from`. Every other endpoint starts afresh.
     """
-    if previous.completion_tokens_mean is not None:
-        pool.completion_tokens_mean = previous.completion_tokens_mean
+    pool.completion_lengths = previous.completion_lengths
     records: dict[str, CircuitRecord] = {}
     carried: list[str] = []
     for name, runtime in pool.providers.items():

@@ -22,7 +22,7 @@ from latgate.connectors import get_connector
 from latgate.metrics import Metrics
 from latgate.providers.cache_evidence import counters_evidence, take_report
 from latgate.providers.describe import describe_providers
-from latgate.providers.endpoint import EWMA_ALPHA, EndpointRuntime
+from latgate.providers.endpoint import EndpointRuntime
 from latgate.providers.engine_cache import EngineCacheFacts
 from latgate.providers.health import (
     CLOSED,
@@ -37,6 +37,7 @@ from latgate.providers.latency_judge import judge_latency
 from latgate.providers.runtime import ProviderRuntime
 from latgate.providers.ticket import Ticket
 from latgate.proxy.egress import egress_for
+from latgate.routing.policies.completion_length import CompletionLengths
 from latgate.routing.prefix_index import PromptPrefix
 from latgate.routing.sessions import SessionMap
 from latgate.routing.strategies.registry import predicts
@@ -91,9 +92,9 @@ class ProviderPool:
         """Called when a slot of an endpoint may have freed (the gateway queue's wake-up),
         with how long the request that left held it (seconds; None when unknown or it
         failed); set by :class:`~latgate.routing.admission.Admission`."""
-        self.completion_tokens_mean: float | None = None
-        """Recency-weighted completion tokens of the streams answered (None before one):
-        the expected length of a request that names no ``max_tokens``."""
+        self.completion_lengths = CompletionLengths()
+        """Recent completion tokens of the streams answered, by tenant, class and
+        pool-wide (:mod:`latgate.routing.policies.completion_length`)."""
         self._metrics = metrics
         self.providers: dict[str, ProviderRuntime] = {}
         for name, provider in config.providers.items():
@@ -312,11 +313,18 @@ class ProviderPool:
         ``Retry-After``, else ``BUSY_SECONDS``), evidence for overflowing from it."""
         endpoint.busy_until = self.clock() + (BUSY_SECONDS if seconds is None else min(seconds, MAX_BUSY_SECONDS))
 
-    def record_decode(self, endpoint: EndpointRuntime, *, tokens: int, seconds: float) -> None:
-        """A stream produced ``tokens`` completion tokens over ``seconds`` after its first."""
-        mean = self.completion_tokens_mean
-        if tokens > 0:
-            self.completion_tokens_mean = float(tokens) if mean is None else mean + EWMA_ALPHA * (tokens - mean)
+    @property
+    def completion_tokens_mean(self) -> float | None:
+        """The expected length of a request that names no ``max_tokens``: the median of
+        the pool's recent streams (None before one; robust to one client's outliers)."""
+        return self.completion_lengths.pool_median
+
+    def record_decode(
+        self, endpoint: EndpointRuntime, *, tokens: int, seconds: float, priority: int | None = None, tenant: str = ""
+    ) -> None:
+        """A stream produced ``tokens`` completion tokens over ``seconds`` after its first
+        (for a request of class ``priority`` charged to ``tenant``, when known)."""
+        self.completion_lengths.observe(tokens, priority=priority, tenant=tenant)
         if tokens > 1 and seconds > 0:
             endpoint.observe_itl(seconds * 1000.0 / (tokens - 1), now=self.clock())
 

@@ -380,7 +380,9 @@ class AttemptSender:
             seconds = exchange.last_token_at - exchange.first_token_at
             usage = tap.usage.get("completion_tokens") if isinstance(tap.usage, dict) else None
             tokens = usage if isinstance(usage, int) and usage >= tap.content_chunks else tap.content_chunks
-            self.pool.record_decode(endpoint, tokens=tokens, seconds=seconds)
+            self.pool.record_decode(
+                endpoint, tokens=tokens, seconds=seconds, priority=exchange.priority, tenant=exchange.tenant
+            )
 
     def _timeout_seconds(self, provider: ProviderRuntime) -> float:
         """The provider's ``timeout_sec`` (else ``[defaults]``'s): the longest upstream

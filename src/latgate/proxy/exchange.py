@@ -70,9 +70,9 @@ class Exchange:
     cached_prompt_tokens: int | None = None  # prompt tokens the upstream's usage says it served from its prefix cache
     # queue (issue 22): its class, whose fair share it is charged to, and how it waited
     priority: int = 1  # latgate.routing.priority class number (1: default)
-    tenant: str = ""  # the key's name (and session), for fair shares in the gateway queue
+    tenant: str = ""  # the key's name, else the client's address: its fair share in the gateway queue
     queue_ms: float | None = None  # time it waited in the gateway queue (X-Latgate-Queue-Ms); None: did not wait
-    queue_outcome: str | None = None  # admitted, overflow, shed, preempted, timed_out (access line)
+    queue_outcome: str | None = None  # admitted, overflow, shed, preempted, requeued (access line)
 
     def apply_usage(self, usage: dict[str, Any] | None) -> bool:
         """Take token counts from an OpenAI ``usage`` object when it has them (chat

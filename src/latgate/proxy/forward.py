@@ -53,10 +53,13 @@ from latgate.proxy.recorder import Recorder
 from latgate.proxy.transform import ResponseTransform
 from latgate.proxy.upstream import UpstreamClient
 from latgate.proxy.wire import upstream_payload
-from latgate.routing.admission import Admission, Ask, overflow_targets
+from latgate.routing.admission import Admission, Ask
 from latgate.routing.decision import RouteDecision
+from latgate.routing.policies.e2e import expected_completion_tokens
 from latgate.routing.policies.retry import after_failure
 from latgate.routing.policies.retry_budget import hedge_suppressed, within_budget
+from latgate.routing.queue_preempt import Preempted
+from latgate.routing.queue_refuse import overflow_targets
 from latgate.routing.selection import Selector
 
 
@@ -149,30 +152,53 @@ class Forwarder:
         transform: ResponseTransform | None,
         early: EarlyHead | None = None,
     ) -> Any:
-        notes: dict[str, str] | None = {} if decision.explain else None
-        if self.admission.enabled:
+        ask = self._ask(exchange, decision, body)
+        while True:
+            held = await self._held(exchange, decision, ask)
+            plan = self.selector.plan(held, body)  # at once: a slot admission held for it is free for it
             try:
-                decision, exchange.queue_ms = await self.admission.hold(decision, self._ask(exchange, decision, body), explain=notes)
-            except Overloaded:
-                exchange.queue_outcome = "shed"
-                raise
+                return await self._forward(Routed(exchange, held, plan, body, path, transform, early))
+            except Preempted:
+                # before its first byte, so nothing reached the client: back to the queue
+                # while its own bound allows, else the 503 saying it was preempted
+                if not self.admission.may_requeue(ask):
+                    raise
+                exchange.queue_outcome = "requeued"
             finally:
-                if notes:
-                    exchange.admission = notes.get("admission")
-            if exchange.queue_ms is not None:
-                exchange.queue_outcome = "admitted" if decision.reason.startswith("waited:") else "overflow"
-        plan = self.selector.plan(decision, body)  # at once: a slot admission held for it is free for it
+                if plan.reserved:  # no attempt started (a bad body, a cancelled request)
+                    self._pool.release(plan.endpoint)
+
+    async def _held(self, exchange: Exchange, decision: RouteDecision, ask: Ask) -> RouteDecision:
+        """The decision after the gateway queue (:meth:`Admission.hold`), its wait and
+        outcome recorded on ``exchange``."""
+        if not self.admission.enabled:
+            return decision
+        notes: dict[str, str] | None = {} if decision.explain else None
+        waited = exchange.queue_ms or 0.0  # a requeued request: its earlier wait too
         try:
-            return await self._forward(Routed(exchange, decision, plan, body, path, transform, early))
+            decision, queue_ms = await self.admission.hold(decision, ask, explain=notes)
+        except Overloaded:
+            exchange.queue_outcome = "shed"
+            raise
         finally:
-            if plan.reserved:  # no attempt started (a bad body, a cancelled request)
-                self._pool.release(plan.endpoint)
+            if notes:
+                exchange.admission = notes.get("admission")
+        if queue_ms is not None:
+            exchange.queue_ms = waited + queue_ms
+            exchange.queue_outcome = "admitted" if decision.reason.startswith("waited:") else "overflow"
+        return decision
 
     def _ask(self, exchange: Exchange, decision: RouteDecision, body: dict[str, Any]) -> Ask:
         """What the gateway queue needs of the request: its class, tenant, arrival and
-        token cost (prompt plus ``max_tokens``, else ``routing.expected_completion_tokens``)."""
-        limit = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
-        completion = limit if isinstance(limit, int) and limit > 0 else self._config.routing.expected_completion_tokens
+        token cost: prompt plus the completion its tenant's (else its class's, else the
+        pool's) recent streams had, at most its own cap
+        (:mod:`latgate.routing.policies.completion_length`); before any stream, its
+        cap, else ``routing.expected_completion_tokens``."""
+        cap, source = expected_completion_tokens(body, default_tokens=self._config.routing.expected_completion_tokens)
+        expected = self._pool.completion_lengths.expected(
+            priority=exchange.priority, tenant=exchange.tenant, cap=None if source == "default" else cap
+        )
+        completion = cap if expected is None else max(1, round(expected))
         return Ask(exchange.priority, exchange.tenant, exchange.received_at, decision.prompt_tokens + completion)
 
     def _may_retry(self, provider: ProviderRuntime, kind: str) -> bool:

@@ -132,8 +132,8 @@ def access_line(exchange: Exchange, end: float) -> str:
         line["cached_prompt_tokens"] = exchange.cached_prompt_tokens
     if exchange.cause is not None:
         line["cause"] = exchange.cause
+    line["priority"] = CLASS_NAMES[exchange.priority]
     if exchange.queue_outcome is not None:  # it waited in, or was shed by, the gateway queue
-        line["priority"] = CLASS_NAMES[exchange.priority]
         line["queue_ms"] = None if exchange.queue_ms is None else round(exchange.queue_ms, 3)
         line["queue_outcome"] = exchange.queue_outcome
     return orjson.dumps(line).decode()

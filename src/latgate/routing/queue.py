@@ -9,7 +9,7 @@ per provider and asks it, on plain data, three things:
   sheds its newest lowest-class waiter for a higher-class newcomer, else the newcomer);
 - *who takes a freed slot*: :meth:`WaitQueue.pop`, in this order: the highest class
   (:mod:`latgate.routing.priority`); inside it, fair shares of tokens between tenants
-  (keys; sessions without keys) by start-time fair queueing (Goyal, Vin and Cheng,
+  (keys; the client's address without one) by start-time fair queueing (Goyal, Vin and Cheng,
   SIGCOMM 1996): a quiet key is not starved by a flood, and a key that was idle earns
   no credit; inside a tenant, the earliest deadline (EDF), then arrival.
 
@@ -56,10 +56,12 @@ class Waiter:
 class WaitQueue:
     """One provider's waiting requests (see the module docstring for the order).
 
-    Fair shares are start-time fair queueing over tokens: a waiter's tag is where its
-    tenant's share of the queue's virtual time starts (``max(virtual time, the end of
-    the tenant's previous request)``), its cost ending the tenant's share; the lowest
-    tag of the top class goes first, and the virtual time moves to it. A tenant's
+    Fair shares are start-time fair queueing over tokens, one per class: a waiter's tag
+    is where its tenant's share of its class's virtual time starts (``max(virtual
+    time, the end of the tenant's previous request of that class)``), its cost ending
+    the tenant's share; the lowest tag of the top class goes first, and that class's
+    virtual time moves to it. A tenant's requests of one class do not push back its
+    requests of another (a key's interactive turns cost its batch jobs nothing). A tenant's
     backlog pushes its later requests' tags out, so a newcomer overtakes a flood; a
     tenant that was idle starts at the virtual time, with no credit saved up.
 
@@ -69,18 +71,26 @@ class WaitQueue:
 
     max_waiting: int
     waiting: list[Waiter] = field(default_factory=list)
-    finish: dict[str, float] = field(default_factory=dict)  # tenant -> end of its last share (tokens)
-    virtual: float = 0.0
+    finish: dict[tuple[int, str], float] = field(default_factory=dict)  # (class, tenant) -> end of its share
+    virtual: dict[int, float] = field(default_factory=dict)  # class -> its virtual time (tokens)
     _seq: int = 0
 
     def __len__(self) -> int:
         return len(self.waiting)
 
-    def ahead_of(self, priority: int) -> int:
-        """Waiters that go before a newcomer of class ``priority`` (those of its class or
-        higher: its fair share may put it before some of its own class, never before a
-        higher one)."""
-        return sum(1 for w in self.waiting if w.priority >= priority)
+    def ahead_of(self, priority: int, tenant: str | None = None) -> int:
+        """Waiters that go before a newcomer of class ``priority``: every one of a higher
+        class, and of its own class those whose share starts no later than the
+        newcomer's would (its tenant's, ``tenant``; None: every one of its class). A
+        quiet tenant's newcomer stands before a flood's backlog, as :meth:`pop` serves it."""
+        if tenant is None:
+            return sum(1 for w in self.waiting if w.priority >= priority)
+        start = max(self.virtual.get(priority, 0.0), self.finish.get((priority, tenant), 0.0))
+        return sum(1 for w in self.waiting if w.priority > priority or (w.priority == priority and w.tag <= start))
+
+    def top_priority(self) -> int | None:
+        """The class of the waiter :meth:`pop` would give a slot to (None: no waiter)."""
+        return max((w.priority for w in self.waiting), default=None)
 
     def push(self, waiter: Waiter) -> Waiter | None:
         """Queue ``waiter``; returns the one that must leave instead (shed): None when
@@ -99,9 +109,10 @@ class WaitQueue:
     def _append(self, waiter: Waiter) -> None:
         self._seq += 1
         waiter.seq = self._seq
-        start = max(self.virtual, self.finish.get(waiter.tenant, 0.0))
+        share = (waiter.priority, waiter.tenant)
+        start = max(self.virtual.get(waiter.priority, 0.0), self.finish.get(share, 0.0))
         waiter.tag = start
-        self.finish[waiter.tenant] = start + waiter.cost_tokens
+        self.finish[share] = start + waiter.cost_tokens
         self.waiting.append(waiter)
 
     def pop(self) -> Waiter | None:
@@ -118,10 +129,10 @@ class WaitQueue:
         if chosen is not first:
             chosen.tag, first.tag = first.tag, chosen.tag
         self.waiting.remove(chosen)
-        self.virtual = max(self.virtual, chosen.tag)
+        self.virtual[top] = max(self.virtual.get(top, 0.0), chosen.tag)
         if len(self.finish) > 4 * self.max_waiting:  # forget tenants whose shares ended
-            for tenant in [t for t, end in self.finish.items() if end <= self.virtual]:
-                del self.finish[tenant]
+            for share in [s for s, end in self.finish.items() if end <= self.virtual.get(s[0], 0.0)]:
+                del self.finish[share]
         return chosen
 
     def remove(self, waiter: Waiter) -> bool:

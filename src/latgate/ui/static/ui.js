@@ -126,7 +126,7 @@ function renderProviders(state) {
     const up = p.endpoints.some((e) => e.healthy);
     card.querySelector("h3 .dot").className = `dot ${up ? "closed" : "open"}`;
     const q = p.queue && p.queue.enabled ? p.queue : null;
-    const queued = q && `queue ${q.waiting} waiting (${q.waiting_by_priority.interactive} interactive, ${q.waiting_by_priority.batch} batch) · ${q.admitted} waited · ${q.overflow} overflowed · ${q.shed} shed · ${q.preempted} preempted`;
+    const queued = q && `queue ${q.waiting} waiting (${q.waiting_by_priority.interactive} interactive, ${q.waiting_by_priority.default} default, ${q.waiting_by_priority.batch} batch) · ${q.admitted} waited · ${q.overflow} overflowed · ${q.shed} shed · ${q.preempted} preempted`;
     const badges = [p.role && `role ${p.role}`, p.engine && `engine ${p.engine}`, p.connector && `connector ${p.connector}`, ...(p.models || []), queued].filter(Boolean);
     card.querySelector(".badges").innerHTML = badges.map((b) => `<span class="badge">${esc(b)}</span>`).join("");
     card.querySelector(".eps").innerHTML = p.endpoints.map(endpointHtml).join("");

@@ -1,0 +1,58 @@
+"""Where a request the gateway queue cannot hold goes: on to the candidates left
+(*overflow*, reason ``overflow:FROM``), or a 503 with ``Retry-After`` (*shed*).
+
+Used by :class:`~latgate.routing.admission.Admission` when a wait cannot fit a request's
+bound, and by the forwarder when an endpoint answers busy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from latgate.errors import GatewayError, Overloaded
+from latgate.routing.queue_outlook import retry_after_seconds
+from latgate.routing.targets import RouteDecision, Target
+
+
+def fits_budget(*, elapsed_ms: float, wait_ms: float, ttft_ms: float, budget_ms: float) -> bool:
+    """True when a request ``elapsed_ms`` after its arrival, waiting ``wait_ms`` and then
+    ``ttft_ms`` to its first token, meets its budget."""
+    return elapsed_ms + wait_ms + ttft_ms <= budget_ms
+
+
+def overflow_targets(rest: Sequence[Target], decision: RouteDecision, full: str) -> list[Target]:
+    """Where a request goes when provider ``full`` has no free slot: the candidates left
+    (``rest``, else the decision's overflow candidates not among its candidates), each
+    with the reason ``overflow:FULL``."""
+    if not rest:
+        seen = {t.provider for t in decision.candidates} | {full}
+        rest = [t for t in decision.overflow if t.provider not in seen]
+    reason = f"overflow:{full}"
+    return [dataclasses.replace(t, reason=reason) for t in rest]
+
+
+def elsewhere(decision: RouteDecision) -> RouteDecision:
+    """``decision`` without its primary: the next candidates, reason ``overflow:FROM``
+    and ``left`` naming it (as it is when there is no other); the selector chooses
+    among them and counts the overflow."""
+    full = decision.provider
+    rest = overflow_targets(decision.candidates[1:], decision, full)
+    if not rest:
+        return decision
+    chosen = {t.provider for t in rest}
+    first = rest[0]
+    return dataclasses.replace(
+        decision,
+        provider=first.provider,
+        model=first.model,
+        reason=first.reason,
+        candidates=tuple(rest),
+        overflow=tuple(t for t in decision.overflow if t.provider not in chosen and t.provider != full),
+        left=full,
+    )
+
+
+def shed_error(message: str, wait_ms: float) -> GatewayError:
+    """503 with ``Retry-After``: the predicted wait, rounded up (:func:`retry_after_seconds`)."""
+    return Overloaded(message, code="queue_full", headers={"retry-after": str(retry_after_seconds(wait_ms))})
