@@ -41,14 +41,14 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "commands",
         "the CLI and the tools beside the gateway (demo, clients, bench, sim)",
-        ("latgate.cli", "latgate.__main__", "latgate.demo", "latgate.clients", "latgate.client_renderers", "latgate.bench*", "latgate.sim*"),
+        ("latgate.cli", "latgate.__main__", "latgate.commands*", "latgate.demo", "latgate.clients", "latgate.client_renderers", "latgate.bench*", "latgate.sim*"),
     ),
     (
         "process",
-        "start, drain, signals, workers, reload",
-        ("latgate.server", "latgate.workers", "latgate.lifecycle", "latgate.listen", "latgate.reload", "latgate.starts", "latgate.gcpolicy"),
+        "start, drain, signals, workers",
+        ("latgate.server", "latgate.workers", "latgate.lifecycle", "latgate.listen", "latgate.starts", "latgate.gcpolicy"),
     ),
-    ("app", "the ASGI app, client connection limits, /ui", ("latgate.app", "latgate.httplimits", "latgate.ui*")),
+    ("app", "the ASGI app, its config reload, client connection limits, /ui", ("latgate.app", "latgate.reload", "latgate.httplimits", "latgate.ui*")),
     ("api", "the route table, the one serve path, each wire API's description, admin", ("latgate.api*",)),
     ("request", "one request's routing and auth, tracing, API translation", ("latgate.gateway", "latgate.auth*", "latgate.tracing", "latgate.translate*")),
     (
@@ -80,24 +80,7 @@ LEAVES = (
 #: (importer, imported) -> why the upward import is still there. Remove a line when its
 #: import goes; never add one without a reason and a plan.
 KNOWN_DEBTS: dict[tuple[str, str], str] = {
-    ("latgate.api.routes", "latgate.reload"): "POST /admin/reload calls the reloader (to inject from the process layer)",
-    ("latgate.api.routes", "latgate.ui"): "the route table lists /ui's routes",
-    ("latgate.app", "latgate.reload"): "the app builds its reloader (to inject from the process layer)",
-    ("latgate.gateway", "latgate.api.body"): "the body reader's limits",
     ("latgate.proxy.exchange", "latgate.tracing"): "Exchange.finish ends the span (Exchange is to become a plain record)",
-    ("latgate.config.loader", "latgate.store.resp"): "[state] redis_url parsed by the RESP client's address type",
-    ("latgate.config.providers", "latgate.connectors"): "connector names checked against the registry at load",
-    ("latgate.config.providers", "latgate.proxy.egress"): "proxy and TLS settings checked at load",
-    ("latgate.config.warnings", "latgate.proxy.egress"): "proxy and TLS settings checked at load",
-    ("latgate.config.report", "latgate.connectors"): "latgate check is a command living in config/",
-    ("latgate.config.report", "latgate.proxy.egress"): "latgate check is a command living in config/",
-    ("latgate.config.report", "latgate.proxy.upstream"): "latgate check --probe is a command living in config/",
-    ("latgate.config.report", "latgate.routing.models"): "latgate check is a command living in config/",
-    ("latgate.config.report", "latgate.store.resp"): "latgate check --probe is a command living in config/",
-    ("latgate.config.report", "latgate.routing.decision"): "latgate check asks the router which rules apply (a command living in config/)",
-    ("latgate.config.report", "latgate.routing.reach"): "latgate check asks the router which rules apply (a command living in config/)",
-    ("latgate.config.warnings", "latgate.routing.decision"): "rule warnings come from the router itself, so check and serve cannot disagree with routing (to move up with check)",
-    ("latgate.config.warnings", "latgate.routing.reach"): "rule warnings come from the router itself, so check and serve cannot disagree with routing (to move up with check)",
 }
 
 #: each a frozenset of modules that import each other in a cycle, with the reason

@@ -10,8 +10,8 @@ an event loop: Redis runs commands one at a time anyway. The commands of one tur
 the loop go out in one write, and one timer per connection bounds the replies (not one
 per call); together a fraction of a general-purpose client's connection pool round.
 
-URLs: ``redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]``, ``rediss://...`` (TLS, the
-system's trust store) and ``unix://[[USER]:PASSWORD@]PATH[?db=DB]``.
+URLs: as :class:`~latgate.config.redis_url.RedisAddress` reads them (``rediss://``:
+TLS, the system's trust store).
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
-DEFAULT_PORT = 6379
+from latgate.config.redis_url import DEFAULT_PORT, RedisAddress
+
+__all__ = ["DEFAULT_PORT", "RedisAddress", "RespAuthError", "RespClient", "RespError", "RespTimeout", "Script", "bulk"]
+
 #: deepest array nesting a reply may have: the store's commands answer with flat
 #: arrays (``MGET``, its scripts' lists), so anything deeper is not theirs
 MAX_REPLY_DEPTH = 4
@@ -38,54 +39,6 @@ TIMER_SLACK_SECONDS = 0.002
 class RespError(Exception):
     """Redis could not be used: no connection, a closed one, or an error reply (the
     message is Redis's, which names no host)."""
-
-
-@dataclass(frozen=True)
-class RedisAddress:
-    """Where a Redis URL (see the module docstring) points and how to log in."""
-
-    host: str
-    port: int
-    db: int
-    tls: bool
-    unix_path: str | None
-    username: str | None
-    password: str | None
-
-    @classmethod
-    def parse(cls, url: str) -> RedisAddress:
-        """``url`` read as the module docstring says.
-
-        Raises:
-            ValueError: what is wrong with it, in words that never repeat the URL
-                (it may carry a password).
-        """
-        parts = urlsplit(url)
-        if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError("a Redis URL starts with redis://, rediss:// or unix://")
-        try:
-            port = parts.port
-        except ValueError:
-            port = 0
-        if port == 0:
-            raise ValueError("its port is not a number from 1 to 65535")
-        if parts.scheme == "unix":
-            if not parts.path:
-                raise ValueError("a unix:// URL needs the socket's path")
-            db = parse_qs(parts.query).get("db", ["0"])[0]
-        else:
-            db = parts.path.strip("/") or "0"
-        if not db.isascii() or not db.isdigit():
-            raise ValueError("its database (the part after the port's /) is not a number")
-        return cls(
-            host=parts.hostname or "localhost",
-            port=port or DEFAULT_PORT,
-            db=int(db),
-            tls=parts.scheme == "rediss",
-            unix_path=parts.path if parts.scheme == "unix" else None,
-            username=unquote(parts.username) if parts.username else None,
-            password=unquote(parts.password) if parts.password else None,
-        )
 
 
 class RespTimeout(RespError):
