@@ -53,10 +53,10 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("request", "one request's routing and auth, tracing, API translation", ("latgate.gateway", "latgate.auth*", "latgate.tracing", "latgate.translate*")),
     (
         "forwarding",
-        "attempts, retries, hedges, the stream relay and its tap (proxy/ less the transport's modules)",
+        "attempts, retries, hedges, the stream relay and its tap",
         ("latgate.proxy", "latgate.proxy.*"),
     ),
-    ("decisions", "rules, targets, selection and admission over live numbers", ("latgate.routing*",)),
+    ("routing", "rules, targets, selection and admission over live numbers", ("latgate.routing*",)),
     ("live", "providers' and endpoints' live numbers, shared state, connectors", ("latgate.providers*", "latgate.store*", "latgate.connectors*")),
     (
         "transport",
