@@ -48,7 +48,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "start, drain, signals, workers",
         ("latgate.server", "latgate.workers", "latgate.lifecycle", "latgate.listen", "latgate.starts", "latgate.gcpolicy"),
     ),
-    ("app", "the ASGI app, its config reload, client connection limits, /ui", ("latgate.app", "latgate.reload", "latgate.httplimits", "latgate.ui*")),
+    ("app", "the ASGI app, its config reload, client connection limits, /ui", ("latgate.app", "latgate.reload", "latgate.httplimits", "latgate.client_limits", "latgate.ui*")),
     ("api", "the route table, the one serve path, each wire API's description, admin", ("latgate.api*",)),
     ("request", "one request's routing and auth, tracing, API translation", ("latgate.gateway", "latgate.auth*", "latgate.tracing", "latgate.translate*")),
     (

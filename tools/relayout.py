@@ -71,6 +71,7 @@ RENAMES: dict[str, str] = {
     "latgate.app": "latgate.app.asgi",
     "latgate.reload": "latgate.app.reload",
     "latgate.httplimits": "latgate.app.httplimits",
+    "latgate.client_limits": "latgate.app.client_limits",
     "latgate.ui": "latgate.app.ui",
     # process: start, drain, signals, workers
     "latgate.server": "latgate.process.server",
