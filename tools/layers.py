@@ -207,9 +207,38 @@ def check(package: Path = PACKAGE) -> list[str]:
     return problems
 
 
+def tree_picture(package: Path = PACKAGE) -> list[str]:
+    """The source tree drawn by layer, top to bottom: each layer's directories and
+    modules under ``src/latgate/`` (a directory holding modules of two layers is drawn
+    in the one most of them are in, the others' modules by name)."""
+    by_first: dict[str, dict[int, list[str]]] = {}
+    for name, path in module_names(package).items():
+        layer = layer_of(name)
+        if layer is None:
+            continue
+        relative = path.relative_to(package).as_posix()
+        by_first.setdefault(relative.split("/")[0], {}).setdefault(layer, []).append(relative)
+    entries: dict[int, list[str]] = {}
+    for first, layers_here in sorted(by_first.items()):
+        main = max(layers_here, key=lambda i: len(layers_here[i]))
+        for index, paths in layers_here.items():
+            if first.endswith(".py"):
+                entries.setdefault(index, []).append(first)
+            elif index == main:
+                entries.setdefault(index, []).append(first + "/")
+            else:
+                entries.setdefault(index, []).extend(sorted(paths))
+    width = max(len(name) for name, _, _ in LAYERS)
+    lines = ["```", f"{'layer':<{width}}  src/latgate/ (a layer imports its own and those below it)"]
+    for index, (name, _, _) in enumerate(LAYERS):
+        shown = sorted(entries.get(index, []), key=lambda e: (e.count("/") > 1, e))
+        lines.append(f"{name:<{width}}  {', '.join(shown)}")
+    return [*lines, "```"]
+
+
 def render_layers() -> str:
-    """The "Layers" block of docs/ARCHITECTURE.md, from :data:`LAYERS` and the debts."""
-    lines = [BEGIN, "", "| layer (top to bottom) | what | modules |", "|---|---|---|"]
+    """The "Layers" block of docs/ARCHITECTURE.md, from :data:`LAYERS`, the tree and the debts."""
+    lines = [BEGIN, "", *tree_picture(), "", "| layer (top to bottom) | what | modules |", "|---|---|---|"]
     for name, what, patterns in LAYERS:
         shown = ", ".join(f"`{p.removeprefix('latgate.').replace('.', '/') or 'latgate/__init__'}`" for p in patterns)
         lines.append(f"| {name} | {what} | {shown} |")
