@@ -41,10 +41,11 @@ check: $(VENV)/.installed
 
 # ruff and mypy come with the dev extra, pinned (their checks change between versions); .ci/run runs this.
 # No `ruff format --check`: ~48 files predate the formatter and the tree is not reformatted wholesale.
-lint: $(VENV)/.installed  ## ruff over src, tests, benchmarks, tools (pyproject.toml [tool.ruff]); mypy over src/latgate ([tool.mypy]); the import contract (tools/layers.py)
+lint: $(VENV)/.installed  ## ruff over src, tests, benchmarks, tools (pyproject.toml [tool.ruff]); mypy over src/latgate ([tool.mypy]); the import contract (tools/layers.py); module and function sizes (tools/sizes.py)
 	$(BIN)/python -m ruff check src tests benchmarks tools
 	$(BIN)/python -m mypy
 	$(BIN)/python tools/layers.py
+	$(BIN)/python tools/sizes.py
 
 # Real Prometheus (Debian's prometheus package, installed when missing) scraping a gateway
 # in front of simulators: every dashboard query and alert rule evaluated (tests/prometheus).

@@ -16,8 +16,8 @@ import pytest
 from h1_upstreams import CHAT, OK_JSON, SECRET, RawUpstream, config, json_reply, keep_serving
 from stack import gateway
 
+from latgate.commands.check import report_lines
 from latgate.config import load_config_text
-from latgate.config.report import report_lines
 
 FORMS = [
     ("/api", "/api/v1/chat/completions"),  # https://taotoken.net/api (the acceptance configs' curl)

@@ -10,8 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from latgate.config import ConfigError, config_warnings, load_config, load_config_text, resolve_config_path
-from latgate.connectors import known_connectors, registry
+from latgate.config import (
+    ConfigError,
+    config_warnings,
+    connector_names,
+    load_config,
+    load_config_text,
+    resolve_config_path,
+)
+from latgate.connectors import known_connectors
 
 ACCEPTANCE = Path(__file__).parent / "fixtures" / "acceptance"
 VLLM = '[providers.vllm]\napi_base = "http://127.0.0.1:8001/v1"\n'
@@ -258,7 +265,7 @@ def test_unknown_connector_lists_the_known_ones_and_the_closest():
 
 def test_connector_plugin_that_fails_to_load_is_an_error(monkeypatch):
     broken = EntryPoint(name="broken", value="latgate_no_such_module:Connector", group="latgate.connectors")
-    monkeypatch.setattr(registry, "_plugins", lambda: {"broken": broken})
+    monkeypatch.setattr(connector_names, "_plugins", lambda: {"broken": broken})
     message = error(VLLM + 'connector = "broken"\n')
     assert message.startswith("gw.toml: providers.vllm.connector: connector 'broken' failed to load")
 

@@ -18,9 +18,9 @@ from stack import gateway
 from tokenizer_file import whitespace_tokenizer
 
 from latgate import cli, server
+from latgate.commands.check import report_lines
 from latgate.config import ConfigError, config_warnings, load_config, load_config_text, resolve_config_path
 from latgate.config.masking import mask_secrets
-from latgate.config.report import report_lines
 from latgate.config.schema import Config, EndpointConfig, ProviderConfig, RoutingConfig
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

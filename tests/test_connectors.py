@@ -7,9 +7,10 @@ import textwrap
 
 import pytest
 
-from latgate.config import ConfigError, load_config_text
+from latgate.config import ConfigError, connector_names, load_config_text
 from latgate.config.schema import EndpointConfig
-from latgate.connectors import UnknownConnector, get_connector, known_connectors, registry
+from latgate.connectors import UnknownConnector, get_connector, known_connectors
+from latgate.connectors.base import BUILTIN
 
 
 def test_builtin_connectors_are_known_and_address_one_v1() -> None:
@@ -17,6 +18,10 @@ def test_builtin_connectors_are_known_and_address_one_v1() -> None:
     endpoint = EndpointConfig(id="p-0", api_base="https://taotoken.net/api")
     assert get_connector("openai").url(endpoint, "/chat/completions") == "https://taotoken.net/api/v1/chat/completions"
     assert get_connector("vllm").running_metric == "vllm:num_requests_running"
+
+
+def test_the_configs_builtin_names_are_the_builtin_connectors() -> None:
+    assert list(connector_names.BUILTIN_NAMES) == list(BUILTIN)
 
 
 def test_unknown_connector_names_the_known_ones() -> None:
@@ -43,9 +48,9 @@ def plugin_dist(tmp_path, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-connector\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[latgate.connectors]\nacme = acme_connector:AcmeConnector\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    registry._plugins.cache_clear()
+    connector_names._plugins.cache_clear()
     yield
-    registry._plugins.cache_clear()
+    connector_names._plugins.cache_clear()
     sys.modules.pop("acme_connector", None)
 
 

@@ -31,8 +31,8 @@ from h1_upstreams import (
 from servers import listening_socket
 from stack import gateway
 
+from latgate.commands.check import probe
 from latgate.config import load_config_text
-from latgate.config.report import probe
 from latgate.proxy.errors import connect_failure, failure_cause
 
 

@@ -15,11 +15,11 @@ from schemathesis.checks import not_a_server_error
 from stack import FAST, gateway, simulators
 
 from latgate.api.routes import openapi_document
-from latgate.app import create_app
+from latgate.app import app_routes, create_app
 from latgate.config import load_config_text
 from latgate.sim import SimOptions
 
-SCHEMA = schemathesis.openapi.from_dict(openapi_document(version="test"))
+SCHEMA = schemathesis.openapi.from_dict(openapi_document(version="test", extra=app_routes()))
 SCHEMA.config.generation.update(
     modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE], deterministic=True, database="none"
 )
@@ -51,7 +51,7 @@ def test_generated_requests_never_get_a_5xx(case, served) -> None:
 
 def test_openapi_document_is_served_and_lists_every_route_latgate_serves(served) -> None:
     document = httpx.get(served + "/openapi.json").json()
-    assert document == openapi_document(version=document["info"]["version"])
+    assert document == openapi_document(version=document["info"]["version"], extra=app_routes())
     app = create_app(load_config_text('[providers.a]\napi_base = "http://127.0.0.1:9"\n', source="t", env={}))
     served_paths = set(app._hot) | {
         route.path.replace("{model_id:path}", "{model_id}")

@@ -52,5 +52,5 @@ def test_a_pure_leaf_may_be_imported_from_below(tmp_path: Path) -> None:
 
 
 def test_a_leaf_that_imports_a_layered_module_is_no_leaf(tmp_path: Path) -> None:
-    package = _package(tmp_path, {"routing/tokens.py": "from latgate import metrics\n", "metrics.py": ""})
+    package = _package(tmp_path, {"routing/tokens.py": "import latgate.metrics\n", "metrics.py": ""})
     assert "latgate.routing.tokens is a leaf (LEAVES) but imports latgate.metrics: a leaf imports only leaves" in layers.check(package)

@@ -16,8 +16,8 @@ from proxies import ConnectProxy
 from stack import gateway
 from tls_upstreams import private_ca
 
+from latgate.commands.check import probe, report_lines
 from latgate.config import load_config_text
-from latgate.config.report import probe, report_lines
 from latgate.config.warnings import config_warnings
 
 

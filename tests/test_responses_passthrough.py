@@ -16,9 +16,9 @@ from replay import ReplayScript, replay_server, split_points
 from stack import FAST, gateway, simulators
 
 from latgate.api.responses import serves_responses
+from latgate.commands.check import report_lines
 from latgate.config import load_config_text
 from latgate.config.errors import ConfigError
-from latgate.config.report import report_lines
 from latgate.proxy.exchange import Exchange
 from latgate.proxy.sse import StreamTap
 from latgate.routing.decision import RouteDecision, Target

@@ -41,22 +41,22 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "commands",
         "the CLI and the tools beside the gateway (demo, clients, bench, sim)",
-        ("latgate.cli", "latgate.__main__", "latgate.demo", "latgate.clients", "latgate.client_renderers", "latgate.bench*", "latgate.sim*"),
+        ("latgate.cli", "latgate.__main__", "latgate.commands*", "latgate.demo", "latgate.clients", "latgate.client_renderers", "latgate.bench*", "latgate.sim*"),
     ),
     (
         "process",
-        "start, drain, signals, workers, reload",
-        ("latgate.server", "latgate.workers", "latgate.lifecycle", "latgate.listen", "latgate.reload", "latgate.starts", "latgate.gcpolicy"),
+        "start, drain, signals, workers",
+        ("latgate.server", "latgate.workers", "latgate.lifecycle", "latgate.listen", "latgate.starts", "latgate.gcpolicy"),
     ),
-    ("app", "the ASGI app, client connection limits, /ui", ("latgate.app", "latgate.httplimits", "latgate.ui*")),
+    ("app", "the ASGI app, its config reload, client connection limits, /ui", ("latgate.app", "latgate.reload", "latgate.httplimits", "latgate.client_limits", "latgate.ui*")),
     ("api", "the route table, the one serve path, each wire API's description, admin", ("latgate.api*",)),
     ("request", "one request's routing and auth, tracing, API translation", ("latgate.gateway", "latgate.auth*", "latgate.tracing", "latgate.translate*")),
     (
         "forwarding",
-        "attempts, retries, hedges, the stream relay and its tap (proxy/ less the transport's modules)",
+        "attempts, retries, hedges, the stream relay and its tap",
         ("latgate.proxy", "latgate.proxy.*"),
     ),
-    ("decisions", "rules, targets, selection and admission over live numbers", ("latgate.routing*",)),
+    ("routing", "rules, targets, selection and admission over live numbers", ("latgate.routing*",)),
     ("live", "providers' and endpoints' live numbers, shared state, connectors", ("latgate.providers*", "latgate.store*", "latgate.connectors*")),
     (
         "transport",
@@ -79,25 +79,7 @@ LEAVES = (
 
 #: (importer, imported) -> why the upward import is still there. Remove a line when its
 #: import goes; never add one without a reason and a plan.
-KNOWN_DEBTS: dict[tuple[str, str], str] = {
-    ("latgate.api.routes", "latgate.reload"): "POST /admin/reload calls the reloader (to inject from the process layer)",
-    ("latgate.api.routes", "latgate.ui"): "the route table lists /ui's routes",
-    ("latgate.app", "latgate.reload"): "the app builds its reloader (to inject from the process layer)",
-    ("latgate.gateway", "latgate.api.body"): "the body reader's limits",
-    ("latgate.config.loader", "latgate.store.resp"): "[state] redis_url parsed by the RESP client's address type",
-    ("latgate.config.providers", "latgate.connectors"): "connector names checked against the registry at load",
-    ("latgate.config.providers", "latgate.proxy.egress"): "proxy and TLS settings checked at load",
-    ("latgate.config.warnings", "latgate.proxy.egress"): "proxy and TLS settings checked at load",
-    ("latgate.config.report", "latgate.connectors"): "latgate check is a command living in config/",
-    ("latgate.config.report", "latgate.proxy.egress"): "latgate check is a command living in config/",
-    ("latgate.config.report", "latgate.proxy.upstream"): "latgate check --probe is a command living in config/",
-    ("latgate.config.report", "latgate.routing.models"): "latgate check is a command living in config/",
-    ("latgate.config.report", "latgate.store.resp"): "latgate check --probe is a command living in config/",
-    ("latgate.config.report", "latgate.routing.decision"): "latgate check asks the router which rules apply (a command living in config/)",
-    ("latgate.config.report", "latgate.routing.reach"): "latgate check asks the router which rules apply (a command living in config/)",
-    ("latgate.config.warnings", "latgate.routing.decision"): "rule warnings come from the router itself, so check and serve cannot disagree with routing (to move up with check)",
-    ("latgate.config.warnings", "latgate.routing.reach"): "rule warnings come from the router itself, so check and serve cannot disagree with routing (to move up with check)",
-}
+KNOWN_DEBTS: dict[tuple[str, str], str] = {}
 
 #: each a frozenset of modules that import each other in a cycle, with the reason
 KNOWN_CYCLES: dict[frozenset[str], str] = {}
@@ -218,9 +200,38 @@ def check(package: Path = PACKAGE) -> list[str]:
     return problems
 
 
+def tree_picture(package: Path = PACKAGE) -> list[str]:
+    """The source tree drawn by layer, top to bottom: each layer's directories and
+    modules under ``src/latgate/`` (a directory holding modules of two layers is drawn
+    in the one most of them are in, the others' modules by name)."""
+    by_first: dict[str, dict[int, list[str]]] = {}
+    for name, path in module_names(package).items():
+        layer = layer_of(name)
+        if layer is None:
+            continue
+        relative = path.relative_to(package).as_posix()
+        by_first.setdefault(relative.split("/")[0], {}).setdefault(layer, []).append(relative)
+    entries: dict[int, list[str]] = {}
+    for first, layers_here in sorted(by_first.items()):
+        main = max(layers_here, key=lambda i: len(layers_here[i]))
+        for index, paths in layers_here.items():
+            if first.endswith(".py"):
+                entries.setdefault(index, []).append(first)
+            elif index == main:
+                entries.setdefault(index, []).append(first + "/")
+            else:
+                entries.setdefault(index, []).extend(sorted(paths))
+    width = max(len(name) for name, _, _ in LAYERS)
+    lines = ["```", f"{'layer':<{width}}  src/latgate/ (a layer imports its own and those below it)"]
+    for index, (name, _, _) in enumerate(LAYERS):
+        shown = sorted(entries.get(index, []), key=lambda e: (e.count("/") > 1, e))
+        lines.append(f"{name:<{width}}  {', '.join(shown)}")
+    return [*lines, "```"]
+
+
 def render_layers() -> str:
-    """The "Layers" block of docs/ARCHITECTURE.md, from :data:`LAYERS` and the debts."""
-    lines = [BEGIN, "", "| layer (top to bottom) | what | modules |", "|---|---|---|"]
+    """The "Layers" block of docs/ARCHITECTURE.md, from :data:`LAYERS`, the tree and the debts."""
+    lines = [BEGIN, "", *tree_picture(), "", "| layer (top to bottom) | what | modules |", "|---|---|---|"]
     for name, what, patterns in LAYERS:
         shown = ", ".join(f"`{p.removeprefix('latgate.').replace('.', '/') or 'latgate/__init__'}`" for p in patterns)
         lines.append(f"| {name} | {what} | {shown} |")

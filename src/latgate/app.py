@@ -29,8 +29,9 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from latgate import __version__
+from latgate.api import openapi_doc
 from latgate.api.body import ProxyRequest, error_response
-from latgate.api.routes import envelope_at, framework_routes, hot_routes, openapi_document
+from latgate.api.routes import RouteEntry, envelope_at, framework_routes, hot_routes, openapi_document
 from latgate.api.serve import Api, serve
 from latgate.auth import AuthGuard
 from latgate.config.schema import CATCH_ALL, Config
@@ -41,13 +42,14 @@ from latgate.providers.health import OpenReason
 from latgate.providers.monitor import run_monitor
 from latgate.proxy.recorder import Recorder
 from latgate.proxy.upstream import UpstreamTransport
-from latgate.reload import Reloader, UpstreamClients
+from latgate.reload import Reloader, UpstreamClients, reload_endpoint
 from latgate.routing.headers import refuse_duplicate_headers
 from latgate.store import SharedStores, run_health_sync
 from latgate.store.sessions import SessionMaps
 from latgate.tracing import Tracing, tracing_from_env
 from latgate.ui import Activity
 from latgate.ui import authorize as ui_authorize
+from latgate.ui import route_entries as ui_route_entries
 
 log = logging.getLogger("latgate")
 
@@ -181,12 +183,18 @@ def create_app(
     app.state.gateway = build_gateway(config)
     app.state.activity = activity
     app.state.reloader = Reloader(state=app.state, build_gateway=build_gateway, env=env)
-    app.state.openapi_json = orjson.dumps(openapi_document(version=__version__))
+    app.state.openapi_json = orjson.dumps(openapi_document(version=__version__, extra=app_routes()))
     # every route from the one table; /admin/* and /ui need an admin key when [auth] is on
-    app.router.routes.extend(framework_routes())
+    app.router.routes.extend(framework_routes(app_routes()))
     app.add_exception_handler(HTTPException, _http_exception)
     app.add_exception_handler(Exception, _unexpected)
     return LatgateApp(app, hot_routes())
+
+
+def app_routes() -> list[RouteEntry]:
+    """The routes of this layer, added to the api layer's table (which cannot import
+    them): ``POST /admin/reload`` and the live page's ``/ui`` routes."""
+    return [RouteEntry("/admin/reload", ("POST",), reload_endpoint, openapi_doc.reload_config()), *ui_route_entries()]
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:

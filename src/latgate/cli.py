@@ -17,8 +17,8 @@ from latgate import __version__
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("latgate.server", "run the gateway"),
-    "check": ("latgate.config.report", "validate the config and print providers, models and routes"),
-    "route": ("latgate.routing.dryrun", "print the routing decision for a request body, contacting nothing"),
+    "check": ("latgate.commands.check", "validate the config and print providers, models and routes"),
+    "route": ("latgate.commands.route", "print the routing decision for a request body, contacting nothing"),
     "sim": ("latgate.sim.cli", "run an OpenAI-compatible engine simulator"),
     "demo": ("latgate.demo", "start one simulator per provider, then the gateway"),
     "bench": ("latgate.bench.cli", "measure TTFT, e2e latency and tokens/s against a base URL"),

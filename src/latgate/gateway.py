@@ -20,7 +20,6 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from latgate.api.body import error_response
 from latgate.auth import AuthGuard, Caller, forward_within_limits
 from latgate.config.schema import Config
 from latgate.errors import GatewayError, InvalidRequest, NotFound
@@ -270,15 +269,19 @@ class Gateway:
         return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
 
     def model(self, model_id: str, caller: Caller | None = None) -> Response:
-        """``GET /v1/models/{id}``: one model object, or a 404 envelope (also for a
-        model the ``caller``'s key may not use: it is not shown to exist)."""
+        """``GET /v1/models/{id}``: one model object.
+
+        Raises:
+            NotFound: ``model_not_found``, also for a model the ``caller``'s key may not
+                use (it is not shown to exist; the message lists only what it may use).
+        """
         usable = caller is None or caller.may_use(model_id)
         if usable and (model_id in self.config.public_models() or self.router.serves(model_id)):
             return Response(orjson.dumps(self._model_object(model_id, self._catalogs())), media_type="application/json")
         error: GatewayError = NotFound(self.router.not_found_message(model_id), param="model", code="model_not_found")
         if caller is not None and caller.models is not None:
             error = self.scoped_error(error, caller, model=model_id, route_to=None)
-        return error_response(error, request_id=request_id(None))
+        raise error
 
     def scoped_error(self, error: GatewayError, caller: Caller, *, model: str | None, route_to: str | None) -> GatewayError:
         """``error`` as a key with a model allow-list may see it: a 404

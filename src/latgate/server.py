@@ -14,10 +14,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from latgate.config import Config, ConfigError, config_warnings, load_config, resolve_config_path
+from latgate.config import Config, ConfigError, load_config, resolve_config_path
 from latgate.config.warnings import per_worker_limits_warning
 from latgate.logs import LOG_FORMATS, configure_logging
 from latgate.routing.reach import rule_reach
+from latgate.routing.warnings import startup_warnings
 
 DEFAULT_DRAIN_TIMEOUT_SECONDS = 25.0  # inside Kubernetes' default 30 s termination grace period
 
@@ -110,7 +111,7 @@ def startup(
             print(f"latgate: error: {line}", file=sys.stderr)
         return None
     quiet = simulated(config)
-    for warning in config_warnings(config):
+    for warning in startup_warnings(config):
         if not any(warning.startswith(f'provider "{name}": api_key_env') for name in quiet):
             log.warning(warning)
     host = args.host or config.server.host

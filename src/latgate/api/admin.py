@@ -13,7 +13,7 @@ from latgate.errors import GatewayError
 from latgate.gateway import Gateway, request_id
 from latgate.providers import ProviderRuntime
 from latgate.providers.monitor import Monitor
-from latgate.routing.dryrun import decision_json
+from latgate.routing.explain import decision_json
 
 _ROOT = orjson.dumps({"service": "latgate", "version": __version__, "status": "ok"})
 

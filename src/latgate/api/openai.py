@@ -90,7 +90,6 @@ async def list_models(request: Request) -> Response:
 async def get_model(request: Request) -> Response:
     """``GET /v1/models/{id}``: see :meth:`Gateway.model` (404 for a model the key may not use)."""
     try:
-        caller = _model_caller(request)
+        return request.app.state.gateway.model(request.path_params["model_id"], _model_caller(request))
     except GatewayError as error:
         return error_response(error, request_id=request_id(None))
-    return request.app.state.gateway.model(request.path_params["model_id"], caller)

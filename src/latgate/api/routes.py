@@ -14,7 +14,7 @@ An API's 405 answers and stalled-body 408s use its envelope (:func:`envelope_at`
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +27,6 @@ from latgate.api.anthropic import COUNT_TOKENS, MESSAGES
 from latgate.api.openai import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, PREFIXES, get_model, list_models
 from latgate.api.responses import RESPONSES
 from latgate.api.serve import OPENAI_ENVELOPE, Api, Envelope
-from latgate.reload import reload_endpoint
-from latgate.ui import endpoints as ui_endpoints
 
 #: Every proxied API, in the order the document lists them.
 APIS: tuple[Api, ...] = (CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, COUNT_TOKENS)
@@ -49,13 +47,6 @@ class RouteEntry:
 
 
 def _operator_routes() -> list[RouteEntry]:
-    ui = ui_endpoints()
-    ui_pages = {
-        "/ui": ("The live routing page (admin key with [auth]; HTTP Basic accepted)", "text/html"),
-        "/ui/ui.js": ("The live routing page's script", "text/javascript"),
-        "/ui/ui.css": ("The live routing page's style sheet", "text/css"),
-        "/ui/state": ("What the live routing page shows: providers, recent requests, events", "application/json"),
-    }
     entries = [
         *(
             RouteEntry(prefix + path, ("GET",), endpoint, doc)
@@ -86,22 +77,19 @@ def _operator_routes() -> list[RouteEntry]:
             openapi_doc.admin_page("Providers' live state (admin key with [auth])"),
         ),
         RouteEntry("/admin/route", ("POST",), admin.route, openapi_doc.dry_run()),
-        RouteEntry("/admin/reload", ("POST",), reload_endpoint, openapi_doc.reload_config()),
-        *(
-            RouteEntry(path, ("GET",), ui[path], openapi_doc.admin_page(summary, media=media))
-            for path, (summary, media) in ui_pages.items()
-        ),
         RouteEntry("/openapi.json", ("GET",), admin.openapi, None),
     ]
     return entries
 
 
-def route_table() -> list[RouteEntry]:
-    """Every route: the proxied APIs at each of their paths, then the operator routes."""
+def route_table(extra: Sequence[RouteEntry] = ()) -> list[RouteEntry]:
+    """Every route: the proxied APIs at each of their paths, the operator routes, then
+    ``extra``: the routes of the layer above (``POST /admin/reload``, ``/ui``:
+    :func:`latgate.app.app_routes`), which this table cannot import."""
     proxied = [
         RouteEntry(path, ("POST",), api.endpoint, openapi_doc.proxied(api)) for api in APIS for path in api.paths
     ]
-    return [*proxied, *_operator_routes()]
+    return [*proxied, *_operator_routes(), *extra]
 
 
 def hot_routes() -> dict[str, Api]:
@@ -116,15 +104,16 @@ def envelope_at(path: str) -> Envelope:
     return OPENAI_ENVELOPE if api is None else api.envelope
 
 
-def framework_routes() -> list[Route]:
-    """The table as Starlette routes."""
-    return [Route(entry.path, entry.endpoint, methods=list(entry.methods)) for entry in route_table()]
+def framework_routes(extra: Sequence[RouteEntry] = ()) -> list[Route]:
+    """The table (with ``extra``, as :func:`route_table`) as Starlette routes."""
+    return [Route(entry.path, entry.endpoint, methods=list(entry.methods)) for entry in route_table(extra)]
 
 
-def openapi_document(*, version: str) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of every route in the table (``version``: latgate's)."""
+def openapi_document(*, version: str, extra: Sequence[RouteEntry] = ()) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of every route in the table, with ``extra`` (as
+    :func:`route_table`; ``version``: latgate's)."""
     paths = {
-        entry.path.replace(":path}", "}"): entry.doc for entry in route_table() if entry.doc is not None
+        entry.path.replace(":path}", "}"): entry.doc for entry in route_table(extra) if entry.doc is not None
     }
     return openapi_doc.document(paths, version=version)
 

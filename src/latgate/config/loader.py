@@ -32,6 +32,7 @@ from latgate.config.keys import ModelT, check_keys, show, validate_model
 from latgate.config.listen_host import check_host
 from latgate.config.positions import KeyLines
 from latgate.config.providers import build_provider
+from latgate.config.redis_url import RedisAddress
 from latgate.config.references import (
     Known,
     build_aliases,
@@ -54,7 +55,6 @@ from latgate.config.schema import (
     StateConfig,
 )
 from latgate.config.shapes import Document, canonical_document
-from latgate.store.resp import RedisAddress
 
 DEFAULT_CONFIG_PATH = Path("config.toml")
 CONFIG_ENV_VAR = "LATGATE_CONFIG"

@@ -35,6 +35,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from latgate.config.connector_names import BUILTIN_NAMES, UnknownConnector, known_connectors, load_plugin
+from latgate.config.egress import Proxy, tls_context
 from latgate.config.errors import Problems
 from latgate.config.keys import (
     ENGINE_HINT_KEYS,
@@ -49,8 +51,6 @@ from latgate.config.keys import (
 from latgate.config.masking import looks_like_secret
 from latgate.config.schema import EndpointConfig, ProviderConfig, versioned_base
 from latgate.config.shapes import ProviderSection
-from latgate.connectors import UnknownConnector, get_connector, known_connectors
-from latgate.proxy.egress import Proxy, tls_context
 from latgate.routing.tokens import ExactTokenizer, TokenizerError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -366,7 +366,8 @@ def _check_connector(name: object, problems: Problems, *, key: str) -> bool:
         problems.add(key, f"unknown connector {show(name)}", suggestion(text, known, noun="known connector"))
         return False
     try:
-        get_connector(name)
+        if name not in BUILTIN_NAMES:
+            load_plugin(name)
     except UnknownConnector as exc:
         problems.add(key, str(exc), "reinstall the package that provides it, or pick another")
         return False

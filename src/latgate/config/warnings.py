@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from latgate.config.apikeys import key_problem
+from latgate.config.egress import env_proxy_problems
 from latgate.config.masking import mask_secrets
 from latgate.config.schema import Config
-from latgate.proxy.egress import env_proxy_problems
 
 _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 _MIN_SANE_TIMEOUT_SECONDS = 1.0
@@ -28,15 +28,12 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None, *, can
       :func:`~latgate.config.listen_host.probe_listen_host`, and says that instead);
     - a proxy variable (``HTTPS_PROXY``...) that is not an ``http://`` URL;
     - a provider with ``verify = false`` (TLS certificates not checked);
-    - a timeout under 1 s (such timeouts cause retry storms and explode tail latency);
-    - ``routing.latency_threshold_ms`` without ``routing.route_latency_sensitive_to``
-      while another provider than ``default_route`` exists: the requests it marks
-      latency-sensitive stay on ``default_route`` (the threshold is then only their
-      time-to-first-token budget): a ``role = "decode"`` provider serving their models is
-      suggested, else adding one;
-    - a rule or fallback that can never apply, a model left without a fallback, a
-      default route listing no models that takes names another provider lists
-      (:func:`latgate.routing.reach.reach_warnings`).
+    - a timeout under 1 s (such timeouts cause retry storms and explode tail latency).
+
+    The warnings that need the router (rules that never apply, a latency threshold
+    routed nowhere) are :func:`latgate.routing.warnings.routing_warnings`;
+    :func:`latgate.routing.warnings.startup_warnings` gives both, as ``serve`` and
+    ``check`` print them.
 
     ``env`` defaults to :data:`os.environ`: pass the environment the gateway will run
     with. Key values are never included, nor any value that looks like a key
@@ -84,47 +81,7 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None, *, can
                 f"{key} = {seconds} s is under 1 s: slow first tokens will time out and be retried, "
                 "inflating tail latency"
             )
-    warnings += _latency_threshold_unrouted(config)
-    from latgate.routing.reach import reach_warnings  # routing imports config: not at module load
-
-    warnings += reach_warnings(config)
     return [mask_secrets(warning) for warning in warnings]
-
-
-def _latency_threshold_unrouted(config: Config) -> list[str]:
-    """The threshold marks requests latency-sensitive but no rule sends them anywhere:
-    name a ``role = "decode"`` provider serving their models, else say to add one."""
-    from latgate.routing.decision import Router  # routing imports config: not at module load
-
-    routing = config.routing
-    others = [name for name in config.providers if name != routing.default_route]
-    if routing.latency_threshold_ms is None or routing.route_latency_sensitive_to is not None or not others:
-        return []
-    router = Router(config, exact_tokenizers={})
-    if router.latency_target is not None:
-        return []  # latency-sensitive requests go to the first provider flagged so
-    models = [public for public in config.public_models() if router.serves(public)]
-    decode = [
-        name
-        for name in others
-        if config.providers[name].role == "decode"
-        and (not config.providers[name].models or any(router.rule_upstream(name, m) for m in models))
-    ]
-    marked = (
-        f"routing.latency_threshold_ms = {routing.latency_threshold_ms} is set without "
-        f"routing.route_latency_sensitive_to: requests it marks latency-sensitive (X-Latency-Budget-Ms <= "
-        f'{routing.latency_threshold_ms}) stay on default_route "{routing.default_route}"; '
-    )
-    if decode:
-        alternatives = f" (or {', '.join(decode[1:])})" if decode[1:] else ""
-        return [
-            marked + f'add route_latency_sensitive_to = "{decode[0]}"{alternatives} under [routing] to send them '
-            'to the low-latency decode pool (role = "decode")'
-        ]
-    return [
-        marked + 'no provider is a low-latency decode pool (role = "decode") serving their models: add one '
-        '(TileRT: connector = "tile_rt_connector") and name it in route_latency_sensitive_to under [routing]'
-    ]
 
 
 def _on_loopback(api_base: str) -> bool:

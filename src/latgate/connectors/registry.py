@@ -1,27 +1,12 @@
-"""Connector lookup: built-ins plus the ``latgate.connectors`` entry-point group."""
+"""Connector lookup: built-ins plus the ``latgate.connectors`` entry-point group (the
+names: :mod:`latgate.config.connector_names`)."""
 
 from __future__ import annotations
 
-import functools
-from importlib.metadata import EntryPoint, entry_points
-
+from latgate.config.connector_names import ENTRY_POINT_GROUP, UnknownConnector, known_connectors, load_plugin
 from latgate.connectors.base import BUILTIN, Connector
 
-ENTRY_POINT_GROUP = "latgate.connectors"
-
-
-class UnknownConnector(LookupError):
-    """Raised by :func:`get_connector` for a name nobody registered."""
-
-
-@functools.cache
-def _plugins() -> dict[str, EntryPoint]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def known_connectors() -> list[str]:
-    """Every connector name that can be configured, built-ins first."""
-    return list(BUILTIN) + sorted(n for n in _plugins() if n not in BUILTIN)
+__all__ = ["ENTRY_POINT_GROUP", "UnknownConnector", "get_connector", "known_connectors"]
 
 
 def get_connector(name: str) -> Connector:
@@ -32,14 +17,9 @@ def get_connector(name: str) -> Connector:
             does not load to a :class:`Connector` subclass (the message says which).
     """
     cls = BUILTIN.get(name)
-    if cls is None:
-        ep = _plugins().get(name)
-        if ep is None:
-            raise UnknownConnector(f"unknown connector {name!r}; known: {', '.join(known_connectors())}")
-        try:
-            cls = ep.load()
-        except Exception as exc:  # noqa: BLE001 - plugin code raises anything; it must not start silently
-            raise UnknownConnector(f"connector {name!r} failed to load: {type(exc).__name__}: {exc}") from None
-        if not (isinstance(cls, type) and issubclass(cls, Connector)):
-            raise UnknownConnector(f"connector {name!r} is not a latgate.connectors.Connector subclass")
-    return cls()
+    if cls is not None:
+        return cls()
+    loaded = load_plugin(name)
+    if not (isinstance(loaded, type) and issubclass(loaded, Connector)):
+        raise UnknownConnector(f"connector {name!r} is not a latgate.connectors.Connector subclass")
+    return loaded()

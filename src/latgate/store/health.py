@@ -23,11 +23,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from latgate.metrics import Metrics
-from latgate.providers import EndpointRuntime, ProviderPool
 from latgate.store.base import StoreUnavailable
 from latgate.store.redis_store import RedisStore
+
+if TYPE_CHECKING:  # providers/pool.py imports latgate.store (its package runs this module)
+    from latgate.providers import EndpointRuntime, ProviderPool
 
 log = logging.getLogger("latgate.store")
 SYNC_INTERVAL_SECONDS = 1.0

@@ -13,8 +13,8 @@ per call); together a fraction of a general-purpose client's connection pool rou
 The wire format (commands, replies, scripts) is :mod:`latgate.store.resp_wire`; this
 module owns the connection.
 
-URLs: ``redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]``, ``rediss://...`` (TLS, the
-system's trust store) and ``unix://[[USER]:PASSWORD@]PATH[?db=DB]``.
+URLs: as :class:`~latgate.config.redis_url.RedisAddress` reads them (``rediss://``:
+TLS, the system's trust store).
 """
 
 from __future__ import annotations
@@ -24,65 +24,17 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import parse_qs, unquote, urlsplit
 
+from latgate.config.redis_url import DEFAULT_PORT, RedisAddress
 from latgate.store.resp_wire import INCOMPLETE, RespError, Script, bulk, encode, parse
 
-__all__ = ["RedisAddress", "RespAuthError", "RespClient", "RespError", "RespTimeout", "Script", "bulk"]
+__all__ = ["DEFAULT_PORT", "RedisAddress", "RespAuthError", "RespClient", "RespError", "RespTimeout", "Script", "bulk"]
 
-DEFAULT_PORT = 6379
 #: the reply timer may run this much before its deadline (timer resolution)
 TIMER_SLACK_SECONDS = 0.002
 
 
-@dataclass(frozen=True)
-class RedisAddress:
-    """Where a Redis URL (see the module docstring) points and how to log in."""
-
-    host: str
-    port: int
-    db: int
-    tls: bool
-    unix_path: str | None
-    username: str | None
-    password: str | None
-
-    @classmethod
-    def parse(cls, url: str) -> RedisAddress:
-        """``url`` read as the module docstring says.
-
-        Raises:
-            ValueError: what is wrong with it, in words that never repeat the URL
-                (it may carry a password).
-        """
-        parts = urlsplit(url)
-        if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError("a Redis URL starts with redis://, rediss:// or unix://")
-        try:
-            port = parts.port
-        except ValueError:
-            port = 0
-        if port == 0:
-            raise ValueError("its port is not a number from 1 to 65535")
-        if parts.scheme == "unix":
-            if not parts.path:
-                raise ValueError("a unix:// URL needs the socket's path")
-            db = parse_qs(parts.query).get("db", ["0"])[0]
-        else:
-            db = parts.path.strip("/") or "0"
-        if not db.isascii() or not db.isdigit():
-            raise ValueError("its database (the part after the port's /) is not a number")
-        return cls(
-            host=parts.hostname or "localhost",
-            port=port or DEFAULT_PORT,
-            db=int(db),
-            tls=parts.scheme == "rediss",
-            unix_path=parts.path if parts.scheme == "unix" else None,
-            username=unquote(parts.username) if parts.username else None,
-            password=unquote(parts.password) if parts.password else None,
-        )
 
 
 class RespTimeout(RespError):

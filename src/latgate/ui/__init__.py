@@ -9,6 +9,6 @@ predicted misses from route reasons). Routes are in :mod:`latgate.ui.routes`.
 """
 
 from latgate.ui.activity import RECENT_REQUESTS, Activity
-from latgate.ui.routes import authorize, endpoints
+from latgate.ui.routes import authorize, endpoints, route_entries
 
-__all__ = ["RECENT_REQUESTS", "Activity", "authorize", "endpoints"]
+__all__ = ["RECENT_REQUESTS", "Activity", "authorize", "endpoints", "route_entries"]

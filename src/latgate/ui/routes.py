@@ -17,7 +17,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from latgate import __version__
+from latgate.api import openapi_doc
 from latgate.api.body import error_response
+from latgate.api.routes import RouteEntry
 from latgate.auth import AuthGuard
 from latgate.errors import GatewayError
 
@@ -77,10 +79,29 @@ async def state(request: Request) -> Response:
 
 
 def endpoints() -> dict[str, Callable[[Request], Awaitable[Response]]]:
-    """Path -> ``GET`` endpoint of the page and what it polls (routed by :mod:`latgate.api.routes`)."""
+    """Path -> ``GET`` endpoint of the page and what it polls (routed by :func:`route_entries`)."""
     return {
         "/ui": _static("index.html"),
         "/ui/ui.js": _static("ui.js"),
         "/ui/ui.css": _static("ui.css"),
         "/ui/state": state,
     }
+
+
+#: each page's OpenAPI summary and media type
+_PAGES = {
+    "/ui": ("The live routing page (admin key with [auth]; HTTP Basic accepted)", "text/html"),
+    "/ui/ui.js": ("The live routing page's script", "text/javascript"),
+    "/ui/ui.css": ("The live routing page's style sheet", "text/css"),
+    "/ui/state": ("What the live routing page shows: providers, recent requests, events", "application/json"),
+}
+
+
+def route_entries() -> list[RouteEntry]:
+    """The page's routes for the route table (:func:`latgate.api.routes.route_table`'s
+    ``extra``), each with its OpenAPI operation."""
+    pages = endpoints()
+    return [
+        RouteEntry(path, ("GET",), pages[path], openapi_doc.admin_page(summary, media=media))
+        for path, (summary, media) in _PAGES.items()
+    ]

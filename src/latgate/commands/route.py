@@ -33,16 +33,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from latgate.config.errors import ConfigError
 from latgate.config.loader import load_config, resolve_config_path
-from latgate.config.schema import Config
 from latgate.errors import GatewayError
-from latgate.routing.decision import RouteDecision, Router
-
-if TYPE_CHECKING:
-    from latgate.routing.plan import RoutePlan
+from latgate.routing.decision import Router
+from latgate.routing.explain import decision_json
 
 URL_TIMEOUT_SECONDS = 10.0
 API_KEY_ENV = "LATGATE_API_KEY"
@@ -125,64 +122,6 @@ def parse_headers(lines: list[str]) -> dict[str, str]:
             raise _UsageError(f"header {line!r} is not 'Name: value'")
         headers[name.strip().lower()] = value.strip()
     return headers
-
-
-def decision_json(decision: RouteDecision, config: Config, plan: RoutePlan | None = None) -> dict[str, Any]:
-    """The printed form of ``decision``, each target with its provider's first endpoint id.
-
-    With the live ``plan`` (``--url``, ``/admin/route``): the targets in the plan's
-    order, the first with the endpoint chosen, and the plan's predictions, overflow,
-    hedge and the endpoints it considered.
-    """
-
-    def endpoint(provider: str) -> str:
-        return config.providers[provider].endpoints[0].id
-
-    targets = plan.targets if plan is not None else decision.candidates
-    first = targets[0]
-    chosen = plan.endpoint.config.id if plan is not None else endpoint(first.provider)
-    out: dict[str, Any] = {
-        "provider": first.provider,
-        "endpoint": chosen,
-        "model": first.model,
-        "public_model": decision.public_model,
-        "reason": first.reason,
-        "prompt_tokens": decision.prompt_tokens,
-        "latency_sensitive": decision.latency_sensitive,
-        "budget_ms": decision.budget_ms,
-        "policy": decision.policy,
-        "hedge": decision.hedge,
-        "strategy": decision.strategy,
-        "candidates": [
-            {
-                "provider": t.provider,
-                "endpoint": chosen if i == 0 else endpoint(t.provider),
-                "model": t.model,
-                "reason": t.reason,
-            }
-            for i, t in enumerate(targets)
-        ],
-        "notes": list(decision.notes),
-    }
-    swapped = [t for t in targets if t.model != decision.public_model]
-    out["notes"] += [f"{t.provider} is sent model {t.model!r} for {decision.public_model!r}" for t in swapped]
-    if plan is not None:
-        out["predicted_ttft_ms"] = None if plan.predicted_ttft_ms is None else round(plan.predicted_ttft_ms, 1)
-        out["predicted_e2e_ms"] = None if plan.predicted_e2e_ms is None else round(plan.predicted_e2e_ms, 1)
-        out["completion_tokens"] = {"expected": plan.completion_tokens, "from": plan.completion_source}
-        out["overflow_from"] = plan.overflow_from
-        out["evidence"] = plan.evidence
-        out["hedge_plan"] = (
-            None
-            if plan.hedge is None
-            else {
-                "provider": plan.hedge.target.provider,
-                "endpoint": plan.hedge.endpoint.config.id,
-                "delay_ms": round(plan.hedge.delay_ms, 1),
-            }
-        )
-        out["considered"] = [c.as_dict() for c in plan.considered]
-    return out
 
 
 def _ask_gateway(args: argparse.Namespace) -> int:

@@ -32,7 +32,6 @@ from latgate.config.listen_host import probe_listen_host
 from latgate.config.loader import load_config, resolve_config_path
 from latgate.config.masking import mask_secrets, mask_url
 from latgate.config.schema import Config, ProviderConfig
-from latgate.config.warnings import config_warnings
 from latgate.connectors import get_connector
 from latgate.proxy.egress import Egress, egress_for
 from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
@@ -40,6 +39,7 @@ from latgate.routing.decision import Router
 from latgate.routing.models import same_model
 from latgate.routing.reach import Reach, fallback_suggestion, rule_reach
 from latgate.routing.strategies.registry import predicts
+from latgate.routing.warnings import startup_warnings
 from latgate.store.resp import RespAuthError, RespClient, RespError
 
 PROBE_TIMEOUT_SECONDS = 3.0
@@ -66,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     out = sys.stdout
     resolved, listen_warning = probe_listen_host(config.server.host)
-    warnings = [*([listen_warning] if listen_warning else []), *config_warnings(config, can_listen=listen_warning is None)]
+    warnings = [*([listen_warning] if listen_warning else []), *startup_warnings(config, can_listen=listen_warning is None)]
     lines = report_lines(config, warnings=warnings, env=os.environ, host_resolves_to=resolved)
     out.write("\n".join(lines) + "\n")
     if not args.probe:
