@@ -3,10 +3,14 @@ each endpoint holds, and where a conversation's turn goes (issue 21)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+from latgate.providers.predictor import ItlEstimate
 from latgate.routing.policies.predicted_ttft import choose_for_session
 from latgate.routing.policies.view import EndpointView
 from latgate.routing.prefix_index import prompt_prefix
 from latgate.routing.strategies.placement import Placements, conversation_key
+from latgate.routing.strategies.predicted_latency import relative_speeds
 
 SYSTEM = {"role": "system", "content": "You are a coding agent. " + "rules " * 500}
 
@@ -104,3 +108,21 @@ def test_a_new_session_avoids_a_queue_longer_than_the_turn_elsewhere_and_counts_
 def test_equal_new_sessions_spread_by_their_identity() -> None:
     chosen = {place(views(8_000, 8_000, 8_000), prompt_tokens=9_600, identity=n) for n in range(40)}
     assert chosen == {0, 1, 2}
+
+
+def _endpoint(prior_ms: float, *streams_ms: float) -> SimpleNamespace:
+    itl = ItlEstimate(prior_ms=prior_ms)
+    for ms in streams_ms:
+        itl.observe(ms)
+    return SimpleNamespace(itl=itl)
+
+
+def test_speeds_compare_measured_endpoints_only_with_each_other() -> None:
+    """A loaded host measures every stream slower than the prior: an endpoint measured
+    against one not yet measured is not slower (cold start, one replica warmed first),
+    and two measured endpoints are compared by their measurements."""
+    warmed, cold = _endpoint(5.0, 20.0, 20.0, 20.0), _endpoint(5.0)
+    assert relative_speeds([warmed, cold]) == [1.0, 1.0]
+    assert relative_speeds([warmed, _endpoint(5.0, 20.0)]) == [1.0, 1.0]  # one stream is not yet evidence
+    fast, slow = _endpoint(5.0, 10.0, 10.0, 10.0), _endpoint(5.0, 30.0, 30.0, 30.0)
+    assert relative_speeds([fast, slow, cold]) == [0.5, 1.5, 1.0]

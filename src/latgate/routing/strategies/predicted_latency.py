@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from latgate.routing.policies.evidence import MIN_OBSERVATIONS
 from latgate.routing.policies.predicted_ttft import choose_for_session, choose_power_of_two
 from latgate.routing.strategies.base import Strategy
 from latgate.routing.strategies.placement import Placements
@@ -88,10 +89,8 @@ class PredictedLatency(Strategy):
 
     def _place(self, choice: Choice, conversation: int, home: int | None) -> int:
         """One turn of a conversation (:func:`choose_for_session`), placed by session
-        balance when it has no home; a committed choice is counted. An endpoint's speed
-        is its time per output token against the median endpoint's (measured on every
-        stream, so known long before a prefill rate is: the same compute runs both; the
-        median, not the fastest, so that one lucky measurement makes no peer slow)."""
+        balance when it has no home; a committed choice is counted. Speeds are
+        :func:`relative_speeds`."""
         runtime, views, plan = choice.runtime, choice.views, choice.plan
         now = self._clock()
         placements = self.placements
@@ -100,14 +99,12 @@ class PredictedLatency(Strategy):
         endpoints = runtime.endpoints
         ids = [ep.config.id for ep in endpoints]
         sessions = [counts.get(i, 0) - (i == placed) for i in ids]
-        itl_ms = [max(ep.itl.ms if ep.itl.ms is not None else ep.itl.prior_ms, 1e-3) for ep in endpoints]
-        typical = statistics.median(itl_ms)
         index = choose_for_session(
             views,
             prompt_tokens=plan.prompt_tokens,
             sessions=sessions,
             queued_tokens=[ep.prefill_tokens for ep in endpoints],
-            speed=[ms / typical for ms in itl_ms],
+            speed=relative_speeds(endpoints),
             home=home,
             identity=conversation,
             trial_first=choice.trial_ok,
@@ -115,3 +112,25 @@ class PredictedLatency(Strategy):
         if choice.commit:
             placements.place(conversation, ids[index], now=now)
         return index
+
+
+def relative_speeds(endpoints: list[EndpointRuntime]) -> list[float]:
+    """Each endpoint's time per output token against the median measured endpoint's
+    (1: as fast, 2: twice as slow), for :func:`choose_for_session`.
+
+    Time per output token is measured on every stream, so it is known long before a
+    prefill rate is, and the same compute runs both. Only endpoints with at least
+    ``MIN_OBSERVATIONS`` streams are compared, with each other: one measured against
+    another's prior says nothing of which is faster (a loaded host, or a model's real
+    speed, puts every measurement off the prior), and an endpoint not yet measured
+    counts as typical. The median, not the fastest, so that one lucky measurement makes
+    no peer slow. Fewer than two measured endpoints: every speed is 1.
+    """
+    measured = [ep.itl.ms for ep in endpoints if ep.itl.ms is not None and ep.itl.observations >= MIN_OBSERVATIONS]
+    if len(measured) < 2:
+        return [1.0] * len(endpoints)
+    typical = max(statistics.median(measured), 1e-3)
+    return [
+        max(ep.itl.ms, 1e-3) / typical if ep.itl.ms is not None and ep.itl.observations >= MIN_OBSERVATIONS else 1.0
+        for ep in endpoints
+    ]
