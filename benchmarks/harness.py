@@ -7,7 +7,7 @@ module; no benchmark module imports a scenario script, so ``benchmarks/`` has no
 cycle (``tools/bench_imports.py`` checks it, run by ``tests/test_bench_harness.py``).
 
 - **Start-up** (``benchmarks/startup.py``, re-exported here). :func:`simulators` runs
-  ``latgate.sim`` engines on one event loop in a child process, each with a control
+  ``latgate.commands.sim`` engines on one event loop in a child process, each with a control
   surface (``GET /bench/arrivals``, ``POST /bench/options``, ``slow_first``);
   :func:`router` starts ``latgate serve`` or a peer (LiteLLM proxy, vllm-router,
   installed by ``benchmarks/setup_peers.sh``) in front of them; :func:`sims_and_gateway`
@@ -15,10 +15,10 @@ cycle (``tools/bench_imports.py`` checks it, run by ``tests/test_bench_harness.p
 - **Arrivals.** :func:`poisson_times`: seeded Poisson arrival times, with a rate that
   may vary in time (thinning); the caller draws each request from the same generator.
 - **Requests.** :class:`Arrival` and :class:`Result`; :func:`send` streams one request
-  and records what the client saw (``latgate.bench``'s recorder and SSE decoder);
+  and records what the client saw (``latgate.commands.bench``'s recorder and SSE decoder);
   :func:`closed_loop` and :func:`open_loop` drive a list of them.
 - **Percentiles.** :func:`percentile` is ``latgate bench``'s definition
-  (``latgate.bench.stats.percentile``): linear interpolation between the closest ranks
+  (``latgate.commands.bench.stats.percentile``): linear interpolation between the closest ranks
   (Hyndman & Fan type 7, numpy's default). For ascending values ``v`` of length ``n``
   the p-th percentile is at rank ``h = p/100 * (n - 1)``: ``v[floor(h)] + (h -
   floor(h)) * (v[floor(h) + 1] - v[floor(h)])``. Every percentile in ``benchmarks/``
@@ -55,7 +55,7 @@ from startup import (
     wait_until_up,
 )
 
-from latgate.bench.stats import percentile as _sorted_percentile
+from latgate.commands.bench.stats import percentile as _sorted_percentile
 
 __all__ = [
     "LATGATE_SYSTEMS",
@@ -93,7 +93,7 @@ PERCENTILES = "linear interpolation between closest ranks (Hyndman & Fan type 7,
 
 def percentile(values: Iterable[float], q: float, *, empty: float | None = None) -> float | None:
     """The ``q``-th percentile (0..100) of ``values`` (any order), by linear interpolation
-    between the closest ranks (``latgate.bench.stats.percentile``); ``empty`` (None unless
+    between the closest ranks (``latgate.commands.bench.stats.percentile``); ``empty`` (None unless
     given, e.g. NaN) when there are no values. Raises ValueError for ``q`` outside 0..100."""
     ordered = sorted(values)
     if not ordered:
@@ -165,8 +165,8 @@ async def send(session: aiohttp.ClientSession, url: str, arrival: Arrival) -> Re
     """POST ``arrival`` to ``url`` (a chat completions URL) as an SSE stream and read it to
     the end; transport errors and timeouts are a failed :class:`Result`, never raised.
     Provider and route reason come from latgate's response headers (None from a peer)."""
-    from latgate.bench.sample import SampleRecorder
-    from latgate.bench.sse import SseDecoder
+    from latgate.commands.bench.sample import SampleRecorder
+    from latgate.commands.bench.sse import SseDecoder
 
     clock = time.perf_counter
     sent_at = clock()

@@ -92,8 +92,8 @@ async def _load(base: str, times: list[float]) -> list[int]:
 
 
 def run_one(name: str, times: list[float]) -> dict[str, Any]:
-    import latgate.config  # noqa: F401  (first: importing latgate.providers alone meets an import cycle)
-    from latgate.providers.monitor import parse_gauges
+    import latgate.foundation.config  # noqa: F401  (first: importing latgate.live.providers alone meets an import cycle)
+    from latgate.live.providers.monitor import parse_gauges
 
     scenario = Scenario(name="retry_storm", sims=SIMS, config=CONFIG % RUNS[name], single_pool=True, budget_ms=1000)
     with running(scenario, "latgate") as (base, urls):

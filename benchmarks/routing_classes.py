@@ -4,7 +4,7 @@ flood from another key, on a pool of fixed capacity (issue 22's targets).
     .venv/bin/python benchmarks/routing_classes.py [--duration 60] [--scale 1.0]
         [--systems latgate-classes,latgate-fifo,litellm,vllm-router] [--json OUT.json]
 
-Loopback, three processes: the simulator (``latgate.sim``, one vLLM-style engine with
+Loopback, three processes: the simulator (``latgate.commands.sim``, one vLLM-style engine with
 8 batch slots, 40 ms to first token, 20 ms a token, queueing beyond its slots in
 arrival order), the router under test, and this load generator (open loop, seeded
 Poisson arrivals, streams). Two keys:

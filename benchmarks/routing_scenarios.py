@@ -4,7 +4,7 @@ unequal capacity under overload, each under latgate's strategies and the peers.
     .venv/bin/python benchmarks/routing_scenarios.py [--scenarios all] [--json OUT.json] [--seed N]
     .venv/bin/python benchmarks/routing_scenarios.py --scenarios identical,recovery --systems latgate,vllm-router
 
-Every scenario starts fresh simulators (``latgate.sim``, one event loop in a child
+Every scenario starts fresh simulators (``latgate.commands.sim``, one event loop in a child
 process) and a fresh router per system, and sends the same requests to each:
 
 - ``cold``: a decode pool ``tile-rt`` (rule target of latency-sensitive requests) and

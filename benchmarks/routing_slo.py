@@ -8,7 +8,7 @@ The other routing benchmarks are scripts of their own: ``routing_scenarios.py``,
 are ``benchmarks/harness.py``'s.
 
 Everything runs on loopback, in three processes: five simulated engines on one event
-loop (``latgate.sim``), the gateway (``latgate serve``), and this load generator.
+loop (``latgate.commands.sim``), the gateway (``latgate serve``), and this load generator.
 
 - decode pool ``tile-rt``: 2 endpoints, ``max_batch_size = 8``, 25 ms per token, 3 ms
   to first token plus prefill at 50 000 tokens/s, prefix cache on;
@@ -266,7 +266,7 @@ async def run_trace(base: str, trace: list[Arrival], *, slow_url: str, slow_at_s
 def gateway_counters(base: str) -> dict[str, float]:
     import httpx
 
-    from latgate.providers.monitor import parse_gauges
+    from latgate.live.providers.monitor import parse_gauges
 
     names = (
         "latgate_overflows_total",
@@ -377,9 +377,9 @@ def routing_cost_us() -> dict[str, dict[str, float]]:
     ``Selector.plan`` (live state) for a latency-sensitive chat with a 2 000-character
     system prompt and hedging on (process CPU time, best of 7 runs of 2 000; the rest
     of the gateway's per-request work is in ``benchmarks/overhead.py``)."""
-    from latgate.config import load_config_text
-    from latgate.metrics import Metrics
-    from latgate.providers import ProviderPool
+    from latgate.foundation.config import load_config_text
+    from latgate.foundation.metrics import Metrics
+    from latgate.live.providers import ProviderPool
     from latgate.routing.decision import Router
     from latgate.routing.selection import Selector
 

@@ -29,10 +29,10 @@ CONFIG_ENV = "LATGATE_BENCH_CONFIG"
 
 
 def _app():
-    from latgate.app import create_app
-    from latgate.config import load_config
-    from latgate.gcpolicy import settle_heap
-    from latgate.server import setup_logging
+    from latgate.app.asgi import create_app
+    from latgate.foundation.config import load_config
+    from latgate.process.gcpolicy import settle_heap
+    from latgate.process.server import setup_logging
 
     setup_logging("info")  # access lines at INFO, as `latgate serve` writes them
     app = create_app(load_config(Path(os.environ[CONFIG_ENV])))
@@ -274,8 +274,8 @@ def serve_own(port: int) -> None:
 
 
 def serve_uvicorn(port: int) -> None:
-    from latgate.lifecycle import serve
-    from latgate.listen import bind_socket
+    from latgate.process.lifecycle import serve
+    from latgate.process.listen import bind_socket
 
     app = _app()
     serve(app, sock=bind_socket("127.0.0.1", port), reloader=None, log_level="warning", log_format="text", drain_timeout_seconds=1.0)

@@ -1,5 +1,5 @@
 """What the session -> endpoint map costs per request, in process and shared over Redis
-(``latgate.store.sessions``), in one run on this machine.
+(``latgate.live.store.sessions``), in one run on this machine.
 
     .venv/bin/python benchmarks/session_map.py [--sessions 2000] [--turns 20]
 
@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from redisd import redis_server
 
-from latgate.store.sessions import LocalSessionMap, RedisSessionMap
+from latgate.live.store.sessions import LocalSessionMap, RedisSessionMap
 
 
 def keys(count: int) -> list[int]:

@@ -10,7 +10,7 @@ assistant message and a tool output), then waits a think time (exponential, mean
 ``--think-seconds``, 0.4 s: an agent's tool runs scaled down so that every system and
 case fits in ~20 minutes on a loaded 2-core machine) after its reply. The sessions
 start spread over the first two seconds. Four simulated replicas of one model
-(``latgate.sim``, one event loop in a child process) each keep a block-level prefix
+(``latgate.commands.sim``, one event loop in a child process) each keep a block-level prefix
 cache (16-token blocks, LRU, 400k tokens: 1.8x what four sessions' 56k-token final
 histories need, so the oracle's placement fits and every session everywhere does not)
 and prefill one request at a time (20k tokens/s: a full 56k-token history costs 2.8 s,
@@ -200,7 +200,7 @@ def serve_session_sims(spec: dict[str, Any]) -> None:
     loop, with ``GET /bench/served``: ``[[monotonic time, session index], ...]`` of its chat
     requests (index -1 without a session marker), and ``POST /bench/reset``: a fresh
     simulator (empty cache, zero counters) in its place."""
-    from latgate.sim import SimOptions, create_sim_app
+    from latgate.commands.sim import SimOptions, create_sim_app
 
     def recorded(options: SimOptions) -> Any:
         state: dict[str, Any] = {"app": create_sim_app(options), "served": []}

@@ -47,7 +47,7 @@ def serve_sims(spec: dict[str, Any]) -> None:
     of its chat requests) and ``POST /bench/options`` (a JSON object of SimOptions fields
     set on its engine from then on); a ``slow_first`` field ``[n, ms]`` delays its first
     ``n`` chat requests by ``ms`` before they reach the engine."""
-    from latgate.sim import SimOptions, create_sim_app
+    from latgate.commands.sim import SimOptions, create_sim_app
 
     def controlled(app: Any, slow_first: tuple[int, float] | None) -> Any:
         arrivals: list[float] = []

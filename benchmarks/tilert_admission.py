@@ -12,7 +12,7 @@ system: each round's first-token times with where each went (``waited``, ``node`
 once, ``overflow``), and ``held_late``: held requests whose first token came after the
 budget while the overflow pool's first tokens in the same run came within it (target 0).
 
-Loopback, three processes: the simulators on one event loop (``latgate.sim``), the
+Loopback, three processes: the simulators on one event loop (``latgate.commands.sim``), the
 gateway (``latgate serve``), and this load generator.
 
 - ``tile-rt``: TileRT's PD router (sim profile ``tilert``) with 2 decode nodes: 25 ms

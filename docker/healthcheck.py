@@ -48,9 +48,9 @@ def served_url(arguments: list[str]) -> str:
     ARGUMENTS``: ``--host``/``--port`` when given, else the config's ``[server]``.
 
     Raises:
-        latgate.config.ConfigError: the config file cannot be read or has mistakes.
+        latgate.foundation.config.ConfigError: the config file cannot be read or has mistakes.
     """
-    from latgate.config.loader import load_config, resolve_config_path
+    from latgate.foundation.config.loader import load_config, resolve_config_path
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--config")

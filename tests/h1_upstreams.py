@@ -1,5 +1,5 @@
 """Hostile and buggy HTTP/1.1 upstreams on loopback, for the tests of latgate's own
-upstream pool (:mod:`latgate.proxy.h1`): raw bytes on the wire, no framework framing.
+upstream pool (:mod:`latgate.transport.h1`): raw bytes on the wire, no framework framing.
 
 - :func:`serving` runs a handler on the calling test's event loop (direct pool tests:
   :func:`new_pool`, :func:`fetch`, :func:`answering`).
@@ -25,7 +25,7 @@ import httpx
 import pytest
 from stack import gateway, requests_total
 
-from latgate.proxy.h1 import H1Pool
+from latgate.transport.h1 import H1Pool
 
 SECRET = "sk-h1-faults-secret-7c1d"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

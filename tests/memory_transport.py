@@ -1,7 +1,7 @@
 """An upstream transport that answers from memory, for the tests of what
-:class:`~latgate.proxy.upstream.UpstreamClient` adds over any transport (redirects,
+:class:`~latgate.transport.upstream.UpstreamClient` adds over any transport (redirects,
 decoding, the GETs, foreign exceptions translated): the same client code as over
-latgate's own pool (:class:`~latgate.proxy.h1.H1Pool`), which the loopback tests drive.
+latgate's own pool (:class:`~latgate.transport.h1.H1Pool`), which the loopback tests drive.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
-from latgate.proxy.egress import Egress
+from latgate.transport.egress import Egress
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Sent:
 
 @dataclass
 class MemoryResponse:
-    """An :class:`~latgate.proxy.upstream.UpstreamResponse` whose body is ``reads``, one
+    """An :class:`~latgate.transport.upstream.UpstreamResponse` whose body is ``reads``, one
     per read (an exception in it is raised at that read). ``ended``: ``"kept"`` after
     ``aclose``, ``"closed"`` after ``close_connection``."""
 
@@ -53,7 +53,7 @@ class MemoryResponse:
 
 
 class MemoryTransport:
-    """An :class:`~latgate.proxy.upstream.UpstreamTransport`: ``answer(sent)`` returns
+    """An :class:`~latgate.transport.upstream.UpstreamTransport`: ``answer(sent)`` returns
     each request's :class:`MemoryResponse` (or raises, as a transport may). Keeps what
     it was sent (``sent``) and answered (``answered``)."""
 

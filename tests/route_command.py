@@ -1,4 +1,4 @@
-"""``latgate route`` run in-process, as ``latgate.cli`` would run it."""
+"""``latgate route`` run in-process, as ``latgate.commands.cli`` would run it."""
 
 from __future__ import annotations
 

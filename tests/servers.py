@@ -47,7 +47,7 @@ def serve_app(app, *, host: str = "127.0.0.1") -> Iterator[str]:
 def serve_like_latgate_serve(app) -> Iterator[int]:
     """Serve ``app`` with the uvicorn settings ``latgate serve`` uses (httptools, the
     client limits of the app's ``[server]``); yields the port."""
-    from latgate.lifecycle import uvicorn_config
+    from latgate.process.lifecycle import uvicorn_config
 
     sock = listening_socket()
     server = uvicorn.Server(

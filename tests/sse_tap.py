@@ -1,4 +1,4 @@
-"""Driving :class:`latgate.proxy.sse.StreamTap` the way the relay does: every read fed in
+"""Driving :class:`latgate.forwarding.sse.StreamTap` the way the relay does: every read fed in
 order, then a flush at the end of the stream."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from latgate.proxy.sse import StreamTap
+from latgate.forwarding.sse import StreamTap
 
 
 def tap_pieces(pieces: Iterable[bytes], tap: StreamTap) -> tuple[bytes, int]:

@@ -14,11 +14,11 @@ import httpx
 from replay import ReplayScript, ReplayServer, replay_server
 from servers import serve_app
 
-from latgate.app import create_app
-from latgate.config import load_config, load_config_text
-from latgate.config.schema import Config
-from latgate.sim import SimApp, SimOptions, create_sim_app
-from latgate.tracing import Tracing
+from latgate.app.asgi import create_app
+from latgate.commands.sim import SimApp, SimOptions, create_sim_app
+from latgate.foundation.config import load_config, load_config_text
+from latgate.foundation.config.schema import Config
+from latgate.request.tracing import Tracing
 
 FAST = {"tpot_ms": 0.5, "tpot_growth_ms": 0.0, "ttft_overhead_ms": 1.0, "default_max_tokens": 16}
 

@@ -10,7 +10,7 @@ import openai
 import pytest
 from stack import FAST, gateway, simulators
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LONG_CJK_PROMPT = "请总结以下内容：" + "测试" * 20000

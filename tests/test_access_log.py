@@ -9,7 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from latgate.logs import TEXT_FORMAT, TEXT_FORMAT_WITH_PID, AccessLog, JsonLineFormatter, TextLineFormatter
+from latgate.foundation.logs import (
+    TEXT_FORMAT,
+    TEXT_FORMAT_WITH_PID,
+    AccessLog,
+    JsonLineFormatter,
+    TextLineFormatter,
+)
 
 MESSAGE = '{"request_id":"r1","status":200,"e2e_ms":1.5}'
 

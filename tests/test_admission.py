@@ -8,10 +8,10 @@ import asyncio
 import pytest
 from clocks import ManualClock
 
-from latgate.config import load_config_text
-from latgate.errors import Overloaded
-from latgate.metrics import Metrics
-from latgate.providers import ProviderPool
+from latgate.foundation.config import load_config_text
+from latgate.foundation.errors import Overloaded
+from latgate.foundation.metrics import Metrics
+from latgate.live.providers import ProviderPool
 from latgate.routing.admission import Admission, Ask
 from latgate.routing.decision import Router
 from latgate.routing.priority import BATCH, DEFAULT, INTERACTIVE
@@ -299,9 +299,9 @@ def test_the_wait_prediction_is_corrected_by_the_waits_that_came_true() -> None:
 
 
 def test_a_batch_stream_whose_head_went_out_with_keepalives_is_not_preempted() -> None:
-    from latgate.errors import GatewayError
-    from latgate.proxy.exchange import Exchange
-    from latgate.proxy.keepalive import EarlyHead
+    from latgate.forwarding.exchange import Exchange
+    from latgate.forwarding.keepalive import EarlyHead
+    from latgate.foundation.errors import GatewayError
 
     _, _, admission, _, _ = setup()
     guard = admission.guard("tile-rt", BATCH)

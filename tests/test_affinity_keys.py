@@ -7,11 +7,11 @@ import httpx
 import pytest
 from stack import FAST, gateway, simulators
 
-from latgate.config import load_config_text
+from latgate.commands.sim import SimOptions
+from latgate.foundation.config import load_config_text
 from latgate.routing.decision import Router
 from latgate.routing.sessions import SESSION_HEADERS
 from latgate.routing.sessions import session_key as client_affinity_key
-from latgate.sim import SimOptions
 
 CONFIG = """
 [providers.pool]

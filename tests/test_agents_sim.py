@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from latgate.sim.replies import plan_chat
+from latgate.commands.sim.replies import plan_chat
 
 
 def _tool(name: str) -> dict:

@@ -16,7 +16,7 @@ from completions import DONE, chat_chunk, event
 from replay import ReplayScript, ReplayServer, load_expect, load_stream
 from stack import FAST, Stack, demo_stack, gateway, one_upstream_config, replay_gateway, simulators
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 WEATHER = {
     "name": "get_weather",

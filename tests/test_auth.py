@@ -13,10 +13,10 @@ from completions import CHAT_BODY, chat_completion, proxied_posts
 from replay import ReplayScript, replay_server
 from stack import gateway
 
-from latgate.auth import AuthGuard, KeyRing, key_digest, presented_key
-from latgate.config.schema import AuthConfig, AuthKey
-from latgate.errors import AuthenticationFailed, PermissionDenied
-from latgate.store import MemoryStore
+from latgate.foundation.config.schema import AuthConfig, AuthKey
+from latgate.foundation.errors import AuthenticationFailed, PermissionDenied
+from latgate.live.store import MemoryStore
+from latgate.request.auth import AuthGuard, KeyRing, key_digest, presented_key
 
 COMPLETION = chat_completion()
 TEAM_B_SHA = hashlib.sha256(b"sk-team-b").hexdigest()

@@ -17,7 +17,7 @@ from h1_upstreams import CHAT, OK_JSON, SECRET, RawUpstream, config, json_reply,
 from stack import gateway
 
 from latgate.commands.check import report_lines
-from latgate.config import load_config_text
+from latgate.foundation.config import load_config_text
 
 FORMS = [
     ("/api", "/api/v1/chat/completions"),  # https://taotoken.net/api (the acceptance configs' curl)

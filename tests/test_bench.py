@@ -26,13 +26,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from latgate.bench.plot import panel_values, served_by, write_plot
-from latgate.bench.runner import BenchConfig, normalize_base_url, run_bench
-from latgate.bench.sample import RequestSample, SampleRecorder
-from latgate.bench.sse import SseDecoder
-from latgate.bench.stats import percentile, summarize, summarize_samples
-from latgate.bench.workload import Workload
-from latgate.cli import main as latgate_main
+from latgate.commands.bench.plot import panel_values, served_by, write_plot
+from latgate.commands.bench.runner import BenchConfig, normalize_base_url, run_bench
+from latgate.commands.bench.sample import RequestSample, SampleRecorder
+from latgate.commands.bench.sse import SseDecoder
+from latgate.commands.bench.stats import percentile, summarize, summarize_samples
+from latgate.commands.bench.workload import Workload
+from latgate.commands.cli import main as latgate_main
 from latgate.routing.tokens import estimate_text_tokens
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -361,7 +361,7 @@ def test_cli_writes_json_summary_and_png(tmp_path, capsys):
         )
     assert status == 0
     document = json.loads(json_path.read_text())
-    assert document["schema"] == "latgate.bench/1"
+    assert document["schema"] == "latgate.commands.bench/1"
     assert set(document) == {
         "schema",
         "config",
@@ -461,8 +461,8 @@ def test_bench_runs_as_a_subprocess(tmp_path):
 
 
 def test_bench_against_the_engine_simulator():
-    sim_app = pytest.importorskip("latgate.sim.app", reason="the simulator has not landed")
-    sim_options = pytest.importorskip("latgate.sim.options")
+    sim_app = pytest.importorskip("latgate.commands.sim.app", reason="the simulator has not landed")
+    sim_options = pytest.importorskip("latgate.commands.sim.options")
     with serve_app(sim_app.create_sim_app(sim_options.SimOptions(tpot_ms=0.5, seed=1))) as base_url:
         result = asyncio.run(
             run_bench(bench_config(base_url, requests=4, concurrency=2, max_tokens=12, prompt_tokens=200))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from latgate.bench.stats import percentile as latgate_percentile
+from latgate.commands.bench.stats import percentile as latgate_percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"

@@ -1,4 +1,4 @@
-"""A body nested deeper than latgate re-encodes (:data:`latgate.proxy.wire.MAX_NESTING`
+"""A body nested deeper than latgate re-encodes (:data:`latgate.forwarding.wire.MAX_NESTING`
 levels of arrays and objects) is refused with a 400 in its API's envelope, wherever the
 deep value sits (a message, a tool schema, an Anthropic ``tool_use`` input), and
 nothing reaches the upstream; a body at the limit is forwarded as parsed. Through a
@@ -14,7 +14,7 @@ import pytest
 from h1_upstreams import OK_JSON, SECRET, RawUpstream, json_reply, keep_serving
 from stack import gateway
 
-from latgate.proxy.wire import MAX_NESTING
+from latgate.forwarding.wire import MAX_NESTING
 
 CONFIG = (
     "[defaults]\ntimeout_sec = 10\nconnect_timeout_sec = 2\nmax_retries = 0\n"

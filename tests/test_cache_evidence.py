@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from clocks import ManualClock
 
-from latgate.config import load_config_text
-from latgate.metrics import Metrics
-from latgate.providers import ProviderPool
-from latgate.providers.cache_evidence import counters_evidence, reported_evidence
-from latgate.providers.engine_cache import EngineCacheFacts
+from latgate.foundation.config import load_config_text
+from latgate.foundation.metrics import Metrics
+from latgate.live.providers import ProviderPool
+from latgate.live.providers.cache_evidence import counters_evidence, reported_evidence
+from latgate.live.providers.engine_cache import EngineCacheFacts
 from latgate.routing.prefix_index import MAX_SHORTFALL_DIVISOR, PrefixIndex, prompt_prefix
 
 CONFIG = """

@@ -285,7 +285,7 @@ def test_check_shows_tls_only_for_https_endpoints_and_each_replica_s_batch_slots
 
 
 def test_every_subcommand_with_a_config_option_calls_its_value_path():
-    from latgate.cli import COMMANDS
+    from latgate.commands.cli import COMMANDS
 
     shown = {}
     for command in COMMANDS:

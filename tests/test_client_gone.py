@@ -18,9 +18,9 @@ import pytest
 from h1_upstreams import SECRET, RawUpstream, config, json_reply
 from servers import serve_like_latgate_serve
 
-from latgate.app import create_app
-from latgate.config import load_config_text
-from latgate.proxy import largebody
+from latgate.app.asgi import create_app
+from latgate.forwarding import largebody
+from latgate.foundation.config import load_config_text
 
 UNAVAILABLE = json_reply(
     b'{"error":{"message":"overloaded","type":"server_error"}}', status=b"503 Service Unavailable"

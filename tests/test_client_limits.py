@@ -31,8 +31,8 @@ from h1_upstreams import config as upstream_config
 from servers import serve_like_latgate_serve
 
 from latgate.api.serve import Api
-from latgate.app import create_app
-from latgate.config import load_config_text
+from latgate.app.asgi import create_app
+from latgate.foundation.config import load_config_text
 
 LIMITS = """
 [server]

@@ -17,9 +17,9 @@ import pytest
 import yaml
 from stack import DEMO_TEMPLATE, Stack
 
-from latgate.cli import main as cli
-from latgate.clients import upstream_timeout_seconds
-from latgate.config import load_config
+from latgate.commands.cli import main as cli
+from latgate.commands.clients import upstream_timeout_seconds
+from latgate.foundation.config import load_config
 from latgate.routing.decision import Router
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -33,8 +33,8 @@ from h1_upstreams import (
 from memory_transport import MemoryResponse
 from stack import gateway
 
-from latgate.proxy.decoding import STEP_BYTES, DecodedResponse
-from latgate.proxy.errors import UpstreamFailure
+from latgate.transport.decoding import STEP_BYTES, DecodedResponse
+from latgate.transport.errors import UpstreamFailure
 
 
 def raw_deflate(data: bytes) -> bytes:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from latgate.config import (
+from latgate.foundation.config import (
     ConfigError,
     config_warnings,
     connector_names,
@@ -18,7 +18,7 @@ from latgate.config import (
     load_config_text,
     resolve_config_path,
 )
-from latgate.connectors import known_connectors
+from latgate.live.connectors import known_connectors
 
 ACCEPTANCE = Path(__file__).parent / "fixtures" / "acceptance"
 VLLM = '[providers.vllm]\napi_base = "http://127.0.0.1:8001/v1"\n'
@@ -264,7 +264,7 @@ def test_unknown_connector_lists_the_known_ones_and_the_closest():
 
 
 def test_connector_plugin_that_fails_to_load_is_an_error(monkeypatch):
-    broken = EntryPoint(name="broken", value="latgate_no_such_module:Connector", group="latgate.connectors")
+    broken = EntryPoint(name="broken", value="latgate_no_such_module:Connector", group="latgate.live.connectors")
     monkeypatch.setattr(connector_names, "_plugins", lambda: {"broken": broken})
     message = error(VLLM + 'connector = "broken"\n')
     assert message.startswith("gw.toml: providers.vllm.connector: connector 'broken' failed to load")
@@ -481,8 +481,8 @@ def test_config_is_frozen():
 
 
 def test_endpoints_may_be_tables_with_per_replica_batch_size_and_weight() -> None:
-    from latgate.metrics import Metrics
-    from latgate.providers import ProviderPool
+    from latgate.foundation.metrics import Metrics
+    from latgate.live.providers import ProviderPool
 
     text = """
 [providers.p]

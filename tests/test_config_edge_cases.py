@@ -17,11 +17,18 @@ from replay import ReplayScript, replay_server
 from stack import gateway
 from tokenizer_file import whitespace_tokenizer
 
-from latgate import cli, server
+from latgate.commands import cli
 from latgate.commands.check import report_lines
-from latgate.config import ConfigError, config_warnings, load_config, load_config_text, resolve_config_path
-from latgate.config.masking import mask_secrets
-from latgate.config.schema import Config, EndpointConfig, ProviderConfig, RoutingConfig
+from latgate.foundation.config import (
+    ConfigError,
+    config_warnings,
+    load_config,
+    load_config_text,
+    resolve_config_path,
+)
+from latgate.foundation.config.masking import mask_secrets
+from latgate.foundation.config.schema import Config, EndpointConfig, ProviderConfig, RoutingConfig
+from latgate.process import server
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 LATGATE = [sys.executable, "-m", "latgate"]

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from stack import default_route_config, gateway_file, simulator_urls
 
-from latgate.config import ConfigError, load_config_text
-from latgate.config.positions import KeyLines
+from latgate.foundation.config import ConfigError, load_config_text
+from latgate.foundation.config.positions import KeyLines
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MANY_MISTAKES = FIXTURES / "many-mistakes.config.toml"

@@ -7,10 +7,10 @@ import textwrap
 
 import pytest
 
-from latgate.config import ConfigError, connector_names, load_config_text
-from latgate.config.schema import EndpointConfig
-from latgate.connectors import UnknownConnector, get_connector, known_connectors
-from latgate.connectors.base import BUILTIN
+from latgate.foundation.config import ConfigError, connector_names, load_config_text
+from latgate.foundation.config.schema import EndpointConfig
+from latgate.live.connectors import UnknownConnector, get_connector, known_connectors
+from latgate.live.connectors.base import BUILTIN
 
 
 def test_builtin_connectors_are_known_and_address_one_v1() -> None:
@@ -31,11 +31,11 @@ def test_unknown_connector_names_the_known_ones() -> None:
 
 @pytest.fixture
 def plugin_dist(tmp_path, monkeypatch):
-    """A minimal installed distribution declaring a connector in ``latgate.connectors``."""
+    """A minimal installed distribution declaring a connector in ``latgate.live.connectors``."""
     (tmp_path / "acme_connector.py").write_text(
         textwrap.dedent(
             """
-            from latgate.connectors import Connector
+            from latgate.live.connectors import Connector
 
             class AcmeConnector(Connector):
                 name = "acme"
@@ -46,7 +46,7 @@ def plugin_dist(tmp_path, monkeypatch):
     dist = tmp_path / "acme_connector-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-connector\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[latgate.connectors]\nacme = acme_connector:AcmeConnector\n")
+    (dist / "entry_points.txt").write_text("[latgate.live.connectors]\nacme = acme_connector:AcmeConnector\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     connector_names._plugins.cache_clear()
     yield

@@ -11,7 +11,7 @@ from completions import chat_completion
 from replay import ReplayScript, replay_server
 from stack import gateway
 
-from latgate.providers.catalog import context_tokens, fits, parse_catalog, public_model_object
+from latgate.live.providers.catalog import context_tokens, fits, parse_catalog, public_model_object
 
 VLLM_MODELS = {
     "object": "list",

@@ -16,7 +16,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from stack import FAST, demo_stack, gateway
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
 GRAFANA = DOCKER / "grafana"

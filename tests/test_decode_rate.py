@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from latgate.decode_rate import MIN_SECONDS_PER_TOKEN, decode_tokens_per_second
+from latgate.foundation.decode_rate import MIN_SECONDS_PER_TOKEN, decode_tokens_per_second
 
 
 def test_a_paced_stream_is_tokens_over_its_span() -> None:

@@ -20,9 +20,9 @@ import yaml
 from gateway_process import GatewayProcess
 from servers import serve_app
 
-from latgate.config import load_config
-from latgate.sim import profile_for
-from latgate.sim.cli import argv_for
+from latgate.commands.sim import profile_for
+from latgate.commands.sim.cli import argv_for
+from latgate.foundation.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"

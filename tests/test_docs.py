@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from latgate.config import keys, schema
-from latgate.metrics import Metrics
+from latgate.foundation.config import keys, schema
+from latgate.foundation.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

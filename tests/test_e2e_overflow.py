@@ -9,7 +9,7 @@ import httpx
 from stack import Stack
 from test_tilert_e2e import ASK, LATENCY, MODEL, SLOW_TILE, held_streams, poll, tile_endpoint, tilert_stack
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 # vllm: first token at once, then 25 ms a token; hosted: 30 ms to the first, then 2 ms
 QUICK_START = SimOptions(name="vllm", ttft_overhead_ms=1.0, tpot_ms=25.0, tpot_growth_ms=0.0, default_max_tokens=8)

@@ -14,13 +14,13 @@ from replay import ReplayScript
 from stack import replay_gateway
 from test_vllm_recordings import recorded_body
 
-from latgate.providers.engine_cache import (
+from latgate.forwarding.usage import cached_prompt_tokens
+from latgate.live.providers.engine_cache import (
     EngineCacheFacts,
     parse_engine_cache,
     parse_sglang_cache,
     parse_vllm_cache,
 )
-from latgate.proxy.usage import cached_prompt_tokens
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VLLM = FIXTURES / "vllm-0.32-cpu"

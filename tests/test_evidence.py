@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 from clocks import ManualClock
 
-from latgate.config import load_config_text
-from latgate.metrics import Metrics
-from latgate.providers import ProviderPool
+from latgate.foundation.config import load_config_text
+from latgate.foundation.metrics import Metrics
+from latgate.live.providers import ProviderPool
 from latgate.routing.decision import Router
 from latgate.routing.policies.evidence import aged_estimate_ms, confidence, leave_evidence, stale
 from latgate.routing.policies.outlier import LatencyEvidence, judge_outlier

@@ -32,8 +32,8 @@ from servers import listening_socket
 from stack import gateway
 
 from latgate.commands.check import probe
-from latgate.config import load_config_text
-from latgate.proxy.errors import connect_failure, failure_cause
+from latgate.foundation.config import load_config_text
+from latgate.transport.errors import connect_failure, failure_cause
 
 
 def closed_port() -> int:

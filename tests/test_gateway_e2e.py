@@ -10,7 +10,7 @@ import openai
 import pytest
 from stack import FAST, demo_stack, leave_after_first_content
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 MESSAGES = [{"role": "user", "content": "write a haiku about latency"}]
 
@@ -237,7 +237,7 @@ def test_completions_and_embeddings_are_proxied() -> None:
 
 
 def test_log_lines_carry_no_internal_upstream_address(caplog) -> None:
-    from latgate.server import setup_logging
+    from latgate.process.server import setup_logging
 
     setup_logging("info")
     caplog.set_level(logging.INFO)

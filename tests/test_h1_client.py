@@ -1,4 +1,4 @@
-"""latgate's own HTTP/1.1 upstream pool (latgate.proxy.h1) against raw asyncio servers on
+"""latgate's own HTTP/1.1 upstream pool (latgate.transport.h1) against raw asyncio servers on
 loopback: what goes on the wire, body framings, keep-alive, failures and their kinds."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Self
 
 import pytest
 
-from latgate.proxy import h1
-from latgate.proxy.errors import UpstreamFailure
-from latgate.proxy.h1 import H1Pool
+from latgate.transport import h1
+from latgate.transport.errors import UpstreamFailure
+from latgate.transport.h1 import H1Pool
 
 Handler = Callable[["Server", asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 

@@ -1,4 +1,4 @@
-"""latgate's HTTP/1.1 upstream pool (latgate.proxy.h1) driven directly against hostile and
+"""latgate's HTTP/1.1 upstream pool (latgate.transport.h1) driven directly against hostile and
 buggy upstreams: interim responses, bytes after a complete response, framings that end
 a connection, resets, full socket buffers, huge headers, odd URLs and the pool's limit.
 
@@ -24,8 +24,8 @@ from h1_upstreams import (
     serving,
 )
 
-from latgate.proxy import h1conn
-from latgate.proxy.errors import UpstreamFailure
+from latgate.transport import h1conn
+from latgate.transport.errors import UpstreamFailure
 
 
 def failure_fetching(reply: bytes) -> UpstreamFailure:

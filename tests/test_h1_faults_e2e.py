@@ -1,4 +1,4 @@
-"""latgate's HTTP/1.1 upstream pool (latgate.proxy.h1) end to end: hostile and buggy
+"""latgate's HTTP/1.1 upstream pool (latgate.transport.h1) end to end: hostile and buggy
 upstreams behind a gateway (interim responses, odd statuses, bytes past the body,
 keys in headers, IPv6), 200 streams with clients leaving, a slow client, hung
 upstreams past the first-token deadline, reloads with streams in flight. Every test
@@ -35,7 +35,7 @@ from h1_upstreams import (
 )
 from stack import gateway, gateway_file
 
-from latgate.proxy import h1, h1conn
+from latgate.transport import h1, h1conn
 
 
 @pytest.fixture

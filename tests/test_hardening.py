@@ -21,11 +21,11 @@ from replay import ReplayScript, load_stream, replay_server, split_points
 from servers import listening_socket, serve_like_latgate_serve
 from stack import FAST, gateway
 
-from latgate.app import create_app
-from latgate.config import load_config_text
-from latgate.httplimits import MAX_FIELD_BYTES, MAX_FIELDS, MAX_HEAD_BYTES
-from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
-from latgate.sim import SimOptions, create_sim_app
+from latgate.app.asgi import create_app
+from latgate.app.httplimits import MAX_FIELD_BYTES, MAX_FIELDS, MAX_HEAD_BYTES
+from latgate.commands.sim import SimOptions, create_sim_app
+from latgate.foundation.config import load_config_text
+from latgate.transport.upstream import UpstreamClient, UpstreamFailure
 
 COMPLETION = chat_completion()
 SECRET = "sk-upstream-9f8e7d6c5b4a"

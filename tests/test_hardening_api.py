@@ -15,9 +15,9 @@ from schemathesis.checks import not_a_server_error
 from stack import FAST, gateway, simulators
 
 from latgate.api.routes import openapi_document
-from latgate.app import app_routes, create_app
-from latgate.config import load_config_text
-from latgate.sim import SimOptions
+from latgate.app.asgi import app_routes, create_app
+from latgate.commands.sim import SimOptions
+from latgate.foundation.config import load_config_text
 
 SCHEMA = schemathesis.openapi.from_dict(openapi_document(version="test", extra=app_routes()))
 SCHEMA.config.generation.update(

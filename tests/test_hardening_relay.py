@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from replay import load_expect, load_stream, split_bytes, stream_fixture_names
 from sse_tap import as_forwarded, tap_pieces
 
-from latgate.metrics import Metrics
-from latgate.proxy.exchange import Exchange
-from latgate.proxy.recorder import Recorder
-from latgate.proxy.relay import StreamRelay
-from latgate.proxy.sse import StreamTap
+from latgate.forwarding.exchange import Exchange
+from latgate.forwarding.recorder import Recorder
+from latgate.forwarding.relay import StreamRelay
+from latgate.forwarding.sse import StreamTap
+from latgate.foundation.metrics import Metrics
 
 CLEAN = [name for name in stream_fixture_names() if name != "error_first_event"]
 PROPERTY = settings(

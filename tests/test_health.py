@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from clocks import ManualClock
 
-from latgate.config import load_config_text
-from latgate.config.schema import HealthConfig
-from latgate.metrics import Metrics
-from latgate.providers import ProviderPool
-from latgate.providers.health import CircuitBreaker, MemoryCircuitStore
+from latgate.foundation.config import load_config_text
+from latgate.foundation.config.schema import HealthConfig
+from latgate.foundation.metrics import Metrics
+from latgate.live.providers import ProviderPool
+from latgate.live.providers.health import CircuitBreaker, MemoryCircuitStore
 
 
 def breaker(clock: ManualClock, **settings: float) -> CircuitBreaker:
@@ -214,7 +214,7 @@ def test_a_lone_endpoint_is_never_ejected_for_latency() -> None:
 
 
 def test_replicas_share_health_through_the_healthy_attribute() -> None:
-    """The shared-state sync (latgate.store.health) sets and reads ``healthy``."""
+    """The shared-state sync (latgate.live.store.health) sets and reads ``healthy``."""
     p = pool(ManualClock())
     ep = p["p"].endpoints[1]
     ep.healthy = False

@@ -13,12 +13,12 @@ from h1_upstreams import OK_JSON, RawUpstream, json_reply, keep_serving
 from servers import serve_app
 from stack import gateway
 
-from latgate.config import load_config_text
-from latgate.metrics import Metrics
-from latgate.providers import ProviderPool
-from latgate.providers.monitor import Monitor, parse_gauges, root_url
-from latgate.proxy.upstream import UpstreamClient
-from latgate.sim import SimOptions, create_sim_app
+from latgate.commands.sim import SimOptions, create_sim_app
+from latgate.foundation.config import load_config_text
+from latgate.foundation.metrics import Metrics
+from latgate.live.providers import ProviderPool
+from latgate.live.providers.monitor import Monitor, parse_gauges, root_url
+from latgate.transport.upstream import UpstreamClient
 
 VLLM_TEXT = """# HELP vllm:num_requests_running Requests in the running batch.
 # TYPE vllm:num_requests_running gauge

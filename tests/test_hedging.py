@@ -12,8 +12,8 @@ import httpx
 import pytest
 from stack import FAST, Stack, gateway, simulators
 
-from latgate.proxy.hedge import LostRace, Race, run_hedged
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
+from latgate.forwarding.hedge import LostRace, Race, run_hedged
 
 # --- the race, on plain coroutines ----------------------------------------------------
 

@@ -18,8 +18,8 @@ from servers import serve_like_latgate_serve
 from stack import default_route_config, simulator_urls
 
 from latgate.api.serve import Api
-from latgate.app import create_app
-from latgate.config import load_config_text
+from latgate.app.asgi import create_app
+from latgate.foundation.config import load_config_text
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import yaml
 from replay import ReplayScript, replay_server
 from stack import gateway
 
-from latgate.config import load_config_text
+from latgate.foundation.config import load_config_text
 
 K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.30.0"

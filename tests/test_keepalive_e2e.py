@@ -21,7 +21,8 @@ from completions import DONE, ROLE, chat_chunk, content, event
 from replay import ReplayScript, ReplayServer, replay_server
 from stack import gateway
 
-from latgate.config.schema import (
+from latgate.forwarding.keepalive import keepalive_seconds
+from latgate.foundation.config.schema import (
     Config,
     DefaultsConfig,
     EndpointConfig,
@@ -29,7 +30,6 @@ from latgate.config.schema import (
     ProviderConfig,
     RoutingConfig,
 )
-from latgate.proxy.keepalive import keepalive_seconds
 from latgate.routing.decision import Router
 
 KEEPALIVE = b": keep-alive\n\n"

@@ -20,7 +20,7 @@ from completions import content
 from h1_upstreams import SSE_HEAD, RawUpstream, chunk, config, json_reply
 from stack import gateway
 
-from latgate.proxy.redact import MIN_KEY_RUN_CHARS
+from latgate.forwarding.redact import MIN_KEY_RUN_CHARS
 
 #: a base64-style key: ``/`` and ``+`` in it, as Azure and self-hosted gateways issue
 KEY = "AbCdEf/GhIjKl+MnOpQr1234=="

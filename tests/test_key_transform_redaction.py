@@ -20,7 +20,7 @@ import pytest
 from h1_upstreams import RawUpstream, access_lines, config, json_reply
 from stack import gateway
 
-from latgate.proxy.redact import MAX_UPSTREAM_LABEL_CHARS, MIN_KEY_RUN_CHARS
+from latgate.forwarding.redact import MAX_UPSTREAM_LABEL_CHARS, MIN_KEY_RUN_CHARS
 
 KEY = "sk-proj-Zx81Qm2Lp0Rt7Vb3Hn5KqW9e"
 ZERO_WIDTH = "\u200b"

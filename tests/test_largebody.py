@@ -1,4 +1,4 @@
-"""Large bodies parsed and encoded in slices (latgate.proxy.largebody): the same values and
+"""Large bodies parsed and encoded in slices (latgate.forwarding.largebody): the same values and
 bytes as orjson, the same refusals; and a large body proxied end to end."""
 
 from __future__ import annotations
@@ -13,8 +13,14 @@ from h1_upstreams import config as upstream_config
 from stack import gateway
 
 from latgate.api.body import ClientBody
-from latgate.proxy import largebody
-from latgate.proxy.largebody import LARGE_BODY_BYTES, SLICE_ITEMS, dumps_in_slices, is_large, parse_in_slices
+from latgate.forwarding import largebody
+from latgate.forwarding.largebody import (
+    LARGE_BODY_BYTES,
+    SLICE_ITEMS,
+    dumps_in_slices,
+    is_large,
+    parse_in_slices,
+)
 
 BODIES = [
     {"model": "m", "messages": [{"role": "user", "content": f"hi {i} é 😀 \\\" \n"} for i in range(3 * SLICE_ITEMS + 7)]},
@@ -100,7 +106,7 @@ def test_array_elements_share_their_repeated_keys_and_short_values() -> None:
 def test_slicing_offers_the_gil_more_often_and_restores_the_interval() -> None:
     import sys
 
-    from latgate.proxy.largebody import SLICING_SWITCH_INTERVAL_SECONDS, prompt_switching
+    from latgate.forwarding.largebody import SLICING_SWITCH_INTERVAL_SECONDS, prompt_switching
 
     before = sys.getswitchinterval()
     with prompt_switching():

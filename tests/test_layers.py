@@ -30,9 +30,9 @@ def test_the_source_tree_keeps_the_contract_and_the_docs_show_it() -> None:
 
 
 def test_an_upward_import_is_named_with_both_layers(tmp_path: Path) -> None:
-    package = _package(tmp_path, {"proxy/h1.py": "def read(): from latgate.api import serve\n", "api/serve.py": ""})
+    package = _package(tmp_path, {"transport/h1.py": "def read(): from latgate.api import serve\n", "api/serve.py": ""})
     problems = layers.check(package)
-    assert "latgate.proxy.h1 (transport) imports latgate.api.serve (api): an upward import" in problems
+    assert "latgate.transport.h1 (transport) imports latgate.api.serve (api): an upward import" in problems
 
 
 def test_a_cycle_held_by_type_hints_alone_is_a_cycle(tmp_path: Path) -> None:
@@ -47,10 +47,10 @@ def test_a_cycle_held_by_type_hints_alone_is_a_cycle(tmp_path: Path) -> None:
 
 
 def test_a_pure_leaf_may_be_imported_from_below(tmp_path: Path) -> None:
-    package = _package(tmp_path, {"config/x.py": "from latgate.routing.policies import view\n", "routing/policies/view.py": ""})
+    package = _package(tmp_path, {"foundation/config/x.py": "from latgate.routing.policies import view\n", "routing/policies/view.py": ""})
     assert not [p for p in layers.check(package) if "upward" in p or "cycle:" in p]
 
 
 def test_a_leaf_that_imports_a_layered_module_is_no_leaf(tmp_path: Path) -> None:
-    package = _package(tmp_path, {"routing/tokens.py": "import latgate.metrics\n", "metrics.py": ""})
-    assert "latgate.routing.tokens is a leaf (LEAVES) but imports latgate.metrics: a leaf imports only leaves" in layers.check(package)
+    package = _package(tmp_path, {"routing/tokens.py": "import latgate.foundation.metrics\n", "foundation/metrics.py": ""})
+    assert "latgate.routing.tokens is a leaf (LEAVES) but imports latgate.foundation.metrics: a leaf imports only leaves" in layers.check(package)

@@ -13,9 +13,9 @@ from replay import ReplayScript, replay_server
 from servers import listening_socket
 from stack import gateway
 
-from latgate.auth import Caller, RateLimiter, estimate_tokens
-from latgate.errors import GatewayError, RateLimited
-from latgate.store import MemoryStore, Quota, StoreUnavailable
+from latgate.foundation.errors import GatewayError, RateLimited
+from latgate.live.store import MemoryStore, Quota, StoreUnavailable
+from latgate.request.auth import Caller, RateLimiter, estimate_tokens
 
 KEY = {"Authorization": "Bearer sk-a"}
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 from stack import FAST, gateway, simulators
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 LONG = "word " * 3000  # ~3,000 tokens, over the threshold below
 

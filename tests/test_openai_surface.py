@@ -17,7 +17,7 @@ from openapi import validate
 from replay import ReplayScript, ReplayServer, load_expect, load_stream
 from stack import FAST, Stack, gateway, replay_gateway, simulators
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 WEATHER = {
     "type": "function",

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 from stack import FAST, Stack, gateway, simulators
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4}
 LATENCY = {"X-Latency-Sensitive": "1"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from latgate.providers.predictor import ItlEstimate
+from latgate.live.providers.predictor import ItlEstimate
 from latgate.routing.policies.predicted_ttft import choose_for_session
 from latgate.routing.policies.view import EndpointView
 from latgate.routing.prefix_index import prompt_prefix

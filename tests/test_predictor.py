@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from latgate.config import load_config_text
-from latgate.config.schema import HealthConfig
-from latgate.providers.endpoint import EndpointRuntime
-from latgate.providers.health import CircuitBreaker, MemoryCircuitStore
-from latgate.providers.predictor import TtftPredictor
+from latgate.foundation.config import load_config_text
+from latgate.foundation.config.schema import HealthConfig
+from latgate.live.providers.endpoint import EndpointRuntime
+from latgate.live.providers.health import CircuitBreaker, MemoryCircuitStore
+from latgate.live.providers.predictor import TtftPredictor
 
 
 def endpoint(

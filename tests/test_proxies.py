@@ -17,8 +17,8 @@ from stack import gateway
 from tls_upstreams import private_ca
 
 from latgate.commands.check import probe, report_lines
-from latgate.config import load_config_text
-from latgate.config.warnings import config_warnings
+from latgate.foundation.config import load_config_text
+from latgate.foundation.config.warnings import config_warnings
 
 
 def ask(v1: str) -> httpx.Response:

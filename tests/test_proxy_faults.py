@@ -13,7 +13,7 @@ from completions import DONE, ROLE, chat_chunk, content, event
 from replay import ReplayScript, replay_server
 from stack import gateway
 
-from latgate.proxy.sse import StreamTap
+from latgate.forwarding.sse import StreamTap
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 SECRET = "sk-QA-provider-secret-4242"

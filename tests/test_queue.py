@@ -8,7 +8,7 @@ import math
 import pytest
 from clocks import ManualClock
 
-from latgate.errors import InvalidRequest
+from latgate.foundation.errors import InvalidRequest
 from latgate.routing.policies.retry_budget import hedge_suppressed, within_budget
 from latgate.routing.priority import BATCH, DEFAULT, INTERACTIVE, effective_priority, priority_header
 from latgate.routing.queue import Waiter, WaitQueue, choose_preemption, correction, predicted_wait_ms
@@ -171,10 +171,10 @@ def test_hedges_are_suppressed_when_most_endpoints_are_slow_at_once() -> None:
 def test_the_access_line_gives_the_class_the_wait_and_the_outcome(monkeypatch: pytest.MonkeyPatch) -> None:
     import orjson
 
-    from latgate.logs import access_log
-    from latgate.metrics import Metrics
-    from latgate.proxy.exchange import Exchange
-    from latgate.proxy.recorder import Recorder
+    from latgate.forwarding.exchange import Exchange
+    from latgate.forwarding.recorder import Recorder
+    from latgate.foundation.logs import access_log
+    from latgate.foundation.metrics import Metrics
 
     lines: list[str] = []
     monkeypatch.setattr(access_log, "enabled", lambda: True)
@@ -247,8 +247,8 @@ def test_a_quiet_tenants_newcomer_stands_before_a_floods_backlog() -> None:
 def test_without_a_key_the_fair_share_is_the_clients_address_whatever_session_it_claims() -> None:
     from types import SimpleNamespace
 
-    from latgate.config import load_config_text
-    from latgate.gateway import Gateway, client_tenant
+    from latgate.foundation.config import load_config_text
+    from latgate.request.gateway import Gateway, client_tenant
     from latgate.routing.decision import Router
 
     config = load_config_text('[providers.p]\napi_base = "http://127.0.0.1:9/v1"\nmodels = ["m"]\n', source="t.toml")

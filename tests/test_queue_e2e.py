@@ -16,7 +16,7 @@ import openai
 import pytest
 from stack import FAST, Stack, gateway, simulators
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 MODEL = "m"
 ASK = [{"role": "user", "content": "hi"}]

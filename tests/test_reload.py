@@ -18,9 +18,9 @@ from replay import ReplayScript, replay_server
 from servers import listening_socket, serve_app
 from stack import default_route_config, gateway_file, simulator_urls
 
-from latgate.config import load_config_text
-from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
-from latgate.reload import UpstreamClients
+from latgate.app.reload import UpstreamClients
+from latgate.foundation.config import load_config_text
+from latgate.transport.upstream import UpstreamClient, UpstreamFailure
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -16,8 +16,8 @@ import pytest
 from h1_upstreams import SECRET, RawUpstream, config, json_reply, keep_serving
 from servers import serve_like_latgate_serve
 
-from latgate.app import create_app
-from latgate.config import load_config_text
+from latgate.app.asgi import create_app
+from latgate.foundation.config import load_config_text
 from latgate.routing.headers import SHOWN_VALUE_CHARS
 
 

@@ -17,8 +17,8 @@ from h1_upstreams import SECRET, RawUpstream, access_lines, chunk, config, json_
 from servers import serve_like_latgate_serve
 
 from latgate.api.serve import Api
-from latgate.app import create_app
-from latgate.config import load_config_text
+from latgate.app.asgi import create_app
+from latgate.foundation.config import load_config_text
 
 
 @contextlib.contextmanager

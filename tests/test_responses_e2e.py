@@ -11,7 +11,7 @@ from completions import DONE, ROLE, chat_chunk, content, event
 from replay import ReplayScript
 from stack import FAST, demo_stack, replay_gateway
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 SHELL = {
     "type": "function",

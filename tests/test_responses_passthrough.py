@@ -17,12 +17,12 @@ from stack import FAST, gateway, simulators
 
 from latgate.api.responses import serves_responses
 from latgate.commands.check import report_lines
-from latgate.config import load_config_text
-from latgate.config.errors import ConfigError
-from latgate.proxy.exchange import Exchange
-from latgate.proxy.sse import StreamTap
+from latgate.commands.sim import SimOptions
+from latgate.forwarding.exchange import Exchange
+from latgate.forwarding.sse import StreamTap
+from latgate.foundation.config import load_config_text
+from latgate.foundation.config.errors import ConfigError
 from latgate.routing.decision import RouteDecision, Target
-from latgate.sim import SimOptions
 
 CONFIG = """
 [providers.native]

@@ -1,11 +1,11 @@
-"""Responses API request -> chat completions request (latgate.translate.responses_request)."""
+"""Responses API request -> chat completions request (latgate.request.translate.responses_request)."""
 
 from __future__ import annotations
 
 import pytest
 
-from latgate.errors import InvalidRequest
-from latgate.translate.responses_request import responses_to_chat
+from latgate.foundation.errors import InvalidRequest
+from latgate.request.translate.responses_request import responses_to_chat
 
 SHELL = {
     "type": "function",

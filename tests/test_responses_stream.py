@@ -1,5 +1,5 @@
 """Chat completions stream/answer -> Responses API events/object
-(latgate.translate.responses_stream, responses_output), checked against the official
+(latgate.request.translate.responses_stream, responses_output), checked against the official
 OpenAI API description."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from completions import DONE, chat_chunk, event
 from openapi import validate
 
-from latgate.proxy.transform import UntranslatableAnswer
-from latgate.translate.responses_request import responses_to_chat
-from latgate.translate.responses_stream import ResponsesStreamTransform
+from latgate.forwarding.transform import UntranslatableAnswer
+from latgate.request.translate.responses_request import responses_to_chat
+from latgate.request.translate.responses_stream import ResponsesStreamTransform
 
 SCHEMAS = {
     "response.created": "ResponseCreatedEvent",

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from tokenizer_file import whitespace_tokenizer
 
-from latgate.config import load_config
-from latgate.config.errors import ConfigError
-from latgate.config.schema import (
+from latgate.foundation.config import load_config
+from latgate.foundation.config.errors import ConfigError
+from latgate.foundation.config.schema import (
     Config,
     EndpointConfig,
     ModelConfig,
@@ -18,7 +18,7 @@ from latgate.config.schema import (
     ProviderConfig,
     RoutingConfig,
 )
-from latgate.errors import InvalidRequest, NotFound
+from latgate.foundation.errors import InvalidRequest, NotFound
 from latgate.routing.decision import Router, Target
 from latgate.routing.models import same_model
 from latgate.routing.tokens import ExactTokenizer

@@ -39,9 +39,9 @@ from servers import serve_like_latgate_serve
 from stack import gateway, one_upstream_config
 
 from latgate.api.serve import Api
-from latgate.app import create_app
-from latgate.config import load_config_text
-from latgate.tracing import TRACED_PATHS, Tracing
+from latgate.app.asgi import create_app
+from latgate.foundation.config import load_config_text
+from latgate.request.tracing import TRACED_PATHS, Tracing
 
 TOKEN = "hello-from-upstream"
 

@@ -10,15 +10,15 @@ import random
 
 from clocks import ManualClock
 
-from latgate.config import load_config_text
-from latgate.metrics import Metrics
-from latgate.providers import ProviderPool
+from latgate.foundation.config import load_config_text
+from latgate.foundation.metrics import Metrics
+from latgate.live.providers import ProviderPool
+from latgate.live.store.sessions import LocalSessionMap
 from latgate.routing.decision import Router
 from latgate.routing.prefix_index import MAX_PROMPT_SAMPLES, MIN_ENTRY_TOKENS, PrefixIndex, prompt_prefix
 from latgate.routing.selection import Selector
 from latgate.routing.sessions import claude_code_session, session_key
 from latgate.routing.tokens import estimate_prompt_tokens
-from latgate.store.sessions import LocalSessionMap
 
 PER_TOKEN_MS = 0.1
 """The modelled engines' prefill: 30 000 uncached tokens cost 3 s."""

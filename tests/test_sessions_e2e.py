@@ -9,7 +9,7 @@ import collections
 import httpx
 from stack import FAST, gateway, simulators
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 CONFIG = """
 [providers.pool]

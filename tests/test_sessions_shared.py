@@ -12,9 +12,9 @@ from processes import poll
 from redisd import redis_server
 from stack import FAST, gateway, simulators
 
+from latgate.commands.sim import SimOptions
+from latgate.live.store.sessions import KEY_PREFIX
 from latgate.routing.sessions import session_key
-from latgate.sim import SimOptions
-from latgate.store.sessions import KEY_PREFIX
 
 CONFIG = """
 [providers.pool]

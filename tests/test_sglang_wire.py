@@ -15,7 +15,7 @@ import pytest
 from replay import ReplayScript, split_points
 from stack import replay_gateway
 
-from latgate.providers.catalog import context_tokens, parse_catalog
+from latgate.live.providers.catalog import context_tokens, parse_catalog
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 CHAT = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "stream": True}

@@ -17,11 +17,11 @@ import orjson
 import pytest
 from servers import serve_app
 
-from latgate.config.schema import EndpointConfig, ProviderConfig
+from latgate.commands.sim import SimOptions, VirtualClock, create_sim_app, profile_for
+from latgate.commands.sim.cli import add_arguments, argv_for, options_from_args
+from latgate.commands.sim.replies import arguments_for
+from latgate.foundation.config.schema import EndpointConfig, ProviderConfig
 from latgate.routing.tokens import estimate_prompt_tokens
-from latgate.sim import SimOptions, VirtualClock, create_sim_app, profile_for
-from latgate.sim.cli import add_arguments, argv_for, options_from_args
-from latgate.sim.replies import arguments_for
 
 FAST = SimOptions(tpot_ms=0.0, tpot_growth_ms=0.0, ttft_overhead_ms=0.0, default_max_tokens=8)
 USER = [{"role": "user", "content": "How fast is the decode pool?"}]

@@ -15,9 +15,9 @@ import pytest
 from servers import serve_app
 from test_sim import Exchange
 
+from latgate.commands.sim import SimOptions, VirtualClock, create_sim_app
+from latgate.commands.sim.prefix_cache import BlockCache
 from latgate.routing.tokens import REPLY_PRIMER_TOKENS, estimate_prompt_tokens
-from latgate.sim import SimOptions, VirtualClock, create_sim_app
-from latgate.sim.prefix_cache import BlockCache
 
 BLOCK = 16
 CACHED = SimOptions(

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from servers import serve_app
 
-from latgate.sim import SimOptions, create_sim_app
+from latgate.commands.sim import SimOptions, create_sim_app
 
 TILERT = SimOptions(profile="tilert", models=("glm-5.1",), decode_nodes=2, ttft_overhead_ms=1.0, tpot_ms=0.5, default_max_tokens=6)
 ASK = {"model": "glm-5.1", "messages": [{"role": "user", "content": "hi"}]}

@@ -9,7 +9,7 @@ import pytest
 from replay import load_expect, load_stream, split_bytes, split_points, stream_fixture_names
 from sse_tap import as_forwarded, tap_pieces
 
-from latgate.proxy.sse import StreamTap
+from latgate.forwarding.sse import StreamTap
 
 SPLITS = ["events", "bytes", "utf8", "crlf", "random"]
 

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from latgate.logs import TEXT_FORMAT, TextLineFormatter
-from latgate.metrics import BATCH_SAMPLES, ITL_BUCKETS_SECONDS, Metrics
-from latgate.proxy import sse_facts
-from latgate.proxy.sse import StreamTap
+from latgate.forwarding import sse_facts
+from latgate.forwarding.sse import StreamTap
+from latgate.foundation.logs import TEXT_FORMAT, TextLineFormatter
+from latgate.foundation.metrics import BATCH_SAMPLES, ITL_BUCKETS_SECONDS, Metrics
 
 TEXTS = [None, "", "x", " token", 'say "hi"', "ends in \\", "\\", "é", "中文", "\n", "content", '"delta":{']
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from latgate.proxy.errors import UpstreamFailure
-from latgate.proxy.sse import StreamTap
+from latgate.forwarding.sse import StreamTap
+from latgate.transport.errors import UpstreamFailure
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODEL = re.compile(rb'"model": ?"([^"]+)"')

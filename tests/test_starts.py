@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from latgate.starts import StartGate
+from latgate.process.starts import StartGate
 
 
 def _gate(per_turn: int, began: list[int]) -> StartGate:

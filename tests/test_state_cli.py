@@ -15,7 +15,7 @@ import sys
 import pytest
 from redisd import free_port, redis_server
 
-from latgate.store import Quota, RedisStore, StoreUnavailable
+from latgate.live.store import Quota, RedisStore, StoreUnavailable
 
 PASSWORD = "hunter2-s3cret"
 PROVIDER = '[providers.a]\nbase_url = "http://127.0.0.1:9/v1"\nmodels = ["m"]\n'

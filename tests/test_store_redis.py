@@ -21,11 +21,11 @@ from servers import listening_socket
 from stack import gateway, gateway_file
 
 from latgate.api.routes import APIS as ROUTES
-from latgate.config import load_config_text
-from latgate.gateway import Gateway
-from latgate.metrics import Metrics
-from latgate.proxy.upstream import UpstreamClient
-from latgate.store import MemoryStore, Quota, RedisStore, StoreUnavailable
+from latgate.foundation.config import load_config_text
+from latgate.foundation.metrics import Metrics
+from latgate.live.store import MemoryStore, Quota, RedisStore, StoreUnavailable
+from latgate.request.gateway import Gateway
+from latgate.transport.upstream import UpstreamClient
 
 COMPLETION = chat_completion()
 KEY = {"Authorization": "Bearer sk-a"}

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from latgate.store.resp import RespClient, RespError, RespTimeout
+from latgate.live.store.resp import RespClient, RespError, RespTimeout
 
 NESTED_5000 = b"*1\r\n" * 5000
 

@@ -13,8 +13,14 @@ from clocks import ManualClock
 from redis.asyncio import Redis
 from redisd import free_port, redis_server
 
-from latgate.config.schema import StateConfig
-from latgate.store.sessions import LOG_KEY, LocalSessionMap, RedisSessionMap, SessionMaps, open_session_map
+from latgate.foundation.config.schema import StateConfig
+from latgate.live.store.sessions import (
+    LOG_KEY,
+    LocalSessionMap,
+    RedisSessionMap,
+    SessionMaps,
+    open_session_map,
+)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 from route_command import run_route
 from stack import FAST, Stack, gateway, simulators
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 TEMPLATE = """
 [providers.pool]

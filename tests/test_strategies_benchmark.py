@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from latgate.config import load_config_text
+from latgate.foundation.config import load_config_text
 from latgate.routing.tokens import estimate_prompt_tokens
 
 PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "routing_slo.py"

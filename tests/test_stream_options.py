@@ -17,7 +17,7 @@ from completions import DONE, ROLE, chat_chunk, content, event, usage
 from h1_upstreams import SSE_HEAD, RawUpstream, chunk, config, json_reply
 from stack import gateway
 
-from latgate.providers.stream_options import (
+from latgate.live.providers.stream_options import (
     FIRST_WITHHOLD_SECONDS,
     MAX_WITHHOLD_SECONDS,
     StreamOptionsSupport,

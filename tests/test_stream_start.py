@@ -29,7 +29,7 @@ from h1_upstreams import (
 )
 from stack import gateway
 
-from latgate.proxy.stream_start import StreamStart
+from latgate.forwarding.stream_start import StreamStart
 
 STOP = event(chat_chunk({}, finish_reason="stop"))
 GOOD_STREAM = ROLE + content("Hello") + STOP + DONE

@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from replay import ReplayScript, ReplayServer, load_stream, replay_server
 from stack import gateway, one_upstream_config
 
-from latgate.tracing import Tracing, tracing_from_env
+from latgate.request.tracing import Tracing, tracing_from_env
 
 CLIENT_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN_ID = "00f067aa0ba902b7"

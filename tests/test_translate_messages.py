@@ -8,10 +8,10 @@ import orjson
 import pytest
 from completions import chat_chunk, event, usage
 
-from latgate.errors import InvalidRequest
-from latgate.proxy.exchange import Exchange
-from latgate.proxy.transform import UntranslatableAnswer
-from latgate.translate import MessagesStream, chat_to_message, messages_to_chat
+from latgate.forwarding.exchange import Exchange
+from latgate.forwarding.transform import UntranslatableAnswer
+from latgate.foundation.errors import InvalidRequest
+from latgate.request.translate import MessagesStream, chat_to_message, messages_to_chat
 
 WEATHER_TOOL = {
     "name": "get_weather",

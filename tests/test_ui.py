@@ -7,11 +7,11 @@ import httpx
 import pytest
 from stack import FAST, demo_stack, gateway, simulator_urls
 
-from latgate.metrics import Metrics
-from latgate.proxy.exchange import Exchange
-from latgate.proxy.recorder import Recorder
-from latgate.sim import SimOptions
-from latgate.ui import Activity
+from latgate.app.ui import Activity
+from latgate.commands.sim import SimOptions
+from latgate.forwarding.exchange import Exchange
+from latgate.forwarding.recorder import Recorder
+from latgate.foundation.metrics import Metrics
 
 BODY = {"model": "glm-5.1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 

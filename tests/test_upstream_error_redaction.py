@@ -12,7 +12,7 @@ import orjson
 import pytest
 from h1_upstreams import CHAT, SSE_HEAD, STREAM, chunk, json_reply, keep_serving, stack_on
 
-from latgate.proxy.redact import redact_text
+from latgate.forwarding.redact import redact_text
 
 LEAKS = ("10.1.2.3", "8000", "ABCDEFGHIJKLMNOPQRSTUV1234", "Traceback", "db.internal", "most recent call")
 MESSAGE = (

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from h1_upstreams import CHAT, json_reply, keep_serving, stack_on
 
-from latgate.proxy.failures import parse_retry_after, retry_after_header
+from latgate.forwarding.failures import parse_retry_after, retry_after_header
 
 NOW = 1_800_000_000.0
 

@@ -18,10 +18,10 @@ from completions import DONE, ROLE, chat_chunk, chat_completion, content, event
 from memory_transport import MemoryResponse, MemoryTransport, Sent
 from servers import serve_app
 
-from latgate.app import create_app
-from latgate.config import load_config_text
-from latgate.proxy.egress import Egress, Proxy
-from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
+from latgate.app.asgi import create_app
+from latgate.foundation.config import load_config_text
+from latgate.transport.egress import Egress, Proxy
+from latgate.transport.upstream import UpstreamClient, UpstreamFailure
 
 BASE = "http://up.test:9/v1"
 KEY = "sk-secret-123"

@@ -28,8 +28,8 @@ from h1_upstreams import (
 from stack import gateway
 from tls_upstreams import AlertingTLSUpstream, private_ca
 
-from latgate.config import load_config_text
-from latgate.config.warnings import config_warnings
+from latgate.foundation.config import load_config_text
+from latgate.foundation.config.warnings import config_warnings
 
 
 def ask(v1: str) -> httpx.Response:

@@ -1,4 +1,4 @@
-"""The parts of uvicorn's private httptools protocol that ``latgate.httplimits`` relies on
+"""The parts of uvicorn's private httptools protocol that ``latgate.app.httplimits`` relies on
 are the ones it was written against.
 
 ``BoundedHttpToolsProtocol`` subclasses ``uvicorn.protocols.http.httptools_impl
@@ -10,9 +10,9 @@ this module fails loudly, naming what moved, when an installed uvicorn differs:
 
 - every member latgate calls or reads still exists;
 - the methods latgate replaces or whose internals it depends on have the source they
-  had when ``httplimits.py`` was last checked against them (a SHA-256 of each method's
+  had when ``app/httplimits.py`` was last checked against them (a SHA-256 of each method's
   dedented source). A mismatch means: read the new uvicorn method, port its change into
-  ``httplimits.py`` if latgate's override must follow it, run ``tests/test_client_limits.py``
+  ``app/httplimits.py`` if latgate's override must follow it, run ``tests/test_client_limits.py``
   and ``tests/test_http10_clients.py``, then record the new digest here and widen the pin.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from latgate import httplimits
+from latgate.app import httplimits
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,14 +87,14 @@ def test_the_uvicorn_methods_latgate_overrides_are_the_audited_ones(cls_name: st
     found = _digest(cls_name, method)
     assert found == AUDITED_SOURCES[(cls_name, method)], (
         f"uvicorn {version('uvicorn')} changed {cls_name}.{method} (source digest {found}): "
-        "latgate.httplimits overrides or depends on it; read the new method, port the change, "
+        "latgate.app.httplimits overrides or depends on it; read the new method, port the change, "
         "then update AUDITED_SOURCES and the uvicorn pin in pyproject.toml"
     )
 
 
 def test_every_protocol_member_latgate_calls_still_exists() -> None:
     missing = [name for name in PROTOCOL_MEMBERS if not callable(getattr(HttpToolsProtocol, name, None))]
-    assert not missing, f"uvicorn {version('uvicorn')} HttpToolsProtocol lost {missing} (latgate.httplimits calls them)"
+    assert not missing, f"uvicorn {version('uvicorn')} HttpToolsProtocol lost {missing} (latgate.app.httplimits calls them)"
 
 
 def test_the_protocol_and_cycle_still_set_the_attributes_latgate_reads() -> None:
@@ -102,12 +102,12 @@ def test_the_protocol_and_cycle_still_set_the_attributes_latgate_reads() -> None
     cycle_missing = set(CYCLE_ATTRIBUTES) - _assigned_attributes(RequestResponseCycle)
     assert not protocol_missing and not cycle_missing, (
         f"uvicorn {version('uvicorn')} no longer sets HttpToolsProtocol.{sorted(protocol_missing)} "
-        f"/ RequestResponseCycle.{sorted(cycle_missing)}, which latgate.httplimits reads"
+        f"/ RequestResponseCycle.{sorted(cycle_missing)}, which latgate.app.httplimits reads"
     )
 
 
 def test_latgate_overrides_only_the_methods_audited_here() -> None:
-    """A new override in httplimits.py must be audited (and listed) too."""
+    """A new override in app/httplimits.py must be audited (and listed) too."""
     overridden = {
         name
         for name, value in vars(httplimits.BoundedHttpToolsProtocol).items()

@@ -14,7 +14,7 @@ from completions import chat_completion
 from replay import ReplayScript, replay_server, split_bytes, split_points
 from stack import gateway, replay_gateway, requests_total
 
-from latgate.proxy.sse import StreamTap
+from latgate.forwarding.sse import StreamTap
 
 RECORDINGS = Path(__file__).parent / "fixtures" / "vllm-0.32-cpu"
 

@@ -15,7 +15,7 @@ from gateway_process import GatedUpstream, GatewayProcess
 from servers import listening_socket, serve_app
 from stack import default_route_config, simulator_urls
 
-from latgate.workers import MIN_UPTIME_SECONDS
+from latgate.process.workers import MIN_UPTIME_SECONDS
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 WORKER_SERVING = r"worker (\d) \(pid (\d+)\) serving"

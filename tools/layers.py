@@ -35,35 +35,19 @@ DOC = ROOT / "docs" / "ARCHITECTURE.md"
 BEGIN, END = "<!-- layers:begin (tools/layers.py --write-docs) -->", "<!-- layers:end -->"
 
 #: top to bottom: (layer, what it is, module patterns). A module may import its own layer
-#: and those below it. A pattern matches a module name (``latgate.proxy.h1``) exactly or
+#: and those below it. A pattern matches a module name (``latgate.transport.h1``) exactly or
 #: by glob; the most specific (exact) match wins.
 LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    (
-        "commands",
-        "the CLI and the tools beside the gateway (demo, clients, bench, sim)",
-        ("latgate.cli", "latgate.__main__", "latgate.commands*", "latgate.demo", "latgate.clients", "latgate.client_renderers", "latgate.bench*", "latgate.sim*"),
-    ),
-    (
-        "process",
-        "start, drain, signals, workers",
-        ("latgate.server", "latgate.workers", "latgate.lifecycle", "latgate.listen", "latgate.starts", "latgate.gcpolicy"),
-    ),
-    ("app", "the ASGI app, its config reload, client connection limits, /ui", ("latgate.app", "latgate.reload", "latgate.httplimits", "latgate.client_limits", "latgate.ui*")),
-    ("api", "the route table, the one serve path, each wire API's description, admin", ("latgate.api*",)),
-    ("request", "one request's routing and auth, tracing, API translation", ("latgate.gateway", "latgate.auth*", "latgate.tracing", "latgate.translate*")),
-    (
-        "forwarding",
-        "attempts, retries, hedges, the stream relay and its tap",
-        ("latgate.proxy", "latgate.proxy.*"),
-    ),
-    ("routing", "rules, targets, selection and admission over live numbers", ("latgate.routing*",)),
-    ("live", "providers' and endpoints' live numbers, shared state, connectors", ("latgate.providers*", "latgate.store*", "latgate.connectors*")),
-    (
-        "transport",
-        "the upstream HTTP/1.1 client: pool, connections, egress, decoding",
-        ("latgate.proxy.upstream", "latgate.proxy.h1", "latgate.proxy.h1conn", "latgate.proxy.egress", "latgate.proxy.tunnel", "latgate.proxy.decoding", "latgate.proxy.errors", "latgate.proxy.prelude"),
-    ),
-    ("foundation", "config, the error tree, metrics, logs", ("latgate", "latgate.config*", "latgate.errors", "latgate.metrics", "latgate.logs", "latgate.decode_rate", "latgate.scope_keys")),
+    ("commands", "the CLI and the tools beside the gateway (demo, clients, bench, sim)", ("latgate.__main__", "latgate.commands", "latgate.commands.*")),
+    ("process", "start, drain, signals, workers", ("latgate.process", "latgate.process.*")),
+    ("app", "the ASGI app, its config reload, client connection limits, /ui", ("latgate.app", "latgate.app.*")),
+    ("api", "the route table, the one serve path, each wire API's description, admin", ("latgate.api", "latgate.api.*")),
+    ("request", "one request's routing and auth, tracing, API translation", ("latgate.request", "latgate.request.*")),
+    ("forwarding", "attempts, retries, hedges, the stream relay and its tap", ("latgate.forwarding", "latgate.forwarding.*")),
+    ("routing", "rules, targets, selection and admission over live numbers", ("latgate.routing", "latgate.routing.*")),
+    ("live", "providers' and endpoints' live numbers, shared state, connectors", ("latgate.live", "latgate.live.*")),
+    ("transport", "the upstream HTTP/1.1 client: pool, connections, egress, decoding", ("latgate.transport", "latgate.transport.*")),
+    ("foundation", "config, the error tree, metrics, logs", ("latgate", "latgate.foundation", "latgate.foundation.*")),
 )
 
 #: pure leaves any layer may import: they do no I/O and import no latgate module but

@@ -1,3 +1,3 @@
-from latgate.cli import main
+from latgate.commands.cli import main
 
 raise SystemExit(main())

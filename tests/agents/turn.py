@@ -19,9 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from servers import serve_app
 from stack import simulators
 
-from latgate.app import create_app
-from latgate.config import load_config_text
-from latgate.sim import SimApp, SimOptions
+from latgate.app.asgi import create_app
+from latgate.commands.sim import SimApp, SimOptions
+from latgate.foundation.config import load_config_text
 
 PREPARE_TIMEOUT_SECONDS = 60
 #: Fast simulated engines: agents send 5-30k-token prompts; a turn should take seconds.

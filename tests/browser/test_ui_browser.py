@@ -12,7 +12,7 @@ import httpx
 from chromium import chromium
 from stack import FAST, demo_stack
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "artifacts"
 BODY = {"model": "glm-5.1", "messages": [{"role": "user", "content": "hello there"}], "stream": True}

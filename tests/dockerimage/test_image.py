@@ -24,7 +24,7 @@ from processes import poll
 from redisd import free_port
 from stack import FAST, simulators
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "build" / "artifacts"

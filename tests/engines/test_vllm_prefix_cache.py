@@ -36,7 +36,7 @@ import pytest
 from stack import gateway
 from vllm_server import SERVED_MODEL, VllmReplica, engine_config
 
-from latgate.providers.engine_cache import parse_vllm_cache
+from latgate.live.providers.engine_cache import parse_vllm_cache
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.own_replicas]
 

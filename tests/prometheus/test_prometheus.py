@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redisd import free_port
 from stack import FAST, Stack, gateway, simulators
 
-from latgate.sim import SimOptions
+from latgate.commands.sim import SimOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"

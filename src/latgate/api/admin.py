@@ -9,10 +9,10 @@ from starlette.responses import Response
 
 from latgate import __version__
 from latgate.api.body import error_response, read_json_object
-from latgate.errors import GatewayError
-from latgate.gateway import Gateway, request_id
-from latgate.providers import ProviderRuntime
-from latgate.providers.monitor import Monitor
+from latgate.foundation.errors import GatewayError
+from latgate.live.providers import ProviderRuntime
+from latgate.live.providers.monitor import Monitor
+from latgate.request.gateway import Gateway, request_id
 from latgate.routing.explain import decision_json
 
 _ROOT = orjson.dumps({"service": "latgate", "version": __version__, "status": "ok"})

@@ -1,7 +1,7 @@
 """Anthropic Messages API routes, for Claude Code and the Anthropic SDKs.
 
 ``POST /v1/messages`` (streamed or not) is translated to chat completions
-(:mod:`latgate.translate`), routed and forwarded like any chat completion, and the
+(:mod:`latgate.request.translate`), routed and forwarded like any chat completion, and the
 answer translated back. ``POST /v1/messages/count_tokens`` answers
 ``{"input_tokens": N}`` with latgate's prompt estimate, contacting nothing.
 
@@ -25,12 +25,17 @@ from starlette.responses import Response
 
 from latgate.api.body import error_headers
 from latgate.api.serve import Api, Envelope, Forward, Prepare
-from latgate.auth import Caller
-from latgate.errors import GatewayError
-from latgate.gateway import REFUSING_DEEP_NESTING, Gateway
-from latgate.proxy.exchange import Exchange
+from latgate.forwarding.exchange import Exchange
+from latgate.foundation.errors import GatewayError
+from latgate.request.auth import Caller
+from latgate.request.gateway import REFUSING_DEEP_NESTING, Gateway
+from latgate.request.translate import (
+    MessagesStream,
+    anthropic_error_body,
+    messages_to_chat,
+    stop_sequences_of,
+)
 from latgate.routing.tokens import estimate_prompt_tokens
-from latgate.translate import MessagesStream, anthropic_error_body, messages_to_chat, stop_sequences_of
 
 
 def _messages(

@@ -10,14 +10,14 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from latgate.errors import (
+from latgate.forwarding.largebody import LARGE_BODY_BYTES, join_and_parse, release_when_freed
+from latgate.foundation.errors import (
     BodyTooLarge,
     ClientClosedRequest,
     GatewayError,
     InvalidRequest,
     UnsupportedMediaType,
 )
-from latgate.proxy.largebody import LARGE_BODY_BYTES, join_and_parse, release_when_freed
 
 T = TypeVar("T")
 
@@ -25,7 +25,7 @@ T = TypeVar("T")
 class ClientBody(dict[str, Any]):
     """A request body parsed from JSON: a plain ``dict`` of its members that can be
     weakly referenced (a large body's memory is released off the event loop once it is
-    freed: :func:`latgate.proxy.largebody.release_when_freed`)."""
+    freed: :func:`latgate.forwarding.largebody.release_when_freed`)."""
 
     __slots__ = ("__weakref__",)
 
@@ -85,7 +85,7 @@ def media_problem(headers: Mapping[str, str]) -> str | None:
 
 async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
     """The request body as a JSON object, read at most ``max_bytes`` bytes, parsed once
-    (what goes upstream is encoded from this parse: :func:`latgate.proxy.wire.upstream_payload`).
+    (what goes upstream is encoded from this parse: :func:`latgate.forwarding.wire.upstream_payload`).
 
     Raises:
         UnsupportedMediaType: compressed, or not sent as JSON (:func:`media_problem`;
@@ -116,7 +116,7 @@ async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
     if not size:
         raise InvalidRequest("request body is empty; expected a JSON object")
     try:
-        if size > LARGE_BODY_BYTES:  # joined and parsed off the event loop, in slices (latgate.proxy.largebody)
+        if size > LARGE_BODY_BYTES:  # joined and parsed off the event loop, in slices (latgate.forwarding.largebody)
             body = await asyncio.to_thread(join_and_parse, chunks)
         else:
             raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)

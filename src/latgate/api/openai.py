@@ -17,10 +17,10 @@ from starlette.responses import Response
 
 from latgate.api.body import error_response, require
 from latgate.api.serve import Api, Forward, Prepare
-from latgate.auth import Caller
-from latgate.errors import GatewayError
-from latgate.gateway import Gateway, request_id
-from latgate.proxy.exchange import Exchange
+from latgate.forwarding.exchange import Exchange
+from latgate.foundation.errors import GatewayError
+from latgate.request.auth import Caller
+from latgate.request.gateway import Gateway, request_id
 from latgate.routing.headers import refuse_duplicate_headers
 
 PREFIXES = ("/v1", "")

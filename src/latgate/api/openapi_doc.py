@@ -4,7 +4,7 @@ schemas and one builder per kind of operation. The route table
 with :func:`document`.
 
 Hand-written: the proxied routes are dispatched outside FastAPI (see
-:class:`latgate.app.LatgateApp`), so FastAPI cannot describe them, and request bodies
+:class:`latgate.app.asgi.LatgateApp`), so FastAPI cannot describe them, and request bodies
 are whatever the upstream accepts. The document describes what *latgate* checks (the
 required field of each body, ``stream`` a boolean, ``model`` a string), the statuses
 it can answer with, its error envelopes (OpenAI's; Anthropic's on ``/v1/messages``),

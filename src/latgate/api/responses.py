@@ -1,7 +1,7 @@
 """``POST /v1/responses`` (and ``/responses``): the OpenAI Responses API, the only wire API
 of the Codex CLI.
 
-One request: read the body -> :func:`~latgate.translate.responses_request.responses_to_chat`
+One request: read the body -> :func:`~latgate.request.translate.responses_request.responses_to_chat`
 (validation, and the chat body routing estimates the prompt from) -> ``Gateway.decide``.
 Then one of two paths:
 
@@ -11,7 +11,7 @@ Then one of two paths:
   provider's ``extra_body`` applied) and the answer streams back byte for byte, timed
   and counted by the SSE tap like any stream;
 - translation: otherwise the chat body goes to ``/chat/completions`` with a
-  :class:`~latgate.translate.responses_stream.ResponsesStreamTransform` for the answer.
+  :class:`~latgate.request.translate.responses_stream.ResponsesStreamTransform` for the answer.
 
 Either way the request routes, falls back and is measured like any chat completion,
 served by :func:`latgate.api.serve.serve` like every API (with ``[auth]`` the key is
@@ -27,13 +27,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from latgate.api.serve import Api, Forward
-from latgate.auth import Caller
-from latgate.config.schema import ProviderConfig
-from latgate.gateway import Gateway
-from latgate.proxy.exchange import Exchange
+from latgate.forwarding.exchange import Exchange
+from latgate.foundation.config.schema import ProviderConfig
+from latgate.request.auth import Caller
+from latgate.request.gateway import Gateway
+from latgate.request.translate.responses_request import responses_to_chat
+from latgate.request.translate.responses_stream import ResponsesStreamTransform
 from latgate.routing.decision import RouteDecision
-from latgate.translate.responses_request import responses_to_chat
-from latgate.translate.responses_stream import ResponsesStreamTransform
 
 
 def _create_response(

@@ -4,7 +4,7 @@ The table gives each route its methods, endpoint and OpenAPI operation; from it 
 the three views of the HTTP API:
 
 - :func:`hot_routes`: path -> :class:`~latgate.api.serve.Api` for the proxied POSTs,
-  which :class:`latgate.app.LatgateApp` dispatches without the framework's routing;
+  which :class:`latgate.app.asgi.LatgateApp` dispatches without the framework's routing;
 - :func:`framework_routes`: every route for the framework (FastAPI), so the operator
   routes are served and other methods on any path get a 405;
 - :func:`openapi_document`: ``GET /openapi.json``.
@@ -85,7 +85,7 @@ def _operator_routes() -> list[RouteEntry]:
 def route_table(extra: Sequence[RouteEntry] = ()) -> list[RouteEntry]:
     """Every route: the proxied APIs at each of their paths, the operator routes, then
     ``extra``: the routes of the layer above (``POST /admin/reload``, ``/ui``:
-    :func:`latgate.app.app_routes`), which this table cannot import."""
+    :func:`latgate.app.asgi.app_routes`), which this table cannot import."""
     proxied = [
         RouteEntry(path, ("POST",), api.endpoint, openapi_doc.proxied(api)) for api in APIS for path in api.paths
     ]

@@ -6,7 +6,7 @@ transform for the answer, or an answer latgate gives itself), which error envelo
 clients read, where it is routed and how it is documented. :func:`serve` owns the rest,
 the same for every API, in this order:
 
-1. the request's :class:`~latgate.proxy.exchange.Exchange` (request id, span);
+1. the request's :class:`~latgate.forwarding.exchange.Exchange` (request id, span);
 2. cheap checks first (with ``[auth]``): the key, then its request rate, before the
    body is read; the model allow-list once the body is parsed, before it is counted;
 3. the body, read within ``[server] max_body_bytes`` (413 beyond);
@@ -33,14 +33,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from latgate.api.body import error_response, read_json_object, until_client_leaves
-from latgate.auth import AuthGuard, Caller
-from latgate.errors import GatewayError, RateLimited
-from latgate.gateway import MAX_LOGGED_MODEL_CHARS, REFUSING_DEEP_NESTING, Gateway, drain_cut_error
-from latgate.proxy.exchange import CLIENT_CLOSED, Exchange, is_drain_cut
-from latgate.proxy.transform import ResponseTransform
+from latgate.forwarding.exchange import CLIENT_CLOSED, Exchange, is_drain_cut
+from latgate.forwarding.transform import ResponseTransform
+from latgate.foundation.errors import GatewayError, RateLimited
+from latgate.foundation.scope_keys import TIMEOUT_SCOPE_KEY
+from latgate.request.auth import AuthGuard, Caller
+from latgate.request.gateway import MAX_LOGGED_MODEL_CHARS, REFUSING_DEEP_NESTING, Gateway, drain_cut_error
 from latgate.routing.decision import RouteDecision
 from latgate.routing.headers import refuse_duplicate_headers
-from latgate.scope_keys import TIMEOUT_SCOPE_KEY
 
 log = logging.getLogger("latgate")
 

@@ -2,12 +2,12 @@
 
 Prints, as plain aligned text (it reads the same in a terminal, a pipe or a CI log):
 the listen address (what a host name resolves to here, and a warning when this machine
-could not listen there: :func:`~latgate.config.listen_host.probe_listen_host`), each provider (connector, role, engine, endpoints with their URLs, models or "any",
+could not listen there: :func:`~latgate.foundation.config.listen_host.probe_listen_host`), each provider (connector, role, engine, endpoints with their URLs, models or "any",
 the same-model rule of a single-model provider, extra_body keys, capacity hints), the
 aliases, the ``[models]`` settings, the routing rules in the order they apply, and the
 warnings. ``check`` is an operator tool, so URLs are shown; keys never are, nor the
 password of a URL's ``user:password@`` part, nor any value that looks like a key
-(:func:`~latgate.config.masking.mask_secrets`).
+(:func:`~latgate.foundation.config.masking.mask_secrets`).
 
 Exit codes: 0 ok, 1 config error (a ``latgate: error: ...`` line per mistake on stderr),
 2 an endpoint failed its probe (``--probe``: ``GET`` the connector's health path on
@@ -26,21 +26,21 @@ import time
 from collections.abc import Mapping
 from typing import TextIO
 
-from latgate.config.apikeys import header_key
-from latgate.config.errors import ConfigError
-from latgate.config.listen_host import probe_listen_host
-from latgate.config.loader import load_config, resolve_config_path
-from latgate.config.masking import mask_secrets, mask_url
-from latgate.config.schema import Config, ProviderConfig
-from latgate.connectors import get_connector
-from latgate.proxy.egress import Egress, egress_for
-from latgate.proxy.upstream import UpstreamClient, UpstreamFailure
+from latgate.foundation.config.apikeys import header_key
+from latgate.foundation.config.errors import ConfigError
+from latgate.foundation.config.listen_host import probe_listen_host
+from latgate.foundation.config.loader import load_config, resolve_config_path
+from latgate.foundation.config.masking import mask_secrets, mask_url
+from latgate.foundation.config.schema import Config, ProviderConfig
+from latgate.live.connectors import get_connector
+from latgate.live.store.resp import RespAuthError, RespClient, RespError
 from latgate.routing.decision import Router
 from latgate.routing.models import same_model
 from latgate.routing.reach import Reach, fallback_suggestion, rule_reach
 from latgate.routing.strategies.registry import predicts
 from latgate.routing.warnings import startup_warnings
-from latgate.store.resp import RespAuthError, RespClient, RespError
+from latgate.transport.egress import Egress, egress_for
+from latgate.transport.upstream import UpstreamClient, UpstreamFailure
 
 PROBE_TIMEOUT_SECONDS = 3.0
 _LABEL_WIDTH = 21
@@ -80,7 +80,7 @@ def report_lines(
     """The report as lines of text (no trailing newlines). ``env``: where proxy and
     certificate variables are read (none when not given); ``host_resolves_to``: the
     address ``[server] host``, a name, resolves to on this machine (see
-    :func:`~latgate.config.listen_host.probe_listen_host`)."""
+    :func:`~latgate.foundation.config.listen_host.probe_listen_host`)."""
     auth = f"{len(config.auth.keys)} key(s)" if config.auth else "none"
     resolves = f" (resolves to {host_resolves_to})" if host_resolves_to else ""
     lines = [

@@ -35,9 +35,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from latgate.config.errors import ConfigError
-from latgate.config.loader import load_config, resolve_config_path
-from latgate.errors import GatewayError
+from latgate.foundation.config.errors import ConfigError
+from latgate.foundation.config.loader import load_config, resolve_config_path
+from latgate.foundation.errors import GatewayError
 from latgate.routing.decision import Router
 from latgate.routing.explain import decision_json
 

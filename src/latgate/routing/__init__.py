@@ -9,7 +9,7 @@
    live numbers: a :class:`~latgate.routing.plan.RoutePlan` (provider order, first
    endpoint, hedge).
 
-The forwarder (:mod:`latgate.proxy.forward`) follows the plan through this interface
+The forwarder (:mod:`latgate.forwarding.forward`) follows the plan through this interface
 only: :meth:`Selector.plan`, :meth:`Selector.next_endpoint` for a further attempt,
 :meth:`Selector.deadline_ms` for an attempt's first-token deadline,
 :meth:`Selector.hedge_target` when a hedge is sent, and

@@ -2,7 +2,7 @@
 request waits in latgate, in priority order, instead of in the engine's arrival order.
 
 Capacity is what latgate knows of each endpoint: the engine's own gauges
-(:mod:`latgate.providers.monitor`), ``max_batch_size``, TileRT's free decode nodes, or
+(:mod:`latgate.live.providers.monitor`), ``max_batch_size``, TileRT's free decode nodes, or
 the running count seen when the engine answered busy. A pool with any endpoint of
 unknown capacity has no queue: its requests go on at once, as before. A request that
 finds a free slot, or a pool without a queue, costs one pass over its pool's endpoints.
@@ -47,12 +47,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from latgate.config.schema import QueueConfig
-from latgate.errors import Overloaded
-from latgate.metrics import Metrics
-from latgate.providers.endpoint import EndpointRuntime
-from latgate.providers.pool import ProviderPool
-from latgate.providers.runtime import ProviderRuntime
+from latgate.foundation.config.schema import QueueConfig
+from latgate.foundation.errors import Overloaded
+from latgate.foundation.metrics import Metrics
+from latgate.live.providers.endpoint import EndpointRuntime
+from latgate.live.providers.pool import ProviderPool
+from latgate.live.providers.runtime import ProviderRuntime
 from latgate.routing.priority import BATCH, CLASS_NAMES, INTERACTIVE
 from latgate.routing.queue import Waiter, WaitQueue
 from latgate.routing.queue_outlook import WaitOutlook, batch_headroom, free_endpoint, has_room
@@ -293,7 +293,7 @@ class Admission:
         """Keep what ``previous`` (the admission of the gateway a reload replaces) counted
         and learnt: outcome counters, the wait correction and the observed leases, for
         the providers and endpoints still configured. Its waiters stay with it and take
-        the slots its pool frees (:func:`latgate.providers.carry.carry_live_state`)."""
+        the slots its pool frees (:func:`latgate.live.providers.carry.carry_live_state`)."""
         for name, stats in previous._stats.items():
             if name in self._stats:
                 self._stats[name] = dataclasses.replace(stats)

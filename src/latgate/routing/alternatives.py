@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from latgate.config.schema import Config
+from latgate.foundation.config.schema import Config
 from latgate.routing.models import skipped_note
 from latgate.routing.targets import Target
 

@@ -2,7 +2,7 @@
 
 A :class:`Router` is built once per config and is pure: :meth:`Router.decide` does no
 I/O and keeps no state between requests, so it can be unit-tested with plain
-:class:`~latgate.config.schema.Config` objects. Endpoints' live numbers (health, in-flight,
+:class:`~latgate.foundation.config.schema.Config` objects. Endpoints' live numbers (health, in-flight,
 TTFT estimates) are the :class:`~latgate.routing.selection.Selector`'s business: it turns
 ``RouteDecision.candidates`` into the plan the forwarder walks.
 
@@ -44,10 +44,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from latgate.config.errors import ConfigError
-from latgate.config.providers import tokenizer_path
-from latgate.config.schema import Config, PolicyConfig
-from latgate.errors import InvalidRequest, NotFound
+from latgate.foundation.config.errors import ConfigError
+from latgate.foundation.config.providers import tokenizer_path
+from latgate.foundation.config.schema import Config, PolicyConfig
+from latgate.foundation.errors import InvalidRequest, NotFound
 from latgate.routing.alternatives import Alternatives
 from latgate.routing.headers import budget_header, debug_header, flag_header
 from latgate.routing.models import model_key, rule_model, skipped_note, upstream_model

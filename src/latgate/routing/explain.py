@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from latgate.config.schema import Config
+from latgate.foundation.config.schema import Config
 from latgate.routing.decision import RouteDecision
 
 if TYPE_CHECKING:

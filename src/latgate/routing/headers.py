@@ -1,6 +1,6 @@
 """Parsing the request headers routing reads (docs/routing.md, "Headers").
 
-Each parser raises :class:`~latgate.errors.InvalidRequest` naming the header for a value
+Each parser raises :class:`~latgate.foundation.errors.InvalidRequest` naming the header for a value
 that cannot mean anything, so a client learns of its mistake instead of being routed by
 a guess.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from latgate.errors import InvalidRequest
+from latgate.foundation.errors import InvalidRequest
 
 _TRUE_VALUES = ("1", "true", "yes", "on")
 _FALSE_VALUES = ("0", "false", "no", "off")
@@ -84,7 +84,7 @@ ACTED_ON_HEADERS = {
 
 
 def refuse_duplicate_headers(raw_headers: list[tuple[bytes, bytes]]) -> None:
-    """Raise :class:`~latgate.errors.InvalidRequest` (400, code ``duplicate_header``,
+    """Raise :class:`~latgate.foundation.errors.InvalidRequest` (400, code ``duplicate_header``,
     param the header) when one of :data:`ACTED_ON_HEADERS` comes more than once in
     ``raw_headers`` (an ASGI scope's, lowercase names): which one latgate should act on
     would be a guess (the first, for most frameworks; the last, for some proxies)."""

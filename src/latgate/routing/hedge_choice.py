@@ -7,10 +7,10 @@ since load may have moved in between.
 
 from __future__ import annotations
 
-from latgate.providers.endpoint import EndpointRuntime
-from latgate.providers.health import CLOSED, HALF_OPEN
-from latgate.providers.pool import ProviderPool
-from latgate.providers.runtime import ProviderRuntime
+from latgate.live.providers.endpoint import EndpointRuntime
+from latgate.live.providers.health import CLOSED, HALF_OPEN
+from latgate.live.providers.pool import ProviderPool
+from latgate.live.providers.runtime import ProviderRuntime
 from latgate.routing.decision import Target
 from latgate.routing.plan import Hedge, RoutePlan
 from latgate.routing.policies.hedging import hedge_delay_ms

@@ -12,7 +12,7 @@ words (``-instruct``, ``-mini``) or changes a number is another model.
 
 from __future__ import annotations
 
-from latgate.config.schema import ProviderConfig
+from latgate.foundation.config.schema import ProviderConfig
 
 #: organisation words that lead some served names without naming the model
 #: (``meta-llama/Meta-Llama-3-8B``, ``google/Google-Gemma``); model families

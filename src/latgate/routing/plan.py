@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from latgate.providers import EndpointRuntime
+from latgate.live.providers import EndpointRuntime
 from latgate.routing.prefix_index import PromptPrefix
 from latgate.routing.targets import Target
 

@@ -222,7 +222,7 @@ class PrefixIndex:
         self._held_tokens = held
 
     def correct(self, shortfall_tokens: int) -> None:
-        """The engine's report (:mod:`latgate.providers.cache_evidence`): it held
+        """The engine's report (:mod:`latgate.live.providers.cache_evidence`): it held
         ``shortfall_tokens`` less than the index believed (negative: more). The
         effective capacity moves by as much, within ``[capacity / MAX_SHORTFALL_DIVISOR,
         capacity]``, and the least recently used entries beyond it go at once."""

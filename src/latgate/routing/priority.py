@@ -16,7 +16,7 @@ for a request that does not wait.
 
 from __future__ import annotations
 
-from latgate.errors import InvalidRequest
+from latgate.foundation.errors import InvalidRequest
 from latgate.routing.headers import shown_value
 
 BATCH = 0

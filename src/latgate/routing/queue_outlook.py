@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from latgate.providers.endpoint import EndpointRuntime
-from latgate.providers.pool import ProviderPool
-from latgate.providers.runtime import ProviderRuntime
+from latgate.live.providers.endpoint import EndpointRuntime
+from latgate.live.providers.pool import ProviderPool
+from latgate.live.providers.runtime import ProviderRuntime
 from latgate.routing.queue import correction, predicted_wait_ms
 
 LEASE_EWMA_ALPHA = 0.2

@@ -7,7 +7,7 @@ queue preempts one (:meth:`Preemptible.preempt`: the most recently admitted,
 :func:`~latgate.routing.queue.choose_preemption`), its task is cancelled, which frees its
 slot for the interactive request, and the guard raises :class:`Preempted`. The
 forwarder then puts the request back in the queue when its own bound still allows
-(:meth:`latgate.proxy.forward.Forwarder.forward`), else it is answered 503 with
+(:meth:`latgate.forwarding.forward.Forwarder.forward`), else it is answered 503 with
 ``Retry-After`` and ``x-latgate-preempted: 1``. A stream whose response head already
 went out (a keep-alive stream) is never preempted.
 """
@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from latgate.errors import Overloaded
+from latgate.foundation.errors import Overloaded
 from latgate.routing.priority import BATCH
 from latgate.routing.queue import choose_preemption
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from latgate.errors import GatewayError, Overloaded
+from latgate.foundation.errors import GatewayError, Overloaded
 from latgate.routing.queue_outlook import retry_after_seconds
 from latgate.routing.targets import RouteDecision, Target
 

@@ -5,7 +5,7 @@ A rule (long context, latency-sensitive, a policy's ``route_to`` or
 :class:`~latgate.routing.decision.Router` skips it for a model that provider does not
 serve (:func:`~latgate.routing.models.rule_model`), with only a note. ``latgate check``
 and ``latgate serve`` ask the same :class:`Router` here, for every model name of the
-config (:meth:`~latgate.config.schema.Config.public_models`), so what they print is
+config (:meth:`~latgate.foundation.config.schema.Config.public_models`), so what they print is
 what routing does:
 
 - :func:`rule_reach`: for each rule and each fallback link, the models it applies to
@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from latgate.config.schema import Config
+from latgate.foundation.config.schema import Config
 from latgate.routing.decision import Router
 from latgate.routing.models import skipped_note
 

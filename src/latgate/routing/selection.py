@@ -40,10 +40,10 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from latgate.config.schema import Config
-from latgate.providers.endpoint import QUEUE_P90_FACTOR, EndpointRuntime
-from latgate.providers.pool import ProviderPool
-from latgate.providers.runtime import ProviderRuntime
+from latgate.foundation.config.schema import Config
+from latgate.live.providers.endpoint import QUEUE_P90_FACTOR, EndpointRuntime
+from latgate.live.providers.pool import ProviderPool
+from latgate.live.providers.runtime import ProviderRuntime
 from latgate.routing.decision import RouteDecision
 from latgate.routing.hedge_choice import hedge_target, planned_hedge
 from latgate.routing.plan import Considered, Hedge, RoutePlan

@@ -26,7 +26,7 @@ map shared over Redis agrees) and never kept or logged raw. Where a client sends
 of these, the prompt's prefix is the identity (:mod:`latgate.routing.prefix_index`).
 
 :class:`SessionMap` is the session -> endpoint memory, two methods; its implementations,
-in process or shared by the replicas over Redis, are in :mod:`latgate.store.sessions`.
+in process or shared by the replicas over Redis, are in :mod:`latgate.live.store.sessions`.
 """
 
 from __future__ import annotations

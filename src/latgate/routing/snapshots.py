@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import math
 
-from latgate.providers.endpoint import QUEUE_P90_FACTOR, EndpointRuntime
-from latgate.providers.health import CLOSED, HALF_OPEN
-from latgate.providers.pool import ProviderPool
-from latgate.providers.predictor import P90_SPREADS
-from latgate.providers.runtime import ProviderRuntime
+from latgate.live.providers.endpoint import QUEUE_P90_FACTOR, EndpointRuntime
+from latgate.live.providers.health import CLOSED, HALF_OPEN
+from latgate.live.providers.pool import ProviderPool
+from latgate.live.providers.predictor import P90_SPREADS
+from latgate.live.providers.runtime import ProviderRuntime
 from latgate.routing.plan import RoutePlan
 from latgate.routing.policies.e2e import predicted_e2e_ms
 from latgate.routing.policies.evidence import (

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from latgate.config.masking import mask_secrets
-from latgate.config.schema import Config
-from latgate.config.warnings import config_warnings
+from latgate.foundation.config.masking import mask_secrets
+from latgate.foundation.config.schema import Config
+from latgate.foundation.config.warnings import config_warnings
 from latgate.routing.decision import Router
 from latgate.routing.reach import reach_warnings
 
 
 def startup_warnings(config: Config, env: Mapping[str, str] | None = None, *, can_listen: bool = True) -> list[str]:
-    """Every warning about a valid ``config``: :func:`~latgate.config.warnings.config_warnings`
+    """Every warning about a valid ``config``: :func:`~latgate.foundation.config.warnings.config_warnings`
     (``env``, ``can_listen`` as there), then :func:`routing_warnings`."""
     return config_warnings(config, env, can_listen=can_listen) + routing_warnings(config)
 

@@ -1,7 +1,7 @@
 """Evidence and confidence: how much an endpoint's measured TTFT is believed, and when
 a request leaves the provider its rule names.
 
-An estimate is the endpoint's fitted TTFT line (:mod:`latgate.providers.predictor`)
+An estimate is the endpoint's fitted TTFT line (:mod:`latgate.live.providers.predictor`)
 blended with a prior by its confidence: ``weight / (weight + PRIOR_WEIGHT)``, where
 ``weight`` is the fit's recency-weighted observation count, halved for every
 ``half_life_s`` since the last observation. A fresh endpoint is its prior; one measured

@@ -53,7 +53,7 @@ def after_failure(
 
     Args:
         retryable: the failure is one another attempt may not share (a connection
-            failure, a timeout, a 429/5xx; see :mod:`latgate.proxy.failures`).
+            failure, a timeout, a 429/5xx; see :mod:`latgate.forwarding.failures`).
         busy: the provider said it is full (TileRT's busy 429): not failing, so no
             retry and no pause, the next candidate at once.
         client_mistake: the failure is the request's own (a 4xx other than 401/403,
@@ -63,7 +63,7 @@ def after_failure(
         max_retries: ``defaults.max_retries``.
         stream_options_refused: the provider refused the stream's ``stream_options``
             (a 400 or 422 naming them, as OpenAI-compatible servers that do not know
-            the field answer; :func:`latgate.proxy.wire.refuses_stream_options`).
+            the field answer; :func:`latgate.forwarding.wire.refuses_stream_options`).
 
     Returns:
         After a refusal of ``stream_options``: a retry at once on the same endpoint

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from latgate.providers import EndpointRuntime, ProviderRuntime, Ticket
+    from latgate.live.providers import EndpointRuntime, ProviderRuntime, Ticket
     from latgate.routing.plan import RoutePlan
     from latgate.routing.policies.view import EndpointView
 

@@ -28,7 +28,7 @@ from latgate.routing.strategies.placement import Placements
 from latgate.routing.strategies.registry import PREDICTED_LATENCY
 
 if TYPE_CHECKING:
-    from latgate.providers import EndpointRuntime, Ticket
+    from latgate.live.providers import EndpointRuntime, Ticket
     from latgate.routing.sessions import SessionMap
     from latgate.routing.strategies.base import Choice
 

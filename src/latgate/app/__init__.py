@@ -1,0 +1,1 @@
+"""The ASGI app, its config reload, client connection limits and /ui."""

@@ -1,0 +1,1 @@
+"""The bottom layer: config, the error tree, metrics, logs (imports no other layer)."""

@@ -1,0 +1,1 @@
+"""Providers' and endpoints' live numbers, shared state and connectors."""

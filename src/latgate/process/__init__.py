@@ -1,0 +1,1 @@
+"""Start, drain, signals, workers: the gateway as a process."""

@@ -1,0 +1,1 @@
+"""One request's routing and auth, tracing, API translation."""
