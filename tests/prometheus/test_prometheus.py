@@ -5,8 +5,8 @@ throughput pool, a hosted-style upstream, plus providers that fail, stall and re
 purpose) and the simulated engines' vLLM-style ``/metrics``. Two rounds of traffic (a
 scrape between them, so every counter and histogram moves after Prometheus first saw
 it) make every series the dashboard and the alerts read: latency-sensitive and ordinary
-streams, an error, a retry, a fallback, a hedge, an overflow and ejections. Then every
-dashboard query and alert expression is evaluated through Prometheus's HTTP API, and the
+streams, an error, a retry, a fallback, a hedge, an overflow, ejections, a wait in the
+gateway queue and prefix-cache hits the engine reports. Then every dashboard query and alert expression is evaluated through Prometheus's HTTP API, and the
 alert for a provider whose every endpoint is down is seen firing.
 
 A per-panel report (query, series returned) is written to build/artifacts/prometheus.md.
@@ -80,6 +80,12 @@ endpoints = ["{slow}/v1", "{fast}/v1"]
 role = "prefill"
 models = ["glm-5.1"]
 
+[providers.queued]
+api_base = "{queued}/v1"
+role = "prefill"
+models = ["glm-5.1"]
+max_batch_size = 1
+
 [providers.broken]
 api_base = "http://127.0.0.1:{closed}/v1"
 role = "upstream"
@@ -101,6 +107,9 @@ hedge = true
 
 [routing.policies.broken]
 route_to = "broken"
+
+[routing.policies.queued]
+route_to = "queued"
 
 [health]
 probe_interval_sec = 1
@@ -157,11 +166,12 @@ def workdir(tmp_path_factory) -> Path:
 def stack() -> Iterator[Stack]:
     options = {
         "tile-rt": SimOptions(name="tile-rt", tpot_ms=20.0, tpot_growth_ms=0.0, ttft_overhead_ms=1.0, default_max_tokens=8),
-        "vllm": SimOptions(name="vllm", **FAST),
+        "vllm": SimOptions(name="vllm", prefix_cache=True, **FAST),
         "hosted": SimOptions(name="hosted", **{**FAST, "ttft_overhead_ms": 20.0}),
         "flaky": SimOptions(name="flaky", error_rate=1.0, seed=1, **FAST),
         "slow": SimOptions(name="slow", ttft_overhead_ms=2000.0, tpot_ms=0.5, default_max_tokens=4),
         "fast": SimOptions(name="fast", **FAST),
+        "queued": SimOptions(name="queued", tpot_ms=20.0, tpot_growth_ms=0.0, ttft_overhead_ms=1.0, default_max_tokens=8),
     }
     with simulators(options) as sims:
         urls = {name.replace("-", "_"): url for name, (url, _) in sims.items()}
@@ -215,6 +225,33 @@ def overflow(stack: Stack, client: httpx.Client) -> httpx.Response:
     return response
 
 
+def queued(stack: Stack, client: httpx.Client) -> httpx.Response:
+    """A request that waits in the gateway queue: a stream holds the one slot of the
+    "queued" pool (8 tokens at 20 ms), and the request routed there is admitted when it
+    ends."""
+    policy = {"X-Route-Policy": "queued"}
+    with httpx.Client(timeout=30) as holder:
+        body = {**BODY, "stream": True}
+        with holder.stream("POST", stack.v1 + "/chat/completions", json=body, headers=policy) as held:
+            assert held.headers["x-latgate-provider"] == "queued"
+            chunks = held.iter_raw()
+            next(chunks)
+            response = chat(client, headers=policy)
+            del chunks
+    assert response.status_code == 200 and float(response.headers["x-latgate-queue-ms"]) > 0, response.headers
+    return response
+
+
+def cached_turns(client: httpx.Client) -> httpx.Response:
+    """Two turns of one conversation on the vLLM pool, whose engine caches prefixes: the
+    second reports cached prompt tokens."""
+    system = {"role": "system", "content": "You are a coding agent in the user's repository. " * 40}
+    first = [system, {"role": "user", "content": "read main.py"}]
+    chat(client, stream=False, messages=first)
+    later = [*first, {"role": "assistant", "content": "done"}, {"role": "user", "content": "now run the tests"}]
+    return chat(client, messages=later, stream_options={"include_usage": True})
+
+
 def traffic_round(stack: Stack) -> dict[str, httpx.Response]:
     """Every kind of request once (ordinary ones a few times); responses by kind."""
     out: dict[str, httpx.Response] = {}
@@ -227,6 +264,8 @@ def traffic_round(stack: Stack) -> dict[str, httpx.Response]:
         out["hedged"] = chat(client, headers={"X-Route-Policy": "hedged"})
         out["overflow"] = overflow(stack, client)
         out["error"] = chat(client, headers={"X-Route-Policy": "broken"})
+        out["queued"] = queued(stack, client)
+        out["cached"] = cached_turns(client)
     return out
 
 
@@ -257,6 +296,8 @@ def test_the_traffic_mix_made_every_event(traffic, stack: Stack) -> None:
         return any(n == name and labels.items() <= have.items() for n, have in samples)
 
     assert seen("latgate_retries_total", provider="flaky")
+    assert seen("latgate_prompt_tokens_cached_total", provider="vllm", source="reported")
+    assert seen("latgate_queue_wait_seconds_count", provider="queued", outcome="admitted")
     assert seen("latgate_fallbacks_total", **{"from": "flaky", "to": "vllm"})
     assert seen("latgate_hedges_total", provider="pair")
     assert seen("latgate_overflows_total", **{"from": "tile-rt"})
