@@ -38,17 +38,11 @@ KNOWN_FUNCTIONS: set[str] = {
     "latgate.routing.policies.predicted_ttft:choose_for_session",
     "latgate.routing.selection:Selector.plan",
     "latgate.routing.snapshots:Snapshots.take",
-    "latgate.commands.clients:settings_for",
-    "latgate.foundation.config.loader:_build",
-    "latgate.foundation.config.warnings:config_warnings",
-    "latgate.request.gateway:Gateway.proxy",
     "latgate.forwarding.relay:StreamRelay._relay",
     "latgate.routing.admission:Admission.hold",
     "latgate.routing.decision:Router.decide",
     "latgate.routing.policies.predicted_ttft:choose_power_of_two",
     "latgate.routing.prefix_index:prompt_prefix",
-    "latgate.request.translate.messages_request:messages_to_chat",
-    "latgate.request.translate.messages_response:chat_to_message",
 }
 
 
