@@ -3,7 +3,7 @@ layers it may import.
 
 Run by ``make lint`` (``python tools/layers.py``); exit 1 when:
 
-- a module is in no layer, or in two;
+- a module is in no layer, or in two; a layer has no :data:`REQUEST_PATH` line;
 - a pure leaf (:data:`LEAVES`) imports a latgate module that is not a leaf;
 - a module imports a layer above its own (an *upward* import), unless the edge is
   listed in :data:`KNOWN_DEBTS` with the reason it is still there;
@@ -182,6 +182,7 @@ def check(package: Path = PACKAGE) -> list[str]:
     names = module_names(package)
     graph = {name: imports_of(name, path, names) for name, path in names.items()}
     problems = [f"{name}: in no layer of tools/layers.py LAYERS" for name in names if layer_of(name) is None]
+    problems += [f"layer {layer}: no REQUEST_PATH line (what a request does in it)" for layer, _, _ in LAYERS if layer not in REQUEST_PATH]
     upward = set()
     for importer, imported in sorted((a, b) for a, targets in graph.items() for b in targets):
         if _is_leaf(importer) and not _is_leaf(imported):
