@@ -54,3 +54,11 @@ def test_a_pure_leaf_may_be_imported_from_below(tmp_path: Path) -> None:
 def test_a_leaf_that_imports_a_layered_module_is_no_leaf(tmp_path: Path) -> None:
     package = _package(tmp_path, {"routing/tokens.py": "import latgate.foundation.metrics\n", "foundation/metrics.py": ""})
     assert "latgate.routing.tokens is a leaf (LEAVES) but imports latgate.foundation.metrics: a leaf imports only leaves" in layers.check(package)
+
+
+def test_a_layer_without_its_request_step_is_named(tmp_path: Path, monkeypatch) -> None:
+    package = tmp_path / "latgate"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    monkeypatch.setattr(layers, "REQUEST_PATH", {k: v for k, v in layers.REQUEST_PATH.items() if k != "live"})
+    assert "layer live: no REQUEST_PATH line (what a request does in it)" in layers.check(package)

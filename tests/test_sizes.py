@@ -49,3 +49,20 @@ def test_a_long_module_is_named_and_a_listed_one_that_shrank_must_go(tmp_path: P
         "latgate.big is 401 lines (over 400): split it by a real seam",
         "known long module latgate.small is not over 400 lines: delete it from KNOWN_MODULES",
     ]
+
+
+def test_a_reason_may_stand_in_the_comment_block_above_the_def_and_its_decorators(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(sizes, "KNOWN_MODULES", {})
+    monkeypatch.setattr(sizes, "KNOWN_FUNCTIONS", set())
+    reason = "# long: one state machine,\n# its states are the locals\n"
+    package = _package(
+        tmp_path,
+        {
+            "a.py": reason + _function(61),
+            "b.py": "import functools\n\n\n" + reason + "@functools.cache\n" + _function(61),
+            "c.py": reason + "\nx = 1\n" + _function(61),  # the reason is another statement's
+            "d.py": "# a comment first\n# long: then the reason\n" + _function(61),
+        },
+    )
+    problems, _ = sizes.check(package)
+    assert problems == ["latgate.c:f is 61 lines (over 60): split it, or write '# long: <reason>' beside its def"]

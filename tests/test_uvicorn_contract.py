@@ -4,7 +4,7 @@ are the ones it was written against.
 ``BoundedHttpToolsProtocol`` subclasses ``uvicorn.protocols.http.httptools_impl
 .HttpToolsProtocol``, replaces ``data_received`` and ``send_400_response`` wholesale,
 extends several parser callbacks, reads about ten private members and swaps the class of
-a live ``RequestResponseCycle`` for HTTP/1.0 clients. None of that is uvicorn's public
+a live ``RequestResponseCycle`` for HTTP/1.0 clients (``app/http10.py``). None of that is uvicorn's public
 API, so ``pyproject.toml`` pins uvicorn to the range these checks were audited on, and
 this module fails loudly, naming what moved, when an installed uvicorn differs:
 
@@ -41,7 +41,7 @@ AUDITED_SOURCES = {
     ("HttpToolsProtocol", "on_message_complete"): "377f9122ee6f3ab8",
     ("HttpToolsProtocol", "connection_made"): "ba1915817ccf6c1b",  # sets self.connections, self.flow
     ("HttpToolsProtocol", "_unset_keepalive_if_required"): "58f4ffce604d92dd",
-    ("RequestResponseCycle", "send"): "cfc84491029529db",  # _Http10Cycle.send frames around it
+    ("RequestResponseCycle", "send"): "cfc84491029529db",  # app/http10.py Http10Cycle.send frames around it
 }
 
 #: members of the protocol latgate's code reads or calls (besides the methods above)

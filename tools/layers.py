@@ -3,7 +3,7 @@ layers it may import.
 
 Run by ``make lint`` (``python tools/layers.py``); exit 1 when:
 
-- a module is in no layer, or in two;
+- a module is in no layer, or in two; a layer has no :data:`REQUEST_PATH` line;
 - a pure leaf (:data:`LEAVES`) imports a latgate module that is not a leaf;
 - a module imports a layer above its own (an *upward* import), unless the edge is
   listed in :data:`KNOWN_DEBTS` with the reason it is still there;
@@ -26,6 +26,7 @@ import argparse
 import ast
 import fnmatch
 import sys
+import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -49,6 +50,23 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("transport", "the upstream HTTP/1.1 client: pool, connections, egress, decoding", ("latgate.transport", "latgate.transport.*")),
     ("foundation", "config, the error tree, metrics, logs", ("latgate", "latgate.foundation", "latgate.foundation.*")),
 )
+
+#: layer -> what one streamed chat completion does in it, drawn beside the layer in
+#: docs/ARCHITECTURE.md's picture (the section above the picture follows it module by module)
+REQUEST_PATH: dict[str, str] = {
+    "commands": "`latgate serve` reads its flags and the config, then runs process/server.py",
+    "process": "process/server.py binds the socket; uvicorn accepts; process/starts.py paces request starts",
+    "app": "app/httplimits.py holds the client to its limits; app/asgi.py dispatches the POST by its path",
+    "api": "api/serve.py, the one path of every API: key, body limits, the API's prepare (translation)",
+    "request": "request/gateway.py Gateway.proxy: the routing decision, priority, the key's token limits",
+    "forwarding": "forwarding/forward.py: attempts, retries, hedges; forwarding/relay.py streams the answer back "
+    "through the tap; forwarding/recorder.py records the end",
+    "routing": "routing/decision.py: rules -> targets; routing/admission.py: the queue when full; "
+    "routing/selection.py: the endpoint",
+    "live": "live/providers/pool.py: the endpoints' live numbers selection reads and each outcome updates",
+    "transport": "transport/upstream.py UpstreamClient.open over the transport/h1.py pool (HTTP/1.1 to the engine)",
+    "foundation": "the config, the error envelope a failure is answered in, metrics and the access line at the end",
+}
 
 #: pure leaves any layer may import: they do no I/O and import no latgate module but
 #: other leaves (checked), so they cannot carry a dependency upwards. Data structures
@@ -164,6 +182,7 @@ def check(package: Path = PACKAGE) -> list[str]:
     names = module_names(package)
     graph = {name: imports_of(name, path, names) for name, path in names.items()}
     problems = [f"{name}: in no layer of tools/layers.py LAYERS" for name in names if layer_of(name) is None]
+    problems += [f"layer {layer}: no REQUEST_PATH line (what a request does in it)" for layer, _, _ in LAYERS if layer not in REQUEST_PATH]
     upward = set()
     for importer, imported in sorted((a, b) for a, targets in graph.items() for b in targets):
         if _is_leaf(importer) and not _is_leaf(imported):
@@ -206,19 +225,29 @@ def tree_picture(package: Path = PACKAGE) -> list[str]:
             else:
                 entries.setdefault(index, []).extend(sorted(paths))
     width = max(len(name) for name, _, _ in LAYERS)
-    lines = ["```", f"{'layer':<{width}}  src/latgate/ (a layer imports its own and those below it)"]
-    for index, (name, _, _) in enumerate(LAYERS):
+    pad = " " * (width + 2)
+    lines = [
+        "```",
+        "src/latgate/, one row per layer, top to bottom. A layer imports its own and the",
+        "layers below it, never one above; no cycles (type-only imports included).",
+        "",
+    ]
+    for index, (name, what, _) in enumerate(LAYERS):
         shown = sorted(entries.get(index, []), key=lambda e: (e.count("/") > 1, e))
+        if index:
+            lines.append(f"{'':<{width}}  │")
         lines.append(f"{name:<{width}}  {', '.join(shown)}")
+        lines.append(f"{pad}holds: {what}")
+        lines += textwrap.wrap(
+            REQUEST_PATH.get(name, "-"), 96, initial_indent=f"{pad}a request: ", subsequent_indent=pad + "   "
+        )
     return [*lines, "```"]
 
 
 def render_layers() -> str:
-    """The "Layers" block of docs/ARCHITECTURE.md, from :data:`LAYERS`, the tree and the debts."""
-    lines = [BEGIN, "", *tree_picture(), "", "| layer (top to bottom) | what | modules |", "|---|---|---|"]
-    for name, what, patterns in LAYERS:
-        shown = ", ".join(f"`{p.removeprefix('latgate.').replace('.', '/') or 'latgate/__init__'}`" for p in patterns)
-        lines.append(f"| {name} | {what} | {shown} |")
+    """The "Layers" block of docs/ARCHITECTURE.md, from :data:`LAYERS`, :data:`REQUEST_PATH`,
+    the tree and the debts."""
+    lines = [BEGIN, "", *tree_picture()]
     lines += [
         "",
         "Pure leaves any layer may import: " + ", ".join(f"`{p.removeprefix('latgate.').replace('.', '/')}`" for p in LEAVES) + ".",

@@ -96,6 +96,8 @@ class LatgateApp:
         await self.fastapi(scope, receive, send)
 
 
+# long: the app's composition root: each long-lived part built once and wired in order (metrics, clients, stores,
+# sessions, recorder; the gateway builder a reload calls; the lifespan that owns their tasks and closes them)
 def create_app(
     config: Config,
     *,

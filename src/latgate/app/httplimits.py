@@ -32,7 +32,8 @@ for as long as it likes. Here, before anything reaches the app:
   ``unsupported_transfer_coding``.
 - **HTTP/1.0 clients**: a response without ``Content-Length`` (a stream) is sent
   close-delimited, never chunked (RFC 9112 sections 6.1 and 6.3: HTTP/1.0 has no
-  chunked coding; uvicorn chunks whatever the request's version).
+  chunked coding; uvicorn chunks whatever the request's version):
+  :class:`~latgate.app.http10.Http10Cycle`.
 
 These are the nginx ``client_header_timeout`` / ``client_body_timeout`` /
 ``send_timeout`` (408) of the reference servers. Every refusal written here is an
@@ -59,10 +60,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from latgate.app.client_limits import (
     MAX_FIELD_BYTES,
@@ -73,10 +73,8 @@ from latgate.app.client_limits import (
     envelope,
     openai_error_body,
 )
+from latgate.app.http10 import Http10Cycle
 from latgate.foundation.scope_keys import REQUEST_ID_SCOPE_KEY, TIMEOUT_SCOPE_KEY
-
-if TYPE_CHECKING:
-    from uvicorn._types import ASGISendEvent
 
 __all__ = [
     "MAX_FIELDS",
@@ -227,7 +225,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             raise _Refused
         super().on_headers_complete()
         if self.scope["http_version"] == "1.0" and self.cycle is not None and self.cycle.scope is self.scope:
-            self.cycle.__class__ = _Http10Cycle  # its task has not run yet: its sends are ours
+            self.cycle.__class__ = Http10Cycle  # its task has not run yet: its sends are ours
 
     def on_message_complete(self) -> None:
         self._in_head = True
@@ -377,27 +375,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if timer is not None:
                 timer.cancel()
                 setattr(self, name, None)
-
-
-class _Http10Cycle(RequestResponseCycle):
-    """uvicorn's request/response cycle for an HTTP/1.0 request: a response without
-    ``Content-Length`` or ``Transfer-Encoding`` is close-delimited (RFC 9112 section
-    6.3, rule 8) instead of chunked; uvicorn already closes an HTTP/1.0 connection
-    after its response and says ``connection: close``."""
-
-    _close_delimited = False
-
-    async def send(self, message: ASGISendEvent) -> None:
-        if not self.response_started and message["type"] == "http.response.start":
-            framed = (b"content-length", b"transfer-encoding")
-            if not any(name.lower() in framed for name, _ in message.get("headers", ())):
-                self._close_delimited = True
-                self.chunked_encoding = False
-        elif self._close_delimited and message["type"] == "http.response.body":
-            # uvicorn writes a body that is not chunked against a Content-Length: each
-            # piece is its own, and the end of the connection ends the body
-            self.expected_content_length = len(message.get("body", b""))
-        await super().send(message)
 
 
 def client_protocol(limits: ClientLimits) -> type[BoundedHttpToolsProtocol]:

@@ -107,6 +107,15 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _default_key(config: Config, notes: list[str]) -> str:
+    """The key to write when none was given: a placeholder with ``[auth]``, else any."""
+    if config.auth is not None and config.auth.keys:
+        notes.append("the gateway checks keys ([auth]): pass --key with one of its keys")
+        return KEY_PLACEHOLDER
+    notes.append("the config has no [auth]: any key is accepted")
+    return NO_AUTH_KEY
+
+
 def settings_for(
     config: Config,
     *,
@@ -153,16 +162,9 @@ def settings_for(
             "the config names no model (routing.default_model or a provider's models); pass --model NAME"
         )
     _check_served(config, chosen)
-    if key is None:
-        if config.auth is not None and config.auth.keys:
-            key = KEY_PLACEHOLDER
-            notes.append("the gateway checks keys ([auth]): pass --key with one of its keys")
-        else:
-            key = NO_AUTH_KEY
-            notes.append("the config has no [auth]: any key is accepted")
     return ClientSettings(
         origin=origin,
-        key=key,
+        key=key if key is not None else _default_key(config, notes),
         model=chosen,
         fast_model=fast or chosen,
         headers=headers,

@@ -129,6 +129,8 @@ class AttemptSender:
     failures: Failures
     selector: Selector
 
+    # long: one attempt's steps in order (tap, ticket, open, status, answer or stream), on the hot path; its locals are
+    # the attempt's state, and a split would pass them through frames on every request
     async def send(self, attempt: Attempt) -> Answer | StreamRelay:
         """Send ``attempt`` and return the client's response: an :class:`Answer`, or for
         a stream a :class:`StreamRelay` holding everything up to the first content.
@@ -215,6 +217,8 @@ class AttemptSender:
             if not handed_off:
                 await stack.aclose()
 
+    # long: the read up to the first content: one loop under the first-token deadline whose locals (head, early,
+    # not_sse, the tap's state) the relay takes over; per-chunk work on the hot path, kept in one frame
     async def _start_stream(
         self,
         attempt: Attempt,

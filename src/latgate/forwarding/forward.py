@@ -231,6 +231,8 @@ class Forwarder:
             sent = guard.run(sent, routed.exchange, routed.early)
         return await (self._extra(attempt.provider.name, sent) if extra else sent)
 
+    # long: the one loop that decides retries and fallbacks (after_failure's steps); tried, retries_done, targets
+    # and last are its state across iterations, and spreading them over helpers would hide the order of decisions
     async def _forward(self, routed: Routed) -> Any:
         """Attempts along the plan: retries on a provider, then its fallbacks, as
         :func:`~latgate.routing.policies.retry.after_failure` says after each failure,

@@ -149,6 +149,8 @@ def main(args: argparse.Namespace) -> int:
     )
 
 
+# long: the serve command's steps in order (descriptors, bind, supervisor or one process, app, serve), each with
+# its exit code; the two branches share the socket and the logged address
 def run(
     config: Config,
     *,

@@ -109,6 +109,8 @@ class Gateway:
             }
         )
 
+    # long: the request path's steps in order (stream flag, decision, priority, auth limits, forward); most of
+    # its length is the docstring and the limits' call, and it runs once per request
     async def proxy(
         self,
         exchange: Exchange,

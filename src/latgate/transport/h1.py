@@ -1,6 +1,6 @@
 """latgate's own HTTP/1.1 upstream client: a keep-alive connection pool on asyncio
-protocols (each connection and its response: :mod:`latgate.transport.h1conn`, parsed by
-httptools, the llhttp parser Node.js uses).
+protocols (each connection: :mod:`latgate.transport.h1conn`, parsed by httptools, the
+llhttp parser Node.js uses; the response read on it: :mod:`latgate.transport.h1response`).
 
 Why not aiohttp or httpx here: their request and response objects, header multidicts,
 timers and stream readers were most of a proxied request's CPU (measured with
@@ -38,7 +38,8 @@ from urllib.parse import quote, unquote, urlsplit
 
 from latgate.transport.egress import Egress
 from latgate.transport.errors import LOCAL_ERRNOS, LOCAL_SHORTAGE, UpstreamFailure, connect_failure
-from latgate.transport.h1conn import H1Connection, H1Response, Headers, PoolKey
+from latgate.transport.h1conn import H1Connection, Headers, PoolKey
+from latgate.transport.h1response import H1Response
 from latgate.transport.tunnel import open_tunnel
 
 __all__ = ["H1Pool", "H1Response", "Headers"]

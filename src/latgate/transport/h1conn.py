@@ -1,4 +1,5 @@
-"""One upstream HTTP/1.1 connection as an asyncio protocol, and the response read on it.
+"""One upstream HTTP/1.1 connection as an asyncio protocol (the response read on it:
+:class:`~latgate.transport.h1response.H1Response`).
 
 The wire is parsed by httptools (llhttp, the parser Node.js uses). Protocol: RFC 9112
 (message syntax: ``Content-Length``, chunked and close-delimited bodies, persistence;
@@ -344,67 +345,3 @@ class H1Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-
-class H1Response:
-    """An upstream response whose status and headers arrived; the body streams.
-
-    latgate's :class:`~latgate.transport.upstream.UpstreamResponse`: ``status_code``,
-    ``headers`` (:class:`Headers`), ``aiter_raw()`` (the body as it arrives, dechunked,
-    undecoded), ``aclose()`` (must be called: it returns the connection to the pool or
-    closes it), ``close_connection()``, ``followed`` (the URL of the same-origin
-    redirect followed to get it, set by the client, else ``None``); and ``aread()``,
-    the whole body.
-    """
-
-    __slots__ = ("_conn", "_done", "followed", "headers", "status_code")
-
-    def __init__(self, conn: H1Connection) -> None:
-        self._conn = conn
-        self._done = False
-        self.followed: str | None = None
-        self.status_code = conn.status
-        self.headers = conn.headers()
-
-    def aiter_raw(self) -> H1Response:
-        return self
-
-    def __aiter__(self) -> H1Response:
-        return self
-
-    async def __anext__(self) -> bytes:
-        """The next body bytes (all that arrived since the last call).
-
-        Raises:
-            StopAsyncIteration: the body is complete.
-            UpstreamFailure: the connection broke, timed out or sent a malformed body.
-        """
-        conn = self._conn
-        while True:
-            if conn.has_body():
-                return conn.take_body()
-            if conn.complete:
-                raise StopAsyncIteration
-            if conn.error is not None:
-                raise conn.error.fresh()
-            await conn.wait()
-
-    async def aread(self) -> bytes:
-        """The whole body.
-
-        Raises:
-            UpstreamFailure: as :meth:`__anext__`.
-        """
-        return b"".join([chunk async for chunk in self])
-
-    async def aclose(self) -> None:
-        if not self._done:
-            self._done = True
-            self._conn.finished()
-
-    def close_connection(self) -> None:
-        """Done with, and its connection closed rather than kept (a redirect's: its
-        upstream often closes it without saying so, as the follow-up is written)."""
-        if not self._done:
-            self._done = True
-            self._conn.close()

@@ -183,6 +183,8 @@ def _check_redis_url(url: str, problems: Problems) -> None:
         )
 
 
+# long: every section in the order problems are reported (structure, then the names between sections); the
+# cross-checks read what the structural pass built, so one pass keeps that order visible
 def _build(document: Document, problems: Problems) -> Config | None:
     """Every section, structure first, then the names between sections; None when
     anything was reported."""

@@ -40,23 +40,7 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None, *, can
     (:func:`~latgate.foundation.config.masking.mask_secrets`).
     """
     env = os.environ if env is None else env
-    warnings = []
-    for p in config.providers.values():
-        if not p.api_key_env:
-            continue
-        if p.api_key_env not in env and p.endpoints and all(_on_loopback(e.api_base) for e in p.endpoints):
-            warnings.append(
-                f'provider "{p.name}": api_key_env {p.api_key_env} is not set; its endpoints are on this '
-                "machine, so fine for latgate demo's simulators and keyless engines (one started with an "
-                "API key answers 401)"
-            )
-        elif p.api_key_env not in env:
-            warnings.append(
-                f'provider "{p.name}": api_key_env {p.api_key_env} is not set; requests to it will be sent '
-                "without a key (expect 401 from the upstream)"
-            )
-        elif (problem := key_problem(env[p.api_key_env])) is not None:
-            warnings.append(f'provider "{p.name}": api_key_env {p.api_key_env} {problem}')
+    warnings = _key_warnings(config, env)
     if any(p.proxy is None for p in config.providers.values()):
         warnings += env_proxy_problems(env)
     for p in config.providers.values():
@@ -113,3 +97,25 @@ def per_worker_limits_warning(config: Config, *, workers: int) -> str | None:
         f"{'get' if len(limited) > 1 else 'gets'} up to {workers}x their rpm/tpm; "
         'set [state] redis_url = "redis://HOST:6379/0" to share the counters across workers'
     )
+
+
+def _key_warnings(config: Config, env: Mapping[str, str]) -> list[str]:
+    """A line per provider whose ``api_key_env`` is unset, empty or not a header value."""
+    warnings = []
+    for p in config.providers.values():
+        if not p.api_key_env:
+            continue
+        if p.api_key_env not in env and p.endpoints and all(_on_loopback(e.api_base) for e in p.endpoints):
+            warnings.append(
+                f'provider "{p.name}": api_key_env {p.api_key_env} is not set; its endpoints are on this '
+                "machine, so fine for latgate demo's simulators and keyless engines (one started with an "
+                "API key answers 401)"
+            )
+        elif p.api_key_env not in env:
+            warnings.append(
+                f'provider "{p.name}": api_key_env {p.api_key_env} is not set; requests to it will be sent '
+                "without a key (expect 401 from the upstream)"
+            )
+        elif (problem := key_problem(env[p.api_key_env])) is not None:
+            warnings.append(f'provider "{p.name}": api_key_env {p.api_key_env} {problem}')
+    return warnings

@@ -33,6 +33,7 @@ def describe_providers(providers: Mapping[str, ProviderRuntime], now: float) -> 
     return out
 
 
+# long: one dict literal, the /admin/providers shape of an endpoint, read top to bottom as its clients see it
 def describe_endpoint(endpoint: EndpointRuntime, now: float) -> dict[str, object]:
     """One endpoint's live numbers and circuit at ``now`` (clock seconds).
 

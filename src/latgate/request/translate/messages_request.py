@@ -52,6 +52,36 @@ from latgate.foundation.errors import InvalidRequest
 _PASSED_SAMPLING = ("temperature", "top_p", "top_k")
 
 
+def _chat_messages(messages: list[Any], system: object) -> list[dict[str, Any]]:
+    """The chat messages of a Messages body's ``system`` and ``messages`` (checked as
+    :func:`messages_to_chat` says)."""
+    chat_messages: list[dict[str, Any]] = []
+    text = _system_text(system)
+    if text:
+        chat_messages.append({"role": "system", "content": text})
+    for number, message in enumerate(messages):
+        where = f"messages.{number}"
+        if not isinstance(message, Mapping):
+            raise InvalidRequest(f"{where}: must be an object with role and content", param=where)
+        role = message.get("role")
+        content = message.get("content")
+        if not isinstance(content, (str, list)):
+            raise InvalidRequest(
+                f"{where}.content: must be a string or an array of content blocks", param=f"{where}.content"
+            )
+        if role == "user":
+            chat_messages.extend(_user_messages(content, where=where))
+        elif role == "assistant":
+            chat_messages.append(_assistant_message(content, where=where))
+        elif role == "system":  # not in the Messages API, but its meaning is plain
+            chat_messages.append({"role": "system", "content": _joined_text(content)})
+        else:
+            raise InvalidRequest(
+                f"{where}.role: must be 'user' or 'assistant', not {role!r}", param=f"{where}.role"
+            )
+    return chat_messages
+
+
 def messages_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     """The chat completions body for an Anthropic Messages (or count_tokens) body.
 
@@ -82,31 +112,7 @@ def messages_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidRequest("messages: Field required", param="messages")
     if not isinstance(messages, list):
         raise InvalidRequest("messages: must be an array of messages", param="messages")
-    chat_messages: list[dict[str, Any]] = []
-    system = _system_text(body.get("system"))
-    if system:
-        chat_messages.append({"role": "system", "content": system})
-    for number, message in enumerate(messages):
-        where = f"messages.{number}"
-        if not isinstance(message, Mapping):
-            raise InvalidRequest(f"{where}: must be an object with role and content", param=where)
-        role = message.get("role")
-        content = message.get("content")
-        if not isinstance(content, (str, list)):
-            raise InvalidRequest(
-                f"{where}.content: must be a string or an array of content blocks", param=f"{where}.content"
-            )
-        if role == "user":
-            chat_messages.extend(_user_messages(content, where=where))
-        elif role == "assistant":
-            chat_messages.append(_assistant_message(content, where=where))
-        elif role == "system":  # not in the Messages API, but its meaning is plain
-            chat_messages.append({"role": "system", "content": _joined_text(content)})
-        else:
-            raise InvalidRequest(
-                f"{where}.role: must be 'user' or 'assistant', not {role!r}", param=f"{where}.role"
-            )
-    chat: dict[str, Any] = {"messages": chat_messages}
+    chat: dict[str, Any] = {"messages": _chat_messages(messages, body.get("system"))}
     if body.get("model") is not None:
         chat["model"] = body["model"]
     if body.get("max_tokens") is not None:

@@ -31,6 +31,8 @@ FINISH_TO_STOP_REASON = {
 }
 
 
+# long: one Message built field by field from one chat completion (thinking, text, refusal, tool_use blocks,
+# then stop reason and usage); the pieces are already helpers, what is left is their order
 def chat_to_message(
     body: bytes,
     *,
