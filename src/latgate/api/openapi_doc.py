@@ -54,100 +54,97 @@ def _refusals(descriptions: dict[str, str], *, envelope: str = "ErrorResponse") 
 _ADMIN_REFUSALS = _refusals({"401": "no key", "403": "not an admin key"})
 
 
+_OBJECT = {"application/json": {"schema": {"type": "object"}}}
+
+
+def _operation(
+    method: str,
+    summary: str,
+    *,
+    ok: tuple[str, dict[str, Any]],
+    refusals: dict[str, Any],
+    request_schema: str | None = None,
+    parameters: list[dict[str, Any]] | None = None,
+    security: list[Any] | None = None,
+) -> dict[str, Any]:
+    """One path item's operation: ``ok`` is the 200 answer's description and content,
+    ``refusals`` the other statuses; ``security=[]`` opens it to everyone."""
+    operation: dict[str, Any] = {"summary": summary}
+    if security is not None:
+        operation["security"] = security
+    if parameters is not None:
+        operation["parameters"] = parameters
+    if request_schema is not None:
+        operation["requestBody"] = {"required": True, "content": _json(request_schema)}
+    description, content = ok
+    operation["responses"] = {"200": {"description": description, "content": content}, **refusals}
+    return {method: operation}
+
+
 def proxied(api: Api) -> dict[str, Any]:
     """The ``post`` operation of a proxied API (:class:`latgate.api.serve.Api`)."""
     ok: dict[str, Any] = {"application/json": {"schema": api.answer_schema or {"type": "object"}}}
     if api.streams:
         ok["text/event-stream"] = {"schema": {"type": "string"}}
     answered = "the count" if api.answer_schema else "the provider's answer, relayed"
-    return {
-        "post": {
-            "summary": api.summary,
-            "requestBody": {"required": True, "content": _json(api.request_schema)},
-            "responses": {"200": {"description": answered, "content": ok}, **_errors(api.envelope.schema)},
-        }
-    }
+    return _operation(
+        "post", api.summary, request_schema=api.request_schema, ok=(answered, ok), refusals=_errors(api.envelope.schema)
+    )
 
 
 def probe(summary: str, *, schema: dict[str, Any] | None = None, media: str = "application/json") -> dict[str, Any]:
     """A ``get`` open to everyone (probes and scrapers)."""
     content = {media: {"schema": schema or {"type": "object"}}}
-    return {
-        "get": {
-            "summary": summary,
-            "security": [],
-            "responses": {"200": {"description": summary, "content": content}},
-        }
-    }
+    return _operation("get", summary, security=[], ok=(summary, content), refusals={})
 
 
 def admin_page(summary: str, *, media: str = "application/json") -> dict[str, Any]:
     """A ``get`` that needs an admin key with ``[auth]``."""
     schema = {"type": "object"} if media == "application/json" else {"type": "string"}
-    return {
-        "get": {
-            "summary": summary,
-            "responses": {
-                "200": {"description": summary, "content": {media: {"schema": schema}}},
-                **_ADMIN_REFUSALS,
-            },
-        }
-    }
+    return _operation("get", summary, ok=(summary, {media: {"schema": schema}}), refusals=_ADMIN_REFUSALS)
 
 
 def models() -> dict[str, Any]:
     """``GET /v1/models``."""
-    return {
-        "get": {
-            "summary": "Served models and aliases",
-            "responses": {
-                "200": {"description": "models", "content": _json("ModelList")},
-                **_refusals({"401": "no gateway key"}),
-            },
-        }
-    }
+    return _operation(
+        "get",
+        "Served models and aliases",
+        ok=("models", _json("ModelList")),
+        refusals=_refusals({"401": "no gateway key"}),
+    )
 
 
 def model() -> dict[str, Any]:
     """``GET /v1/models/{model_id}``."""
-    return {
-        "get": {
-            "summary": "One model",
-            "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
-            "responses": {
-                "200": {"description": "the model", "content": _json("Model")},
-                **_refusals({"401": "no gateway key", "404": "not served"}),
-            },
-        }
-    }
+    return _operation(
+        "get",
+        "One model",
+        parameters=[{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+        ok=("the model", _json("Model")),
+        refusals=_refusals({"401": "no gateway key", "404": "not served"}),
+    )
 
 
 def dry_run() -> dict[str, Any]:
     """``POST /admin/route``."""
-    return {
-        "post": {
-            "summary": "The decision latgate would make now for this body, with live predictions (admin key with [auth])",
-            "requestBody": {"required": True, "content": _json("ChatCompletionRequest")},
-            "responses": {
-                "200": {"description": "the decision", "content": {"application/json": {"schema": {"type": "object"}}}},
-                **{s: r for s, r in _errors("ErrorResponse").items() if s in ("400", "401", "403", "404", "413", "415")},
-            },
-        }
-    }
+    refused = ("400", "401", "403", "404", "413", "415")
+    return _operation(
+        "post",
+        "The decision latgate would make now for this body, with live predictions (admin key with [auth])",
+        request_schema="ChatCompletionRequest",
+        ok=("the decision", _OBJECT),
+        refusals={s: r for s, r in _errors("ErrorResponse").items() if s in refused},
+    )
 
 
 def reload_config() -> dict[str, Any]:
     """``POST /admin/reload``."""
-    return {
-        "post": {
-            "summary": "Reload the config file (admin key with [auth])",
-            "responses": {
-                "200": {"description": "reloaded", "content": {"application/json": {"schema": {"type": "object"}}}},
-                **_refusals({"400": "config rejected; the old one serves on"}),
-                **_ADMIN_REFUSALS,
-            },
-        }
-    }
+    return _operation(
+        "post",
+        "Reload the config file (admin key with [auth])",
+        ok=("reloaded", _OBJECT),
+        refusals={**_refusals({"400": "config rejected; the old one serves on"}), **_ADMIN_REFUSALS},
+    )
 
 
 _MODEL = {"type": "string", "description": "public model name (alias or served name)"}

@@ -35,6 +35,7 @@ from latgate.api.body import error_response
 from latgate.foundation.config import ConfigError, load_config
 from latgate.foundation.config.schema import Config, ServerConfig
 from latgate.foundation.errors import InvalidRequest
+from latgate.foundation.retired import KeptAcrossReloads
 from latgate.request.gateway import Gateway, request_id
 from latgate.transport.upstream import UpstreamClient, UpstreamTransport
 
@@ -122,32 +123,20 @@ class UpstreamClients:
     """
 
     def __init__(self, *, transport: UpstreamTransport | None = None) -> None:
-        self._transport = transport
-        self._current: UpstreamClient | None = None
-        self._timeouts: tuple[float, float] | None = None
-        self._retired: list[UpstreamClient] = []
+        self._clients: KeptAcrossReloads[tuple[float, float], UpstreamClient] = KeptAcrossReloads(
+            make=lambda timeouts: UpstreamClient(
+                connect_timeout_seconds=timeouts[0], read_timeout_seconds=timeouts[1], transport=transport
+            ),
+            on_retire=UpstreamClient.retire,
+        )
 
     def client_for(self, config: Config) -> UpstreamClient:
         """The client to use for ``config``."""
-        timeouts = (config.defaults.connect_timeout_sec, config.defaults.timeout_sec)
-        if self._current is None or timeouts != self._timeouts:
-            if self._current is not None:
-                self._current.retire()
-                self._retired.append(self._current)
-            self._current = UpstreamClient(
-                connect_timeout_seconds=timeouts[0],
-                read_timeout_seconds=timeouts[1],
-                transport=self._transport,
-            )
-            self._timeouts = timeouts
-        return self._current
+        return self._clients.get((config.defaults.connect_timeout_sec, config.defaults.timeout_sec))
 
     async def aclose(self) -> None:
         """Close every client (app shutdown)."""
-        for client in [*self._retired, *([self._current] if self._current else [])]:
-            await client.aclose()
-        self._retired.clear()
-        self._current = None
+        await self._clients.aclose()
 
 
 class Reloader:

@@ -44,7 +44,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
@@ -172,14 +172,20 @@ class Supervisor:
         pinned: frozenset[str] = frozenset(),
     ) -> None:
         self._sock = sock
-        self._pinned = pinned
-        self._host = host
-        self._port = sock.getsockname()[1]
-        self._config_path = os.path.abspath(config_path)
         self._count = workers
-        self._log_level = log_level
-        self._log_format = log_format
-        self._drain_timeout_seconds = drain_timeout_seconds
+        # every worker's spec but its index; the metrics directory is made by run()
+        self._spec = WorkerSpec(
+            index=0,
+            host=host,
+            port=sock.getsockname()[1],
+            config_path=os.path.abspath(config_path),
+            metrics_dir="",
+            log_level=log_level,
+            log_format=log_format,
+            drain_timeout_seconds=drain_timeout_seconds,
+            supervisor_pid=os.getpid(),
+            pinned=pinned,
+        )
         # spawn, not fork: a fresh interpreter per worker, nothing inherited but the
         # socket (and no fork server in between: the workers are this process's children).
         self._context = multiprocessing.get_context("spawn")
@@ -194,7 +200,7 @@ class Supervisor:
     def run(self) -> int:
         """Run until stopped; returns the exit code (0, or 1 when no worker could run)."""
         with _metrics_dir() as metrics_dir, _signal_pipe() as wakeup:
-            self._metrics_dir = metrics_dir
+            self._spec = replace(self._spec, metrics_dir=metrics_dir)
             for index in range(self._count):
                 self._start(index)
             while self._procs:
@@ -209,18 +215,7 @@ class Supervisor:
         return self._exit_code
 
     def _start(self, index: int) -> None:
-        spec = WorkerSpec(
-            index=index,
-            host=self._host,
-            port=self._port,
-            config_path=self._config_path,
-            metrics_dir=self._metrics_dir,
-            log_level=self._log_level,
-            log_format=self._log_format,
-            drain_timeout_seconds=self._drain_timeout_seconds,
-            supervisor_pid=os.getpid(),
-            pinned=self._pinned,
-        )
+        spec = replace(self._spec, index=index)
         serving = self._serving[index] = self._context.Event()
         proc = self._context.Process(target=run_worker, args=(spec, serving), name=f"latgate-worker-{index}")
         proc.start()
@@ -239,7 +234,7 @@ class Supervisor:
         if self._stopping:
             return
         try:
-            load_config(self._config_path)
+            load_config(self._spec.config_path)
         except ConfigError as exc:
             log.error("reload rejected, workers keep the previous config: %s", exc)
             return
@@ -254,12 +249,12 @@ class Supervisor:
     def _stop(self, reason: str) -> None:
         self._stopping = True
         self._sock.close()  # the workers stop listening as they drain; then connections are refused
-        self._deadline = time.monotonic() + self._drain_timeout_seconds + SHUTDOWN_GRACE_SECONDS
+        self._deadline = time.monotonic() + self._spec.drain_timeout_seconds + SHUTDOWN_GRACE_SECONDS
         log.info(
             "%s: stopping %d workers (drain timeout %gs)",
             reason,
             len(self._procs),
-            self._drain_timeout_seconds,
+            self._spec.drain_timeout_seconds,
         )
         for proc in self._procs.values():
             _signal(proc, signal.SIGTERM)
@@ -278,7 +273,7 @@ class Supervisor:
                 continue
             proc.join()
             del self._procs[index]
-            multiprocess.mark_process_dead(proc.pid, self._metrics_dir)
+            multiprocess.mark_process_dead(proc.pid, self._spec.metrics_dir)
             if self._stopping:
                 continue
             uptime = time.monotonic() - self._started_at[index]

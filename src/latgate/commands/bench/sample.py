@@ -47,25 +47,27 @@ class RequestSample:
     in the stream), ``incomplete_stream`` (ended without ``[DONE]`` or a
     ``finish_reason``), ``bad_response`` (unparseable body) or ``transport_error``.
     ``provider`` and ``route_reason`` are latgate's ``X-Latgate-Provider`` and
-    ``X-Latgate-Route-Reason`` response headers (``None`` when absent).
+    ``X-Latgate-Route-Reason`` response headers (``None`` when absent). The defaults
+    are a request's before anything of its response is known (:class:`SampleRecorder`
+    fills the sample in as the response arrives).
     """
 
     index: int
-    ok: bool
-    status_code: int | None
-    error_kind: str | None
-    error_message: str | None
-    provider: str | None
-    route_reason: str | None
-    ttft_ms: float | None
-    e2e_ms: float
-    completion_tokens: int | None
-    prompt_tokens: int | None
-    usage_reported: bool
-    output_chunks: int
-    tokens_per_second: float | None
-    e2e_tokens_per_second: float | None
-    finish_reason: str | None
+    ok: bool = False
+    status_code: int | None = None
+    error_kind: str | None = None
+    error_message: str | None = None
+    provider: str | None = None
+    route_reason: str | None = None
+    ttft_ms: float | None = None
+    e2e_ms: float = 0.0
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    usage_reported: bool = False
+    output_chunks: int = 0
+    tokens_per_second: float | None = None
+    e2e_tokens_per_second: float | None = None
+    finish_reason: str | None = None
     itl_ms: list[float] = field(default_factory=list)
 
 
@@ -83,39 +85,21 @@ class SampleRecorder:
 
     __slots__ = (
         "_done_at",
-        "_error_kind",
-        "_error_message",
-        "_finish_reason",
         "_first_output_at",
-        "_index",
-        "_itl_ms",
         "_last_output_at",
         "_non_stream_at",
         "_non_stream_tokens",
-        "_output_chunks",
-        "_provider",
-        "_route_reason",
+        "_sample",
         "_started_at",
-        "_status_code",
         "_usage_completion_tokens",
-        "_usage_prompt_tokens",
     )
 
     def __init__(self, *, index: int, started_at: float) -> None:
-        self._index = index
+        self._sample = RequestSample(index=index)
         self._started_at = started_at
-        self._status_code: int | None = None
-        self._provider: str | None = None
-        self._route_reason: str | None = None
-        self._error_kind: str | None = None
-        self._error_message: str | None = None
         self._first_output_at: float | None = None
         self._last_output_at: float | None = None
-        self._itl_ms: list[float] = []
-        self._output_chunks = 0
         self._usage_completion_tokens: int | None = None
-        self._usage_prompt_tokens: int | None = None
-        self._finish_reason: str | None = None
         self._done_at: float | None = None
         self._non_stream_tokens: int | None = None
         self._non_stream_at: float | None = None
@@ -123,13 +107,13 @@ class SampleRecorder:
     @property
     def done(self) -> bool:
         """True once ``[DONE]`` was seen or the request failed: later events are ignored."""
-        return self._done_at is not None or self._error_kind is not None
+        return self._done_at is not None or self._sample.error_kind is not None
 
     def on_response(self, *, status_code: int, headers: Mapping[str, str]) -> None:
         """The response's status and headers (a case-insensitive mapping, or lower-case keys)."""
-        self._status_code = status_code
-        self._provider = headers.get("x-latgate-provider")
-        self._route_reason = headers.get("x-latgate-route-reason")
+        self._sample.status_code = status_code
+        self._sample.provider = headers.get("x-latgate-provider")
+        self._sample.route_reason = headers.get("x-latgate-route-reason")
 
     def on_event(self, data: bytes, *, at: float) -> None:
         """One SSE data payload (UTF-8 JSON or ``[DONE]``) received at ``at`` (seconds)."""
@@ -154,7 +138,7 @@ class SampleRecorder:
             if any(delta.get(key) for key in _OUTPUT_DELTA_KEYS):
                 self._record_output(at)
             if choice.get("finish_reason"):
-                self._finish_reason = choice["finish_reason"]
+                self._sample.finish_reason = choice["finish_reason"]
         self._record_usage(chunk.get("usage"))
 
     def on_json_body(self, body: bytes, *, at: float) -> None:
@@ -166,7 +150,7 @@ class SampleRecorder:
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
             self.fail(kind="bad_response", message=f"not a chat completion: {body[:80]!r}")
             return
-        self._finish_reason = choice.get("finish_reason")
+        self._sample.finish_reason = choice.get("finish_reason")
         self._record_usage(reply.get("usage"))
         text = (message.get("content") or "") + (message.get("reasoning_content") or "")
         self._non_stream_tokens = estimate_text_tokens(text)
@@ -179,17 +163,17 @@ class SampleRecorder:
             message = _error_message(orjson.loads(body))
         except orjson.JSONDecodeError:
             message = body[:_MESSAGE_SNIPPET_CHARS].decode("utf-8", "replace")
-        self.fail(kind=f"http_{self._status_code}", message=message)
+        self.fail(kind=f"http_{self._sample.status_code}", message=message)
 
     def fail(self, *, kind: str, message: str) -> None:
         """Mark the request failed; the first failure wins."""
-        if self._error_kind is None:
-            self._error_kind = kind
-            self._error_message = message[:_MESSAGE_SNIPPET_CHARS]
+        if self._sample.error_kind is None:
+            self._sample.error_kind = kind
+            self._sample.error_message = message[:_MESSAGE_SNIPPET_CHARS]
 
     def finish(self, *, at: float) -> RequestSample:
         """The sample, with the response ending at ``at`` (seconds) unless ``[DONE]`` came first."""
-        if self._error_kind is None and self._done_at is None and self._finish_reason is None:
+        if self._sample.error_kind is None and self._done_at is None and self._sample.finish_reason is None:
             self.fail(kind="incomplete_stream", message="stream ended without [DONE] or finish_reason")
         ended_at = self._done_at if self._done_at is not None else at
         e2e_seconds = ended_at - self._started_at
@@ -202,50 +186,40 @@ class SampleRecorder:
         decode_rate = None
         if tokens is not None and self._first_output_at is not None and self._last_output_at is not None:
             decode_rate = decode_tokens_per_second(tokens, self._last_output_at - self._first_output_at)
-        ok = self._error_kind is None
-        return RequestSample(
-            index=self._index,
-            ok=ok,
-            status_code=self._status_code,
-            error_kind=self._error_kind,
-            error_message=self._error_message,
-            provider=self._provider,
-            route_reason=self._route_reason,
-            ttft_ms=ttft_ms,
-            e2e_ms=e2e_seconds * 1000.0,
-            completion_tokens=tokens,
-            prompt_tokens=self._usage_prompt_tokens,
-            usage_reported=self._usage_completion_tokens is not None,
-            output_chunks=self._output_chunks,
-            tokens_per_second=decode_rate if ok else None,
-            e2e_tokens_per_second=tokens / e2e_seconds if ok and tokens and e2e_seconds > 0 else None,
-            finish_reason=self._finish_reason,
-            itl_ms=self._itl_ms,
-        )
+        sample = self._sample
+        ok = sample.error_kind is None
+        sample.ok = ok
+        sample.ttft_ms = ttft_ms
+        sample.e2e_ms = e2e_seconds * 1000.0
+        sample.completion_tokens = tokens
+        sample.usage_reported = self._usage_completion_tokens is not None
+        sample.tokens_per_second = decode_rate if ok else None
+        sample.e2e_tokens_per_second = tokens / e2e_seconds if ok and tokens and e2e_seconds > 0 else None
+        return sample
 
     def _record_output(self, at: float) -> None:
         last = self._last_output_at  # None exactly when _first_output_at is
         if last is None:
             self._first_output_at = at
         else:
-            self._itl_ms.append((at - last) * 1000.0)
+            self._sample.itl_ms.append((at - last) * 1000.0)
         self._last_output_at = at
-        self._output_chunks += 1
+        self._sample.output_chunks += 1
 
     def _record_usage(self, usage: Any) -> None:
         if isinstance(usage, dict):
             if isinstance(usage.get("completion_tokens"), int):
                 self._usage_completion_tokens = usage["completion_tokens"]
             if isinstance(usage.get("prompt_tokens"), int):
-                self._usage_prompt_tokens = usage["prompt_tokens"]
+                self._sample.prompt_tokens = usage["prompt_tokens"]
 
     def _completion_tokens(self) -> int | None:
         if self._usage_completion_tokens is not None:
             return self._usage_completion_tokens
         if self._non_stream_tokens is not None:
             return self._non_stream_tokens
-        if self._status_code is not None and 200 <= self._status_code < 300:
-            return self._output_chunks
+        if self._sample.status_code is not None and 200 <= self._sample.status_code < 300:
+            return self._sample.output_chunks
         return None
 
 

@@ -30,6 +30,43 @@ from latgate.commands.sim.options import SimOptions
 from latgate.commands.sim.prefix_cache import BlockCache, BlockKey
 
 
+class _FifoSlots:
+    """At most ``limit`` holders at once (0: no limit); the others wait in arrival order.
+
+    A ticket is a future resolved when the slot passes to its holder; a cancelled or
+    abandoned ticket leaves the queue without taking the slot.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    def enter(self) -> asyncio.Future[None] | None:
+        """``None`` when a slot was free (it is held now), else the ticket to await."""
+        if not self.limit or (self.held < self.limit and not self.waiters):
+            self.held += 1
+            return None
+        ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(ticket)
+        return ticket
+
+    def leave_queue(self, ticket: asyncio.Future[None]) -> None:
+        try:
+            self.waiters.remove(ticket)
+        except ValueError:
+            pass
+
+    def release(self) -> None:
+        """Give a held slot back: to the next live ticket in line, else free it."""
+        while self.waiters:
+            ticket = self.waiters.popleft()
+            if not ticket.done():
+                ticket.set_result(None)
+                return
+        self.held -= 1
+
+
 class Engine:
     """The batch scheduler shared by every request of one simulator.
 
@@ -45,34 +82,32 @@ class Engine:
             capacity_tokens=options.prefix_cache_tokens if options.prefix_cache else 0,
             block_tokens=options.prefix_cache_block_tokens,
         )
-        self._running = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        self._prefilling = 0
-        self._prefill_waiters: deque[asyncio.Future[None]] = deque()
+        self._batch = _FifoSlots(options.max_batch_size)
+        self._prefill = _FifoSlots(options.prefill_concurrency)
 
     @property
     def running(self) -> int:
         """Generations holding a slot (prefilling or decoding)."""
-        return self._running
+        return self._batch.held
 
     @property
     def waiting(self) -> int:
         """Generations queued for a slot."""
-        return len(self._waiters)
+        return len(self._batch.waiters)
 
     @property
     def prefilling(self) -> int:
         """Generations prefilling now."""
-        return self._prefilling
+        return self._prefill.held
 
     @property
     def waiting_for_prefill(self) -> int:
         """Generations holding a slot and waiting for a prefill turn."""
-        return len(self._prefill_waiters)
+        return len(self._prefill.waiters)
 
     def tpot_seconds(self) -> float:
         """Time per output token at the current batch size."""
-        extra = max(0, self._running - 1)
+        extra = max(0, self._batch.held - 1)
         return (self.options.tpot_ms + self.options.tpot_growth_ms * extra) / 1000.0
 
     def start(self, *, prompt_tokens: int, block_keys: Sequence[BlockKey] = ()) -> Generation:
@@ -86,51 +121,6 @@ class Engine:
                 held by it once prefill is done. Ignored when the cache is off.
         """
         return Generation(engine=self, prompt_tokens=prompt_tokens, block_keys=block_keys)
-
-    def _enter(self) -> asyncio.Future[None] | None:
-        if self._running < self.options.max_batch_size and not self._waiters:
-            self._running += 1
-            return None
-        ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(ticket)
-        return ticket
-
-    def _leave_queue(self, ticket: asyncio.Future[None]) -> None:
-        try:
-            self._waiters.remove(ticket)
-        except ValueError:
-            pass
-
-    def _enter_prefill(self) -> asyncio.Future[None] | None:
-        limit = self.options.prefill_concurrency
-        if not limit or (self._prefilling < limit and not self._prefill_waiters):
-            self._prefilling += 1
-            return None
-        ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._prefill_waiters.append(ticket)
-        return ticket
-
-    def _leave_prefill_queue(self, ticket: asyncio.Future[None]) -> None:
-        try:
-            self._prefill_waiters.remove(ticket)
-        except ValueError:
-            pass
-
-    def _release_prefill(self) -> None:
-        while self._prefill_waiters:
-            ticket = self._prefill_waiters.popleft()
-            if not ticket.done():
-                ticket.set_result(None)  # the prefill turn passes to the next in line
-                return
-        self._prefilling -= 1
-
-    def _release(self) -> None:
-        while self._waiters:
-            ticket = self._waiters.popleft()
-            if not ticket.done():
-                ticket.set_result(None)  # the slot passes to the next in line
-                return
-        self._running -= 1
 
 
 class Generation:
@@ -155,7 +145,7 @@ class Generation:
         self.admitted_at: float | None = None
         self.prefill_started_at: float | None = None
         self.first_token_at: float | None = None
-        self._ticket = engine._enter()
+        self._ticket = engine._batch.enter()
         self._next_token_at = 0.0
         self._closed = False
 
@@ -189,7 +179,7 @@ class Generation:
         if self._ticket is not None:
             await self._ticket
         self.admitted_at = self._clock.now()
-        turn = engine._enter_prefill()
+        turn = engine._prefill.enter()
         try:
             if turn is not None:
                 await turn
@@ -204,10 +194,10 @@ class Generation:
                 cache.insert(self._block_keys)
         finally:
             if turn is None or (turn.done() and not turn.cancelled()):
-                engine._release_prefill()
+                engine._prefill.release()
             else:
                 turn.cancel()
-                engine._leave_prefill_queue(turn)
+                engine._prefill.leave_queue(turn)
 
     async def next_token(self) -> None:
         """Return when the next token is due (at most one token of catch-up when late)."""
@@ -229,6 +219,6 @@ class Generation:
         ticket = self._ticket
         if ticket is not None and (not ticket.done() or ticket.cancelled()):
             ticket.cancel()
-            self._engine._leave_queue(ticket)
+            self._engine._batch.leave_queue(ticket)
             return
-        self._engine._release()
+        self._engine._batch.release()

@@ -24,13 +24,13 @@ open or closed as ``[state] fail_open`` says. Log lines name the exception type 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from latgate.live.store.base import Quota, StoreUnavailable, Verdict
+from latgate.live.store.later import SendLater
 from latgate.live.store.resp import RespAuthError, RespClient, RespError, RespTimeout, Script, bulk
 
 log = logging.getLogger("latgate.store")
@@ -138,8 +138,7 @@ class RedisStore:
         self._acquire = Script(_ACQUIRE)
         # corrections not yet sent: quota key -> (window seconds, TAT seconds); see adjust()
         self._corrections: dict[str, tuple[float, float]] = {}
-        self._correction_timer: asyncio.TimerHandle | None = None
-        self._sending: set[asyncio.Task[None]] = set()
+        self._corrections_later = SendLater(self._send_corrections, delay_seconds=CORRECTION_DELAY_SECONDS)
         self._encoded: dict[str, tuple[bytes, bytes]] = {}  # quota key -> (key, window) as RESP
 
     @property
@@ -182,15 +181,7 @@ class RedisStore:
         :data:`CORRECTION_DELAY_SECONDS`; an unreachable Redis loses it."""
         _, seconds = self._corrections.get(quota.key, (0.0, 0.0))
         self._corrections[quota.key] = (quota.window_seconds, seconds + delta * quota.window_seconds / quota.limit)
-        if self._correction_timer is None:
-            loop = asyncio.get_running_loop()
-            self._correction_timer = loop.call_later(CORRECTION_DELAY_SECONDS, self._send_corrections_soon)
-
-    def _send_corrections_soon(self) -> None:
-        self._correction_timer = None
-        task = asyncio.get_running_loop().create_task(self._send_corrections())
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        self._corrections_later.schedule()
 
     async def _send_corrections(self) -> None:
         """Every waiting correction, one script call per slot; failures lose them."""
@@ -232,11 +223,9 @@ class RedisStore:
 
     async def aclose(self) -> None:
         """Send the waiting corrections, then close the connection."""
-        if self._correction_timer is not None:
-            self._correction_timer.cancel()
-            self._correction_timer = None
+        self._corrections_later.cancel()
         await self._send_corrections()
-        await asyncio.gather(*self._sending, return_exceptions=True)
+        await self._corrections_later.wait()
         await self._client.aclose()
 
     async def _call(self, operation: Callable[..., Awaitable[T]], *args: Any) -> T:

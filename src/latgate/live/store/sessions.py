@@ -43,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from latgate.foundation.config.schema import StateConfig
+from latgate.live.store.later import SendLater
 from latgate.live.store.resp import RespClient, RespError, Script, bulk
 
 log = logging.getLogger("latgate.store")
@@ -183,7 +184,6 @@ class RedisSessionMap(LocalSessionMap):
     ) -> None:
         super().__init__(max_sessions=max_sessions, ttl_seconds=ttl_seconds, clock=clock)
         self._client = RespClient(url, timeout_seconds=timeout_seconds)
-        self._flush_delay = flush_delay_seconds
         self._poll_interval = poll_interval_seconds
         self._backoff = backoff_seconds
         self._origin = os.urandom(6).hex()
@@ -196,8 +196,7 @@ class RedisSessionMap(LocalSessionMap):
         self._log_key = bulk(LOG_KEY.encode())
         self._writes: dict[int, str] = {}
         self._reads: set[int] = set()
-        self._timer: asyncio.TimerHandle | None = None
-        self._flushing: set[asyncio.Task[None]] = set()
+        self._flush_later = SendLater(self.flush, delay_seconds=flush_delay_seconds)
         self._last_id = b"0-0"
         self._down_until = 0.0
         self._down = False
@@ -211,7 +210,7 @@ class RedisSessionMap(LocalSessionMap):
         endpoint = super().get(session_key)
         if endpoint is None and len(self._reads) < MAX_PENDING_READS:
             self._reads.add(session_key)
-            self._schedule()
+            self._flush_later.schedule()
         return endpoint
 
     def put(self, session_key: int, endpoint_id: str) -> None:
@@ -223,22 +222,7 @@ class RedisSessionMap(LocalSessionMap):
         self._set(session_key, endpoint_id, written_at=now)
         if len(self._writes) < self._max:
             self._writes[session_key] = endpoint_id
-            self._schedule()
-
-    def _schedule(self) -> None:
-        if self._timer is not None:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop: flushed by the next flush()
-        self._timer = loop.call_later(self._flush_delay, self._flush_soon)
-
-    def _flush_soon(self) -> None:
-        self._timer = None
-        task = asyncio.get_running_loop().create_task(self.flush())
-        self._flushing.add(task)
-        task.add_done_callback(self._flushing.discard)
+            self._flush_later.schedule()
 
     async def flush(self) -> None:
         """Write the queued placements and read the queued misses now (one call each);
@@ -298,10 +282,8 @@ class RedisSessionMap(LocalSessionMap):
 
     async def aclose(self) -> None:
         """Write what is queued, then close the connection."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        await asyncio.gather(*self._flushing, return_exceptions=True)
+        self._flush_later.cancel()
+        await self._flush_later.wait()
         await self.flush()
         await self._client.aclose()
 

@@ -9,6 +9,7 @@ one is closed when the app shuts down (requests of the old config may still use 
 from __future__ import annotations
 
 from latgate.foundation.config.schema import StateConfig
+from latgate.foundation.retired import KeptAcrossReloads
 from latgate.live.store.memory import MemoryStore
 from latgate.live.store.redis_store import RedisStore
 
@@ -26,22 +27,12 @@ class SharedStores:
     """One store per distinct ``[state]`` section, for the app's lifetime."""
 
     def __init__(self) -> None:
-        self._current: SharedStoreBackend | None = None
-        self._config: StateConfig | None = None
-        self._retired: list[SharedStoreBackend] = []
+        self._stores: KeptAcrossReloads[StateConfig, SharedStoreBackend] = KeptAcrossReloads(make=open_store)
 
     def store_for(self, config: StateConfig) -> SharedStoreBackend:
         """The store to use for ``config`` (the same object while ``config`` is equal)."""
-        if self._current is None or config != self._config:
-            if self._current is not None:
-                self._retired.append(self._current)
-            self._current = open_store(config)
-            self._config = config
-        return self._current
+        return self._stores.get(config)
 
     async def aclose(self) -> None:
         """Close every store (app shutdown)."""
-        for store in [*self._retired, *([self._current] if self._current else [])]:
-            await store.aclose()
-        self._retired.clear()
-        self._current = None
+        await self._stores.aclose()
