@@ -34,17 +34,16 @@ MAX_TENANTS = 1024
 
 
 class _Window:
-    """The last :data:`WINDOW` lengths in arrival order, and the same values sorted: the
-    median is read without sorting (one insertion and one removal per stream)."""
+    """The last :data:`WINDOW` lengths in arrival order (``recent``), the same values
+    sorted, and their median, kept as each stream is added (one insertion and one removal
+    in the sorted list), so a request reads its estimate without sorting."""
 
-    __slots__ = ("recent", "ordered")
+    __slots__ = ("median", "ordered", "recent")
 
     def __init__(self) -> None:
         self.recent: deque[int] = deque()
         self.ordered: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self.recent)
+        self.median = 0.0  # of ``ordered`` (the mean of the two middle values for an even count); 0.0 while empty
 
     def add(self, tokens: int) -> None:
         recent, ordered = self.recent, self.ordered
@@ -52,14 +51,8 @@ class _Window:
             del ordered[bisect_left(ordered, recent.popleft())]
         recent.append(tokens)
         insort(ordered, tokens)
-
-    def median(self) -> float:
-        """The median (the mean of the two middle values for an even count); non-empty."""
-        ordered = self.ordered
         half = len(ordered) // 2
-        if len(ordered) % 2:
-            return float(ordered[half])
-        return (ordered[half - 1] + ordered[half]) / 2.0
+        self.median = float(ordered[half]) if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2.0
 
 
 class CompletionLengths:
@@ -111,17 +104,17 @@ class CompletionLengths:
         pool's, at most ``cap`` (its own ``max_tokens``); ``cap`` alone (or None) before
         any stream."""
         own = self._by_tenant.get(tenant) if tenant else None
-        window = own if own is not None and len(own) >= MIN_OWN_STREAMS else None
+        window = own if own is not None and len(own.recent) >= MIN_OWN_STREAMS else None
         if window is None and priority is not None:
-            window = self._by_class.get(priority)
-        if not window:
+            window = self._by_class.get(priority)  # a class's window is never empty
+        if window is None:
             window = self._pool
-        if not window:
-            return None if cap is None else float(cap)
-        value = window.median()
+            if not window.recent:
+                return None if cap is None else float(cap)
+        value = window.median
         return value if cap is None else min(value, float(cap))
 
     @property
     def pool_median(self) -> float | None:
         """The median of the pool's recent streams (None before any)."""
-        return self._pool.median() if self._pool else None
+        return self._pool.median if self._pool.recent else None
