@@ -33,6 +33,8 @@ def usage_counts(usage: object) -> tuple[int, int] | None:
     if type(usage) is not dict and not isinstance(usage, Mapping):  # dict first: the ABC check costs
         return None
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if type(prompt) is int and type(completion) is int and prompt >= 0 and completion >= 0:
+        return prompt, completion  # the common case, without two calls
     if prompt is None and completion is None:
         prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
     prompt, completion = _count(prompt), _count(completion)
