@@ -30,7 +30,7 @@ from latgate.forwarding.relay import StreamRelay, max_stream_seconds
 from latgate.forwarding.sse import StreamTap
 from latgate.forwarding.stream_start import StreamStart
 from latgate.forwarding.transform import ResponseTransform, UntranslatableAnswer
-from latgate.forwarding.usage import answer_tokens, cached_prompt_tokens, usage_counts
+from latgate.forwarding.usage import answer_tokens
 from latgate.forwarding.wire import (
     client_headers,
     model_rewrite,
@@ -375,11 +375,12 @@ class AttemptSender:
     ) -> None:
         """After a stream: its time per output token (usage's completion tokens, else the
         chunks with content), for the endpoint's live numbers; the prompt tokens its
-        usage says the engine served from its prefix cache (read from the stream's usage
-        chunk: the relay applies it to the exchange only after this)."""
-        counts, cached = usage_counts(tap.usage), cached_prompt_tokens(tap.usage)
-        if counts is not None and cached is not None:
-            self.pool.record_cached_tokens(provider, endpoint, ticket, cached_tokens=cached, prompt_tokens=counts[0])
+        usage says the engine served from its prefix cache (the relay applied the
+        stream's usage chunk to the exchange before this)."""
+        if not exchange.usage_estimated and exchange.cached_prompt_tokens is not None:
+            self.pool.record_cached_tokens(
+                provider, endpoint, ticket, cached_tokens=exchange.cached_prompt_tokens, prompt_tokens=exchange.prompt_tokens
+            )
         if exchange.first_token_at is not None and exchange.last_token_at is not None:
             seconds = exchange.last_token_at - exchange.first_token_at
             usage = tap.usage.get("completion_tokens") if isinstance(tap.usage, dict) else None

@@ -167,15 +167,16 @@ class StreamRelay:
         finally:
             state["closing"] = True
             watcher.cancel()
+            # the usage first: on_close's decode record reads its cached prompt tokens
+            if not ex.apply_usage(self.tap.usage):  # absent or malformed: counted from the chunks
+                ex.usage_estimated = True
+            if ex.completion_tokens == 0:
+                ex.completion_tokens = self.tap.content_chunks
             with contextlib.suppress(Exception):
                 await self.on_close()
             self._observe_itl()
             if self.tap.aborted and ex.status == 200:
                 self._fail("aborted", "the engine aborted the request")
-            if not ex.apply_usage(self.tap.usage):  # absent or malformed: counted from the chunks
-                ex.usage_estimated = True
-            if ex.completion_tokens == 0:
-                ex.completion_tokens = self.tap.content_chunks
             self.recorder.finish(ex)
 
     async def _relay(self, send: Send) -> None:

@@ -93,9 +93,12 @@ class ChunkFacts:
         template = self._template
         if self._text_error is not None and self._text_error in payload:
             template = None  # looked at: its text may be an error
-        if template is not None and template.matches(payload):
-            self.content_chunks += 1
-            return 1
+        if template is not None and payload.startswith(template.head) and payload.endswith(template.tail):
+            # ChunkTemplate's body test: non-empty, no quote, no CR, no trailing backslash
+            text = payload[template.head_len : len(payload) - template.tail_len]
+            if text and 34 not in text and 13 not in text and text[-1] != 92:
+                self.content_chunks += 1
+                return 1
         try:
             chunk = orjson.loads(payload)
         except orjson.JSONDecodeError:

@@ -30,9 +30,11 @@ def usage_counts(usage: object) -> tuple[int, int] | None:
     """``(prompt_tokens, completion_tokens)`` of a usage object, or None unless both are
     non-negative integers (a string, a negative number, a bool, a missing one: the
     object is not used)."""
-    if not isinstance(usage, Mapping):
+    if type(usage) is not dict and not isinstance(usage, Mapping):  # dict first: the ABC check costs
         return None
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if type(prompt) is int and type(completion) is int and prompt >= 0 and completion >= 0:
+        return prompt, completion  # the common case, without two calls
     if prompt is None and completion is None:
         prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
     prompt, completion = _count(prompt), _count(completion)
@@ -54,11 +56,11 @@ def cached_prompt_tokens(usage: object) -> int | None:
         cached_prompt_tokens({"input_tokens": 12, "cache_read_input_tokens": 4096})  # 4096 (Anthropic)
         cached_prompt_tokens({"prompt_tokens": 900})  # None
     """
-    if not isinstance(usage, Mapping):
+    if type(usage) is not dict and not isinstance(usage, Mapping):
         return None
     for details in ("prompt_tokens_details", "input_tokens_details"):
         part = usage.get(details)
-        if isinstance(part, Mapping) and "cached_tokens" in part:
+        if (type(part) is dict or isinstance(part, Mapping)) and "cached_tokens" in part:
             return _count(part["cached_tokens"])
     return _count(usage.get("cache_read_input_tokens"))
 

@@ -22,7 +22,7 @@ Pure data: nothing here reads a clock or does I/O.
 
 from __future__ import annotations
 
-import statistics
+from bisect import bisect_left, insort
 from collections import OrderedDict, deque
 
 WINDOW = 64
@@ -31,6 +31,28 @@ MIN_OWN_STREAMS = 8
 """A tenant's own median is used from this many of its streams on."""
 MAX_TENANTS = 1024
 """Tenants remembered at most (the least recently seen are forgotten first)."""
+
+
+class _Window:
+    """The last :data:`WINDOW` lengths in arrival order (``recent``), the same values
+    sorted, and their median, kept as each stream is added (one insertion and one removal
+    in the sorted list), so a request reads its estimate without sorting."""
+
+    __slots__ = ("median", "ordered", "recent")
+
+    def __init__(self) -> None:
+        self.recent: deque[int] = deque()
+        self.ordered: list[int] = []
+        self.median = 0.0  # of ``ordered`` (the mean of the two middle values for an even count); 0.0 while empty
+
+    def add(self, tokens: int) -> None:
+        recent, ordered = self.recent, self.ordered
+        if len(recent) >= WINDOW:
+            del ordered[bisect_left(ordered, recent.popleft())]
+        recent.append(tokens)
+        insort(ordered, tokens)
+        half = len(ordered) // 2
+        self.median = float(ordered[half]) if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2.0
 
 
 class CompletionLengths:
@@ -45,31 +67,34 @@ class CompletionLengths:
         lengths.expected(priority=1, tenant="b", cap=16)    # 16: its own cap
     """
 
-    __slots__ = ("_by_class", "_by_tenant", "_medians", "_pool")
+    __slots__ = ("_by_class", "_by_tenant", "_pool")
 
     def __init__(self) -> None:
-        self._pool: deque[int] = deque(maxlen=WINDOW)
-        self._by_class: dict[int, deque[int]] = {}
-        self._by_tenant: OrderedDict[str, deque[int]] = OrderedDict()
-        self._medians: dict[int, float] = {}  # id(window) -> its median, until it changes
+        self._pool = _Window()
+        self._by_class: dict[int, _Window] = {}
+        self._by_tenant: OrderedDict[str, _Window] = OrderedDict()
 
     def observe(self, tokens: int, *, priority: int | None = None, tenant: str = "") -> None:
         """One stream produced ``tokens`` completion tokens (ignored unless > 0), for a
         request of class ``priority`` (None: unknown) charged to ``tenant``."""
         if tokens <= 0:
             return
-        self._medians.clear()
-        self._pool.append(tokens)
+        self._pool.add(tokens)
         if priority is not None:
-            self._by_class.setdefault(priority, deque(maxlen=WINDOW)).append(tokens)
-        if tenant:
-            window = self._by_tenant.pop(tenant, None)
+            window = self._by_class.get(priority)
             if window is None:
-                window = deque(maxlen=WINDOW)
+                window = self._by_class[priority] = _Window()
+            window.add(tokens)
+        if tenant:
+            window = self._by_tenant.get(tenant)
+            if window is None:
+                window = _Window()
                 if len(self._by_tenant) >= MAX_TENANTS:
                     self._by_tenant.popitem(last=False)
-            window.append(tokens)
-            self._by_tenant[tenant] = window
+                self._by_tenant[tenant] = window
+            else:
+                self._by_tenant.move_to_end(tenant)
+            window.add(tokens)
 
     def expected(
         self, *, priority: int | None = None, tenant: str = "", cap: int | None = None
@@ -79,23 +104,17 @@ class CompletionLengths:
         pool's, at most ``cap`` (its own ``max_tokens``); ``cap`` alone (or None) before
         any stream."""
         own = self._by_tenant.get(tenant) if tenant else None
-        window = own if own is not None and len(own) >= MIN_OWN_STREAMS else None
+        window = own if own is not None and len(own.recent) >= MIN_OWN_STREAMS else None
         if window is None and priority is not None:
-            window = self._by_class.get(priority)
-        if not window:
+            window = self._by_class.get(priority)  # a class's window is never empty
+        if window is None:
             window = self._pool
-        if not window:
-            return None if cap is None else float(cap)
-        value = self._median(window)
+            if not window.recent:
+                return None if cap is None else float(cap)
+        value = window.median
         return value if cap is None else min(value, float(cap))
 
     @property
     def pool_median(self) -> float | None:
         """The median of the pool's recent streams (None before any)."""
-        return self._median(self._pool) if self._pool else None
-
-    def _median(self, window: deque[int]) -> float:
-        value = self._medians.get(id(window))
-        if value is None:
-            value = self._medians[id(window)] = float(statistics.median(window))
-        return value
+        return self._pool.median if self._pool.recent else None
