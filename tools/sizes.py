@@ -54,7 +54,6 @@ KNOWN_FUNCTIONS: set[str] = {
     "latgate.routing.admission:Admission.hold",
     "latgate.routing.decision:Router.decide",
     "latgate.routing.policies.predicted_ttft:choose_power_of_two",
-    "latgate.routing.prefix_index:prompt_prefix",
     "latgate.process.server:run",
     "latgate.request.translate.messages_request:messages_to_chat",
     "latgate.request.translate.messages_response:chat_to_message",
