@@ -67,6 +67,7 @@ MAX_PROMPT_SAMPLES = 4096
 MAX_OFFSET = 1 << 32
 """Character offsets are kept in a sample's low 32 bits."""
 KEY_MASK = ~(MAX_OFFSET - 1)
+_OFFSET_MASK = MAX_OFFSET - 1
 
 
 class Samples(NamedTuple):
@@ -193,7 +194,8 @@ class PromptPrefix:
     Attributes:
         keys: the samples' chained hashes (this process's), each with its character
             offset in the low 32 bits, in order.
-        tokens: prompt tokens up to each sample (same length as ``keys``).
+        tokens_per_char: the prompt's tokens over its characters (:meth:`tokens_at`
+            spreads them over the samples' offsets).
         identity: the first message's sample (the prompt's identity when the client
             names no session), or None for a prompt of one message or none (it names
             no conversation: it is placed as any request is).
@@ -204,15 +206,19 @@ class PromptPrefix:
     """
 
     keys: list[int]
-    tokens: list[int]
+    tokens_per_char: float
     identity: int | None = None
     session: int | None = None
     previous_tokens: int = 0
 
+    def tokens_at(self, sample: int) -> int:
+        """Prompt tokens up to the sample at index ``sample`` of ``keys``."""
+        return int((self.keys[sample] & _OFFSET_MASK) * self.tokens_per_char)
+
     @property
     def total_tokens(self) -> int:
         """The prompt's tokens (up to its last sample)."""
-        return self.tokens[-1]
+        return self.tokens_at(-1)
 
 
 def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int | None = None) -> PromptPrefix | None:
@@ -237,11 +243,11 @@ def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int |
         return None
     keys, ends = samples.keys, samples.ends
     per_char = prompt_tokens / samples.chars
-    offset = MAX_OFFSET - 1
-    tokens = [int((key & offset) * per_char) for key in keys]
     identity = keys[ends[0]] if samples.pieces > 1 else None
-    previous = tokens[ends[-3]] if len(ends) >= 3 and ends[-3] < len(tokens) else 0
-    return PromptPrefix(keys, tokens, identity, session, previous)
+    prefix = PromptPrefix(keys, per_char, identity, session)
+    if len(ends) >= 3 and ends[-3] < len(keys):
+        prefix.previous_tokens = prefix.tokens_at(ends[-3])
+    return prefix
 
 
 class PrefixIndex:
@@ -295,21 +301,21 @@ class PrefixIndex:
                 low = middle
             else:
                 high = middle - 1
-        return prefix.tokens[low]
+        return prefix.tokens_at(low)
 
     def record(self, prefix: PromptPrefix) -> None:
         """The endpoint now holds ``prefix`` (it prefilled it): every sample becomes
         the most recently used, the first most of all; the least recently used go
         while over capacity."""
         entries = self._entries
-        keys, tokens = prefix.keys, prefix.tokens
+        keys, tokens_at = prefix.keys, prefix.tokens_at
         held = self._held_tokens
         touch = entries.move_to_end
         for i in range(len(keys) - 1, -1, -1):
             try:  # held already, as most of a session's next turn is
                 touch(keys[i])
             except KeyError:
-                cost = max(MIN_ENTRY_TOKENS, tokens[i] - (tokens[i - 1] if i else 0))
+                cost = max(MIN_ENTRY_TOKENS, tokens_at(i) - (tokens_at(i - 1) if i else 0))
                 entries[keys[i]] = cost
                 held += cost
         capacity = self.effective_capacity_tokens
