@@ -42,7 +42,6 @@ KNOWN_FUNCTIONS: set[str] = {
     "latgate.routing.admission:Admission.hold",
     "latgate.routing.decision:Router.decide",
     "latgate.routing.policies.predicted_ttft:choose_power_of_two",
-    "latgate.routing.prefix_index:prompt_prefix",
 }
 
 

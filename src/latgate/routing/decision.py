@@ -51,6 +51,7 @@ from latgate.foundation.errors import InvalidRequest, NotFound
 from latgate.routing.alternatives import Alternatives
 from latgate.routing.headers import budget_header, debug_header, flag_header
 from latgate.routing.models import model_key, rule_model, skipped_note, upstream_model
+from latgate.routing.prefix_index import estimate_and_sample
 from latgate.routing.sessions import session_key
 from latgate.routing.strategies.registry import predicts
 from latgate.routing.targets import RouteDecision, Target
@@ -150,7 +151,8 @@ class Router:
             budget_ms = policy.latency_budget_ms
         if budget_ms is None and latency_sensitive:
             budget_ms = self._routing.latency_threshold_ms
-        prompt_tokens = estimate_prompt_tokens(body)
+        # where the prefix index runs, the estimate's walk samples the prompt for it
+        prompt_tokens = estimate_and_sample(body) if self._affine else estimate_prompt_tokens(body)
 
         choice: tuple[str, str, str] | None = self._override(headers.get("x-route-to"), public, notes)
         if choice is None:

@@ -19,6 +19,14 @@ clients send. The longest prefix held is found by binary search over a prompt's
 samples: recording touches them from the end backwards, so an earlier one is never
 older than a later one and what an index holds of a prompt is a prefix (the
 approximate radix tree of SGLang's ``cache_aware`` router, in a flat set).
+
+Routing estimates every request's prompt tokens (:mod:`latgate.routing.tokens`), and
+on a pool whose engines cache prefixes samples the prompt too. Both read every
+message's role, content and tool calls, so :func:`estimate_and_sample` reads each once:
+it returns :func:`~latgate.routing.tokens.estimate_prompt_tokens`'s number and leaves
+the samples for the next :func:`prompt_prefix` of the same body (found by the identity
+of its ``messages``, ``system`` and ``tools``, as
+:func:`~latgate.routing.tokens.encoded_json` finds the tools' JSON).
 """
 
 from __future__ import annotations
@@ -26,11 +34,29 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
-from latgate.routing.tokens import encoded_json
+from latgate.routing.tokens import (
+    MAX_COUNTED_MESSAGES,
+    MESSAGE_OVERHEAD_TOKENS,
+    REPLY_PRIMER_TOKENS,
+    _message_tokens,
+    _prompt_tokens,
+    _text_tokens,
+    encoded_json,
+    estimate_prompt_tokens,
+)
+
+MIN_ENTRY_TOKENS = 16
+"""What an entry costs at least against the capacity (vLLM's default block size)."""
+MAX_SHORTFALL_DIVISOR = 8
+"""The engine's reports may shrink an index's effective capacity to an eighth of its capacity, no less."""
+DEFAULT_PREFIX_CACHE_TOKENS = 262_144
+"""An endpoint's capacity before the config or the engine says (a 7-8B model on one
+24-80 GB GPU holds some 10^5-10^6 tokens of KV cache)."""
+
 
 BLOCK_CHARS = 4096
 """Characters between samples within a long message (about 1 000 tokens of English or code)."""
@@ -38,15 +64,127 @@ WINDOW_CHARS = 64
 """Characters hashed before each block boundary and at each end of a message's content."""
 MAX_PROMPT_SAMPLES = 4096
 """Samples kept of one prompt (its first 4 096 messages and blocks); the rest is never matched."""
-MIN_ENTRY_TOKENS = 16
-"""What an entry costs at least against the capacity (vLLM's default block size)."""
-_MAX_OFFSET = 1 << 32
-_KEY_MASK = ~(_MAX_OFFSET - 1)
-MAX_SHORTFALL_DIVISOR = 8
-"""The engine's reports may shrink an index's effective capacity to an eighth of its capacity, no less."""
-DEFAULT_PREFIX_CACHE_TOKENS = 262_144
-"""An endpoint's capacity before the config or the engine says (a 7-8B model on one
-24-80 GB GPU holds some 10^5-10^6 tokens of KV cache)."""
+MAX_OFFSET = 1 << 32
+"""Character offsets are kept in a sample's low 32 bits."""
+KEY_MASK = ~(MAX_OFFSET - 1)
+_OFFSET_MASK = MAX_OFFSET - 1
+
+
+class Samples(NamedTuple):
+    """A prompt's samples, before its tokens are spread over them.
+
+    Attributes:
+        keys: chained hashes, each with its character offset in the low 32 bits.
+        ends: the index in ``keys`` of each piece's (system, tools, message) last sample.
+        chars: characters read (the last sample's offset).
+        pieces: the prompt's pieces (system, tools, messages).
+    """
+
+    keys: list[int]
+    ends: list[int]
+    chars: int
+    pieces: int
+
+
+_last: tuple[object, object, object, Samples | None] | None = None
+
+
+def _walk(pieces: list[Any], *, estimate: bool) -> tuple[float, Samples | None]:
+    """The messages' estimate (``REPLY_PRIMER_TOKENS`` and every message, in the order
+    :mod:`latgate.routing.tokens` sums them; 0.0 unless ``estimate``) and the samples of
+    ``pieces`` (None: nested past orjson's depth, or past ``MAX_OFFSET`` characters)."""
+    dumps = orjson.dumps
+    window = WINDOW_CHARS
+    keys: list[int] = []
+    sample = keys.append
+    ends: list[int] = []
+    mark = ends.append
+    total = 0.0 + REPLY_PRIMER_TOKENS if estimate else 0.0
+    running = done = 0
+    sampling, broken = True, False
+    for piece in pieces:
+        if type(piece) is dict:
+            role, content, calls = piece.get("role"), piece.get("content"), piece.get("tool_calls")
+            if estimate:  # a message (the caller sends the system prompt and tools to tokens when dicts)
+                if calls is None and type(content) is str and "name" not in piece:
+                    total += MESSAGE_OVERHEAD_TOKENS + (_text_tokens(content) if content else 0.0)
+                else:
+                    total += _message_tokens(piece, _text_tokens)
+            if not sampling:
+                continue
+            if type(role) is not str and role is not None:  # the engine refuses such a message; here it only must not raise
+                role = repr(type(role))
+        else:  # the system prompt, the tools, or a malformed message (counted as nothing)
+            if not sampling:
+                continue
+            role, content, calls = None, piece, None
+        try:
+            if type(content) is not str:
+                content = b"" if content is None else encoded_json(content)
+            if calls is not None:
+                calls = dumps(calls)
+        except orjson.JSONEncodeError:  # nested past orjson's depth: the wire encoding refuses the body (400)
+            sampling, broken = False, True
+            continue
+        size = len(content)
+        if done + size >= MAX_OFFSET or len(ends) >= MAX_PROMPT_SAMPLES:  # the rest is never matched
+            sampling = False
+            continue
+        if size > BLOCK_CHARS:  # samples within a long content: the window before each boundary
+            for at in range(BLOCK_CHARS, size, BLOCK_CHARS):
+                running = hash((running, at, content[at - window : at]))
+                sample(running & KEY_MASK | (done + at))
+        running = hash((running, role, content, calls))  # a long content's hash: the token estimate's, kept on it
+        done += size or 1
+        mark(len(keys))
+        sample(running & KEY_MASK | done)
+    if broken or not keys:
+        return total, None
+    del keys[MAX_PROMPT_SAMPLES:]
+    return total, Samples(keys, ends, done, len(pieces))
+
+
+def _pieces(body: Mapping[str, Any]) -> list[Any] | None:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            return None
+        return [{"content": prompt}]
+    system, tools = body.get("system"), body.get("tools")
+    return [*(part for part in (system, tools) if part), *messages] if system or tools else messages
+
+
+def estimate_and_sample(body: Mapping[str, Any]) -> int:
+    """:func:`~latgate.routing.tokens.estimate_prompt_tokens` of ``body``, its samples
+    left for the next :func:`sample_prompt` of the same body."""
+    global _last
+    messages = body.get("messages")
+    system, tools = body.get("system"), body.get("tools")
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or len(messages) > MAX_COUNTED_MESSAGES  # the estimate counts a sample of the messages
+        or type(system) is dict
+        or type(tools) is dict  # malformed: the walk would count it as a message
+    ):
+        return estimate_prompt_tokens(body)
+    pieces = _pieces(body)
+    assert pieces is not None
+    messages_tokens, samples = _walk(pieces, estimate=True)
+    _last = (messages, system, tools, samples)
+    return round(_prompt_tokens(body, _text_tokens, messages_tokens=messages_tokens))
+
+
+def sample_prompt(body: Mapping[str, Any]) -> Samples | None:
+    """The samples of ``body``'s prompt (None: no messages or prompt, or unsampleable):
+    the ones :func:`estimate_and_sample` left for this body, else read now."""
+    last = _last
+    messages = body.get("messages")
+    if last is not None and last[0] is messages and last[1] is body.get("system") and last[2] is body.get("tools"):
+        return last[3]
+    pieces = _pieces(body)
+    return None if pieces is None else _walk(pieces, estimate=False)[1]
 
 
 @dataclass(slots=True)
@@ -56,7 +194,8 @@ class PromptPrefix:
     Attributes:
         keys: the samples' chained hashes (this process's), each with its character
             offset in the low 32 bits, in order.
-        tokens: prompt tokens up to each sample (same length as ``keys``).
+        tokens_per_char: the prompt's tokens over its characters (:meth:`tokens_at`
+            spreads them over the samples' offsets).
         identity: the first message's sample (the prompt's identity when the client
             names no session), or None for a prompt of one message or none (it names
             no conversation: it is placed as any request is).
@@ -67,15 +206,19 @@ class PromptPrefix:
     """
 
     keys: list[int]
-    tokens: list[int]
+    tokens_per_char: float
     identity: int | None = None
     session: int | None = None
     previous_tokens: int = 0
 
+    def tokens_at(self, sample: int) -> int:
+        """Prompt tokens up to the sample at index ``sample`` of ``keys``."""
+        return int((self.keys[sample] & _OFFSET_MASK) * self.tokens_per_char)
+
     @property
     def total_tokens(self) -> int:
         """The prompt's tokens (up to its last sample)."""
-        return self.tokens[-1]
+        return self.tokens_at(-1)
 
 
 def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int | None = None) -> PromptPrefix | None:
@@ -83,13 +226,11 @@ def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int |
 
     A message is read as its role, its content (a string as it is, anything else as
     its JSON) and its tool calls (their JSON), hashed with Python's own hash (per
-    process, as the index is). A string keeps its hash once computed, and the token
-    estimate (:func:`~latgate.routing.tokens.estimate_prompt_tokens`, run first) has
-    hashed every long content and the tools' JSON already
-    (:func:`~latgate.routing.tokens.encoded_json` hands back the same bytes): what this
-    adds per request grows with the messages and blocks, not with the characters. Within
-    a content longer than ``BLOCK_CHARS``, the ``WINDOW_CHARS`` before each block
-    boundary are hashed into a sample of their own.
+    process, as the index is). Within a content longer than ``BLOCK_CHARS``, the
+    ``WINDOW_CHARS`` before each block boundary are hashed into a sample of their own.
+    The samples are the ones routing's token estimate took in the same walk over the
+    messages (:func:`estimate_and_sample`), or read now
+    when it took none of this body.
 
     Args:
         body: a chat completions body (``messages``, optional ``tools``), an Anthropic
@@ -97,55 +238,16 @@ def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int |
         prompt_tokens: the request's prompt tokens (routing's estimate).
         session: the client's session key, carried along.
     """
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            return None
-        pieces: list[Any] = [{"content": prompt}]
-    else:
-        system, tools = body.get("system"), body.get("tools")
-        pieces = [*(part for part in (system, tools) if part), *messages] if system or tools else messages
-    dumps = orjson.dumps
-    window = WINDOW_CHARS
-    keys: list[int] = []
-    sample = keys.append
-    ends: list[int] = []  # the index in keys of each piece's last sample
-    running = done = 0
-    for piece in pieces[:MAX_PROMPT_SAMPLES]:
-        if type(piece) is dict:
-            role, content, calls = piece.get("role"), piece.get("content"), piece.get("tool_calls")
-            if type(role) is not str and role is not None:  # the engine refuses such a message; here it only must not raise
-                role = repr(type(role))
-        else:  # the system prompt or the tools
-            role, content, calls = None, piece, None
-        try:
-            if type(content) is not str:
-                content = b"" if content is None else encoded_json(content)
-            if calls is not None:
-                calls = dumps(calls)
-        except orjson.JSONEncodeError:  # nested past orjson's depth: the wire encoding refuses the body (400)
-            return None
-        size = len(content)
-        if done + size >= _MAX_OFFSET:
-            break
-        if size > BLOCK_CHARS:  # samples within a long content: the window before each boundary
-            for at in range(BLOCK_CHARS, size, BLOCK_CHARS):
-                running = hash((running, at, content[at - window : at]))
-                sample(running & _KEY_MASK | (done + at))
-        running = hash((running, role, content, calls))  # a long content's hash: the token estimate's, kept on it
-        done += size or 1
-        ends.append(len(keys))
-        sample(running & _KEY_MASK | done)
-    if not keys:
+    samples = sample_prompt(body)
+    if samples is None:
         return None
-    del keys[MAX_PROMPT_SAMPLES:]
-    per_char = prompt_tokens / done
-    offset = _MAX_OFFSET - 1
-    tokens = [int((key & offset) * per_char) for key in keys]
-    identity = keys[ends[0]] if len(pieces) > 1 else None
-    previous = tokens[ends[-3]] if len(ends) >= 3 and ends[-3] < len(tokens) else 0
-    return PromptPrefix(keys, tokens, identity, session, previous)
+    keys, ends = samples.keys, samples.ends
+    per_char = prompt_tokens / samples.chars
+    identity = keys[ends[0]] if samples.pieces > 1 else None
+    prefix = PromptPrefix(keys, per_char, identity, session)
+    if len(ends) >= 3 and ends[-3] < len(keys):
+        prefix.previous_tokens = prefix.tokens_at(ends[-3])
+    return prefix
 
 
 class PrefixIndex:
@@ -199,21 +301,21 @@ class PrefixIndex:
                 low = middle
             else:
                 high = middle - 1
-        return prefix.tokens[low]
+        return prefix.tokens_at(low)
 
     def record(self, prefix: PromptPrefix) -> None:
         """The endpoint now holds ``prefix`` (it prefilled it): every sample becomes
         the most recently used, the first most of all; the least recently used go
         while over capacity."""
         entries = self._entries
-        keys, tokens = prefix.keys, prefix.tokens
+        keys, tokens_at = prefix.keys, prefix.tokens_at
         held = self._held_tokens
         touch = entries.move_to_end
         for i in range(len(keys) - 1, -1, -1):
             try:  # held already, as most of a session's next turn is
                 touch(keys[i])
             except KeyError:
-                cost = max(MIN_ENTRY_TOKENS, tokens[i] - (tokens[i - 1] if i else 0))
+                cost = max(MIN_ENTRY_TOKENS, tokens_at(i) - (tokens_at(i - 1) if i else 0))
                 entries[keys[i]] = cost
                 held += cost
         capacity = self.effective_capacity_tokens

@@ -246,10 +246,14 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
 MAX_COUNTED_MESSAGES = 1024
 
 
-def _prompt_tokens(body: Mapping[str, Any], count: Callable[[str], float]) -> float:
+def _prompt_tokens(body: Mapping[str, Any], count: Callable[[str], float], *, messages_tokens: float | None = None) -> float:
+    """The estimate, unrounded; ``messages_tokens``: the messages' part counted already
+    (:func:`latgate.routing.prefix_index.estimate_and_sample`)."""
     total = 0.0
     messages = body.get("messages")
-    if isinstance(messages, list):
+    if messages_tokens is not None:
+        total += messages_tokens
+    elif isinstance(messages, list):
         total += REPLY_PRIMER_TOKENS
         if len(messages) <= MAX_COUNTED_MESSAGES:
             for message in messages:
