@@ -382,3 +382,24 @@ def test_a_batch_request_leaves_the_headroom_slot_to_the_other_classes() -> None
         assert (await batch).reason == "waited:vllm"
 
     asyncio.run(main())
+
+
+def test_a_budgeted_request_is_not_refused_for_its_own_clients_waiters_it_goes_before() -> None:
+    router, pool, holder, runtime, endpoint = vllm_setup()
+    lease = pool.begin(runtime, endpoint)
+    holder._timer.now = 0.2  # the one slot frees in 100 ms; a new lease holds it 300 ms
+
+    async def main() -> None:
+        ordinary = [asyncio.ensure_future(hold(holder, router.decide(BODY, {}))) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert holder.describe()["vllm"]["waiting"] == 3
+        budgeted = asyncio.ensure_future(hold(holder, router.decide(BODY, {"x-latency-budget-ms": "400"})))
+        await asyncio.sleep(0)
+        assert not budgeted.done(), "100 ms to the first slot + TTFT fits 400 ms: the three ordinary ones (30 s to go) come after it"
+        pool.end(runtime, endpoint, lease)
+        assert (await budgeted).reason == "waited:vllm"
+        assert not any(task.done() for task in ordinary)
+        for task in ordinary:
+            task.cancel()
+
+    asyncio.run(main())

@@ -262,3 +262,16 @@ def test_without_a_key_the_fair_share_is_the_clients_address_whatever_session_it
     assert tenants == {"addr:10.0.0.7"}, "one share for one address"
     assert client_tenant(("10.0.0.7", 60000)) == address, "a new connection is not a new tenant"
     assert client_tenant(None) == ""
+
+
+def test_a_newcomers_place_is_where_pop_serves_it_a_tight_deadline_before_its_own_tenants_loose_ones() -> None:
+    clock = ManualClock()
+    queue = WaitQueue(max_waiting=100)
+    for tenant, wait_s in [("a", 30.0), ("a", 30.0), ("b", 30.0), ("a", 0.3), ("a", 30.0), ("b", 30.0), ("a", 30.0)]:
+        queue.push(waiter(clock, tenant=tenant, wait_s=wait_s))
+        clock.now += 0.01
+    tight = waiter(clock, tenant="a", wait_s=0.4)  # a budgeted request behind its own client's ordinary ones
+    ahead = queue.ahead_of(DEFAULT, "a", tight.deadline)
+    queue.push(tight)
+    served_before = [w for w in drain(queue)].index(tight)
+    assert ahead == served_before == 2, "its tenant's earlier deadline and b's first share go first: a's 5 looser ones do not"

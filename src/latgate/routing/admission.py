@@ -154,18 +154,19 @@ class Admission:
         if not queue.waiting and has_room(self._pool, runtime, now, headroom):
             return decision, None
         view = self.outlook.view(runtime, decision.prompt_tokens, now)
-        ahead = queue.ahead_of(ask.priority, ask.tenant)  # its fair share's place, not the queue's length
-        if view is None or view.free > ahead + headroom:  # a slot none before it can take
+        if view is None:
+            return decision, None
+        budget, elapsed_ms = decision.budget_ms, (self._timer() - ask.received_at) * 1000.0
+        bound_ms = self._bound_ms(ask.priority, budget, elapsed_ms, view.ttft_ms)
+        ahead = queue.ahead_of(ask.priority, ask.tenant, now + bound_ms / 1000.0)  # its share's and deadline's place
+        if view.free > ahead + headroom:  # a slot none before it can take
             return decision, None
         stats = self._stats[name]
         klass = CLASS_NAMES[ask.priority]
         predicted_ms = self.outlook.predict_ms(view, ahead=ahead)  # from the leases alone
         wait_ms = shown_ms = self.outlook.corrected_ms(name, ask.priority, predicted_ms)
-        elapsed_ms = (self._timer() - ask.received_at) * 1000.0
-        budget = decision.budget_ms
         if budget is not None and (len(decision.candidates) > 1 or decision.overflow):
             wait_ms *= WAIT_P90_FACTOR
-        bound_ms = self._bound_ms(ask.priority, budget, elapsed_ms, view.ttft_ms)
         if wait_ms > bound_ms >= 0.0 and self._preempt(name, ask.priority, budget):
             # a slot frees as the preempted attempt is cancelled: no wait left (the bound
             # already keeps the first token's time); with no slack left, nothing is preempted

@@ -78,15 +78,28 @@ class WaitQueue:
     def __len__(self) -> int:
         return len(self.waiting)
 
-    def ahead_of(self, priority: int, tenant: str | None = None) -> int:
-        """Waiters that go before a newcomer of class ``priority``: every one of a higher
-        class, and of its own class those whose share starts no later than the
-        newcomer's would (its tenant's, ``tenant``; None: every one of its class). A
-        quiet tenant's newcomer stands before a flood's backlog, as :meth:`pop` serves it."""
+    def ahead_of(self, priority: int, tenant: str | None = None, deadline: float = math.inf) -> int:
+        """Waiters that go before a newcomer of class ``priority`` with ``deadline`` (clock
+        seconds): every one of a higher class, and of its own class those :meth:`pop`
+        serves first. Inside its tenant (``tenant``) that is the waiters with a deadline
+        no later than its own (earliest deadline first); of the other tenants, those
+        whose share starts no later than the place its own deadline gives it among its
+        tenant's shares. A quiet tenant's newcomer stands before a flood's backlog, and a
+        tight deadline before its own tenant's looser ones. ``tenant`` None: every one of
+        its class."""
         if tenant is None:
             return sum(1 for w in self.waiting if w.priority >= priority)
+        own = [w for w in self.waiting if w.priority == priority and w.tenant == tenant]
+        before = sum(1 for w in own if w.deadline <= deadline)
         start = max(self.virtual.get(priority, 0.0), self.finish.get((priority, tenant), 0.0))
-        return sum(1 for w in self.waiting if w.priority > priority or (w.priority == priority and w.tag <= start))
+        # the share its deadline takes over among its tenant's, and the arrival that share ties on
+        place, seq = sorted([(w.tag, w.seq) for w in own] + [(start, math.inf)])[before]
+        others = sum(
+            1
+            for w in self.waiting
+            if w.priority > priority or (w.priority == priority and w.tenant != tenant and (w.tag, w.seq) < (place, seq))
+        )
+        return before + others
 
     def top_priority(self) -> int | None:
         """The class of the waiter :meth:`pop` would give a slot to (None: no waiter)."""
