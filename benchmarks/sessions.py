@@ -15,8 +15,10 @@ cache (16-token blocks, LRU, 400k tokens: 1.8x what four sessions' 56k-token fin
 histories need, so the oracle's placement fits and every session everywhere does not)
 and prefill one request at a time (20k tokens/s: a full 56k-token history costs 2.8 s,
 a turn's new tokens 80 ms); ``unequal`` makes the fourth replica slower (10k tokens/s,
-twice the time per token). Session headers ``on``: every turn carries
-``x-claude-code-session-id`` as Claude Code sends it; ``off``: nothing but the prompt.
+twice the time per token). Session headers ``on``: every turn carries the session id in
+``x-claude-code-session-id`` as Claude Code sends it and in ``X-Session-ID``, the
+generic header (latgate's last choice, vllm-router's first key); ``off``: nothing but
+the prompt.
 ``--quick``: 10 turns a session and a 160k-token cache (the same 1.7x), for iteration.
 
 Systems (all on the same sessions, bodies and think times; fresh simulators and a
@@ -29,10 +31,10 @@ fresh router for each):
   the peers ``benchmarks/setup_peers.sh`` installs;
 - ``oracle``: no router; session ``i`` goes straight to replica ``i mod 4``.
 
-The peers, ``round_robin``, ``least_outstanding`` and the oracle read no
-``x-claude-code-session-id`` (vllm-router's ``consistent_hash`` keys on
-``X-Session-ID``, which Claude Code does not send): each runs once per replicas kind,
-with the headers, and its row stands in both tables.
+``round_robin``, ``least_outstanding``, vllm-router's ``cache_aware``, LiteLLM and the
+oracle read no session header: each runs once per replicas kind, with the headers, and
+its row stands in both tables. vllm-router's ``consistent_hash`` and
+``sticky_least_loaded`` read ``X-Session-ID`` and run with the headers and without.
 
 Measured per system: ``on_most_used`` (the share of a session's turns on its
 most-used endpoint: the mean over sessions, and the lowest session), ``max_share``
@@ -93,8 +95,14 @@ PEER_SYSTEMS = tuple(f"vllm-router:{p}" for p in VLLM_ROUTER_POLICIES) + tuple(
     f"litellm:{s}" for s in LITELLM_STRATEGIES
 )
 ALL_SYSTEMS = (*LATGATE_SYSTEMS, *PEER_SYSTEMS, "oracle")
-HEADER_BLIND = frozenset({"round_robin", "least_outstanding", *PEER_SYSTEMS, "oracle"})
+HEADER_BLIND = frozenset(
+    {"round_robin", "least_outstanding", "vllm-router:cache_aware", *(f"litellm:{s}" for s in LITELLM_STRATEGIES), "oracle"}
+)
 """Systems that read no session header: run once per replicas kind, their row in both tables."""
+SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id")
+"""Headers ``on``: the session id as Claude Code sends it, and in the generic header that
+vllm-router's ``consistent_hash`` and ``sticky_least_loaded`` key on (without one of its
+keys, every request hashes alike: all sessions on one worker)."""
 CONFIG = """
 [defaults]
 timeout_sec = 120
@@ -409,7 +417,7 @@ async def drive(
         async def session(plan: SessionPlan) -> None:
             target = base if base is not None else sims[names[plan.index % len(names)]]
             url = target + "/v1/chat/completions"
-            extra = {"x-claude-code-session-id": plan.session_id} if headers else {}
+            extra = dict.fromkeys(SESSION_HEADERS, plan.session_id) if headers else {}
             await asyncio.sleep(max(0.0, started + plan.start_s - time.perf_counter()))
             for turn, (body, think) in enumerate(zip(plan.bodies, plan.think_s, strict=True)):
                 result = await send(http, url, Arrival(at_s=0.0, kind=str(plan.index), body=body, headers=extra))
