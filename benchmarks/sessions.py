@@ -312,7 +312,8 @@ def _command(system: str, urls: list[str], port: int, tmp: Path) -> list[str]:
     peer, _, policy = system.partition(":")
     if peer == "vllm-router":
         return [str(PEERS / "vllm-router" / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
-                "--policy", policy, "--worker-urls", *urls]  # fmt: skip
+                "--policy", policy, "--worker-urls", *urls,
+                "--prometheus-port", str(free_port())]  # fmt: skip  (its fixed default collides with a neighbour's)
     entries = "".join(
         f"  - model_name: {MODEL}\n    litellm_params:\n      model: openai/{MODEL}\n"
         f"      api_base: {url}/v1\n      api_key: sk-bench\n"
