@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/sessions.py [--quick] [--json OUT.json] [--markdown OUT.md]
         [--sessions 16] [--turns 30] [--think-seconds 0.4] [--cache-tokens 400000]
-        [--systems a,b,...] [--replicas equal,unequal] [--headers on,off] [--seed 21]
+        [--systems a,b,...] [--replicas equal,unequal,slowed] [--headers on,off] [--seed 21]
+        [--slow-at-seconds 8]
 
 The issue's shape: 16 sessions share one ~8k-token system prompt; each of 30 turns
 (480 requests) resends the session's whole history plus ~1.6k new tokens (a short
@@ -15,9 +16,16 @@ cache (16-token blocks, LRU, 400k tokens: 1.8x what four sessions' 56k-token fin
 histories need, so the oracle's placement fits and every session everywhere does not)
 and prefill one request at a time (20k tokens/s: a full 56k-token history costs 2.8 s,
 a turn's new tokens 80 ms); ``unequal`` makes the fourth replica slower (10k tokens/s,
-twice the time per token). Session headers ``on``: every turn carries
-``x-claude-code-session-id`` as Claude Code sends it; ``off``: nothing but the prompt.
-``--quick``: 10 turns a session and a 160k-token cache (the same 1.7x), for iteration.
+twice the time per token). Session headers ``on``: every turn carries the session id in
+``x-claude-code-session-id`` as Claude Code sends it and in ``X-Session-ID``, the
+generic header (latgate's last choice, vllm-router's first key); ``off``: nothing but
+the prompt.
+``slowed``: four equal replicas, the fourth of which becomes ten times slower per token
+(2k tokens/s prefill, 40 ms a token) ``--slow-at-seconds`` (8) into the run: issue 21's
+"a replica that slows down sheds sessions: none waits for it past what another
+endpoint's uncached prefill would cost", counted per turn (:func:`slowdown`).
+``--quick``: 10 turns a session and a 160k-token cache (the same 1.7x), and the
+slowdown at 3 s, for iteration.
 
 Systems (all on the same sessions, bodies and think times; fresh simulators and a
 fresh router for each):
@@ -29,10 +37,10 @@ fresh router for each):
   the peers ``benchmarks/setup_peers.sh`` installs;
 - ``oracle``: no router; session ``i`` goes straight to replica ``i mod 4``.
 
-The peers, ``round_robin``, ``least_outstanding`` and the oracle read no
-``x-claude-code-session-id`` (vllm-router's ``consistent_hash`` keys on
-``X-Session-ID``, which Claude Code does not send): each runs once per replicas kind,
-with the headers, and its row stands in both tables.
+``round_robin``, ``least_outstanding``, vllm-router's ``cache_aware``, LiteLLM and the
+oracle read no session header: each runs once per replicas kind, with the headers, and
+its row stands in both tables. vllm-router's ``consistent_hash`` and
+``sticky_least_loaded`` read ``X-Session-ID`` and run with the headers and without.
 
 Measured per system: ``on_most_used`` (the share of a session's turns on its
 most-used endpoint: the mean over sessions, and the lowest session), ``max_share``
@@ -86,6 +94,11 @@ REPLICA_FIELDS: dict[str, Any] = {
     "max_output_tokens": 24,
 }
 SLOW_FIELDS = {"prefill_tokens_per_second": 10_000.0, "tpot_ms": 8.0}
+SLOWED_FIELDS = {"prefill_tokens_per_second": 2_000.0, "tpot_ms": 40.0}
+"""``slowed``: what the fourth replica becomes ``slow_at_seconds`` into the run (ten times
+the time per token: a turn's new tokens then cost more there than a whole history
+prefilled again on another replica)."""
+REPLICA_KINDS = ("equal", "unequal", "slowed")
 LATGATE_SYSTEMS = ("latgate", "latgate+prefix_cache", "least_outstanding", "round_robin")
 VLLM_ROUTER_POLICIES = ("cache_aware", "consistent_hash", "sticky_least_loaded")
 LITELLM_STRATEGIES = ("least-busy", "simple-shuffle")
@@ -93,8 +106,14 @@ PEER_SYSTEMS = tuple(f"vllm-router:{p}" for p in VLLM_ROUTER_POLICIES) + tuple(
     f"litellm:{s}" for s in LITELLM_STRATEGIES
 )
 ALL_SYSTEMS = (*LATGATE_SYSTEMS, *PEER_SYSTEMS, "oracle")
-HEADER_BLIND = frozenset({"round_robin", "least_outstanding", *PEER_SYSTEMS, "oracle"})
+HEADER_BLIND = frozenset(
+    {"round_robin", "least_outstanding", "vllm-router:cache_aware", *(f"litellm:{s}" for s in LITELLM_STRATEGIES), "oracle"}
+)
 """Systems that read no session header: run once per replicas kind, their row in both tables."""
+SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id")
+"""Headers ``on``: the session id as Claude Code sends it, and in the generic header that
+vllm-router's ``consistent_hash`` and ``sticky_least_loaded`` key on (without one of its
+keys, every request hashes alike: all sessions on one worker)."""
 CONFIG = """
 [defaults]
 timeout_sec = 120
@@ -131,13 +150,15 @@ class Workload:
     max_tokens: int = 24
     cache_tokens: int = 400_000
     """Each replica's block cache (the issue's: LRU, 400k tokens)."""
+    slow_at_seconds: float = 8.0
+    """``slowed``: when (s from the run's start) the fourth replica slows down."""
 
     @property
     def longest_history_tokens(self) -> int:
         return self.system_tokens + self.turns * self.turn_tokens
 
 
-QUICK = Workload(turns=10, cache_tokens=160_000)
+QUICK = Workload(turns=10, cache_tokens=160_000, slow_at_seconds=3.0)
 """``--quick``: a third of the turns, the cache scaled by the histories (400k holds 1.8x
 four sessions' 30-turn histories; 160k, 1.7x their 10-turn ones)."""
 
@@ -197,20 +218,31 @@ def make_sessions(workload: Workload, *, seed: int) -> list[SessionPlan]:
 
 def serve_session_sims(spec: dict[str, Any]) -> None:
     """Child process: each simulator of ``spec`` (name -> [port, SimOptions fields]) on one
-    loop, with ``GET /bench/served``: ``[[monotonic time, session index], ...]`` of its chat
-    requests (index -1 without a session marker), and ``POST /bench/reset``: a fresh
-    simulator (empty cache, zero counters) in its place."""
+    loop, with ``GET /bench/served``: ``{"served": [[monotonic time, session index], ...],
+    "slowed_at": monotonic time or null}`` of its chat requests (index -1 without a session
+    marker), ``POST /bench/slow`` (a JSON object of SimOptions timing fields): the engine
+    runs with those from now on, and ``POST /bench/reset``: a fresh simulator (empty
+    cache, zero counters, first timing) in its place."""
     from latgate.commands.sim import SimOptions, create_sim_app
 
     def recorded(options: SimOptions) -> Any:
-        state: dict[str, Any] = {"app": create_sim_app(options), "served": []}
+        state: dict[str, Any] = {"app": create_sim_app(options), "served": [], "slowed_at": None}
 
         async def wrapped(scope: dict, receive: Any, send_: Any) -> None:
             path = scope.get("path", "")
             if scope["type"] == "http" and path.startswith("/bench/"):
                 if path == "/bench/reset":
-                    state.update(app=create_sim_app(options), served=[])
-                body = orjson.dumps(state["served"] if path == "/bench/served" else {})
+                    state.update(app=create_sim_app(options), served=[], slowed_at=None)
+                if path == "/bench/slow":
+                    raw, more = b"", True
+                    while more:
+                        message = await receive()
+                        raw, more = raw + message.get("body", b""), message.get("more_body", False)
+                    engine = state["app"].engine
+                    engine.options = dataclasses.replace(engine.options, **orjson.loads(raw))
+                    state["slowed_at"] = time.monotonic()
+                served = {"served": state["served"], "slowed_at": state["slowed_at"]}
+                body = orjson.dumps(served if path == "/bench/served" else {})
                 await send_({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
                 await send_({"type": "http.response.body", "body": body})
                 return
@@ -239,7 +271,8 @@ def serve_session_sims(spec: dict[str, Any]) -> None:
 
 
 def replica_fields(workload: Workload, replicas: str) -> dict[str, dict[str, Any]]:
-    """``{name: SimOptions fields}`` of the four replicas (``equal`` or ``unequal``)."""
+    """``{name: SimOptions fields}`` of the four replicas at the start (``equal``,
+    ``unequal``; ``slowed`` starts equal)."""
     out = {}
     for n in range(REPLICAS):
         fields = {**REPLICA_FIELDS, "prefix_cache_tokens": workload.cache_tokens}
@@ -279,7 +312,8 @@ def _command(system: str, urls: list[str], port: int, tmp: Path) -> list[str]:
     peer, _, policy = system.partition(":")
     if peer == "vllm-router":
         return [str(PEERS / "vllm-router" / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
-                "--policy", policy, "--worker-urls", *urls]  # fmt: skip
+                "--policy", policy, "--worker-urls", *urls,
+                "--prometheus-port", str(free_port())]  # fmt: skip  (its fixed default collides with a neighbour's)
     entries = "".join(
         f"  - model_name: {MODEL}\n    litellm_params:\n      model: openai/{MODEL}\n"
         f"      api_base: {url}/v1\n      api_key: sk-bench\n"
@@ -351,21 +385,41 @@ def router(system: str, urls: dict[str, str]) -> Iterator[str | None]:
         yield None
         return
     with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
-        quiet = None if system in LATGATE_SYSTEMS else subprocess.DEVNULL  # the peers log every request
-        command = _command(system, list(urls.values()), port, Path(tmp))
-        process = subprocess.Popen(command, env=_env(system), stdout=quiet, stderr=quiet)
+        process, base = _start(system, list(urls.values()), Path(tmp))
         try:
-            base = f"http://127.0.0.1:{port}"
+            yield base
+        finally:
+            process.kill()
+            process.wait()
+
+
+def _start(system: str, urls: list[str], tmp: Path, *, attempts: int = 3) -> tuple[subprocess.Popen, str]:
+    """Start ``system``'s router on a free port and wait until it routes; a start that
+    fails (another process took the port between ``free_port`` and the bind: the
+    benchmark may run beside others) is tried again on a new port. Raises RuntimeError
+    with the log's tail after ``attempts`` failures."""
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        log = tmp / f"router-{attempt}.log"
+        with log.open("wb") as out:  # the peers log every request: kept out of the report
+            quiet = None if system in LATGATE_SYSTEMS else out
+            process = subprocess.Popen(_command(system, urls, port, tmp), env=_env(system), stdout=quiet, stderr=quiet)
+        base = f"http://127.0.0.1:{port}"
+        try:
             if system in LATGATE_SYSTEMS:
                 wait_until_up(base + "/readyz", seconds=60.0)
             else:
                 wait_port(port, timeout=120.0, proc=process)
                 _wait_routes(base)
-            yield base
-        finally:
+            return process, base
+        except RuntimeError as exc:
             process.kill()
             process.wait()
+            tail = log.read_bytes()[-600:].decode(errors="replace")
+            print(f"{system}: start {attempt} of {attempts} failed ({exc}): {tail}", file=sys.stderr, flush=True)
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
 
 
 # -- the load generator --------------------------------------------------------------------------
@@ -381,7 +435,8 @@ async def _sim_counters(http: aiohttp.ClientSession, urls: dict[str, str]) -> di
         out[name] = {
             "queried": _sample(text, "vllm:prefix_cache_queries_total"),
             "hit": _sample(text, "vllm:prefix_cache_hits_total"),
-            "served": served,
+            "served": served["served"],
+            "slowed_at": served["slowed_at"],
         }
     return out
 
@@ -395,10 +450,16 @@ def _sample(text: str, name: str) -> float:
 
 
 async def drive(
-    plans: list[SessionPlan], base: str | None, sims: dict[str, str], *, headers: bool
+    plans: list[SessionPlan],
+    base: str | None,
+    sims: dict[str, str],
+    *,
+    headers: bool,
+    slow: tuple[str, float, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """Run every session against ``base`` (the oracle: straight to its replica); returns
-    the turns' results and what each simulator counted meanwhile."""
+    the turns' results and what each simulator counted meanwhile. ``slow``: (replica,
+    seconds from the start, SimOptions timing fields) that replica takes on then."""
     names = list(sims)
     timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http:
@@ -409,7 +470,7 @@ async def drive(
         async def session(plan: SessionPlan) -> None:
             target = base if base is not None else sims[names[plan.index % len(names)]]
             url = target + "/v1/chat/completions"
-            extra = {"x-claude-code-session-id": plan.session_id} if headers else {}
+            extra = dict.fromkeys(SESSION_HEADERS, plan.session_id) if headers else {}
             await asyncio.sleep(max(0.0, started + plan.start_s - time.perf_counter()))
             for turn, (body, think) in enumerate(zip(plan.bodies, plan.think_s, strict=True)):
                 result = await send(http, url, Arrival(at_s=0.0, kind=str(plan.index), body=body, headers=extra))
@@ -417,7 +478,12 @@ async def drive(
                 if turn < len(plan.bodies) - 1:
                     await asyncio.sleep(think)
 
-        await asyncio.gather(*(session(plan) for plan in plans))
+        async def slow_down(name: str, at_s: float, fields: dict[str, float]) -> None:
+            await asyncio.sleep(max(0.0, started + at_s - time.perf_counter()))
+            async with http.post(sims[name] + "/bench/slow", json=fields) as response:
+                response.raise_for_status()
+
+        await asyncio.gather(*(session(plan) for plan in plans), *([slow_down(*slow)] if slow else []))
         elapsed = time.perf_counter() - started
         after = await _sim_counters(http, sims)
     counted = {
@@ -425,6 +491,8 @@ async def drive(
             "queried": after[name]["queried"] - before[name]["queried"],
             "hit": after[name]["hit"] - before[name]["hit"],
             "served": [index for _, index in after[name]["served"][len(before[name]["served"]) :]],
+            "served_at": [at for at, _ in after[name]["served"][len(before[name]["served"]) :]],
+            "slowed_at": after[name]["slowed_at"],
         }
         for name in names
     }
@@ -464,6 +532,56 @@ def summarize(observed: dict[str, Any], *, sessions: int) -> dict[str, Any]:
     }
 
 
+def slowdown(
+    observed: dict[str, Any], prompt_tokens: dict[tuple[int, int], int], *, replica: str = SLOW_REPLICA
+) -> dict[str, Any]:
+    """How a system met ``replica`` slowing down mid-run (``{}`` if it did not slow).
+
+    ``prompt_tokens``: each turn's prompt, ``(session index, turn) -> tokens``. A session's
+    k-th request the simulators saw is its turn k (sessions send one turn at a time; a
+    session with more or fewer requests than results, a retry, is left out). Of the turns
+    that reached ``replica`` after it slowed, ``waits_past_uncached`` counts those whose
+    TTFT exceeded what the whole prompt costs uncached on an unslowed replica (fixed
+    overhead plus prompt tokens at its prefill rate), ``worst_excess_s`` the largest
+    excess (s); the shares are ``replica``'s of the turns that arrived before and after.
+    """
+    sims = observed["sims"]
+    slowed_at = sims[replica].get("slowed_at")
+    if slowed_at is None:
+        return {}
+    seen: dict[int, list[tuple[float, str]]] = {}
+    for name, counted in sims.items():
+        for at, index in zip(counted["served_at"], counted["served"], strict=True):
+            if index >= 0:
+                seen.setdefault(index, []).append((at, name))
+    results = {(index, turn): result for index, turn, result in observed["results"]}
+    turns: dict[int, int] = {}
+    for index, _ in results:
+        turns[index] = turns.get(index, 0) + 1
+    counts = {"before": [0, 0], "after": [0, 0]}  # [turns, on replica]
+    excess: list[float] = []
+    overhead_s = REPLICA_FIELDS["ttft_overhead_ms"] / 1000.0
+    for index, rows in seen.items():
+        if len(rows) != turns.get(index):
+            continue
+        for turn, (at, name) in enumerate(sorted(rows)):
+            phase = counts["after" if at >= slowed_at else "before"]
+            phase[0] += 1
+            phase[1] += name == replica
+            result = results[(index, turn)]
+            if at >= slowed_at and name == replica and result.ok and result.ttft_s is not None:
+                bound_s = overhead_s + prompt_tokens[(index, turn)] / REPLICA_FIELDS["prefill_tokens_per_second"]
+                excess.append(result.ttft_s - bound_s)
+    late = [e for e in excess if e > 0]
+    return {
+        "slowed_share_before": _r(counts["before"][1] / counts["before"][0]) if counts["before"][0] else None,
+        "slowed_share_after": _r(counts["after"][1] / counts["after"][0]) if counts["after"][0] else None,
+        "slowed_turns_after": counts["after"][1],
+        "waits_past_uncached": len(late),
+        "worst_excess_s": _r(max(late)) if late else 0.0,
+    }
+
+
 def _r(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
@@ -492,16 +610,22 @@ def targets(rows: dict[str, dict[str, Any]], *, headers: bool, system: str = "la
         if best_peer_p99:
             ratio = row["ttft_p99_s"] / best_peer_p99
             out["p99_vs_best_peer"] = {"want": "<= 0.25", "got": _r(ratio), "met": ratio <= 0.25}
+    if "waits_past_uncached" in row:
+        waits = row["waits_past_uncached"]
+        out["waits_past_uncached"] = {"want": "0", "got": waits, "met": waits == 0}
     return out
 
 
-def table(rows: dict[str, dict[str, Any]], *, slow: bool) -> str:
-    """Markdown: one row per system."""
+def table(rows: dict[str, dict[str, Any]], *, slow: bool, slowed: bool = False) -> str:
+    """Markdown: one row per system (``slowed``: the slowdown's columns too)."""
     head = "| system | turns on most-used endpoint (mean / lowest session) | busiest endpoint / mean | prompt tokens from cache | TTFT p50 / p90 / p99 (s) |"
     rule = "|---|---|---|---|---|"
     if slow:
         head += " slow replica's requests |"
         rule += "---|"
+    if slowed:
+        head += " slowed replica's turns before / after it slowed | of those after, TTFT past an uncached prefill elsewhere (worst excess) |"
+        rule += "---|---|"
     lines = [head + " errors |", rule + "---|"]
     for name, row in rows.items():
         if "skipped" in row:
@@ -513,6 +637,11 @@ def table(rows: dict[str, dict[str, Any]], *, slow: bool) -> str:
         )
         if slow:
             line += f" {_pct(row['slow_share'])} |"
+        if slowed:
+            line += (
+                f" {_pct(row.get('slowed_share_before'))} / {_pct(row.get('slowed_share_after'))} |"
+                f" {row.get('waits_past_uncached')} of {row.get('slowed_turns_after')} ({row.get('worst_excess_s')} s) |"
+            )
         lines.append(line + f" {row['errors']} |")
     return "\n".join(lines)
 
@@ -528,7 +657,14 @@ def run(
     workload: Workload, *, systems: list[str], replicas: list[str], headers: list[str], seed: int
 ) -> dict[str, Any]:
     """Every case (replicas x headers) under every system; returns the JSON document."""
+    from latgate.routing.tokens import estimate_prompt_tokens
+
     plans = make_sessions(workload, seed=seed)
+    prompt_tokens = (
+        {(p.index, t): estimate_prompt_tokens(orjson.loads(b)) for p in plans for t, b in enumerate(p.bodies)}
+        if "slowed" in replicas
+        else {}
+    )
     cases: dict[str, Any] = {}
     missing = {system: system_missing(system) for system in systems}
     for kind in replicas:
@@ -545,9 +681,11 @@ def run(
                         rows[system] = {"skipped": missing[system]}
                         continue
                     reset(urls)
+                    slow = (SLOW_REPLICA, workload.slow_at_seconds, SLOWED_FIELDS) if kind == "slowed" else None
                     with router(system, urls) as base:
-                        observed = asyncio.run(drive(plans, base, urls, headers=blind or header == "on"))
+                        observed = asyncio.run(drive(plans, base, urls, headers=blind or header == "on", slow=slow))
                     rows[system] = summarize(observed, sessions=workload.sessions)
+                    rows[system].update(slowdown(observed, prompt_tokens))
                     if blind:
                         shared[system] = rows[system]
                     print(f"{kind} / headers {header} / {system}: {json.dumps(rows[system])}", flush=True)
@@ -561,6 +699,7 @@ def run(
         "workload": {**dataclasses.asdict(workload), "cache_tokens_per_replica": workload.cache_tokens},
         "replica": REPLICA_FIELDS,
         "slow_replica": {"name": SLOW_REPLICA, **SLOW_FIELDS},
+        "slowed_replica": {"name": SLOW_REPLICA, "at_seconds": workload.slow_at_seconds, **SLOWED_FIELDS},
         "seed": seed,
         "percentiles": PERCENTILES,
         "cases": cases,
@@ -572,7 +711,7 @@ def markdown(document: dict[str, Any]) -> str:
     parts = []
     for case, body in document["cases"].items():
         parts.append(f"### {body['replicas']} replicas, session headers {body['headers']}\n")
-        parts.append(table(body["systems"], slow=body["replicas"] == "unequal"))
+        parts.append(table(body["systems"], slow=body["replicas"] == "unequal", slowed=body["replicas"] == "slowed"))
         met = body["targets"]
         if met:
             summary = ", ".join(f"{k} {v['got']} ({v['want']}: {'met' if v['met'] else 'missed'})" for k, v in met.items())
@@ -594,9 +733,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turn-tokens", type=int, help="new tokens per turn")
     parser.add_argument("--think-seconds", type=float, help="mean think time")
     parser.add_argument("--cache-tokens", type=int, help="each replica's prefix cache")
+    parser.add_argument("--slow-at-seconds", type=float, help="slowed: when the fourth replica slows down")
     parser.add_argument("--seed", type=int, default=21)
     parser.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma-separated (default: all)")
-    parser.add_argument("--replicas", default="equal,unequal", help="equal, unequal or both")
+    parser.add_argument("--replicas", default="equal,unequal,slowed", help="comma-separated: equal, unequal, slowed")
     parser.add_argument("--headers", default="on,off", help="on, off or both")
     parser.add_argument("--serve-sims", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -610,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sizes = {
         name: value
-        for name in ("sessions", "turns", "system_tokens", "turn_tokens", "think_seconds", "cache_tokens")
+        for name in ("sessions", "turns", "system_tokens", "turn_tokens", "think_seconds", "cache_tokens", "slow_at_seconds")
         if (value := getattr(args, name)) is not None
     }
     workload = dataclasses.replace(QUICK if args.quick else Workload(), **sizes)

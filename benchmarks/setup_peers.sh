@@ -7,7 +7,8 @@
 #   LiteLLM      proxy, pinned, in its own venv: benchmarks/.peers/litellm
 #   vllm-router  Rust router wheel, pinned, in its own venv: benchmarks/.peers/vllm-router
 #
-# benchmarks/.peers/ is git-ignored. Re-running skips what is already there.
+# benchmarks/.peers/ is git-ignored (it may be a link to a shared install). Re-running skips
+# what is already there, and points the scripts of a venv moved from another path at it.
 # Usage: bash benchmarks/setup_peers.sh [nginx] [litellm] [vllm-router]   (default: all)
 set -euo pipefail
 
@@ -21,11 +22,24 @@ mkdir -p "$peers"
 
 want() { [[ " $wanted " == *" $1 "* ]]; }
 
+relocate() {  # relocate NAME: a venv moved, copied or linked from another clone keeps its old shebangs
+  local dir real
+  dir="$peers/$1"
+  real="$(cd "$dir" && pwd -P)"
+  { grep -lI '^#!/.*/bin/python' "$dir"/bin/* 2>/dev/null || true; } | while read -r script; do
+    if ! head -1 "$script" | grep -q "^#!$real/bin/python"; then
+      sed -i "1s|^#!/.*/bin/python[0-9.]*\$|#!$real/bin/python3|" "$script"
+      echo "$1: $(basename "$script") now runs $real/bin/python3"
+    fi
+  done
+}
+
 venv_with() {  # venv_with NAME CHECK_BINARY PACKAGE...
   local name="$1" check="$2"
   shift 2
   if [[ -x "$peers/$name/bin/$check" ]]; then
     echo "$name: already installed"
+    relocate "$name"
     return
   fi
   echo "$name: installing $* into $peers/$name"

@@ -85,3 +85,28 @@ def test_the_default_workload_is_the_issue_s_shape_and_quick_is_a_third_of_it(be
     assert quick.turns * 3 == full.turns and quick.sessions == full.sessions
     # each holds its four sessions' final histories with the same room to spare
     assert abs(full.cache_tokens / (4 * full.longest_history_tokens) - quick.cache_tokens / (4 * quick.longest_history_tokens)) < 0.15
+
+
+def test_the_slowdown_counts_the_slowed_replica_s_later_turns_that_waited_past_an_uncached_prefill_elsewhere(bench) -> None:
+    def result(ttft_s: float):
+        return bench.Result(
+            kind="0", ok=True, ttft_s=ttft_s, completion_tokens=4, provider=None, reason=None,
+            candidates=None, sent_at=0.0, done_at=1.0, error=None,
+        )  # fmt: skip
+
+    # session 0: turns 0, 1 on r3 (turn 1 after it slowed at t=10), turn 2 moved to r0;
+    # session 1: all on r1. 20k prompt tokens cost 0.01 + 1.0 s uncached elsewhere.
+    ttfts = {(0, 0): 0.1, (0, 1): 1.5, (0, 2): 1.2, (1, 0): 0.1, (1, 1): 0.1, (1, 2): 0.1}
+    observed = {
+        "results": [(index, turn, result(t)) for (index, turn), t in ttfts.items()],
+        "sims": {
+            "r0": {"served": [0], "served_at": [12.0], "slowed_at": None},
+            "r1": {"served": [1, 1, 1, -1], "served_at": [1.0, 5.0, 11.0, 2.0], "slowed_at": None},
+            "r2": {"served": [], "served_at": [], "slowed_at": None},
+            "r3": {"served": [0, 0], "served_at": [1.0, 10.5], "slowed_at": 10.0},
+        },
+    }
+    row = bench.slowdown(observed, dict.fromkeys(ttfts, 20_000))
+    assert row["slowed_share_before"] == 0.333 and row["slowed_share_after"] == 0.333
+    assert row["slowed_turns_after"] == 1 and row["waits_past_uncached"] == 1 and row["worst_excess_s"] == 0.49
+    assert bench.slowdown({**observed, "sims": {**observed["sims"], "r3": {**observed["sims"]["r3"], "slowed_at": None}}}, {}) == {}
