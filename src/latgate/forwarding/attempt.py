@@ -129,8 +129,7 @@ class AttemptSender:
     failures: Failures
     selector: Selector
 
-    # long: one attempt's steps in order (tap, ticket, open, status, answer or stream), on the hot path; its locals are
-    # the attempt's state, and a split would pass them through frames on every request
+    # long: one attempt's steps in order (tap, ticket, open, status, answer or stream): its locals are the attempt's state
     async def send(self, attempt: Attempt) -> Answer | StreamRelay:
         """Send ``attempt`` and return the client's response: an :class:`Answer`, or for
         a stream a :class:`StreamRelay` holding everything up to the first content.
