@@ -359,6 +359,25 @@ default_route = "vllm"
 """
 
 
+def test_each_sub_second_timeout_warning_says_what_that_timeout_does(tmp_path):
+    """``timeout_sec`` bounds upstream silence and a non-streamed answer, not the first
+    token: its warning says so, and only ``first_token_timeout_sec``'s speaks of first tokens."""
+    config = tmp_path / "config.toml"
+    config.write_text(
+        "[defaults]\ntimeout_sec = 0.5\nfirst_token_timeout_sec = 0.25\n"
+        '[providers.p]\napi_base = "http://127.0.0.1:9/v1"\ntimeout_sec = 0.75\n'
+    )
+    result = run_check("--config", str(config))
+    assert result.returncode == 0, result.stderr
+    warnings = _section(result.stdout, "warnings").splitlines()
+    for key, seconds in (("defaults.timeout_sec", "0.5"), ("providers.p.timeout_sec", "0.75")):
+        (line,) = [w for w in warnings if f"{key} = {seconds} s" in w]
+        assert "between two reads" in line and "non-streamed answer" in line, line
+        assert "first token" not in line, line
+    (line,) = [w for w in warnings if "defaults.first_token_timeout_sec = 0.25 s" in w]
+    assert "slow first tokens will time out and be retried" in line, line
+
+
 def _section(out: str, title: str) -> str:
     return out.split(f"\n{title}", 1)[1].split("\n\n", 1)[0]
 

@@ -454,8 +454,9 @@ def test_sub_second_timeout_is_a_warning():
     config = load("[defaults]\ntimeout_sec = 0.5\n" + VLLM)
     assert config_warnings(config, {}) == [
         (
-            "defaults.timeout_sec = 0.5 s is under 1 s: slow first tokens will time out and be retried, "
-            "inflating tail latency"
+            "defaults.timeout_sec = 0.5 s is under 1 s: an upstream silent that long between two reads (a long "
+            "prompt's prefill), or a non-streamed answer not whole by then, is cut off as the provider's timeout "
+            "(retried before the first byte, else the request fails)"
         )
     ]
 

@@ -14,6 +14,15 @@ from latgate.foundation.config.schema import Config
 
 _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 _MIN_SANE_TIMEOUT_SECONDS = 1.0
+#: what a sub-second value of each timeout key does (docs/configuration.md, [defaults])
+_SHORT_TIMEOUT_EFFECTS = {
+    "timeout_sec": (
+        "an upstream silent that long between two reads (a long prompt's prefill), or a non-streamed "
+        "answer not whole by then, is cut off as the provider's timeout (retried before the first byte, "
+        "else the request fails)"
+    ),
+    "first_token_timeout_sec": "slow first tokens will time out and be retried, inflating tail latency",
+}
 
 
 def config_warnings(config: Config, env: Mapping[str, str] | None = None, *, can_listen: bool = True) -> list[str]:
@@ -28,7 +37,8 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None, *, can
       :func:`~latgate.foundation.config.listen_host.probe_listen_host`, and says that instead);
     - a proxy variable (``HTTPS_PROXY``...) that is not an ``http://`` URL;
     - a provider with ``verify = false`` (TLS certificates not checked);
-    - a timeout under 1 s (such timeouts cause retry storms and explode tail latency).
+    - a timeout under 1 s (``timeout_sec``: ordinary upstream pauses are cut off as the
+      provider's timeouts; ``first_token_timeout_sec``: slow first tokens are retried).
 
     The warnings that need the router (rules that never apply, a latency threshold
     routed nowhere) are :func:`latgate.routing.warnings.routing_warnings`;
@@ -61,10 +71,7 @@ def config_warnings(config: Config, env: Mapping[str, str] | None = None, *, can
     }
     for key, seconds in timeouts.items():
         if seconds is not None and seconds < _MIN_SANE_TIMEOUT_SECONDS:
-            warnings.append(
-                f"{key} = {seconds} s is under 1 s: slow first tokens will time out and be retried, "
-                "inflating tail latency"
-            )
+            warnings.append(f"{key} = {seconds} s is under 1 s: {_SHORT_TIMEOUT_EFFECTS[key.rsplit('.', 1)[1]]}")
     return [mask_secrets(warning) for warning in warnings]
 
 
