@@ -125,3 +125,57 @@ def test_a_streamed_finish_reason_that_is_not_a_string_still_completes_the_respo
     assert r.status_code == 200
     assert events[-1]["type"] == "response.completed"
     assert events[-1]["response"]["incomplete_details"] is None
+
+
+def test_an_answer_cut_at_max_output_tokens_is_incomplete_in_the_response_and_its_message(client) -> None:
+    """The Responses reference gives an output message ``status`` of ``in_progress``,
+    ``completed`` or ``incomplete``: the message a ``max_output_tokens`` cut interrupted
+    is ``incomplete``, in the non-streamed body, in its ``output_item.done`` and in the
+    ``response.incomplete`` snapshot alike."""
+    response = client.responses.create(model="glm-5.1", input="hello", max_output_tokens=3, store=False)
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    (message,) = response.output
+    assert message.type == "message" and message.status == "incomplete"
+
+    with client.responses.stream(model="glm-5.1", input="hello", max_output_tokens=3, store=False) as stream:
+        events = list(stream)
+    (done,) = [e for e in events if e.type == "response.output_item.done"]
+    assert done.item.type == "message" and done.item.status == "incomplete"
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+    assert [item.status for item in events[-1].response.output] == ["incomplete"]
+
+
+def test_a_cut_answer_leaves_the_items_finished_before_the_cut_completed() -> None:
+    """Reasoning that ended before the text began is whole; only the text was cut."""
+    stream = (
+        ROLE
+        + event(chat_chunk({"reasoning_content": "think"}))
+        + content("partial")
+        + event(chat_chunk({}, finish_reason="length"))
+        + DONE
+    )
+    whole = {
+        "id": "chatcmpl-x",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "reasoning_content": "think", "content": "partial"},
+                "finish_reason": "length",
+            }
+        ],
+    }
+    with replay_gateway([ReplayScript.sse(stream), ReplayScript.json_response(200, whole)]) as (_, gw):
+        sdk = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-test", max_retries=0)
+        with sdk.responses.stream(model="m", input="hello", store=False) as stream:
+            events = list(stream)
+        done = [e.item for e in events if e.type == "response.output_item.done"]
+        assert events[-1].type == "response.incomplete"
+        final = events[-1].response
+        answer = sdk.responses.create(model="m", input="hello", store=False)
+    expected = [("reasoning", "completed"), ("message", "incomplete")]
+    assert [(item.type, item.status) for item in done] == expected
+    assert [(item.type, item.status) for item in final.output] == expected and final.status == "incomplete"
+    assert [(item.type, item.status) for item in answer.output] == expected and answer.status == "incomplete"

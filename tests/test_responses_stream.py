@@ -163,6 +163,15 @@ def test_a_cut_answer_ends_with_response_incomplete(finish: str, reason: str) ->
     assert events[-1]["response"]["incomplete_details"] == {"reason": reason}
 
 
+def test_a_text_then_tool_call_cut_by_length_leaves_the_call_incomplete() -> None:
+    """Tool calls stay open to the end, so a cut interrupts them, not the text before."""
+    call = {"index": 0, "id": "call_1", "function": {"name": "shell", "arguments": '{"comm'}}
+    events = _run(_transform(), [*TEXT, _chunk({"tool_calls": [call]}), _chunk({}, finish="length")])
+    done = [(e["item"]["type"], e["item"]["status"]) for e in events if e["type"] == "response.output_item.done"]
+    assert done == [("message", "completed"), ("function_call", "incomplete")]
+    assert [(i["type"], i["status"]) for i in events[-1]["response"]["output"]] == done
+
+
 def test_an_upstream_failure_mid_stream_ends_with_response_failed() -> None:
     events = _run(_transform(), TEXT, error="provider 'vllm' failed mid-stream")
     assert events[-2]["type"] == "response.output_item.done"

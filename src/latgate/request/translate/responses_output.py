@@ -8,7 +8,9 @@ The first choice becomes the response's ``output``, in the order a Responses mod
 emits its items: a ``reasoning`` item (from ``reasoning_content`` / ``reasoning``), a
 ``message`` item (text and refusal parts), then one ``function_call`` item per tool
 call. ``finish_reason`` ``length`` and ``content_filter`` make the response
-``incomplete`` with that reason, as the Responses API reports them. The shared helpers
+``incomplete`` with that reason, as the Responses API reports them, and the items the
+cut interrupted ``status: "incomplete"`` (``OutputMessage.status``: ``in_progress``,
+``completed`` or ``incomplete``); the others are ``completed``. The shared helpers
 here also build the streamed events' response snapshots (:mod:`.responses_stream`).
 """
 
@@ -213,6 +215,8 @@ def chat_to_response(
         )
     finish_reason = choice.get("finish_reason")  # a JSON value: a list would not hash
     incomplete = INCOMPLETE_REASONS.get(finish_reason) if isinstance(finish_reason, str) else None
+    if incomplete:
+        _mark_cut_items(output)
     response = response_object(
         response_id=new_id("resp"),
         created_at=_int(chat.get("created")) or int(time.time()),
@@ -224,6 +228,16 @@ def chat_to_response(
         incomplete_reason=incomplete,
     )
     return orjson.dumps(response)
+
+
+def _mark_cut_items(output: list[dict[str, Any]]) -> None:
+    """Set ``status: "incomplete"`` on the items a cut answer was still generating, the
+    same ones the streamed translation closes incomplete: every function call when there
+    are any (they stay open to the end), else the last item (the message, or the
+    reasoning when no text came)."""
+    calls = [item for item in output if item["type"] == "function_call"]
+    for item in calls or output[-1:]:
+        item["status"] = "incomplete"
 
 
 def _int(value: Any) -> int:

@@ -18,7 +18,10 @@ Each Responses event is sent as ``event: TYPE`` plus ``data: JSON`` and carries 
     content filter; response.failed when the upstream broke mid-stream)
 
 Tool calls stay open until the stream ends (chat streams may interleave parallel calls
-by ``index``); a message or reasoning item closes when another item starts.
+by ``index``); a message or reasoning item closes when another item starts. An item
+closes ``completed``, except those still open when the answer was cut (``status:
+"incomplete"``, as the reference's ``OutputMessage.status`` allows) or broke: they close
+``incomplete``, and every later snapshot of the response repeats each item's status.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ class _Item:
     text: str = ""  # reasoning text, or function-call arguments
     call_id: str = ""
     name: str = ""
-    done: bool = False
+    status: str = "in_progress"  # then as its output_item.done said: completed or incomplete
 
     def snapshot(self, status: str, namespaced: dict[str, tuple[str, str]]) -> dict[str, Any]:
         if self.kind == "function_call":
@@ -146,9 +149,9 @@ class ResponsesStreamTransform:
         if error is not None:
             self._fail(error, out)
             return b"".join(out)
-        self._close_all(out, status="completed")
         incomplete = INCOMPLETE_REASONS.get(self._finish_reason or "")
         status = "incomplete" if incomplete else "completed"
+        self._close_all(out, status=status)  # the items the cut interrupted are incomplete too
         response = self._snapshot(status, incomplete_reason=incomplete)
         self._emit(out, f"response.{status}", {"response": response})
         self._ended = True
@@ -268,11 +271,11 @@ class ResponsesStreamTransform:
     def _close_all(self, out: list[bytes], *, status: str) -> None:
         self._open = None
         for item in self._items:
-            if not item.done:
+            if item.status == "in_progress":
                 self._close(item, out, status=status)
 
     def _close(self, item: _Item, out: list[bytes], *, status: str) -> None:
-        item.done = True
+        item.status = status
         where = {"item_id": item.item_id, "output_index": item.output_index}
         if item.kind == "reasoning":
             self._emit(out, "response.reasoning_text.done", where | {"content_index": 0, "text": item.text})
@@ -314,10 +317,7 @@ class ResponsesStreamTransform:
     def _snapshot(
         self, status: str, *, incomplete_reason: str | None = None, error: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        output = [
-            item.snapshot("completed" if item.done else "in_progress", self._namespaced)
-            for item in self._items
-        ]
+        output = [item.snapshot(item.status, self._namespaced) for item in self._items]
         return response_object(
             response_id=self._response_id,
             created_at=self._created_at,
