@@ -1,7 +1,7 @@
 """What a gateway key is told is what it may use: ``/v1/models`` and
 ``/v1/models/{id}`` show only the models on its allow-list, a 404 for a model it asks
 about names only those, an ``X-Route-To`` 400 only the providers serving them; and a
-header latgate acts on (``Authorization``, ``X-Latency-Budget-Ms``, ...) sent twice is
+header latgate acts on (``Authorization``, ``X-Latency-Budget-Ms``, a session header, ``Content-Type``, ...) sent twice is
 refused with a 400 naming it, in the route's envelope, instead of acting on the first.
 Through a real gateway (the openai SDK, httpx) and a replayed upstream."""
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import httpx
 import openai
+import orjson
 import pytest
 from completions import chat_completion
 from replay import ReplayScript, replay_server
@@ -77,6 +78,41 @@ def test_a_header_latgate_acts_on_sent_twice_is_refused_naming_it(stack, header:
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["code"] == "duplicate_header" and error["param"] == header and header in error["message"]
+
+
+SESSION_AND_MEDIA_HEADERS = [
+    ("x-claude-code-session-id", "s1", "s2"),
+    ("X-Session-Id", "s1", "s2"),
+    ("session-id", "s1", "s2"),
+    ("x-codex-session-id", "s1", "s2"),
+    ("Content-Type", "application/json", "text/plain"),
+]
+
+
+@pytest.mark.parametrize(("header", "first", "second"), SESSION_AND_MEDIA_HEADERS)
+@pytest.mark.parametrize("path", ["/chat/completions", "/responses", "/messages"])
+def test_a_session_header_or_content_type_sent_twice_is_refused_in_the_routes_envelope(
+    stack, path: str, header: str, first: str, second: str
+) -> None:
+    """Which session a turn belongs to (or how its body reads) would be a guess: a 400
+    naming the header, as for the other headers latgate acts on, in the route's envelope."""
+    body = {
+        "/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        "/responses": {"model": "m", "input": "hi", "store": False},
+        "/messages": {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+    }[path]
+    headers = [("Authorization", "Bearer sk-wide"), (header, first), (header, second)]
+    if header != "Content-Type":
+        headers.append(("Content-Type", "application/json"))
+    answer = httpx.post(stack.v1 + path, headers=headers, content=orjson.dumps(body), timeout=10)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()
+    if path == "/messages":
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", error
+        assert f"the {header} header was sent more than once" in error["error"]["message"], error
+    else:
+        assert error["error"]["code"] == "duplicate_header" and error["error"]["param"] == header, error
+        assert f"the {header} header was sent more than once" in error["error"]["message"], error
 
 
 def test_a_duplicate_header_on_messages_is_refused_in_the_anthropic_envelope(stack) -> None:

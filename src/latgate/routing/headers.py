@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from latgate.foundation.errors import InvalidRequest
+from latgate.routing.sessions import GENERIC_SESSION_HEADER, SESSION_HEADERS
 
 _TRUE_VALUES = ("1", "true", "yes", "on")
 _FALSE_VALUES = ("0", "false", "no", "off")
@@ -68,8 +69,10 @@ def budget_header(value: str | None) -> int | None:
     return int(text)
 
 
-#: The request headers latgate acts on (authentication, routing, tracing of the
-#: request), by lowercase name, with the spelling an error names: each must come once.
+#: The request headers latgate acts on (authentication, routing, sessions, the body's
+#: media type, the request's id), by lowercase name, with the spelling an error names:
+#: each must come once. (``traceparent`` is not here: a trace context latgate cannot
+#: read starts a new trace, it refuses nothing.)
 ACTED_ON_HEADERS = {
     b"authorization": "Authorization",
     b"x-api-key": "x-api-key",
@@ -80,6 +83,10 @@ ACTED_ON_HEADERS = {
     b"x-latgate-debug": "X-Latgate-Debug",
     b"x-request-id": "X-Request-Id",
     b"x-latgate-priority": "X-Latgate-Priority",
+    b"content-type": "Content-Type",
+    b"content-encoding": "Content-Encoding",
+    **{name.encode(): name for name in SESSION_HEADERS},
+    GENERIC_SESSION_HEADER.encode(): "X-Session-Id",
 }
 
 
