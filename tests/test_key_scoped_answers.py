@@ -1,8 +1,9 @@
 """What a gateway key is told is what it may use: ``/v1/models`` and
 ``/v1/models/{id}`` show only the models on its allow-list, a 404 for a model it asks
 about names only those, an ``X-Route-To`` 400 only the providers serving them; and a
-header latgate acts on (``Authorization``, ``X-Latency-Budget-Ms``, a session header, ``Content-Type``, ...) sent twice is
-refused with a 400 naming it, in the route's envelope, instead of acting on the first.
+header latgate acts on (``Authorization``, ``X-Latency-Budget-Ms``, a session header,
+``Content-Type``, ...) sent twice is refused with a 400 naming it, in the route's
+envelope, instead of acting on the first.
 Through a real gateway (the openai SDK, httpx) and a replayed upstream."""
 
 from __future__ import annotations
