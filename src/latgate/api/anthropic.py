@@ -75,7 +75,13 @@ ANTHROPIC_ENVELOPE = Envelope(render=error_response, schema="AnthropicError")
 
 
 def _anthropic_api(
-    name: str, prepare: Prepare, *, summary: str, request_schema: str, answer_schema: dict[str, Any] | None = None
+    name: str,
+    prepare: Prepare,
+    *,
+    summary: str,
+    request_schema: str,
+    answer_schema: dict[str, Any] | None = None,
+    token_limit_fields: tuple[str, ...] = (),
 ) -> Api:
     """An API at ``/v1{name}`` in the Anthropic envelope; streamed unless latgate answers it
     (``answer_schema``)."""
@@ -88,11 +94,16 @@ def _anthropic_api(
         envelope=ANTHROPIC_ENVELOPE,
         streams=answer_schema is None,
         answer_schema=answer_schema,
+        token_limit_fields=token_limit_fields,
     )
 
 
 MESSAGES = _anthropic_api(
-    "/messages", _messages, summary="Anthropic Messages API, translated", request_schema="MessagesRequest"
+    "/messages",
+    _messages,
+    summary="Anthropic Messages API, translated",
+    request_schema="MessagesRequest",
+    token_limit_fields=("max_tokens",),
 )
 COUNT_TOKENS = _anthropic_api(
     "/messages/count_tokens",

@@ -147,6 +147,50 @@ def require(body: dict[str, Any], field: str, kind: type | tuple[type, ...], *, 
     return value
 
 
+#: The largest token limit accepted: a 32-bit signed integer, the most OpenAI's API
+#: and the engines' int32 parameters take.
+MAX_TOKEN_LIMIT = 2**31 - 1
+
+
+def check_token_limits(body: Mapping[str, Any], fields: tuple[str, ...]) -> None:
+    """Refuse a token-limit field (``max_tokens``, ``max_output_tokens``...) of ``body``
+    that no engine can take, saying what is wrong; absent or ``null`` ones pass, and so
+    does a whole number written as a float (``64.0``: the engine's to judge).
+
+    Raises:
+        InvalidRequest: (400, ``param`` the field) not a number (code ``invalid_type``),
+            not a whole number (``invalid_type``), under 1 (``integer_below_min_value``)
+            or over :data:`MAX_TOKEN_LIMIT` (``integer_above_max_value``), OpenAI's codes.
+    """
+    for field in fields:
+        value = body.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            kind = "a string" if isinstance(value, str) else f"a JSON {_json_kind(value)}"
+            raise InvalidRequest(
+                f"'{field}' must be an integer number of tokens, not {kind}", param=field, code="invalid_type"
+            )
+        if isinstance(value, float) and not value.is_integer():  # orjson reads no NaN or infinity
+            raise InvalidRequest(
+                f"'{field}' must be a whole number of tokens, not {value!r}", param=field, code="invalid_type"
+            )
+        if value < 1:
+            raise InvalidRequest(
+                f"'{field}' must be at least 1 token, not {value:.15g}", param=field, code="integer_below_min_value"
+            )
+        if value > MAX_TOKEN_LIMIT:
+            raise InvalidRequest(
+                f"'{field}' is too large ({value:.15g} tokens); send an integer from 1 to {MAX_TOKEN_LIMIT}",
+                param=field,
+                code="integer_above_max_value",
+            )
+
+
+def _json_kind(value: Any) -> str:
+    return "boolean" if isinstance(value, bool) else "array" if isinstance(value, list) else "object"
+
+
 def error_response(error: GatewayError, *, request_id: str, extra_headers: dict[str, str] | None = None) -> Response:
     """The OpenAI error envelope for ``error`` with its status and retry hints
     (:func:`error_headers`)."""

@@ -38,7 +38,15 @@ def _requiring(path: str, field: str, kind: type | tuple[type, ...], what: str) 
     return prepare
 
 
-def _openai_api(path: str, prepare: Prepare, *, summary: str, request_schema: str, streams: bool = True) -> Api:
+def _openai_api(
+    path: str,
+    prepare: Prepare,
+    *,
+    summary: str,
+    request_schema: str,
+    streams: bool = True,
+    token_limit_fields: tuple[str, ...] = (),
+) -> Api:
     return Api(
         name=path,
         paths=tuple(prefix + path for prefix in PREFIXES),
@@ -46,6 +54,7 @@ def _openai_api(path: str, prepare: Prepare, *, summary: str, request_schema: st
         summary=summary,
         request_schema=request_schema,
         streams=streams,
+        token_limit_fields=token_limit_fields,
     )
 
 
@@ -54,12 +63,14 @@ CHAT_COMPLETIONS = _openai_api(
     _requiring("/chat/completions", "messages", list, "an array of messages"),
     summary="Chat completion, routed",
     request_schema="ChatCompletionRequest",
+    token_limit_fields=("max_completion_tokens", "max_tokens"),
 )
 COMPLETIONS = _openai_api(
     "/completions",
     _requiring("/completions", "prompt", (str, list), "a string or an array"),
     summary="Text completion, routed",
     request_schema="CompletionRequest",
+    token_limit_fields=("max_tokens",),
 )
 EMBEDDINGS = _openai_api(
     "/embeddings",

@@ -63,4 +63,5 @@ RESPONSES = Api(
     prepare=_create_response,
     summary="OpenAI Responses API, translated",
     request_schema="ResponsesRequest",
+    token_limit_fields=("max_output_tokens",),
 )

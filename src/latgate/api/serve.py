@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from latgate.api.body import error_response, read_json_object, until_client_leaves
+from latgate.api.body import check_token_limits, error_response, read_json_object, until_client_leaves
 from latgate.forwarding.exchange import CLIENT_CLOSED, Exchange, is_drain_cut
 from latgate.forwarding.transform import ResponseTransform
 from latgate.foundation.errors import GatewayError, RateLimited
@@ -107,6 +107,9 @@ class Api:
         request_schema: the OpenAPI component of its request body.
         streams: whether it may answer with an SSE stream.
         answer_schema: the JSON schema of its 200 answer (``None``: the provider's, relayed).
+        token_limit_fields: its body's token-limit fields (``max_tokens``...), refused
+            with a 400 saying what is wrong when no engine could take them
+            (:func:`~latgate.api.body.check_token_limits`), before ``prepare``.
     """
 
     name: str
@@ -117,6 +120,7 @@ class Api:
     envelope: Envelope = OPENAI_ENVELOPE
     streams: bool = True
     answer_schema: dict[str, Any] | None = None
+    token_limit_fields: tuple[str, ...] = ()
 
     async def endpoint(self, request: Request) -> Response:
         """A framework endpoint for the API (the hot dispatch calls :func:`serve` directly)."""
@@ -141,6 +145,7 @@ async def serve(gateway: Gateway, api: Api, request: Request) -> Any:
             exchange.public_model = model[:MAX_LOGGED_MODEL_CHARS]
             if guard is not None and caller is not None:
                 guard.check_model(caller, model)
+        check_token_limits(body, api.token_limit_fields)
         with REFUSING_DEEP_NESTING:  # a translation encodes parts of the body (tool inputs) as JSON text
             work = api.prepare(gateway, exchange, body, request.headers, caller)
         if isinstance(work, Response):  # answered by latgate itself
