@@ -324,7 +324,7 @@ class Forwarder:
                     retries_done += 1
         if refused and not tried:
             raise ContextLengthExceeded(window_refusal(exchange.public_model, plan.prompt_tokens, None, refused), param="messages")
-        if plan.cause is not None:
+        if plan.cause is not None and not stop:  # stop: the client's own mistake, whatever the circuit
             last.message = f"{last.message}; {plan.cause}"
             last.cause = plan.cause if last.cause is None else f"{last.cause}; {plan.cause}"
         raise last
