@@ -8,6 +8,7 @@ Through a real gateway (the openai SDK, httpx) and a replayed upstream."""
 
 from __future__ import annotations
 
+import anthropic
 import httpx
 import openai
 import orjson
@@ -140,3 +141,29 @@ def test_a_priority_sent_twice_is_refused_naming_it(stack) -> None:
     answer = httpx.post(stack.v1 + "/chat/completions", headers=headers, json={"model": "m", "messages": []}, timeout=10)
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == "X-Latgate-Priority"
+
+
+def test_with_a_key_in_both_authorization_and_x_api_key_the_bearer_key_is_the_one_used(stack) -> None:
+    """As docs/keys-limits-scaling.md says: ``Authorization: Bearer`` wins, even when its
+    key is unknown; ``x-api-key`` is read only when no Bearer key is sent."""
+    for bearer, api_key, listed in (("sk-narrow", "sk-wide", ["m"]), ("sk-wide", "sk-narrow", ["m", "secret-model"])):
+        sdk = openai.OpenAI(base_url=stack.v1, api_key=bearer, default_headers={"x-api-key": api_key}, max_retries=0)
+        assert sorted(model.id for model in sdk.models.list()) == listed, (bearer, api_key)
+
+    messages = [{"role": "user", "content": "hi"}]
+    def both(bearer: str, api_key: str) -> anthropic.Anthropic:  # as Claude Code with both variables set
+        return anthropic.Anthropic(
+            base_url=stack.url, api_key=api_key, default_headers={"Authorization": f"Bearer {bearer}"}, max_retries=0
+        )
+
+    narrow_bearer = both("sk-narrow", "sk-wide")
+    with pytest.raises(anthropic.PermissionDeniedError):
+        narrow_bearer.messages.create(model="secret-model", max_tokens=8, messages=messages)
+    wide_bearer = both("sk-wide", "sk-narrow")
+    assert wide_bearer.messages.create(model="secret-model", max_tokens=8, messages=messages).content
+
+    unknown_bearer = both("sk-guess", "sk-wide")
+    with pytest.raises(anthropic.AuthenticationError):
+        unknown_bearer.messages.create(model="m", max_tokens=8, messages=messages)
+    basic = [("Authorization", "Basic Zm9vOmJhcg=="), ("x-api-key", "sk-narrow")]  # no Bearer key: x-api-key's
+    assert httpx.get(stack.v1 + "/models", headers=basic, timeout=10).json()["data"][0]["id"] == "m"
