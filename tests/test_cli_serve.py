@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anthropic
 import httpx
 import pytest
 from gateway_process import GatewayProcess
@@ -68,6 +69,33 @@ def test_demo_serves_the_bundled_system_and_stops_on_ctrl_c(tmp_path) -> None:
         rest = proc.stderr.read()
         assert proc.wait(timeout=20) == 0
     assert "Traceback" not in rest
+
+
+def test_the_demo_labels_claude_codes_model_names_by_name_in_its_metrics(tmp_path) -> None:
+    """Claude Code asks for its own claude-* names, which the bundled config serves through
+    its catch-all: its tiers are named in the config, so ``/metrics`` says
+    ``model="claude-opus-5-5"``, not ``other``; the haiku tier is latency-sensitive."""
+    cfg, gw = bundled_config_on_free_ports(tmp_path)
+    proc = start(["demo", "--config", str(cfg), "--port", str(gw)])
+    try:
+        wait_for_line(proc, rf"gateway on http://127\.0\.0\.1:{gw}/v1")
+        client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{gw}", api_key="sk-test", max_retries=0)
+        providers = {}
+        for model in ("claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5"):
+            raw = client.messages.with_raw_response.create(
+                model=model, max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+            )
+            assert raw.parse().model == model
+            providers[model] = raw.headers["x-latgate-provider"]
+        metrics = httpx.get(f"http://127.0.0.1:{gw}/metrics").text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.stderr.read()
+        assert proc.wait(timeout=20) == 0
+    assert providers == {"claude-opus-5-5": "vllm", "claude-sonnet-5-5": "vllm", "claude-haiku-5-5": "tile-rt"}
+    for model, provider in providers.items():
+        assert f'latgate_requests_total{{code="200",model="{model}",provider="{provider}"}} 1.0' in metrics, model
+    assert 'model="other",provider="vllm"} 1.0' not in metrics
 
 
 def test_demo_reloads_its_config_on_sighup_and_keeps_serving(tmp_path) -> None:
