@@ -213,10 +213,7 @@ def chat_to_response(
                 namespaced=namespaced,
             )
         )
-    finish_reason = choice.get("finish_reason")  # a JSON value: a list would not hash
-    incomplete = INCOMPLETE_REASONS.get(finish_reason) if isinstance(finish_reason, str) else None
-    if incomplete:
-        _mark_cut_items(output)
+    incomplete = _incomplete_reason(choice, output)
     response = response_object(
         response_id=new_id("resp"),
         created_at=_int(chat.get("created")) or int(time.time()),
@@ -230,14 +227,19 @@ def chat_to_response(
     return orjson.dumps(response)
 
 
-def _mark_cut_items(output: list[dict[str, Any]]) -> None:
-    """Set ``status: "incomplete"`` on the items a cut answer was still generating, the
-    same ones the streamed translation closes incomplete: every function call when there
-    are any (they stay open to the end), else the last item (the message, or the
-    reasoning when no text came)."""
-    calls = [item for item in output if item["type"] == "function_call"]
-    for item in calls or output[-1:]:
-        item["status"] = "incomplete"
+def _incomplete_reason(choice: dict[str, Any], output: list[dict[str, Any]]) -> str | None:
+    """The ``incomplete_details.reason`` of a cut answer (None when whole), after setting
+    ``status: "incomplete"`` on the items it was still generating, the same ones the
+    streamed translation closes incomplete: every function call when there are any
+    (they stay open to the end), else the last item (the message, or the reasoning when
+    no text came)."""
+    finish_reason = choice.get("finish_reason")  # a JSON value: a list would not hash
+    incomplete = INCOMPLETE_REASONS.get(finish_reason) if isinstance(finish_reason, str) else None
+    if incomplete:
+        calls = [item for item in output if item["type"] == "function_call"]
+        for item in calls or output[-1:]:
+            item["status"] = "incomplete"
+    return incomplete
 
 
 def _int(value: Any) -> int:
