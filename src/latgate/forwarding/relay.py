@@ -191,7 +191,6 @@ class StreamRelay:
             await send({"type": "http.response.body", "body": self.head, "more_body": True})
             if self.head_units:
                 self._first_token(clock())
-        failure: str | None = None
         quiet = math.inf if self.quiet_seconds is None else self.quiet_seconds
         # checked at each read (no timer per stream): a silent upstream is cut by timeout_sec
         ends_at = ex.received_at + self.max_stream_seconds if self.max_stream_seconds else math.inf
@@ -219,34 +218,49 @@ class StreamRelay:
                             raise _MaxDuration
                         if ex.last_token_at is not None and now - ex.last_token_at > quiet:
                             raise UpstreamFailure("timeout", f"only keep-alives for timeout_sec ({quiet:g} s) after content")
-            if tap.error is None and not tap.done:
-                out, units = tap.flush()
-                if out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-                    if units and ex.first_token_at is None:
-                        self._first_token(clock())
-            if tap.error is not None:
-                failure = self._fail(tap.error_kind, redact_text(str(tap.error.get("message") or "error"), self.secrets))
-            else:
-                unfinished = stream_unfinished(tap)
-                if unfinished is not None:
-                    failure = self._fail(*unfinished)
-                elif not tap.done and not tap.responses and self.transform is None:
-                    await send({"type": "http.response.body", "body": tap.done_event(), "more_body": True})
+            failure = await self._end_read(send)
         except (UpstreamFailure, _MaxDuration) as err:
-            # A partial trailing event is dropped (the SSE spec discards an event cut
-            # before its blank line), so the error event below stays a well-formed event.
-            if isinstance(err, _MaxDuration):  # max_stream_sec: latgate's own limit
-                failure = self._fail("stream_max_duration", f"{self.max_stream_seconds:g} s", status=504)
-            else:
-                failure = self._fail("stream_" + err.kind, str(err))
-            held = tap.release_held()
-            if held:
-                await send({"type": "http.response.body", "body": held, "more_body": True})
+            failure = await self._end_failed(send, err)
         if self.transform is not None:
             await send({"type": "latgate.finish", "error": failure})
         elif failure is not None:
             await send({"type": "http.response.body", "body": error_event(failure), "more_body": True})
+
+    async def _end_read(self, send: Send) -> str | None:
+        """After the upstream's body ended (or the tap saw its end or an error): the
+        bytes the tap still holds, and ``[DONE]`` when the upstream finished without it.
+        Returns the client's message of a failure (recorded), ``None`` when the stream
+        is whole."""
+        tap = self.tap
+        if tap.error is None and not tap.done:
+            out, units = tap.flush()
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+                if units and self.exchange.first_token_at is None:
+                    self._first_token(time.perf_counter())
+        if tap.error is not None:
+            return self._fail(tap.error_kind, redact_text(str(tap.error.get("message") or "error"), self.secrets))
+        unfinished = stream_unfinished(tap)
+        if unfinished is not None:
+            return self._fail(*unfinished)
+        if not tap.done and not tap.responses and self.transform is None:
+            await send({"type": "http.response.body", "body": tap.done_event(), "more_body": True})
+        return None
+
+    async def _end_failed(self, send: Send, err: UpstreamFailure | _MaxDuration) -> str:
+        """A stream cut by the upstream's failure or by ``max_stream_sec``: the failure
+        recorded, the whole events the tap held sent on. Returns the client's message.
+
+        A partial trailing event is dropped (the SSE spec discards an event cut before
+        its blank line), so the error event that follows stays a well-formed event."""
+        if isinstance(err, _MaxDuration):  # max_stream_sec: latgate's own limit
+            failure = self._fail("stream_max_duration", f"{self.max_stream_seconds:g} s", status=504)
+        else:
+            failure = self._fail("stream_" + err.kind, str(err))
+        held = self.tap.release_held()
+        if held:
+            await send({"type": "http.response.body", "body": held, "more_body": True})
+        return failure
 
     def _observe_itl(self) -> None:
         """Inter-token latency per token, as vLLM and the OpenTelemetry GenAI "time per
