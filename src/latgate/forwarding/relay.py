@@ -35,6 +35,7 @@ import contextlib
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
@@ -68,6 +69,7 @@ def error_event(message: str, *, code: str = "upstream_error") -> bytes:
     return b"data: " + orjson.dumps({"error": {"message": message, "type": "api_error", "param": None, "code": code}}) + b"\n\n"
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class StreamRelay:
     """ASGI app relaying one upstream stream.
 
@@ -96,39 +98,21 @@ class StreamRelay:
     :mod:`latgate.forwarding.keepalive`): the relay then sends the body only.
     """
 
-    def __init__(
-        self,
-        *,
-        headers: list[tuple[bytes, bytes]],
-        head: bytes,
-        head_units: int,
-        body: AsyncIterator[bytes],
-        tap: StreamTap,
-        exchange: Exchange,
-        recorder: Recorder,
-        on_close: Callable[[], Awaitable[object]],
-        on_upstream_failure: Callable[[str], None],
-        transform: ResponseTransform | None = None,
-        secrets: tuple[bytes, ...] = (),
-        max_stream_seconds: float = 0.0,
-        quiet_seconds: float | None = None,
-    ) -> None:
-        self.headers = headers
-        self.head = head
-        self.head_units = head_units
-        self.body = body
-        self.tap = tap
-        self.exchange = exchange
-        self.recorder = recorder
-        self.metrics = recorder.metrics
-        self.on_close = on_close
-        self.on_upstream_failure = on_upstream_failure
-        self.transform = transform
-        self.secrets = secrets
-        self.max_stream_seconds = max_stream_seconds
-        self.quiet_seconds = quiet_seconds
-        self._gaps: list[float] = []  # seconds between consecutive reads that carried content
-        self.head_sent = False
+    headers: list[tuple[bytes, bytes]]
+    head: bytes
+    head_units: int
+    body: AsyncIterator[bytes]
+    tap: StreamTap
+    exchange: Exchange
+    recorder: Recorder
+    on_close: Callable[[], Awaitable[object]]
+    on_upstream_failure: Callable[[str], None]
+    transform: ResponseTransform | None = None
+    secrets: tuple[bytes, ...] = ()
+    max_stream_seconds: float = 0.0
+    quiet_seconds: float | None = None
+    head_sent: bool = field(default=False, init=False)
+    _gaps: list[float] = field(default_factory=list, init=False)  # seconds between consecutive reads that carried content
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ex = self.exchange
@@ -279,7 +263,7 @@ class StreamRelay:
             samples = min(completion - 1, completion - round(completion / (len(gaps) + 1)))
         base, extra = divmod(samples, len(gaps))
         ex = self.exchange
-        itl = self.metrics.itl_batch(provider=ex.provider, model=ex.public_model)
+        itl = self.recorder.metrics.itl_batch(provider=ex.provider, model=ex.public_model)
         for index, gap in enumerate(gaps):
             tokens = base + (1 if index < extra else 0)
             itl.observe_many(gap / tokens, tokens)
@@ -306,13 +290,13 @@ class StreamRelay:
             return f"the stream reached max_stream_sec ({detail}); the response is incomplete"
         if kind != "stream_too_large":  # latgate's own limit: not the upstream's failure
             self.on_upstream_failure(kind)
-        self.metrics.record_upstream_error(provider=ex.provider, kind=kind)
+        self.recorder.metrics.record_upstream_error(provider=ex.provider, kind=kind)
         return f"provider {ex.provider!r} failed mid-stream ({detail}); the response is incomplete"
 
     def _first_token(self, now: float) -> None:
         ex = self.exchange
         ex.first_token_at = ex.last_token_at = now
-        self.metrics.record_ttft(provider=ex.provider, model=ex.public_model, seconds=now - ex.received_at)
+        self.recorder.metrics.record_ttft(provider=ex.provider, model=ex.public_model, seconds=now - ex.received_at)
 
 
 def watch_disconnect(receive: Receive, on_disconnect: Callable[[], None]) -> asyncio.Task[None]:
