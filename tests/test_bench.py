@@ -31,7 +31,7 @@ from latgate.commands.bench.runner import BenchConfig, normalize_base_url, run_b
 from latgate.commands.bench.sample import RequestSample, SampleRecorder
 from latgate.commands.bench.sse import SseDecoder
 from latgate.commands.bench.stats import percentile, summarize, summarize_samples
-from latgate.commands.bench.workload import Workload
+from latgate.commands.bench.workload import Workload, WorkloadSpec
 from latgate.commands.cli import main as latgate_main
 from latgate.routing.tokens import estimate_text_tokens
 
@@ -238,13 +238,13 @@ def test_base_url_gets_v1_unless_it_ends_with_it(given, normalized):
 
 def test_prompt_is_about_the_requested_size_and_differs_from_its_start():
     workload = Workload(
-        model="m", prompt_tokens=2000, max_tokens=8, stream=True, shared_prefix=False, run_id="r1"
+        WorkloadSpec(model="m", prompt_tokens=2000, max_tokens=8, stream=True, shared_prefix=False, run_id="r1")
     )
     contents = [orjson.loads(workload.body(i))["messages"][0]["content"] for i in range(2)]
     assert abs(estimate_text_tokens(contents[0]) - 2000) <= 20
     assert contents[0][:20] != contents[1][:20]
     shared = Workload(
-        model="m", prompt_tokens=2000, max_tokens=8, stream=True, shared_prefix=True, run_id="r1"
+        WorkloadSpec(model="m", prompt_tokens=2000, max_tokens=8, stream=True, shared_prefix=True, run_id="r1")
     )
     shared_contents = [orjson.loads(shared.body(i))["messages"][0]["content"] for i in range(2)]
     assert shared_contents[0][:-30] == shared_contents[1][:-30] and shared_contents[0] != shared_contents[1]

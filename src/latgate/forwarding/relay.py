@@ -35,6 +35,7 @@ import contextlib
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
@@ -68,6 +69,7 @@ def error_event(message: str, *, code: str = "upstream_error") -> bytes:
     return b"data: " + orjson.dumps({"error": {"message": message, "type": "api_error", "param": None, "code": code}}) + b"\n\n"
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class StreamRelay:
     """ASGI app relaying one upstream stream.
 
@@ -96,39 +98,21 @@ class StreamRelay:
     :mod:`latgate.forwarding.keepalive`): the relay then sends the body only.
     """
 
-    def __init__(
-        self,
-        *,
-        headers: list[tuple[bytes, bytes]],
-        head: bytes,
-        head_units: int,
-        body: AsyncIterator[bytes],
-        tap: StreamTap,
-        exchange: Exchange,
-        recorder: Recorder,
-        on_close: Callable[[], Awaitable[object]],
-        on_upstream_failure: Callable[[str], None],
-        transform: ResponseTransform | None = None,
-        secrets: tuple[bytes, ...] = (),
-        max_stream_seconds: float = 0.0,
-        quiet_seconds: float | None = None,
-    ) -> None:
-        self.headers = headers
-        self.head = head
-        self.head_units = head_units
-        self.body = body
-        self.tap = tap
-        self.exchange = exchange
-        self.recorder = recorder
-        self.metrics = recorder.metrics
-        self.on_close = on_close
-        self.on_upstream_failure = on_upstream_failure
-        self.transform = transform
-        self.secrets = secrets
-        self.max_stream_seconds = max_stream_seconds
-        self.quiet_seconds = quiet_seconds
-        self._gaps: list[float] = []  # seconds between consecutive reads that carried content
-        self.head_sent = False
+    headers: list[tuple[bytes, bytes]]
+    head: bytes
+    head_units: int
+    body: AsyncIterator[bytes]
+    tap: StreamTap
+    exchange: Exchange
+    recorder: Recorder
+    on_close: Callable[[], Awaitable[object]]
+    on_upstream_failure: Callable[[str], None]
+    transform: ResponseTransform | None = None
+    secrets: tuple[bytes, ...] = ()
+    max_stream_seconds: float = 0.0
+    quiet_seconds: float | None = None
+    head_sent: bool = field(default=False, init=False)
+    _gaps: list[float] = field(default_factory=list, init=False)  # seconds between consecutive reads that carried content
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ex = self.exchange
@@ -191,7 +175,6 @@ class StreamRelay:
             await send({"type": "http.response.body", "body": self.head, "more_body": True})
             if self.head_units:
                 self._first_token(clock())
-        failure: str | None = None
         quiet = math.inf if self.quiet_seconds is None else self.quiet_seconds
         # checked at each read (no timer per stream): a silent upstream is cut by timeout_sec
         ends_at = ex.received_at + self.max_stream_seconds if self.max_stream_seconds else math.inf
@@ -219,34 +202,49 @@ class StreamRelay:
                             raise _MaxDuration
                         if ex.last_token_at is not None and now - ex.last_token_at > quiet:
                             raise UpstreamFailure("timeout", f"only keep-alives for timeout_sec ({quiet:g} s) after content")
-            if tap.error is None and not tap.done:
-                out, units = tap.flush()
-                if out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-                    if units and ex.first_token_at is None:
-                        self._first_token(clock())
-            if tap.error is not None:
-                failure = self._fail(tap.error_kind, redact_text(str(tap.error.get("message") or "error"), self.secrets))
-            else:
-                unfinished = stream_unfinished(tap)
-                if unfinished is not None:
-                    failure = self._fail(*unfinished)
-                elif not tap.done and not tap.responses and self.transform is None:
-                    await send({"type": "http.response.body", "body": tap.done_event(), "more_body": True})
+            failure = await self._end_read(send)
         except (UpstreamFailure, _MaxDuration) as err:
-            # A partial trailing event is dropped (the SSE spec discards an event cut
-            # before its blank line), so the error event below stays a well-formed event.
-            if isinstance(err, _MaxDuration):  # max_stream_sec: latgate's own limit
-                failure = self._fail("stream_max_duration", f"{self.max_stream_seconds:g} s", status=504)
-            else:
-                failure = self._fail("stream_" + err.kind, str(err))
-            held = tap.release_held()
-            if held:
-                await send({"type": "http.response.body", "body": held, "more_body": True})
+            failure = await self._end_failed(send, err)
         if self.transform is not None:
             await send({"type": "latgate.finish", "error": failure})
         elif failure is not None:
             await send({"type": "http.response.body", "body": error_event(failure), "more_body": True})
+
+    async def _end_read(self, send: Send) -> str | None:
+        """After the upstream's body ended (or the tap saw its end or an error): the
+        bytes the tap still holds, and ``[DONE]`` when the upstream finished without it.
+        Returns the client's message of a failure (recorded), ``None`` when the stream
+        is whole."""
+        tap = self.tap
+        if tap.error is None and not tap.done:
+            out, units = tap.flush()
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+                if units and self.exchange.first_token_at is None:
+                    self._first_token(time.perf_counter())
+        if tap.error is not None:
+            return self._fail(tap.error_kind, redact_text(str(tap.error.get("message") or "error"), self.secrets))
+        unfinished = stream_unfinished(tap)
+        if unfinished is not None:
+            return self._fail(*unfinished)
+        if not tap.done and not tap.responses and self.transform is None:
+            await send({"type": "http.response.body", "body": tap.done_event(), "more_body": True})
+        return None
+
+    async def _end_failed(self, send: Send, err: UpstreamFailure | _MaxDuration) -> str:
+        """A stream cut by the upstream's failure or by ``max_stream_sec``: the failure
+        recorded, the whole events the tap held sent on. Returns the client's message.
+
+        A partial trailing event is dropped (the SSE spec discards an event cut before
+        its blank line), so the error event that follows stays a well-formed event."""
+        if isinstance(err, _MaxDuration):  # max_stream_sec: latgate's own limit
+            failure = self._fail("stream_max_duration", f"{self.max_stream_seconds:g} s", status=504)
+        else:
+            failure = self._fail("stream_" + err.kind, str(err))
+        held = self.tap.release_held()
+        if held:
+            await send({"type": "http.response.body", "body": held, "more_body": True})
+        return failure
 
     def _observe_itl(self) -> None:
         """Inter-token latency per token, as vLLM and the OpenTelemetry GenAI "time per
@@ -265,7 +263,7 @@ class StreamRelay:
             samples = min(completion - 1, completion - round(completion / (len(gaps) + 1)))
         base, extra = divmod(samples, len(gaps))
         ex = self.exchange
-        itl = self.metrics.itl_batch(provider=ex.provider, model=ex.public_model)
+        itl = self.recorder.metrics.itl_batch(provider=ex.provider, model=ex.public_model)
         for index, gap in enumerate(gaps):
             tokens = base + (1 if index < extra else 0)
             itl.observe_many(gap / tokens, tokens)
@@ -292,13 +290,13 @@ class StreamRelay:
             return f"the stream reached max_stream_sec ({detail}); the response is incomplete"
         if kind != "stream_too_large":  # latgate's own limit: not the upstream's failure
             self.on_upstream_failure(kind)
-        self.metrics.record_upstream_error(provider=ex.provider, kind=kind)
+        self.recorder.metrics.record_upstream_error(provider=ex.provider, kind=kind)
         return f"provider {ex.provider!r} failed mid-stream ({detail}); the response is incomplete"
 
     def _first_token(self, now: float) -> None:
         ex = self.exchange
         ex.first_token_at = ex.last_token_at = now
-        self.metrics.record_ttft(provider=ex.provider, model=ex.public_model, seconds=now - ex.received_at)
+        self.recorder.metrics.record_ttft(provider=ex.provider, model=ex.public_model, seconds=now - ex.received_at)
 
 
 def watch_disconnect(receive: Receive, on_disconnect: Callable[[], None]) -> asyncio.Task[None]:

@@ -128,8 +128,24 @@ class ChunkFacts:
                     self._fingerprint = orjson.dumps(fingerprint)
                 return -1
             return 0 if choices is not None or usage else _FOREIGN
+        units = self._choice_units(chunk, choices)
+        if units < 0:
+            return -1
+        self.content_chunks += units
+        if usage and self._drop_usage:
+            self._strip = chunk
+        if units == 1 and self._learn and not usage and len(choices) == 1:
+            delta = choices[0].get("delta")
+            if isinstance(delta, dict):
+                self._learn -= 1
+                self._template = ChunkTemplate.of(payload, delta) or self._template
+        return units
+
+    def _choice_units(self, chunk: dict[str, Any], choices: Any) -> int:
+        """Content units in a parsed chunk's ``choices`` (a non-empty value), each
+        choice's ``finish_reason`` recorded; -1 when a delta reports an error in its
+        text (the event is then dropped)."""
         units = 0
-        delta: object = None
         for choice in choices:
             if not isinstance(choice, dict):
                 continue
@@ -144,9 +160,9 @@ class ChunkFacts:
             else:
                 self._open.add(choice.get("index", 0))
             delta = choice.get("delta")
-            if self._text_error is not None and isinstance(delta, dict) and self._in_text_error(delta.get("content")):
-                return -1
             if isinstance(delta, dict):
+                if self._text_error is not None and self._in_text_error(delta.get("content")):
+                    return -1
                 if (
                     delta.get("content")
                     or delta.get("reasoning_content")
@@ -156,12 +172,6 @@ class ChunkFacts:
                     units += 1
             elif choice.get("text"):
                 units += 1
-        self.content_chunks += units
-        if usage and self._drop_usage:
-            self._strip = chunk
-        if units == 1 and self._learn and not usage and len(choices) == 1 and isinstance(delta, dict):
-            self._learn -= 1
-            self._template = ChunkTemplate.of(payload, delta) or self._template
         return units
 
     def _responses_event(self, chunk: dict[str, Any]) -> int:

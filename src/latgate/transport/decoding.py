@@ -25,6 +25,7 @@ import brotli
 import zstandard
 
 from latgate.transport.errors import UpstreamFailure
+from latgate.transport.response_body import SelfIteratingBody
 
 __all__ = ["MAX_DECODED_BYTES", "DecodedResponse", "decoder_problem"]
 
@@ -184,7 +185,7 @@ def decoder_problem(content_encoding: str) -> str | None:
     return None
 
 
-class DecodedResponse:
+class DecodedResponse(SelfIteratingBody):
     """An upstream response whose body is decoded on the way: an
     :class:`~latgate.transport.upstream.UpstreamResponse` over the undecoded one's parts.
 
@@ -237,12 +238,6 @@ class DecodedResponse:
         self._decoders = [decoder for decoder in decoders if decoder is not None]
         self._finished = False
 
-    def aiter_raw(self) -> DecodedResponse:
-        return self
-
-    def __aiter__(self) -> DecodedResponse:
-        return self
-
     async def __anext__(self) -> bytes:
         try:
             while True:
@@ -281,10 +276,6 @@ class DecodedResponse:
             if not more:
                 return b""
             decoder.push(more)
-
-    async def aread(self) -> bytes:
-        """The whole decoded body."""
-        return b"".join([chunk async for chunk in self])
 
     async def aclose(self) -> None:
         await self._close()

@@ -4,9 +4,10 @@ status and headers as they arrived, its body as an async byte iterator."""
 from __future__ import annotations
 
 from latgate.transport.h1conn import H1Connection
+from latgate.transport.response_body import SelfIteratingBody
 
 
-class H1Response:
+class H1Response(SelfIteratingBody):
     """An upstream response whose status and headers arrived; the body streams.
 
     latgate's :class:`~latgate.transport.upstream.UpstreamResponse`: ``status_code``,
@@ -26,12 +27,6 @@ class H1Response:
         self.status_code = conn.status
         self.headers = conn.headers()
 
-    def aiter_raw(self) -> H1Response:
-        return self
-
-    def __aiter__(self) -> H1Response:
-        return self
-
     async def __anext__(self) -> bytes:
         """The next body bytes (all that arrived since the last call).
 
@@ -48,14 +43,6 @@ class H1Response:
             if conn.error is not None:
                 raise conn.error.fresh()
             await conn.wait()
-
-    async def aread(self) -> bytes:
-        """The whole body.
-
-        Raises:
-            UpstreamFailure: as :meth:`__anext__`.
-        """
-        return b"".join([chunk async for chunk in self])
 
     async def aclose(self) -> None:
         if not self._done:

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from latgate.commands.bench.sample import RequestSample, SampleRecorder
 from latgate.commands.bench.sse import SseDecoder
-from latgate.commands.bench.workload import Workload
+from latgate.commands.bench.workload import Workload, WorkloadSpec
 from latgate.transport.errors import UpstreamFailure
 from latgate.transport.h1 import H1Pool
 
@@ -29,8 +29,9 @@ SampleCallback = Callable[[RequestSample], None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BenchConfig:
-    """What to send and how (validated by the CLI; see ``normalize_base_url``).
+class BenchConfig(WorkloadSpec):
+    """What to send (the bodies: :class:`WorkloadSpec`'s fields) and how (validated by
+    the CLI; see ``normalize_base_url``).
 
     ``base_url`` ends with ``/v1``; requests go to ``{base_url}/chat/completions``.
     ``headers`` are extra request headers, sent as given. ``timeout_seconds`` bounds
@@ -39,17 +40,11 @@ class BenchConfig:
     """
 
     base_url: str
-    model: str
     requests: int
     concurrency: int
-    stream: bool
-    prompt_tokens: int
-    max_tokens: int
     headers: tuple[tuple[str, str], ...]
     api_key: str | None
     timeout_seconds: float
-    shared_prefix: bool
-    run_id: str
 
     @property
     def chat_completions_url(self) -> str:
@@ -122,14 +117,7 @@ async def run_bench(
     Returns the samples ordered by request number. Every failure is recorded in its
     sample (``error_kind``), never raised.
     """
-    workload = Workload(
-        model=config.model,
-        prompt_tokens=config.prompt_tokens,
-        max_tokens=config.max_tokens,
-        stream=config.stream,
-        shared_prefix=config.shared_prefix,
-        run_id=config.run_id,
-    )
+    workload = Workload(config)
     headers = _request_headers(config)
     concurrency = min(config.concurrency, config.requests)
     samples: list[RequestSample] = []

@@ -16,6 +16,7 @@ the tag into pre-encoded bytes, so building a body costs microseconds even for
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import orjson
 
@@ -32,54 +33,64 @@ _WORDS = (
 )
 
 
-class Workload:
-    """Pre-encoded chat completion bodies for one run.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadSpec:
+    """What every request body of a run asks for.
 
-    Parameters:
+    Attributes:
         model: the ``model`` field sent.
         prompt_tokens: target size of the user message, in estimated tokens (>= 1).
         max_tokens: the ``max_tokens`` field sent.
         stream: send ``stream: true`` with ``stream_options.include_usage``.
         shared_prefix: put the per-request tag at the end instead of the start.
         run_id: distinguishes this run's prompts from an earlier run's, so a server's
-            prefix cache warmed by a previous run does not serve this one.
+            prefix cache warmed by a previous run does not serve this one (ASCII letters
+            and digits).
+    """
+
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+    shared_prefix: bool
+    run_id: str
+
+
+class Workload:
+    """Pre-encoded chat completion bodies for one run, as ``spec`` describes them.
+
+    Raises:
+        ValueError: ``spec.prompt_tokens`` below 1, or ``spec.run_id`` not ASCII
+            letters and digits.
 
     Example::
 
-        workload = Workload(model="m", prompt_tokens=500, max_tokens=64, stream=True,
-                            shared_prefix=False, run_id="a1b2")
+        workload = Workload(WorkloadSpec(model="m", prompt_tokens=500, max_tokens=64,
+                                         stream=True, shared_prefix=False, run_id="a1b2"))
         body = workload.body(0)  # bytes, ready to POST
     """
 
-    def __init__(
-        self,
-        *,
-        model: str,
-        prompt_tokens: int,
-        max_tokens: int,
-        stream: bool,
-        shared_prefix: bool,
-        run_id: str,
-    ) -> None:
-        if prompt_tokens < 1:
+    def __init__(self, spec: WorkloadSpec) -> None:
+        run_id = spec.run_id
+        if spec.prompt_tokens < 1:
             raise ValueError("prompt_tokens must be at least 1")
         if not run_id.isalnum() or not run_id.isascii():
             raise ValueError(f"run_id must be ASCII letters and digits, got {run_id!r}")
         self._run_id = run_id
         tag_tokens = estimate_text_tokens(self._tag(0))
         fixed_tokens = estimate_text_tokens(_INSTRUCTION) + tag_tokens
-        filler = _filler_text(max(prompt_tokens - fixed_tokens, 0))
-        if shared_prefix:
+        filler = _filler_text(max(spec.prompt_tokens - fixed_tokens, 0))
+        if spec.shared_prefix:
             content = f"{_INSTRUCTION} {filler} {_TAG_SLOT}" if filler else f"{_INSTRUCTION} {_TAG_SLOT}"
         else:
             content = f"{_TAG_SLOT} {_INSTRUCTION} {filler}" if filler else f"{_TAG_SLOT} {_INSTRUCTION}"
         body: dict[str, object] = {
-            "model": model,
+            "model": spec.model,
             "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens,
-            "stream": stream,
+            "max_tokens": spec.max_tokens,
+            "stream": spec.stream,
         }
-        if stream:
+        if spec.stream:
             body["stream_options"] = {"include_usage": True}
         encoded = orjson.dumps(body)
         slot = orjson.dumps(_TAG_SLOT)[1:-1]  # the slot as it appears inside a JSON string

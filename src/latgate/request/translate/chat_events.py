@@ -10,7 +10,7 @@ streams end with ``data: [DONE]`` (OpenAI API reference, "Streaming").
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -102,3 +102,15 @@ def content_text(content: object) -> str:
             if isinstance(part, dict) and part.get("type", "text") in ("text", "output_text") and isinstance(part.get("text"), str)
         )
     return ""
+
+
+def tool_calls(message: Mapping[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(call, its function)`` for each entry of a chat message's ``tool_calls`` (a list
+    of ``{"id", "type": "function", "function": {"name", "arguments"}}``, OpenAI's
+    ``ChatCompletionMessageToolCall``) that has a ``function`` object; other entries,
+    and a ``tool_calls`` that is not a list, give nothing."""
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            yield call, function

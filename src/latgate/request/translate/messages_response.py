@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from latgate.forwarding.usage import detail_tokens, usage_counts
-from latgate.request.translate.chat_events import content_text, read_chat_completion
+from latgate.request.translate.chat_events import content_text, read_chat_completion, tool_calls
 
 #: chat ``finish_reason`` -> Anthropic ``stop_reason`` (``stop`` is refined by :func:`stop_reason`).
 FINISH_TO_STOP_REASON = {
@@ -71,11 +71,7 @@ def chat_to_message(
     refusal = message.get("refusal")
     if isinstance(refusal, str) and refusal:
         content.append({"type": "text", "text": refusal})
-    calls = message.get("tool_calls")
-    for call in calls if isinstance(calls, list) else ():
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            continue
+    for call, function in tool_calls(message):
         content.append(
             {
                 "type": "tool_use",

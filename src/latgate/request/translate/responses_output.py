@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from latgate.forwarding.usage import detail_tokens, usage_counts
-from latgate.request.translate.chat_events import content_text, read_chat_completion
+from latgate.request.translate.chat_events import content_text, read_chat_completion, tool_calls
 
 #: chat ``finish_reason`` -> Responses ``incomplete_details.reason``.
 INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -198,11 +198,7 @@ def chat_to_response(
         parts.append(refusal_part(message["refusal"]))
     if parts:
         output.append(message_item(item_id=new_id("msg"), status="completed", parts=parts))
-    calls = message.get("tool_calls")
-    for call in calls if isinstance(calls, list) else ():
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            continue
+    for call, function in tool_calls(message):
         output.append(
             function_call_item(
                 item_id=new_id("fc"),
