@@ -90,9 +90,31 @@ class Selector:
         )
         self._views = Snapshots(pool, caching=self._caching).take
 
-    def plan(self, decision: RouteDecision, body: Mapping[str, Any], *, commit: bool = True) -> RoutePlan:
+    def expected_completion(
+        self, body: Mapping[str, Any], *, priority: int | None = None, tenant: str = ""
+    ) -> tuple[int, str]:
+        """The completion tokens a request is expected to produce and where that came
+        from (:func:`~latgate.routing.policies.e2e.expected_completion_tokens`): what its
+        tenant's (else its class's, else the pool's) recent streams produced, at most its
+        own ``max_tokens``; before any stream, that cap, else ``[routing]
+        expected_completion_tokens``. Computed once per request (``Gateway.proxy``, before
+        the key's token limits) and read by the limits, the gateway queue and the plan."""
+        observed = self._pool.completion_lengths.expected(priority=priority, tenant=tenant)
+        return expected_completion_tokens(
+            body, default_tokens=self._expected_completion_tokens, observed_tokens=observed
+        )
+
+    def plan(
+        self,
+        decision: RouteDecision,
+        body: Mapping[str, Any],
+        *,
+        commit: bool = True,
+        completion: tuple[int, str] | None = None,
+    ) -> RoutePlan:
         """The plan for ``decision``. ``commit=False`` (an explanation only) leaves the
-        round-robin counters alone and fills ``considered``."""
+        round-robin counters alone and fills ``considered``. ``completion``: the request's
+        :meth:`expected_completion` (computed here when None: an explanation)."""
         explain = decision.explain or not commit
         predicts = self.strategy.predicts
         targets = decision.candidates
@@ -110,11 +132,7 @@ class Selector:
             )
             if prefix is not None:
                 plan.conversation = conversation_key(body, prefix)
-        plan.completion_tokens, plan.completion_source = expected_completion_tokens(
-            body,
-            default_tokens=self._expected_completion_tokens,
-            observed_tokens=self._pool.completion_tokens_mean,
-        )
+        plan.completion_tokens, plan.completion_source = completion or self.expected_completion(body)
         now = self._pool.clock()
         e2e = decision.budget_ms is not None or explain
         views = self._views(runtime, plan, now, predict=predicts or explain, e2e=e2e)
