@@ -36,8 +36,6 @@ KNOWN_MODULES: dict[str, str] = {}
 KNOWN_FUNCTIONS: set[str] = {
     "latgate.forwarding.sse_facts:ChunkFacts._chunk",
     "latgate.routing.policies.predicted_ttft:choose_for_session",
-    "latgate.routing.selection:Selector.plan",
-    "latgate.routing.snapshots:Snapshots.take",
     "latgate.forwarding.relay:StreamRelay._relay",
     "latgate.routing.admission:Admission.hold",
     "latgate.routing.decision:Router.decide",

@@ -144,24 +144,7 @@ class Selector:
         if explain:
             self._consider(plan, runtime, views, index)
         if predicts:
-            plan.predicted_ttft_ms = best.predicted_ttft_ms
-            if e2e:
-                plan.predicted_e2e_ms = best.predicted_e2e_ms
-            if decision.budget_ms is not None and best.available:
-                if decision.left is not None and (len(targets) > 1 or decision.overflow):
-                    alternatives = (*targets[1:], *decision.overflow)
-                    self._overflow(decision, plan, best, None, now, alternatives, explain=explain)
-                elif decision.overflow:
-                    queue_p90_ms = QUEUE_P90_FACTOR * plan.endpoint.queue_ms(now)
-                    evidence = leave_evidence(
-                        views, best, budget_ms=decision.budget_ms, queue_p90_ms=queue_p90_ms
-                    )
-                    if evidence is not None:
-                        self._overflow(
-                            decision, plan, best, evidence, now, decision.overflow, explain=explain
-                        )
-            if decision.left is not None and plan.overflow_from is None:
-                plan.overflow_from = decision.left
+            self._predicted(decision, plan, views, best, now, e2e=e2e, explain=explain)
         if not best.available and len(targets) > 1 and plan.overflow_from is None:
             self._skip_unavailable(plan, now, commit=commit)
         if not best.available and not self._pool.available(plan.endpoint):
@@ -177,6 +160,36 @@ class Selector:
             self._pool.reserve(plan.endpoint)
             plan.reserved = True
         return plan
+
+    def _predicted(
+        self,
+        decision: RouteDecision,
+        plan: RoutePlan,
+        views: list[EndpointView],
+        best: EndpointView,
+        now: float,
+        *,
+        e2e: bool,
+        explain: bool,
+    ) -> None:
+        """The chosen endpoint's predictions on ``plan``; for a request with a budget,
+        the move to an alternative: from a provider already left (``decision.left``),
+        or on evidence (at capacity, or measured too slow) to an overflow candidate."""
+        plan.predicted_ttft_ms = best.predicted_ttft_ms
+        if e2e:
+            plan.predicted_e2e_ms = best.predicted_e2e_ms
+        targets = decision.candidates
+        if decision.budget_ms is not None and best.available:
+            if decision.left is not None and (len(targets) > 1 or decision.overflow):
+                alternatives = (*targets[1:], *decision.overflow)
+                self._overflow(decision, plan, best, None, now, alternatives, explain=explain)
+            elif decision.overflow:
+                queue_p90_ms = QUEUE_P90_FACTOR * plan.endpoint.queue_ms(now)
+                evidence = leave_evidence(views, best, budget_ms=decision.budget_ms, queue_p90_ms=queue_p90_ms)
+                if evidence is not None:
+                    self._overflow(decision, plan, best, evidence, now, decision.overflow, explain=explain)
+        if decision.left is not None and plan.overflow_from is None:
+            plan.overflow_from = decision.left
 
     def _may_explore(
         self, runtime: ProviderRuntime, views: list[EndpointView], budget_ms: int | None
