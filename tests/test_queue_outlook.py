@@ -14,7 +14,7 @@ from latgate.live.providers import ProviderPool
 from latgate.routing.admission import Admission, Ask
 from latgate.routing.decision import Router
 from latgate.routing.priority import DEFAULT
-from latgate.routing.queue_outlook import WaitOutlook
+from latgate.routing.queue_outlook import WaitOutlook, expected_hold_ms
 
 POOL = """
 [providers.vllm]
@@ -89,3 +89,30 @@ def test_a_request_with_a_small_max_tokens_waits_for_a_cold_pools_slot_held_by_o
         assert after.reason == "waited:vllm"
 
     asyncio.run(main())
+
+
+def test_expected_hold_is_the_rest_of_the_lease_then_the_overrun_so_far() -> None:
+    assert expected_hold_ms(700.0, 200.0) == 500.0
+    assert expected_hold_ms(700.0, 700.0) == 0.0
+    assert expected_hold_ms(700.0, 1500.0) == 800.0
+
+
+def test_a_slot_held_past_its_lease_is_expected_to_free_after_one_still_within_its_lease() -> None:
+    # a slowed endpoint's request outlived its lease: waiting on it as if it freed now is
+    # how a waiter spends its budget's slack for nothing
+    config = load_config_text(POOL.replace("max_batch_size = 1", "max_batch_size = 2"), source="test.toml")
+    clock = ManualClock(0.0)
+    pool = ProviderPool(config, metrics=Metrics(providers=config.providers, models=["m"]), env={}, clock=clock)
+    runtime = pool["vllm"]
+    endpoint = runtime.endpoints[0]
+    outlook = WaitOutlook(pool)
+    endpoint.itl.observe(20.0)
+    outlook.observe_lease(endpoint, 0.7)  # warm: no capacity floor
+    lease_ms = endpoint.predictor.predict_ms(0) + 32 * 20.0
+    pool.begin(runtime, endpoint, completion_tokens=32)  # sent at 0
+    clock.now = (lease_ms + 1000.0) / 1000.0  # 1 s past its lease
+    pool.begin(runtime, endpoint, completion_tokens=32)  # sent now
+    view = outlook.view(runtime, 10, clock())
+    assert view is not None and not view.cold
+    assert outlook.predict_ms(view, ahead=0) == lease_ms, "the fresh one's slot frees first"
+    assert abs(outlook.predict_ms(view, ahead=1) - 1000.0) < 1e-6, "1 s overrun: as long again"

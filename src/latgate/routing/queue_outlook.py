@@ -12,8 +12,11 @@ been seen to hold one there (a recency-weighted mean, :meth:`WaitOutlook.observe
 before any, for the fitted TTFT plus the pool's recent median completion, else the
 waiting request's own expected completion, else ``[routing] expected_completion_tokens``,
 times the time per token (learned, else the role's prior). A request is expected to hold
-its slot for its lease less its age (none once it outlived it); the engine's other
-requests (age unknown), half a lease.
+its slot for its lease less its age; one that has outlived its lease, for as long again
+as it has overrun it (:func:`expected_hold_ms`: a slowed endpoint's requests run a
+multiple of their lease, so the longer one has overrun, the longer it is likely to go
+on, and waiting on it as if it freed now is how a waiter spends its slack for nothing);
+the engine's other requests (age unknown), half a lease.
 
 A newcomer with ``k`` requests ahead waits for the ``k+1``-th slot to free
 (:func:`~latgate.routing.queue.predicted_wait_ms`). Until an endpoint's lease has been
@@ -62,6 +65,19 @@ class View:
     slots: int
     cold: bool
     held_lease_ms: float = math.inf
+
+
+def expected_hold_ms(lease_ms: float, age_ms: float) -> float:
+    """How much longer a request ``age_ms`` into a lease of ``lease_ms`` is expected to
+    hold its slot (ms): the rest of its lease, ``lease_ms - age_ms``; past it, its
+    overrun so far, ``age_ms - lease_ms``. Zero only at the lease's end.
+
+    Example::
+
+        expected_hold_ms(700.0, 200.0)   # 500.0: within its lease
+        expected_hold_ms(700.0, 1500.0)  # 800.0: 800 ms over, as long again to go
+    """
+    return abs(lease_ms - age_ms)
 
 
 def retry_after_seconds(wait_ms: float) -> int:
@@ -143,7 +159,7 @@ class WaitOutlook:
             slot_ms = self.lease_seconds(ep, completion_tokens=completion_tokens) * 1000.0
             lease_ms = min(lease_ms, slot_ms)
             held = [  # latgate's own, by age: (left, whole lease) in ms
-                (max(0.0, ms - (now - start) * 1000.0), ms)
+                (expected_hold_ms(ms, (now - start) * 1000.0), ms)
                 for start, ms in ((start, self.held_ms(ep, tokens, slot_ms)) for start, tokens in ep.leases)
             ]
             held += [(slot_ms, slot_ms)] * ep.pending  # routed there, about to start
