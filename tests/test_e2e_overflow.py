@@ -1,6 +1,6 @@
 """Through real servers on loopback: a latency-sensitive request that must leave a full
 TileRT pool goes to the pool predicted to finish first (TTFT + time per output token x
-its max_tokens), not to the one with the earlier first token, and the debug header says
+its expected completion: what recent streams produced, at most its max_tokens), not to the one with the earlier first token, and the debug header says
 why. Simulators with different decode speeds stand in for the pools."""
 
 from __future__ import annotations
@@ -41,13 +41,14 @@ def test_an_overflow_goes_to_the_pool_that_finishes_first_rather_than_the_first_
             answer = httpx.post(chat, json=body, headers={**BUDGET, "X-Latgate-Debug": "1"}, timeout=30)
         # the dry run (no admission hold: the plan's own capacity evidence) says the same, with its numbers
         assert (explained["provider"], explained["overflow_from"]) == ("hosted", "tile-rt"), explained
-        assert explained["completion_tokens"] == {"expected": 64, "from": "max_tokens"}
+        # the streams so far produced 8 tokens: the request's max_tokens 64 bounds that expectation
+        assert explained["completion_tokens"] == {"expected": 8, "from": "observed"}
         e2e = {c["provider"]: c["predicted_e2e_ms"] for c in explained["considered"]}
         assert e2e["hosted"] < e2e["vllm"], explained["considered"]
         assert answer.status_code == 200 and "data: [DONE]" in answer.text
         assert (answer.headers["x-latgate-provider"], answer.headers["x-latgate-route-reason"]) == ("hosted", "overflow:tile-rt")
         candidates = answer.headers["x-latgate-route-candidates"]
-        assert "e2e for 64 completion tokens (max_tokens)" in candidates, candidates
+        assert "e2e for 8 completion tokens (observed)" in candidates, candidates
         assert "hosted-0" in candidates and "vllm-0" in candidates and candidates.count(" chosen") == 1, candidates
         metrics = httpx.get(stack.url + "/metrics").text
         assert 'latgate_overflows_total{from="tile-rt",to="hosted"} 1.0' in metrics, [

@@ -39,13 +39,13 @@ def test_rpm_admits_a_burst_of_the_limit_then_refuses_with_the_wait_until_one_fr
     limiter = RateLimiter(store=MemoryStore(clock=clock), fail_open=True)
     caller = Caller(name="a", rpm=3)
     for _ in range(3):
-        run(limiter.admit(caller, body={}, prompt_tokens=0))
+        run(limiter.admit(caller, prompt_tokens=0))
     with pytest.raises(RateLimited) as refused:
-        run(limiter.admit(caller, body={}, prompt_tokens=0))
+        run(limiter.admit(caller, prompt_tokens=0))
     assert refused.value.headers["retry-after"] == "20"
     assert "3 requests per minute" in refused.value.message and "'a'" in refused.value.message
     clock.now += 20
-    run(limiter.admit(caller, body={}, prompt_tokens=0))
+    run(limiter.admit(caller, prompt_tokens=0))
 
 
 def test_a_key_its_last_charge_left_without_room_is_refused_before_its_body_until_one_frees() -> None:
@@ -53,15 +53,15 @@ def test_a_key_its_last_charge_left_without_room_is_refused_before_its_body_unti
     limiter = RateLimiter(store=MemoryStore(clock=clock), fail_open=True, clock=clock)
     caller = Caller(name="a", rpm=2, tpm=1000)
     limiter.check_request_rate(caller)  # nothing known: let through
-    run(limiter.admit(caller, body={}, prompt_tokens=5))
+    run(limiter.admit(caller, prompt_tokens=5))
     limiter.check_request_rate(caller)  # room for one more
-    run(limiter.admit(caller, body={}, prompt_tokens=5))
+    run(limiter.admit(caller, prompt_tokens=5))
     with pytest.raises(RateLimited) as refused:  # the second charge left none: no call needed
         limiter.check_request_rate(caller)
     assert refused.value.headers["retry-after"] == "30"
     clock.now += 30
     limiter.check_request_rate(caller)
-    run(limiter.admit(caller, body={}, prompt_tokens=5))  # and the store agrees
+    run(limiter.admit(caller, prompt_tokens=5))  # and the store agrees
     # a reload raising the limit is not held to the old limit's note
     with pytest.raises(RateLimited):
         limiter.check_request_rate(caller)
@@ -73,9 +73,9 @@ def test_a_key_over_its_tokens_only_is_not_refused_before_its_body() -> None:
     clock = ManualClock()
     limiter = RateLimiter(store=MemoryStore(clock=clock), fail_open=True, clock=clock)
     caller = Caller(name="a", rpm=100, tpm=100)
-    run(limiter.admit(caller, body={"max_tokens": 100}, prompt_tokens=0))
+    run(limiter.admit(caller, completion_tokens=100, prompt_tokens=0))
     with pytest.raises(RateLimited):
-        run(limiter.admit(caller, body={"max_tokens": 100}, prompt_tokens=0))
+        run(limiter.admit(caller, completion_tokens=100, prompt_tokens=0))
     limiter.check_request_rate(caller)
 
 
@@ -84,18 +84,18 @@ def test_tpm_charges_the_estimate_then_the_reported_usage() -> None:
     store = MemoryStore(clock=clock)
     limiter = RateLimiter(store=store, fail_open=True)
     caller = Caller(name="a", tpm=100)
-    reservation = run(limiter.admit(caller, body={"max_tokens": 30}, prompt_tokens=10))  # estimate 40
+    reservation = run(limiter.admit(caller, completion_tokens=30, prompt_tokens=10))  # estimate 40
     run(reservation.settle(used_tokens=90))  # the upstream said 90
     with pytest.raises(RateLimited):
-        run(limiter.admit(caller, body={"max_tokens": 30}, prompt_tokens=10))  # 90 + 40 > 100
-    run(limiter.admit(caller, body={}, prompt_tokens=10))  # 90 + 10 fits
+        run(limiter.admit(caller, completion_tokens=30, prompt_tokens=10))  # 90 + 40 > 100
+    run(limiter.admit(caller, prompt_tokens=10))  # 90 + 10 fits
 
 
 def test_a_request_that_used_nothing_gives_its_estimate_back() -> None:
     limiter = RateLimiter(store=MemoryStore(clock=ManualClock()), fail_open=True)
     caller = Caller(name="a", tpm=100)
     for _ in range(5):
-        reservation = run(limiter.admit(caller, body={"max_tokens": 80}, prompt_tokens=10))
+        reservation = run(limiter.admit(caller, completion_tokens=80, prompt_tokens=10))
         run(reservation.settle(used_tokens=0))
 
 
@@ -104,48 +104,44 @@ def test_refusal_by_tpm_does_not_spend_rpm() -> None:
     store = MemoryStore(clock=clock)
     limiter = RateLimiter(store=store, fail_open=True)
     caller = Caller(name="a", rpm=2, tpm=100)
-    run(limiter.admit(caller, body={"max_tokens": 100}, prompt_tokens=0))
+    run(limiter.admit(caller, completion_tokens=100, prompt_tokens=0))
     for _ in range(5):
         with pytest.raises(RateLimited):
-            run(limiter.admit(caller, body={"max_tokens": 100}, prompt_tokens=0))
+            run(limiter.admit(caller, completion_tokens=100, prompt_tokens=0))
     clock.now += 60
-    run(limiter.admit(caller, body={}, prompt_tokens=1))
-    run(limiter.admit(caller, body={}, prompt_tokens=1))  # rpm 2: both fit, the refusals took nothing
+    run(limiter.admit(caller, prompt_tokens=1))
+    run(limiter.admit(caller, prompt_tokens=1))  # rpm 2: both fit, the refusals took nothing
 
 
-def test_estimate_adds_the_completion_cap_and_never_exceeds_the_limit() -> None:
-    assert estimate_tokens({"max_tokens": 50}, prompt_tokens=10, cap=1000) == 60
-    assert estimate_tokens({"max_completion_tokens": 20, "max_tokens": 50}, prompt_tokens=10, cap=1000) == 30
-    assert estimate_tokens({"max_tokens": True}, prompt_tokens=10, cap=1000) == 10
-    assert estimate_tokens({"max_tokens": 32000}, prompt_tokens=10, cap=1000) == 1000
+def test_estimate_adds_the_expected_completion_and_never_exceeds_the_limit() -> None:
+    assert estimate_tokens(prompt_tokens=10, completion_tokens=50, cap=1000) == 60
+    assert estimate_tokens(prompt_tokens=10, completion_tokens=0, cap=1000) == 10
+    assert estimate_tokens(prompt_tokens=10, completion_tokens=32000, cap=1000) == 1000
 
 
-def test_estimate_without_a_cap_is_the_completion_routing_expects_within_the_models_window() -> None:
-    assert estimate_tokens({}, prompt_tokens=10, cap=1000, default_completion_tokens=256) == 266
-    assert estimate_tokens({}, prompt_tokens=10, cap=1000, default_completion_tokens=256, observed_completion_tokens=41.6) == 52
-    assert estimate_tokens({"max_tokens": 5}, prompt_tokens=10, cap=1000, default_completion_tokens=256) == 15
-    window = {"default_completion_tokens": 256, "context_tokens": 100}
-    assert estimate_tokens({}, prompt_tokens=90, cap=1000, **window) == 100  # 10 tokens left in the window
-    assert estimate_tokens({"max_tokens": 500}, prompt_tokens=90, cap=1000, **window) == 100
+def test_estimate_keeps_the_completion_within_the_models_window() -> None:
+    assert estimate_tokens(prompt_tokens=90, completion_tokens=256, cap=1000, context_tokens=100) == 100
+    assert estimate_tokens(prompt_tokens=10, completion_tokens=256, cap=1000, context_tokens=100) == 100
+    assert estimate_tokens(prompt_tokens=10, completion_tokens=40, cap=1000, context_tokens=100) == 50
 
 
 def test_tokens_used_beyond_the_charge_leave_the_key_at_worst_full_for_one_minute() -> None:
     clock = ManualClock()
     limiter = RateLimiter(store=MemoryStore(clock=clock), fail_open=True)
     caller = Caller(name="a", tpm=1000)
-    reservations = [run(limiter.admit(caller, body={"max_tokens": 10}, prompt_tokens=0)) for _ in range(10)]
+    reservations = [run(limiter.admit(caller, completion_tokens=10, prompt_tokens=0)) for _ in range(10)]
     for reservation in reservations:  # each used 1000 tokens: 10 minutes' worth against 100 charged
         run(reservation.settle(used_tokens=1000))
     with pytest.raises(RateLimited) as refused:
-        run(limiter.admit(caller, body={"max_tokens": 100}, prompt_tokens=0))
+        run(limiter.admit(caller, completion_tokens=100, prompt_tokens=0))
     assert refused.value.headers["retry-after"] == "6"  # full: 100 tokens come back in 6 s, not 546 s
     clock.now += 6
-    run(limiter.admit(caller, body={"max_tokens": 100}, prompt_tokens=0))
+    run(limiter.admit(caller, completion_tokens=100, prompt_tokens=0))
 
 
 def test_one_request_larger_than_the_limit_is_still_admitted_on_an_idle_minute() -> None:
     limiter = RateLimiter(store=MemoryStore(clock=ManualClock()), fail_open=True)
-    run(limiter.admit(Caller(name="a", tpm=100), body={"max_tokens": 5000}, prompt_tokens=900))
+    run(limiter.admit(Caller(name="a", tpm=100), completion_tokens=5000, prompt_tokens=900))
 
 
 class DownStore:
@@ -163,9 +159,9 @@ class DownStore:
 
 def test_unreachable_state_fails_open_or_closed_as_configured() -> None:
     caller = Caller(name="a", rpm=1, tpm=10)
-    assert run(RateLimiter(store=DownStore(), fail_open=True).admit(caller, body={}, prompt_tokens=1)) is None
+    assert run(RateLimiter(store=DownStore(), fail_open=True).admit(caller, prompt_tokens=1)) is None
     with pytest.raises(GatewayError) as refused:
-        run(RateLimiter(store=DownStore(), fail_open=False).admit(caller, body={}, prompt_tokens=1))
+        run(RateLimiter(store=DownStore(), fail_open=False).admit(caller, prompt_tokens=1))
     assert refused.value.status == 503 and refused.value.code == "rate_limit_state_unavailable"
 
 

@@ -161,7 +161,7 @@ class AttemptSender:
             self.pool.release(endpoint)
         queue_ms = endpoint.queue_ms(self.pool.clock())  # before this attempt counts in flight
         predicted_ms = queue_ms + endpoint.predictor.predict_ms(plan.prompt_tokens)
-        ticket = self.pool.begin(provider, endpoint, prompt_tokens=plan.prompt_tokens, queue_ms=queue_ms, prefix=plan.prompt_prefix)
+        ticket = self.pool.begin(provider, endpoint, prompt_tokens=plan.prompt_tokens, queue_ms=queue_ms, prefix=plan.prompt_prefix, completion_tokens=plan.completion_tokens)  # fmt: skip
         stack.callback(self.pool.end, provider, endpoint, ticket)
         handed_off = False
         try:

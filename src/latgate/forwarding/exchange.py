@@ -73,6 +73,9 @@ class Exchange:
     tenant: str = ""  # the key's name, else the client's address: its fair share in the gateway queue
     queue_ms: float | None = None  # time it waited in the gateway queue (X-Latgate-Queue-Ms); None: did not wait
     queue_outcome: str | None = None  # admitted, overflow, shed, preempted, requeued (access line)
+    # the completion tokens it is expected to produce and where that came from, computed once
+    # (Selector.expected_completion) before its token limits; read by the queue and the plan
+    expected_completion: tuple[int, str] | None = None
 
     def apply_usage(self, usage: dict[str, Any] | None) -> bool:
         """Take token counts from an OpenAI ``usage`` object when it has them (chat

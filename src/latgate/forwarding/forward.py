@@ -54,7 +54,6 @@ from latgate.live.providers.catalog import context_tokens, fits, window_refusal
 from latgate.live.providers.runtime import ProviderRuntime
 from latgate.routing.admission import Admission, Ask
 from latgate.routing.decision import RouteDecision
-from latgate.routing.policies.e2e import expected_completion_tokens
 from latgate.routing.policies.retry import after_failure
 from latgate.routing.policies.retry_budget import hedge_suppressed, within_budget
 from latgate.routing.queue_preempt import Preempted
@@ -152,10 +151,15 @@ class Forwarder:
         transform: ResponseTransform | None,
         early: EarlyHead | None = None,
     ) -> Any:
-        ask = self._ask(exchange, decision, body)
+        completion = exchange.expected_completion or self.selector.expected_completion(
+            body, priority=exchange.priority, tenant=exchange.tenant
+        )  # set by Gateway.proxy
+        ask = Ask(
+            exchange.priority, exchange.tenant, exchange.received_at, decision.prompt_tokens + completion[0]
+        )  # its fair share's cost: prompt plus expected completion
         while True:
             held = await self._held(exchange, decision, ask)
-            plan = self.selector.plan(held, body)  # at once: a slot admission held for it is free for it
+            plan = self.selector.plan(held, body, completion=completion)  # at once: a slot admission held is free for it
             try:
                 return await self._forward(Routed(exchange, held, plan, body, path, transform, early))
             except Preempted:
@@ -187,19 +191,6 @@ class Forwarder:
             exchange.queue_ms = waited + queue_ms
             exchange.queue_outcome = "admitted" if decision.reason.startswith("waited:") else "overflow"
         return decision
-
-    def _ask(self, exchange: Exchange, decision: RouteDecision, body: dict[str, Any]) -> Ask:
-        """What the gateway queue needs of the request: its class, tenant, arrival and
-        token cost: prompt plus the completion its tenant's (else its class's, else the
-        pool's) recent streams had, at most its own cap
-        (:mod:`latgate.routing.policies.completion_length`); before any stream, its
-        cap, else ``routing.expected_completion_tokens``."""
-        cap, source = expected_completion_tokens(body, default_tokens=self._config.routing.expected_completion_tokens)
-        expected = self._pool.completion_lengths.expected(
-            priority=exchange.priority, tenant=exchange.tenant, cap=None if source == "default" else cap
-        )
-        completion = cap if expected is None else max(1, round(expected))
-        return Ask(exchange.priority, exchange.tenant, exchange.received_at, decision.prompt_tokens + completion)
 
     def _may_retry(self, provider: ProviderRuntime, kind: str) -> bool:
         """Whether one more retry or hedge (``kind``) fits ``provider``'s retry budget

@@ -154,6 +154,9 @@ class Gateway:
         exchange.public_model = decision.public_model
         exchange.prompt_tokens = exchange.routed_prompt_tokens = decision.prompt_tokens
         exchange.priority, exchange.tenant = self._priority(decision, headers, caller, exchange.tenant)
+        exchange.expected_completion = self.forwarder.selector.expected_completion(
+            body, priority=exchange.priority, tenant=exchange.tenant
+        )  # once: the token limits, the gateway queue and the plan read it
         if "model" not in body:
             body["model"] = decision.public_model
         if caller is not None:
@@ -164,10 +167,8 @@ class Gateway:
                 model = self.config.models.get(decision.public_model)
                 reservation = await guard.admit(
                     caller,
-                    body=body,
                     prompt_tokens=decision.prompt_tokens,
-                    default_completion_tokens=self.config.routing.expected_completion_tokens,
-                    observed_completion_tokens=self.pool.completion_tokens_mean,
+                    completion_tokens=exchange.expected_completion[0],
                     context_tokens=None if model is None else model.max_context_tokens,
                 )
                 if reservation is not None:

@@ -153,7 +153,7 @@ class Admission:
         headroom = batch_headroom(runtime, self.settings.batch_headroom_slots) if ask.priority == BATCH else 0
         if not queue.waiting and has_room(self._pool, runtime, now, headroom):
             return decision, None
-        view = self.outlook.view(runtime, decision.prompt_tokens, now)
+        view = self.outlook.view(runtime, decision.prompt_tokens, now, completion_tokens=max(0, ask.cost_tokens - decision.prompt_tokens))
         if view is None:
             return decision, None
         budget, elapsed_ms = decision.budget_ms, (self._timer() - ask.received_at) * 1000.0

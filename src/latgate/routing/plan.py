@@ -74,8 +74,10 @@ class RoutePlan:
             (:func:`latgate.routing.strategies.placement.conversation_key`), or None.
         predicted_ttft_ms: the first endpoint's predicted TTFT (``latgate`` only).
         completion_tokens / completion_source: the completion tokens the request is
-            expected to produce and where that came from (its ``max_tokens``... field,
-            or ``default``: ``[routing] expected_completion_tokens``).
+            expected to produce and where that came from (``observed``: recent streams';
+            its ``max_tokens``... field; or ``default``: ``[routing]
+            expected_completion_tokens``), as :meth:`Selector.expected_completion` gave
+            them once for the request; the lease its slot is priced at.
         predicted_e2e_ms: the first endpoint's predicted e2e latency (``latgate``, with
             a budget or when explaining).
         overflow_from: the preferred provider, when the request overflowed from it.

@@ -3,19 +3,27 @@ prediction, and what it learns from the waits that came true.
 
 For one provider (:meth:`WaitOutlook.view`), over the endpoints that can take traffic:
 the free slots, and for each busy slot how long its request is expected to hold it
-still. A slot is *leased* for what a request has been seen to hold one there (a
-recency-weighted mean, :meth:`WaitOutlook.observe_lease`); before any, for the fitted
-TTFT plus the expected completion tokens (:mod:`latgate.routing.policies.completion_length`)
-times the learned time per token. A request is expected to hold its slot for its lease
-less its age (none once it outlived it); the engine's other requests (age unknown),
-half a lease.
+still. Each of latgate's own requests in flight is *leased* its slot for what it is
+expected to cost: the fitted TTFT plus its own expected completion tokens (its plan's,
+:mod:`latgate.routing.policies.completion_length`, at most its ``max_tokens``) times the
+endpoint's learned time per token. A slot whose request's length is unknown (the
+engine's other requests, a request sent without one) is leased for what a request has
+been seen to hold one there (a recency-weighted mean, :meth:`WaitOutlook.observe_lease`);
+before any, for the fitted TTFT plus the pool's recent median completion, else the
+waiting request's own expected completion, else ``[routing] expected_completion_tokens``,
+times the time per token (learned, else the role's prior). A request is expected to hold
+its slot for its lease less its age; one that has outlived its lease, for as long again
+as it has overrun it (:func:`expected_hold_ms`: a slowed endpoint's requests run a
+multiple of their lease, so the longer one has overrun, the longer it is likely to go
+on, and waiting on it as if it freed now is how a waiter spends its slack for nothing);
+the engine's other requests (age unknown), half a lease.
 
 A newcomer with ``k`` requests ahead waits for the ``k+1``-th slot to free
 (:func:`~latgate.routing.queue.predicted_wait_ms`). Until an endpoint's lease has been
 observed (a *cold* pool), the wait is at least what its capacity gives: a slot frees
-every lease / slots, so the ``k+1``-th in line waits ``(k+1)`` of those. The prediction
-is multiplied by a correction per provider and class, learnt from the waits that came
-true (at least 1: :func:`~latgate.routing.queue.correction`).
+every held lease / slots (the busy slots' mean lease), so the ``k+1``-th in line waits
+``(k+1)`` of those. The prediction is multiplied by a correction per provider and class,
+learnt from the waits that came true (at least 1: :func:`~latgate.routing.queue.correction`).
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ class View:
         lease_ms: the shortest lease among the endpoints (a whole new request's hold).
         slots: the capacity of the endpoints counted.
         cold: no endpoint counted has an observed lease yet.
+        held_lease_ms: the mean whole lease of the busy slots (each at its own request's
+            expected completion where known); ``lease_ms`` when none is busy.
     """
 
     free: int
@@ -54,6 +64,20 @@ class View:
     lease_ms: float
     slots: int
     cold: bool
+    held_lease_ms: float = math.inf
+
+
+def expected_hold_ms(lease_ms: float, age_ms: float) -> float:
+    """How much longer a request ``age_ms`` into a lease of ``lease_ms`` is expected to
+    hold its slot (ms): the rest of its lease, ``lease_ms - age_ms``; past it, its
+    overrun so far, ``age_ms - lease_ms``. Zero only at the lease's end.
+
+    Example::
+
+        expected_hold_ms(700.0, 200.0)   # 500.0: within its lease
+        expected_hold_ms(700.0, 1500.0)  # 800.0: 800 ms over, as long again to go
+    """
+    return abs(lease_ms - age_ms)
 
 
 def retry_after_seconds(wait_ms: float) -> int:
@@ -72,16 +96,35 @@ class WaitOutlook:
         self.leases: dict[str, float] = {}  # endpoint key -> observed seconds a request holds a slot
         self.corrections: dict[str, dict[int, float]] = {name: {} for name in pool.providers}
 
-    def lease_seconds(self, endpoint: EndpointRuntime) -> float:
-        """How long a request is expected to hold one of ``endpoint``'s slots (seconds):
-        the observed mean, else the fitted TTFT plus the expected completion tokens
-        times the endpoint's time per token."""
+    def lease_seconds(self, endpoint: EndpointRuntime, *, completion_tokens: int = 0) -> float:
+        """How long a request of unknown length is expected to hold one of ``endpoint``'s
+        slots (seconds): the observed mean, else the fitted TTFT plus the pool's recent
+        median completion (else ``completion_tokens``, else ``[routing]
+        expected_completion_tokens``) times the endpoint's time per token."""
         known = self.leases.get(endpoint.key)
         if known is not None:
             return known
-        tokens = self._pool.completion_tokens_mean or self._pool.config.routing.expected_completion_tokens
+        tokens = (
+            self._pool.completion_tokens_mean
+            or completion_tokens
+            or self._pool.config.routing.expected_completion_tokens
+        )
+        return self._priced_ms(endpoint, tokens) / 1000.0
+
+    def held_ms(self, endpoint: EndpointRuntime, completion_tokens: int, unknown_ms: float) -> float:
+        """The whole lease (ms) of a request expected to generate ``completion_tokens``
+        on ``endpoint``: its fitted TTFT plus those tokens times the time per token
+        (learned, else the role's prior). ``unknown_ms`` (:meth:`lease_seconds`) for a
+        length unknown (0), and while the time per token is only its prior but a lease
+        has been observed there (the observed hold says more than the prior)."""
+        if completion_tokens <= 0 or (endpoint.itl.ms is None and endpoint.key in self.leases):
+            return unknown_ms
+        return self._priced_ms(endpoint, completion_tokens)
+
+    @staticmethod
+    def _priced_ms(endpoint: EndpointRuntime, completion_tokens: float) -> float:
         itl_ms = endpoint.itl.ms if endpoint.itl.ms is not None else endpoint.itl.prior_ms
-        return (endpoint.predictor.predict_ms(0) + tokens * itl_ms) / 1000.0
+        return endpoint.predictor.predict_ms(0) + completion_tokens * itl_ms
 
     def observe_lease(self, endpoint: EndpointRuntime, held_seconds: float) -> None:
         """A request held a slot of ``endpoint`` for ``held_seconds`` (> 0)."""
@@ -90,12 +133,17 @@ class WaitOutlook:
             held_seconds if known is None else known + LEASE_EWMA_ALPHA * (held_seconds - known)
         )
 
-    def view(self, runtime: ProviderRuntime, prompt_tokens: int, now: float) -> View | None:
-        """``runtime``'s slots now (:class:`View`); None when any capacity is unknown or
-        no endpoint can take traffic."""
+    def view(
+        self, runtime: ProviderRuntime, prompt_tokens: int, now: float, *, completion_tokens: int = 0
+    ) -> View | None:
+        """``runtime``'s slots now (:class:`View`) for a request of ``prompt_tokens``
+        expected to generate ``completion_tokens`` (0: unknown; the price of a slot whose
+        request's length is unknown before any is known: :meth:`lease_seconds`); None
+        when any capacity is unknown or no endpoint can take traffic."""
         free = slots = 0
         remaining: list[float] = []
         ttft = lease_ms = math.inf
+        held_total, held_count = 0.0, 0  # the busy slots' whole leases
         cold = True
         for ep in runtime.endpoints:
             if not self._pool.available(ep):
@@ -108,26 +156,35 @@ class WaitOutlook:
                 free += max(0, capacity - load)
             slots += capacity
             cold = cold and ep.key not in self.leases
-            slot_ms = self.lease_seconds(ep) * 1000.0
+            slot_ms = self.lease_seconds(ep, completion_tokens=completion_tokens) * 1000.0
             lease_ms = min(lease_ms, slot_ms)
-            leases = [max(0.0, slot_ms - (now - start) * 1000.0) for start in ep.starts]  # latgate's, by age
-            leases += [slot_ms] * ep.pending  # routed there, about to start
-            leases += [slot_ms / 2.0] * max(0, load - len(leases))  # the engine's others: age unknown
-            remaining += sorted(leases)[:capacity]
-            remaining += [slot_ms] * max(0, capacity - len(leases))  # free but refused lately (busy answer)
+            held = [  # latgate's own, by age: (left, whole lease) in ms
+                (expected_hold_ms(ms, (now - start) * 1000.0), ms)
+                for start, ms in ((start, self.held_ms(ep, tokens, slot_ms)) for start, tokens in ep.leases)
+            ]
+            held += [(slot_ms, slot_ms)] * ep.pending  # routed there, about to start
+            held += [(slot_ms / 2.0, slot_ms)] * max(0, load - len(held))  # the engine's others: age unknown
+            held = sorted(held)[:capacity]
+            remaining += [left for left, _ in held]
+            held_total += sum(ms for _, ms in held)
+            held_count += len(held)
+            remaining += [slot_ms] * max(0, capacity - len(held))  # free but refused lately (busy answer)
             ttft = min(ttft, ep.predictor.p90_ms(prompt_tokens))
         if math.isinf(ttft):
             return None
         return View(
-            free=free, remaining_ms=remaining, ttft_ms=ttft, lease_ms=lease_ms, slots=slots, cold=cold
-        )
+            free=free, remaining_ms=remaining, ttft_ms=ttft, lease_ms=lease_ms, slots=slots, cold=cold,
+            held_lease_ms=held_total / held_count if held_count else lease_ms,
+        )  # fmt: skip
 
     def predict_ms(self, view: View, *, ahead: int) -> float:
         """The wait for a slot with ``ahead`` requests before it, from the leases alone
-        (uncorrected): at least ``(ahead + 1)`` slot intervals on a cold pool."""
+        (uncorrected): at least ``(ahead + 1)`` slot intervals (the busy slots' mean
+        lease / slots) on a cold pool."""
         wait = predicted_wait_ms(view.remaining_ms, ahead=ahead, lease_ms=view.lease_ms)
-        if view.cold and view.slots and not math.isinf(view.lease_ms):
-            wait = max(wait, (ahead + 1) * view.lease_ms / view.slots)
+        interval = view.lease_ms if math.isinf(view.held_lease_ms) else view.held_lease_ms
+        if view.cold and view.slots and not math.isinf(interval):
+            wait = max(wait, (ahead + 1) * interval / view.slots)
         return wait
 
     def corrected_ms(self, provider: str, priority: int, predicted_ms: float) -> float:

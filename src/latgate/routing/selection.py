@@ -90,9 +90,31 @@ class Selector:
         )
         self._views = Snapshots(pool, caching=self._caching).take
 
-    def plan(self, decision: RouteDecision, body: Mapping[str, Any], *, commit: bool = True) -> RoutePlan:
+    def expected_completion(
+        self, body: Mapping[str, Any], *, priority: int | None = None, tenant: str = ""
+    ) -> tuple[int, str]:
+        """The completion tokens a request is expected to produce and where that came
+        from (:func:`~latgate.routing.policies.e2e.expected_completion_tokens`): what its
+        tenant's (else its class's, else the pool's) recent streams produced, at most its
+        own ``max_tokens``; before any stream, that cap, else ``[routing]
+        expected_completion_tokens``. Computed once per request (``Gateway.proxy``, before
+        the key's token limits) and read by the limits, the gateway queue and the plan."""
+        observed = self._pool.completion_lengths.expected(priority=priority, tenant=tenant)
+        return expected_completion_tokens(
+            body, default_tokens=self._expected_completion_tokens, observed_tokens=observed
+        )
+
+    def plan(
+        self,
+        decision: RouteDecision,
+        body: Mapping[str, Any],
+        *,
+        commit: bool = True,
+        completion: tuple[int, str] | None = None,
+    ) -> RoutePlan:
         """The plan for ``decision``. ``commit=False`` (an explanation only) leaves the
-        round-robin counters alone and fills ``considered``."""
+        round-robin counters alone and fills ``considered``. ``completion``: the request's
+        :meth:`expected_completion` (computed here when None: an explanation)."""
         explain = decision.explain or not commit
         predicts = self.strategy.predicts
         targets = decision.candidates
@@ -110,11 +132,7 @@ class Selector:
             )
             if prefix is not None:
                 plan.conversation = conversation_key(body, prefix)
-        plan.completion_tokens, plan.completion_source = expected_completion_tokens(
-            body,
-            default_tokens=self._expected_completion_tokens,
-            observed_tokens=self._pool.completion_tokens_mean,
-        )
+        plan.completion_tokens, plan.completion_source = completion or self.expected_completion(body)
         now = self._pool.clock()
         e2e = decision.budget_ms is not None or explain
         views = self._views(runtime, plan, now, predict=predicts or explain, e2e=e2e)
@@ -126,24 +144,7 @@ class Selector:
         if explain:
             self._consider(plan, runtime, views, index)
         if predicts:
-            plan.predicted_ttft_ms = best.predicted_ttft_ms
-            if e2e:
-                plan.predicted_e2e_ms = best.predicted_e2e_ms
-            if decision.budget_ms is not None and best.available:
-                if decision.left is not None and (len(targets) > 1 or decision.overflow):
-                    alternatives = (*targets[1:], *decision.overflow)
-                    self._overflow(decision, plan, best, None, now, alternatives, explain=explain)
-                elif decision.overflow:
-                    queue_p90_ms = QUEUE_P90_FACTOR * plan.endpoint.queue_ms(now)
-                    evidence = leave_evidence(
-                        views, best, budget_ms=decision.budget_ms, queue_p90_ms=queue_p90_ms
-                    )
-                    if evidence is not None:
-                        self._overflow(
-                            decision, plan, best, evidence, now, decision.overflow, explain=explain
-                        )
-            if decision.left is not None and plan.overflow_from is None:
-                plan.overflow_from = decision.left
+            self._predicted(decision, plan, views, best, now, e2e=e2e, explain=explain)
         if not best.available and len(targets) > 1 and plan.overflow_from is None:
             self._skip_unavailable(plan, now, commit=commit)
         if not best.available and not self._pool.available(plan.endpoint):
@@ -159,6 +160,36 @@ class Selector:
             self._pool.reserve(plan.endpoint)
             plan.reserved = True
         return plan
+
+    def _predicted(
+        self,
+        decision: RouteDecision,
+        plan: RoutePlan,
+        views: list[EndpointView],
+        best: EndpointView,
+        now: float,
+        *,
+        e2e: bool,
+        explain: bool,
+    ) -> None:
+        """The chosen endpoint's predictions on ``plan``; for a request with a budget,
+        the move to an alternative: from a provider already left (``decision.left``),
+        or on evidence (at capacity, or measured too slow) to an overflow candidate."""
+        plan.predicted_ttft_ms = best.predicted_ttft_ms
+        if e2e:
+            plan.predicted_e2e_ms = best.predicted_e2e_ms
+        targets = decision.candidates
+        if decision.budget_ms is not None and best.available:
+            if decision.left is not None and (len(targets) > 1 or decision.overflow):
+                alternatives = (*targets[1:], *decision.overflow)
+                self._overflow(decision, plan, best, None, now, alternatives, explain=explain)
+            elif decision.overflow:
+                queue_p90_ms = QUEUE_P90_FACTOR * plan.endpoint.queue_ms(now)
+                evidence = leave_evidence(views, best, budget_ms=decision.budget_ms, queue_p90_ms=queue_p90_ms)
+                if evidence is not None:
+                    self._overflow(decision, plan, best, evidence, now, decision.overflow, explain=explain)
+        if decision.left is not None and plan.overflow_from is None:
+            plan.overflow_from = decision.left
 
     def _may_explore(
         self, runtime: ProviderRuntime, views: list[EndpointView], budget_ms: int | None

@@ -51,6 +51,9 @@ class Snapshots:
             for ep in runtime.endpoints
         }
 
+    # long: one pass over a provider's endpoints for every routed request (and each retry,
+    # overflow candidate and hedge): the per-endpoint prediction inline, its inputs hoisted
+    # out of the loop; a helper per endpoint would cost a call each on the request path
     def take(
         self, runtime: ProviderRuntime, plan: RoutePlan, now: float, *, predict: bool, e2e: bool = False
     ) -> list[EndpointView]:

@@ -93,6 +93,9 @@ class EndpointRuntime:
             from its last load read; None before one, or for engines without them.
         starts: clock seconds at which each of latgate's requests in flight was sent,
             oldest first.
+        leases: ``(sent_at, expected completion tokens)`` of each of latgate's requests
+            in flight (0 tokens: unknown), oldest first: what the gateway queue's wait
+            prediction prices each held slot at (:mod:`latgate.routing.queue_outlook`).
         pending: requests routed here whose attempt has not started yet (a hedged
             request's first attempt starts in its own task): counted as load so that
             a burst routed in one go does not all see the same empty endpoint.
@@ -140,6 +143,7 @@ class EndpointRuntime:
     engine_cache: EngineCacheFacts | None = None
     inferred_capacity: int | None = None
     starts: list[float] = field(default_factory=list)
+    leases: list[tuple[float, int]] = field(default_factory=list)
     pending: int = 0
     probe_ok: bool | None = None
     probe_ms: float | None = None

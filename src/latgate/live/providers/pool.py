@@ -158,12 +158,15 @@ class ProviderPool:
         prompt_tokens: int = 0,
         queue_ms: float = 0.0,
         prefix: PromptPrefix | None = None,
+        completion_tokens: int = 0,
     ) -> Ticket:
         """Count an attempt in flight on ``endpoint`` from now; :meth:`end` must follow
         (the forwarder calls it from the attempt's exit stack, a plain callback: cheaper
         per request than an async context manager). With the prompt's ``prefix``, the
         tokens ``endpoint`` is believed to hold are taken out of its TTFT observation
-        and the rest counts as prefill ahead of later requests until its first token."""
+        and the rest counts as prefill ahead of later requests until its first token.
+        ``completion_tokens``: what the request is expected to generate (0: unknown),
+        kept with its start in ``endpoint.leases``."""
         ticket = Ticket(prompt_tokens=prompt_tokens, queue_ms=queue_ms, started_at=time.perf_counter())
         ticket.estimated_prompt_tokens = prompt_tokens
         if prefix is not None and endpoint.prefix_index is not None:
@@ -177,6 +180,8 @@ class ProviderPool:
             self.take_trial(endpoint)
         ticket.sent_at = sent_at = self.clock()
         endpoint.starts.append(sent_at)
+        ticket.completion_tokens = completion_tokens
+        endpoint.leases.append((sent_at, completion_tokens))
         endpoint.in_flight += 1
         endpoint.requests += 1
         self._metrics.in_flight_gauge(provider.name).inc()
@@ -186,6 +191,7 @@ class ProviderPool:
         """The attempt is over: a censored one teaches the TTFT fit a lower bound; an
         answered one, how long it held a batch slot."""
         endpoint.starts.remove(ticket.sent_at)
+        endpoint.leases.remove((ticket.sent_at, ticket.completion_tokens))
         endpoint.in_flight -= 1
         if ticket.prefilling:
             ticket.prefilling = False

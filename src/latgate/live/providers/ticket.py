@@ -32,6 +32,8 @@ class Ticket:
         estimated_prompt_tokens: the whole prompt (routing's estimate), cached or not.
         deferred_ttft_ms: its TTFT, seen, whose observation waits for the answer's
             reported cached tokens (:meth:`ProviderPool.record_cached_tokens`).
+        completion_tokens: the completion tokens the request is expected to produce
+            (its plan's; 0: unknown), what its slot's lease is priced at.
     """
 
     prompt_tokens: int
@@ -48,3 +50,4 @@ class Ticket:
     prefilling: bool = False
     estimated_prompt_tokens: int = 0
     deferred_ttft_ms: float | None = None
+    completion_tokens: int = 0

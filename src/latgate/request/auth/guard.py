@@ -38,7 +38,7 @@ class AuthGuard:
 
         caller = guard.authenticate(request.headers)         # 401
         guard.check_model(caller, decision.public_model)     # 403
-        reservation = await guard.admit(caller, body=body, prompt_tokens=n)  # 429
+        reservation = await guard.admit(caller, prompt_tokens=n, completion_tokens=m)  # 429
     """
 
     def __init__(self, *, config: AuthConfig, store: SharedStore, fail_open: bool) -> None:
@@ -102,20 +102,13 @@ class AuthGuard:
         self,
         caller: Caller,
         *,
-        body: Mapping[str, Any],
         prompt_tokens: int,
-        default_completion_tokens: int = 0,
-        observed_completion_tokens: float | None = None,
+        completion_tokens: int = 0,
         context_tokens: int | None = None,
     ) -> Reservation | None:
         """Charge the caller's RPM/TPM (see :meth:`RateLimiter.admit`)."""
         return await self.limiter.admit(
-            caller,
-            body=body,
-            prompt_tokens=prompt_tokens,
-            default_completion_tokens=default_completion_tokens,
-            observed_completion_tokens=observed_completion_tokens,
-            context_tokens=context_tokens,
+            caller, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, context_tokens=context_tokens
         )
 
 

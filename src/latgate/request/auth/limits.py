@@ -2,9 +2,10 @@
 
 Before the call, a request takes one unit of its key's RPM quota and an *estimate* of
 its tokens from the TPM quota: latgate's prompt-token estimate plus the completion
-tokens routing expects of it (:func:`latgate.routing.policies.e2e.expected_completion_tokens`:
-its ``max_completion_tokens`` / ``max_tokens`` / ``max_output_tokens``, else the
-recency-weighted length of the streams answered so far, else ``[routing]
+tokens routing expects of it (computed once per request:
+:meth:`latgate.routing.selection.Selector.expected_completion`: what its key's recent
+streams produced, at most its ``max_completion_tokens`` / ``max_tokens`` /
+``max_output_tokens``; before any stream that cap, else ``[routing]
 expected_completion_tokens``), the completion at most what the model's context window
 (``[models.X] max_context_tokens``) leaves after the prompt, the whole capped at the
 key's TPM so one request alone always fits an idle minute. So a burst of requests that
@@ -32,13 +33,11 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from latgate.foundation.errors import GatewayError, RateLimited
 from latgate.live.store.base import Quota, SharedStore, StoreUnavailable
 from latgate.request.auth.keys import Caller
-from latgate.routing.policies.e2e import expected_completion_tokens
 
 
 class Reservation:
@@ -98,10 +97,8 @@ class RateLimiter:
         self,
         caller: Caller,
         *,
-        body: Mapping[str, Any],
         prompt_tokens: int,
-        default_completion_tokens: int = 0,
-        observed_completion_tokens: float | None = None,
+        completion_tokens: int = 0,
         context_tokens: int | None = None,
     ) -> Reservation | None:
         """Charge one request of ``caller`` (see the module docstring): its RPM unit and
@@ -109,10 +106,8 @@ class RateLimiter:
 
         Args:
             caller: an authenticated key with at least one limit.
-            body: the OpenAI-shaped request body (its max-token fields are read).
             prompt_tokens: latgate's prompt-token estimate for it.
-            default_completion_tokens, observed_completion_tokens, context_tokens: as
-                :func:`estimate_tokens` takes them.
+            completion_tokens, context_tokens: as :func:`estimate_tokens` takes them.
 
         Returns:
             the reservation to settle after the call; ``None`` when nothing needs
@@ -131,11 +126,9 @@ class RateLimiter:
         estimate = 0
         if caller.tpm is not None:
             estimate = estimate_tokens(
-                body,
                 prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
                 cap=caller.tpm,
-                default_completion_tokens=default_completion_tokens,
-                observed_completion_tokens=observed_completion_tokens,
                 context_tokens=context_tokens,
             )
             tpm_quota = Quota(key=tpm_key, limit=caller.tpm, cost=estimate)
@@ -189,22 +182,14 @@ def _quota_keys(name: str) -> tuple[str, str]:
 
 
 def estimate_tokens(
-    body: Mapping[str, Any],
-    *,
-    prompt_tokens: int,
-    cap: int,
-    default_completion_tokens: int = 0,
-    observed_completion_tokens: float | None = None,
-    context_tokens: int | None = None,
+    *, prompt_tokens: int, completion_tokens: int, cap: int, context_tokens: int | None = None
 ) -> int:
-    """Tokens a request is charged before its call: ``prompt_tokens`` + the completion
-    tokens routing expects (:func:`~latgate.routing.policies.e2e.expected_completion_tokens`
-    of ``body``, ``default_completion_tokens`` and ``observed_completion_tokens``),
-    the completion at most ``context_tokens - prompt_tokens`` when the model's window
-    is known (``context_tokens``), the whole at most ``cap`` (the key's TPM)."""
-    completion, _ = expected_completion_tokens(
-        body, default_tokens=default_completion_tokens, observed_tokens=observed_completion_tokens
-    )
+    """Tokens a request is charged before its call: ``prompt_tokens`` + the
+    ``completion_tokens`` routing expects of it (the request's one
+    :meth:`~latgate.routing.selection.Selector.expected_completion`), the completion at
+    most ``context_tokens - prompt_tokens`` when the model's window is known
+    (``context_tokens``), the whole at most ``cap`` (the key's TPM)."""
+    completion = completion_tokens
     if context_tokens is not None:
         completion = min(completion, max(0, context_tokens - prompt_tokens))
     return max(0, min(prompt_tokens + completion, cap))

@@ -7,10 +7,12 @@ later than a pool with a slightly later first token and fast decode as soon as t
 answer is more than a few tokens long, so a choice between them on TTFT alone can cost
 the request many times its e2e latency.
 
-The completion length is not known before the answer; the request's own cap is the
-expectation (``max_completion_tokens``, ``max_tokens``, or the Responses API's
-``max_output_tokens``), else the recency-weighted completion length of the streams
-answered so far, else ``[routing] expected_completion_tokens``.
+The completion length is not known before the answer; the expectation is what recent
+streams produced (:mod:`latgate.routing.policies.completion_length`: the request's
+tenant's, class's or pool's median) at most the request's own cap
+(``max_completion_tokens``, ``max_tokens``, or the Responses API's ``max_output_tokens``):
+it cannot generate more than it asked for. Before any stream, the cap, else ``[routing]
+expected_completion_tokens``.
 """
 
 from __future__ import annotations
@@ -31,27 +33,30 @@ def expected_completion_tokens(
     Args:
         body: the request body as parsed JSON.
         default_tokens: ``[routing] expected_completion_tokens`` (>= 1).
-        observed_tokens: the streams' recency-weighted completion tokens, or None
-            before any stream.
+        observed_tokens: what recent streams produced
+            (:meth:`~latgate.routing.policies.completion_length.CompletionLengths.expected`),
+            or None before any stream.
 
     Returns:
-        ``(tokens, source)``: the first positive integer among
-        :data:`COMPLETION_CAP_FIELDS` and its field name, else the observed length
-        (rounded, at least 1) and ``"observed"``, else ``(default_tokens, "default")``.
-        Booleans and non-integers are not caps.
+        ``(tokens, source)``: the observed length (rounded, at least 1) and
+        ``"observed"`` when it is below the request's cap (the first positive integer
+        among :data:`COMPLETION_CAP_FIELDS`) or there is none; else the cap and its field
+        name; else ``(default_tokens, "default")``. Booleans and non-integers are not caps.
 
     Example::
 
         expected_completion_tokens({"max_tokens": 64}, default_tokens=256)  # (64, "max_tokens")
-        expected_completion_tokens({}, default_tokens=256, observed_tokens=41.6)  # (42, "observed")
+        expected_completion_tokens({"max_tokens": 64}, default_tokens=256, observed_tokens=41.6)  # (42, "observed")
+        expected_completion_tokens({"max_tokens": 8}, default_tokens=256, observed_tokens=41.6)   # (8, "max_tokens")
         expected_completion_tokens({}, default_tokens=256)                  # (256, "default")
     """
+    observed = None if observed_tokens is None else max(1, round(observed_tokens))
     for name in COMPLETION_CAP_FIELDS:
         value = body.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value, name
-    if observed_tokens is not None:
-        return max(1, round(observed_tokens)), "observed"
+            return (observed, "observed") if observed is not None and observed < value else (value, name)
+    if observed is not None:
+        return observed, "observed"
     return default_tokens, "default"
 
 
