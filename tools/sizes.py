@@ -35,13 +35,11 @@ KNOWN_MODULES: dict[str, str] = {}
 #: functions over the limit today without a reason beside them (the list only shrinks)
 KNOWN_FUNCTIONS: set[str] = {
     "latgate.forwarding.sse_facts:ChunkFacts._chunk",
-    "latgate.routing.policies.predicted_ttft:choose_for_session",
     "latgate.routing.selection:Selector.plan",
     "latgate.routing.snapshots:Snapshots.take",
     "latgate.forwarding.relay:StreamRelay._relay",
     "latgate.routing.admission:Admission.hold",
     "latgate.routing.decision:Router.decide",
-    "latgate.routing.policies.predicted_ttft:choose_power_of_two",
 }
 
 
