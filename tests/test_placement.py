@@ -180,6 +180,14 @@ def test_a_measured_slowness_fades_so_a_replica_no_turn_reaches_is_tried_again()
     assert place(views(8_000, 8_000, 8_000, 8_000), speed=[1.0, 1.0, 1.0, later], **new) == 3
 
 
+def test_a_session_placed_anew_never_goes_where_its_turn_would_cost_more_than_a_whole_prefill() -> None:
+    """A session whose home is gone is placed by session balance, but not on a replica
+    holding few sessions because it is 5.5x slower: 22 000 uncached tokens there cost
+    121 000 tokens' time, four times the whole 30 000-token prompt elsewhere."""
+    assert place(views(8_000, 8_000, 8_000, 8_000), sessions=[5, 5, 5, 0], speed=[1.0, 1.0, 1.0, 5.5]) != 3
+    assert place(views(8_000, 8_000, 8_000, 8_000), sessions=[5, 5, 5, 0], speed=[1.0, 1.0, 1.0, 1.0]) == 3
+
+
 def test_a_session_turn_is_no_half_open_endpoint_s_trial_unless_it_is_the_cheapest_there() -> None:
     """A latency ejection's trial must not be a session's latency-sensitive turn moved off
     its cache: the endpoint on trial is compared by its work like any other."""

@@ -174,8 +174,8 @@ def choose_for_session(
     """The endpoint for one turn of a conversation, on a provider whose engines cache
     prefixes and prefill one request after another: what a turn waits for is the
     uncached prompt tokens ahead of it and its own, at the endpoint's speed (its
-    *work*). Comparing work in tokens keeps the choice off the TTFT fit's split between
-    its fixed part and its slope, which prompts of one uncached size cannot pin down.
+    *work*), in tokens: off the TTFT fit's split between its fixed part and its slope,
+    which prompts of one uncached size cannot pin down.
 
     Args:
         prompt_tokens: the prompt's tokens.
@@ -185,9 +185,8 @@ def choose_for_session(
         queued_tokens: uncached prompt tokens sent to each and not yet prefilled.
         speed: each endpoint's time per token relative to a typical peer's (1: as
             fast, 2: twice as slow); up to ``1 + CLOSE_FRACTION`` counts as 1.
-        home: the index of the conversation's endpoint (holding its history, or where
-            its client's session was served last), or None.
-        identity: the conversation's number, for rendezvous hashing between equals.
+        home: the conversation's endpoint (holding its history, or where its client's
+            session was served last), or None. ``identity``: its number (rendezvous).
         trial_first: a view on trial (half-open) may take the turn, compared by its
             work as any other, never first: a turn is a trial only where it has the
             slack (a recovered endpoint is found by other requests, or once its measured
@@ -196,8 +195,9 @@ def choose_for_session(
     Returns:
         ``home`` while its work is within ``CLOSE_FRACTION`` of the least and it is not
         busy; else (:func:`_leave_home`) another close one, or home. A new
-        conversation: of those not busy whose queued work is at most the least work,
-        the best by :func:`_session_rank`.
+        conversation: of those not busy, with queued work at most the least work and
+        work at most the whole prompt (no slow endpoint with few sessions keeps it past
+        an uncached prefill elsewhere), the best by :func:`_session_rank`.
 
     Example::
 
@@ -217,7 +217,8 @@ def choose_for_session(
             return home
         pool = _leave_home(views, home, near, sessions, speeds, work, prompt_tokens)
     else:
-        pool = [i for i in candidates if not views[i].busy and speeds[i] * queued_tokens[i] <= least]
+        bound = max(least, prompt_tokens)
+        pool = [i for i in candidates if not views[i].busy and speeds[i] * queued_tokens[i] <= least and work[i] <= bound]
     return min(pool or candidates, key=lambda i: _session_rank(views, i, sessions, speeds, near, identity))
 
 
