@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from latgate.live.providers.predictor import ItlEstimate
 from latgate.live.providers.prefill_rate import PrefillRate
 from latgate.routing.policies.predicted_ttft import choose_for_session
@@ -148,6 +150,12 @@ def test_the_prefill_rate_measures_first_tokens_and_bounds_the_rate_by_a_prefill
     assert rate.ms_per_token(now=3.0) == 0.05
     rate.sent("tiny", at=3.0, work_tokens=100)  # too small to measure: its fixed part dominates
     assert not rate.waiting
+    rate.sent("noisy", at=3.0, work_tokens=2_000)
+    rate.prefilled("noisy", now=3.15)  # 1.5x: averaged
+    assert rate.ms_per_token(now=4.0) == pytest.approx(0.0625)
+    rate.sent("slowed", at=4.0, work_tokens=2_000)
+    rate.prefilled("slowed", now=5.0)  # 8x: a step change, taken at once
+    assert rate.ms_per_token(now=5.0) == 0.5
 
 
 def test_a_replica_that_slows_down_is_slow_while_its_first_prefill_overruns_before_any_stream_ends() -> None:

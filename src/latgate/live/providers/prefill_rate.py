@@ -5,7 +5,9 @@ An engine that prefills one request after another gives a request its first toke
 the uncached prompt tokens ahead of it and its own are prefilled: the *work* of the
 attempt, counted when it is sent (latgate's ``prefill_tokens`` there plus its own).
 Each first token measures ``TTFT / work``; a recency-weighted mean of those (the
-newest counting ``ALPHA``) follows a change within two or three first tokens. An
+newest counting ``ALPHA``), started again from a measurement more than
+``STEP_FACTOR`` times above or below it, follows a replica that slowed down (or
+recovered) from its first first token after the change. An
 attempt still without its first token after ``elapsed`` puts a lower bound of
 ``elapsed / work`` on the rate now: an endpoint that slows down is seen as slow while
 its first in-flight prefill overruns, before any stream of it ends. Attempts of fewer
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ALPHA = 0.5
+STEP_FACTOR = 2.0
 MIN_WORK_TOKENS = 256
 
 
@@ -53,7 +56,10 @@ class PrefillRate:
             return
         value = max(0.0, now - sent[0]) * 1000.0 / sent[1]
         old = self.ewma_ms_per_token
-        self.ewma_ms_per_token = value if old is None else old + ALPHA * (value - old)
+        if old is None or not old / STEP_FACTOR <= value <= old * STEP_FACTOR:
+            self.ewma_ms_per_token = value  # a step change: the mean starts again from it
+        else:
+            self.ewma_ms_per_token = old + ALPHA * (value - old)
         self.observations += 1
         self.observed_at = now
 
