@@ -175,6 +175,17 @@ def test_a_replica_that_slows_down_is_slow_while_its_first_prefill_overruns_befo
     assert turn != 0
 
 
+def test_a_home_measured_slow_keeps_a_turn_only_while_it_is_no_dearer_than_anywhere_else() -> None:
+    """A slow replica's speed is measured low (a host's own overhead is in every
+    endpoint's numbers), so the 25% slack that keeps equal replicas' sessions home does
+    not keep a turn on one measured slower: 6.5 x 1 600 = 10 400 tokens' time at home,
+    9 600 elsewhere."""
+    endpoints = views(16_000, 8_000, 8_000)
+    assert place(endpoints, home=0, prompt_tokens=17_600, speed=[6.5, 1.0, 1.0]) != 0
+    assert place(endpoints, home=0, prompt_tokens=17_600, speed=[5.5, 1.0, 1.0]) == 0
+    assert place(endpoints, home=0, prompt_tokens=17_600, queued_tokens=[2_000, 0, 0]) == 0  # as fast: the slack holds
+
+
 def test_a_measured_slowness_fades_so_a_replica_no_turn_reaches_is_tried_again() -> None:
     slowed = _endpoint(5.0, 40.0, 40.0, 40.0, at=10.0)
     peers = [_endpoint(5.0, 4.0, 4.0, 4.0, at=40.0) for _ in range(3)]

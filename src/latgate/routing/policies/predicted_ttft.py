@@ -193,8 +193,8 @@ def choose_for_session(
             slowness has faded); False: views on trial are passed over.
 
     Returns:
-        ``home`` while its work is within ``CLOSE_FRACTION`` of the least and it is not
-        busy; else (:func:`_leave_home`) another close one, or home. A new
+        ``home`` while its work is within ``CLOSE_FRACTION`` of the least (at most the
+        least, for a home measured slower than typical) and it is not busy; else (:func:`_leave_home`) another close one, or home. A new
         conversation: of those not busy, with queued work at most the least work and
         work at most the whole prompt (no slow endpoint with few sessions keeps it past
         an uncached prefill elsewhere), the best by :func:`_session_rank`.
@@ -213,8 +213,8 @@ def choose_for_session(
     least = min(work[i] for i in candidates)
     near = [i for i in candidates if work[i] <= (1.0 + CLOSE_FRACTION) * least]
     if home is not None and home in candidates:
-        if home in near and not views[home].busy:
-            return home
+        if work[home] <= (1.0 + CLOSE_FRACTION * (speeds[home] == 1.0)) * least and not views[home].busy:
+            return home  # a home measured slow keeps no slack: its speed is measured low
         pool = _leave_home(views, home, near, sessions, speeds, work, prompt_tokens)
     else:
         bound = max(least, prompt_tokens)
