@@ -175,6 +175,15 @@ def test_a_replica_that_slows_down_is_slow_while_its_first_prefill_overruns_befo
     assert turn != 0
 
 
+def test_a_home_whose_queue_fills_up_keeps_no_turn_past_the_whole_prompt_uncached_elsewhere() -> None:
+    """The 25% slack never keeps a turn past what the whole prompt costs uncached on an
+    idle endpoint: home's 34 000 tokens of work (queue and turn) against a 30 000-token
+    prompt that no other endpoint holds any of."""
+    endpoints = views(28_400, 0, 0)
+    assert place(endpoints, home=0, queued_tokens=[32_400, 0, 0]) != 0
+    assert place(endpoints, home=0, queued_tokens=[28_000, 0, 0]) == 0  # 29 600: within it
+
+
 def test_a_home_measured_slow_keeps_a_turn_only_while_it_is_no_dearer_than_anywhere_else() -> None:
     """A slow replica's speed is measured low (a host's own overhead is in every
     endpoint's numbers), so the 25% slack that keeps equal replicas' sessions home does
@@ -226,8 +235,13 @@ def test_a_turn_leaving_home_crowds_no_endpoint_past_home_for_less_than_a_whole_
     endpoints = views(11_200, 8_000, 8_000, 8_000)
     # home: 4 500 queued + 1 600 of its own against 4 800 elsewhere (5 000 on endpoint 2)
     queued = [4_500, 0, 200, 0]
-    assert place(endpoints, home=0, prompt_tokens=12_800, sessions=[4, 5, 4, 6], queued_tokens=queued) == 2
-    assert place(endpoints, home=0, prompt_tokens=12_800, sessions=[4, 5, 5, 6], queued_tokens=queued) == 0
+    assert place(endpoints, home=0, prompt_tokens=12_800, sessions=[4, 5, 3, 6], queued_tokens=queued) == 2
+    assert place(endpoints, home=0, prompt_tokens=12_800, sessions=[4, 5, 4, 6], queued_tokens=queued) == 0
+    # a home twice as slow holding 2 other sessions (3 with this one: 6 per unit of speed)
+    # sends it where it makes 5, never to where it would make a sixth
+    slow_home = {"home": 0, "prompt_tokens": 12_800, "speed": [2.0, 1.0, 1.0, 1.0]}
+    assert place(endpoints, sessions=[2, 5, 5, 4], queued_tokens=[1_000, 0, 0, 0], **slow_home) == 3
+    assert place(endpoints, sessions=[2, 5, 5, 5], queued_tokens=[1_000, 0, 0, 0], **slow_home) == 0
     # a queue at home past the whole prompt: it leaves for the least crowded of those close
     queued = [12_000, 0, 200, 0]
     assert place(endpoints, home=0, prompt_tokens=12_800, sessions=[4, 5, 6, 6], queued_tokens=queued) == 1

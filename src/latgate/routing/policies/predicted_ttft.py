@@ -181,20 +181,19 @@ def choose_for_session(
         prompt_tokens: the prompt's tokens.
         views: the provider's endpoints (every one compared); ``cached_tokens`` is
             what each is believed to hold of the prompt, ``busy`` counts.
-        sessions: conversations placed on each endpoint now, this one not counted.
-        queued_tokens: uncached prompt tokens sent to each and not yet prefilled.
+        sessions: conversations placed on each endpoint now, this one not counted;
+            ``queued_tokens``: uncached prompt tokens sent to each, not yet prefilled.
         speed: each endpoint's time per token relative to a typical peer's (1: as
             fast, 2: twice as slow); up to ``1 + CLOSE_FRACTION`` counts as 1.
         home: the conversation's endpoint (holding its history, or where its client's
             session was served last), or None. ``identity``: its number (rendezvous).
         trial_first: a view on trial (half-open) may take the turn, compared by its
-            work as any other, never first: a turn is a trial only where it has the
-            slack (a recovered endpoint is found by other requests, or once its measured
-            slowness has faded); False: views on trial are passed over.
+            work, never first: a turn is a trial only where it has the slack (others
+            find a recovered endpoint, or its slowness fades); False: passed over.
 
     Returns:
-        ``home`` while its work is within ``CLOSE_FRACTION`` of the least (at most the
-        least, for a home measured slower than typical) and it is not busy; else (:func:`_leave_home`) another close one, or home. A new
+        ``home`` while not busy and its work is within ``CLOSE_FRACTION`` of the least
+        (none for a home measured slow) and at most the whole prompt (or the least); else (:func:`_leave_home`) another close one, or home. A new
         conversation: of those not busy, with queued work at most the least work and
         work at most the whole prompt (no slow endpoint with few sessions keeps it past
         an uncached prefill elsewhere), the best by :func:`_session_rank`.
@@ -203,7 +202,7 @@ def choose_for_session(
 
         views = [EndpointView(cached_tokens=8_000), EndpointView(cached_tokens=8_000)]
         choose_for_session(views, prompt_tokens=9_600, sessions=[3, 2], queued_tokens=[0, 0],
-                           speed=[1.0, 1.0], home=None, identity=7)  # 1
+                           speed=[1.0, 1.0], home=None, identity=7)  # 1: fewer sessions
     """
     candidates = usable(views)
     if not trial_first:
@@ -213,8 +212,9 @@ def choose_for_session(
     least = min(work[i] for i in candidates)
     near = [i for i in candidates if work[i] <= (1.0 + CLOSE_FRACTION) * least]
     if home is not None and home in candidates:
-        if work[home] <= (1.0 + CLOSE_FRACTION * (speeds[home] == 1.0)) * least and not views[home].busy:
-            return home  # a home measured slow keeps no slack: its speed is measured low
+        slack = (1.0 + CLOSE_FRACTION * (speeds[home] == 1.0)) * least  # none for a home measured slow
+        if work[home] <= max(least, min(slack, prompt_tokens)) and not views[home].busy:
+            return home
         pool = _leave_home(views, home, near, sessions, speeds, work, prompt_tokens)
     else:
         bound = max(least, prompt_tokens)
@@ -231,13 +231,15 @@ def _leave_home(
     work: list[float],
     prompt_tokens: int,
 ) -> list[int]:
-    """Where a turn whose home is not close (or busy) may go: the close endpoints no
-    more crowded with it than home is (conversations per unit of speed); with none, ``home`` itself while not busy and its work is at most the
+    """Where a turn whose home is not close (or busy) may go: the close endpoints less
+    crowded with it than home is (conversations per unit of speed: a move never makes
+    a new most crowded endpoint, so a slower replica's sessions spread over the others
+    without piling up on one of them); with none, ``home`` itself while not busy and its work is at most the
     whole prompt prefilled uncached at a typical speed (what the turn would wait
     anywhere without a cache: moving would crowd another endpoint to save less), else
     every close one."""
     crowd = (sessions[home] + 1) * speeds[home]
-    roomy = [i for i in near if i != home and (sessions[i] + 1) * speeds[i] <= crowd]
+    roomy = [i for i in near if i != home and (sessions[i] + 1) * speeds[i] < crowd]
     if roomy:
         return roomy
     if not views[home].busy and work[home] <= prompt_tokens:
