@@ -68,6 +68,8 @@ class PredictedLatency(Strategy):
                 (i for i, view in enumerate(views) if view.home and view.available and not view.trial), None
             )
         if conversation is not None and plan.budget_ms is None:
+            if prefix is not None and prefix.session is None and self.placements.where(conversation) is None:
+                home = None  # a new conversation's longest prefix is the shared system prompt: nobody's home
             return self._place(choice, conversation, home)
         explore = choice.explore
         draws = (self._rng.getrandbits(30), self._rng.getrandbits(30)) if len(views) > 2 else (0, 0)
