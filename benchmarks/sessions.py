@@ -560,6 +560,7 @@ def slowdown(
         turns[index] = turns.get(index, 0) + 1
     counts = {"before": [0, 0], "after": [0, 0]}  # [turns, on replica]
     excess: list[float] = []
+    late_turns: list[dict[str, Any]] = []
     overhead_s = REPLICA_FIELDS["ttft_overhead_ms"] / 1000.0
     for index, rows in seen.items():
         if len(rows) != turns.get(index):
@@ -572,6 +573,12 @@ def slowdown(
             if at >= slowed_at and name == replica and result.ok and result.ttft_s is not None:
                 bound_s = overhead_s + prompt_tokens[(index, turn)] / REPLICA_FIELDS["prefill_tokens_per_second"]
                 excess.append(result.ttft_s - bound_s)
+                previous = sorted(rows)[turn - 1][1] if turn else None
+                if result.ttft_s > bound_s:
+                    late_turns.append({
+                        "session": index, "turn": turn, "after_slowed_s": _r(at - slowed_at),
+                        "ttft_s": _r(result.ttft_s), "bound_s": _r(bound_s), "previous_turn_on": previous,
+                    })  # fmt: skip
     late = [e for e in excess if e > 0]
     return {
         "slowed_share_before": _r(counts["before"][1] / counts["before"][0]) if counts["before"][0] else None,
@@ -579,6 +586,7 @@ def slowdown(
         "slowed_turns_after": counts["after"][1],
         "waits_past_uncached": len(late),
         "worst_excess_s": _r(max(late)) if late else 0.0,
+        "late_turns": late_turns,
     }
 
 

@@ -269,3 +269,15 @@ def test_a_malformed_prompt_gives_samples_or_none_never_an_error() -> None:
     assert prompt_prefix({"messages": [{"role": "user", "content": deep}, {"role": "user", "content": "x"}]}, prompt_tokens=10) is None
     calls = {"messages": [{"role": "assistant", "content": None, "tool_calls": [deep]}, {"role": "user", "content": "x"}]}
     assert prompt_prefix(calls, prompt_tokens=10) is None
+
+
+def test_headerless_new_sessions_are_placed_by_balance_not_where_the_system_prompt_is() -> None:
+    """Without session headers the endpoint holding the longest prefix is a turn's home;
+    a new session's longest prefix is the shared system prompt, which early on only the
+    endpoint that served the first session holds: that is nobody's home, and new
+    sessions spread by balance instead of all following the first."""
+    engines = Engines()
+    engines.warm()
+    system = "You are a coding agent. " * 2_000  # 12k tokens: a prefill elsewhere costs far more than 25%
+    firsts = [engines.send(turn_body(history(1, name=f"s{n}", chars=2_000), system=system)) for n in range(4)]
+    assert collections.Counter(firsts) == {"pool-0": 2, "pool-1": 2}, firsts

@@ -34,10 +34,8 @@ KNOWN_MODULES: dict[str, str] = {}
 
 #: functions over the limit today without a reason beside them (the list only shrinks)
 KNOWN_FUNCTIONS: set[str] = {
-    "latgate.routing.policies.predicted_ttft:choose_for_session",
     "latgate.routing.admission:Admission.hold",
     "latgate.routing.decision:Router.decide",
-    "latgate.routing.policies.predicted_ttft:choose_power_of_two",
 }
 
 

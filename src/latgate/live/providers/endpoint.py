@@ -29,6 +29,7 @@ from latgate.live.providers.cache_hits import CacheHits
 from latgate.live.providers.engine_cache import EngineCacheFacts
 from latgate.live.providers.health import CLOSED, CircuitBreaker
 from latgate.live.providers.predictor import ItlEstimate, TtftPredictor
+from latgate.live.providers.prefill_rate import PrefillRate
 from latgate.routing.prefix_index import DEFAULT_PREFIX_CACHE_TOKENS, PrefixIndex
 
 EWMA_ALPHA = 0.1
@@ -121,6 +122,7 @@ class EndpointRuntime:
             still without a first token: the prefill work ahead of a new request.
         cache_hits: prompt tokens served from its engine's prefix cache, predicted
             against reported (:class:`~latgate.live.providers.cache_hits.CacheHits`).
+        prefill_rate: ms per prompt token it prefills now (:mod:`~latgate.live.providers.prefill_rate`).
     """
 
     config: EndpointConfig
@@ -160,6 +162,7 @@ class EndpointRuntime:
     prefix_index: PrefixIndex | None = None
     prefill_tokens: int = 0
     cache_hits: CacheHits = field(default_factory=CacheHits)
+    prefill_rate: PrefillRate = field(default_factory=PrefillRate)
 
     @classmethod
     def for_provider(

@@ -179,6 +179,8 @@ class ProviderPool:
             ticket.trial = True
             self.take_trial(endpoint)
         ticket.sent_at = sent_at = self.clock()
+        if ticket.prefilling:  # its work: the prefill ahead of it and its own
+            endpoint.prefill_rate.sent(ticket, at=sent_at, work_tokens=endpoint.prefill_tokens)
         endpoint.starts.append(sent_at)
         ticket.completion_tokens = completion_tokens
         endpoint.leases.append((sent_at, completion_tokens))
@@ -196,6 +198,7 @@ class ProviderPool:
         if ticket.prefilling:
             ticket.prefilling = False
             endpoint.prefill_tokens -= ticket.prompt_tokens
+            endpoint.prefill_rate.dropped(ticket)
         self._metrics.in_flight_gauge(provider.name).dec()
         if ticket.trial:
             endpoint.trial_until = 0.0
@@ -256,6 +259,7 @@ class ProviderPool:
             return
         ticket.prefilling = False
         endpoint.prefill_tokens -= ticket.prompt_tokens
+        endpoint.prefill_rate.prefilled(ticket, now=self.clock())
         hits = endpoint.cache_hits
         hits.predicted_tokens += ticket.cached_tokens
         hits.prompt_tokens += ticket.estimated_prompt_tokens

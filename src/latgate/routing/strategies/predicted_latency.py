@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from latgate.routing.policies.evidence import MIN_OBSERVATIONS
+from latgate.routing.policies.evidence import HALF_LIFE_S, MIN_OBSERVATIONS
 from latgate.routing.policies.predicted_ttft import choose_for_session, choose_power_of_two
 from latgate.routing.strategies.base import Strategy
 from latgate.routing.strategies.placement import Placements
@@ -29,6 +29,7 @@ from latgate.routing.strategies.registry import PREDICTED_LATENCY
 
 if TYPE_CHECKING:
     from latgate.live.providers import EndpointRuntime, Ticket
+    from latgate.live.providers.prefill_rate import PrefillRate
     from latgate.routing.sessions import SessionMap
     from latgate.routing.strategies.base import Choice
 
@@ -67,6 +68,8 @@ class PredictedLatency(Strategy):
                 (i for i, view in enumerate(views) if view.home and view.available and not view.trial), None
             )
         if conversation is not None and plan.budget_ms is None:
+            if prefix is not None and prefix.session is None and self.placements.where(conversation) is None:
+                home = None  # a new conversation's longest prefix is the shared system prompt: nobody's home
             return self._place(choice, conversation, home)
         explore = choice.explore
         draws = (self._rng.getrandbits(30), self._rng.getrandbits(30)) if len(views) > 2 else (0, 0)
@@ -104,7 +107,7 @@ class PredictedLatency(Strategy):
             prompt_tokens=plan.prompt_tokens,
             sessions=sessions,
             queued_tokens=[ep.prefill_tokens for ep in endpoints],
-            speed=relative_speeds(endpoints),
+            speed=relative_speeds(endpoints, now=now),
             home=home,
             identity=conversation,
             trial_first=choice.trial_ok,
@@ -114,23 +117,63 @@ class PredictedLatency(Strategy):
         return index
 
 
-def relative_speeds(endpoints: list[EndpointRuntime]) -> list[float]:
-    """Each endpoint's time per output token against the median measured endpoint's
-    (1: as fast, 2: twice as slow), for :func:`choose_for_session`.
+SLOW_PREFILL_FACTOR = 2.0
+"""A prefill rate counts once it is this many times the typical one: TTFT over work is
+noisier than a stream's time per token (a fixed part, prefills overlapping), and this
+signal is there to see a replica that slowed down, early."""
 
-    Time per output token is measured on every stream, so it is known long before a
-    prefill rate is, and the same compute runs both. Only endpoints with at least
-    ``MIN_OBSERVATIONS`` streams are compared, with each other: one measured against
-    another's prior says nothing of which is faster (a loaded host, or a model's real
-    speed, puts every measurement off the prior), and an endpoint not yet measured
-    counts as typical. The median, not the fastest, so that one lucky measurement makes
-    no peer slow. Fewer than two measured endpoints: every speed is 1.
+
+def relative_speeds(endpoints: list[EndpointRuntime], *, now: float) -> list[float]:
+    """Each endpoint's time per token against the median measured endpoint's (1: as
+    fast, 2: twice as slow), for :func:`choose_for_session`: the larger of two ratios.
+
+    Time per output token, measured on every stream (the same compute runs prefill and
+    decode). And the prefill rate (:mod:`latgate.live.providers.prefill_rate`), which
+    sees a replica slow down at its next first token, or while its oldest prefill in
+    flight overruns, before a stream of it ends; it counts from ``SLOW_PREFILL_FACTOR``.
+    Only endpoints with at least ``MIN_OBSERVATIONS`` measurements are compared, with
+    each other: one measured against another's prior says nothing of which is faster (a
+    loaded host, or a model's real speed, puts every measurement off the prior), and an
+    endpoint not yet measured counts as typical (an in-flight prefill's lower bound
+    counts for it too). The median, not the fastest, so that one lucky measurement makes
+    no peer slow. A measured slowness fades back towards 1 with the age of the
+    measurement (halved every ``HALF_LIFE_S``): a replica that no turn reaches any more
+    is tried again by one that has its slack there, and gets traffic back once it has
+    recovered. Fewer than two measured endpoints: that ratio is 1 for every endpoint.
     """
-    measured = [ep.itl.ms for ep in endpoints if ep.itl.ms is not None and ep.itl.observations >= MIN_OBSERVATIONS]
-    if len(measured) < 2:
-        return [1.0] * len(endpoints)
-    typical = max(statistics.median(measured), 1e-3)
-    return [
-        max(ep.itl.ms, 1e-3) / typical if ep.itl.ms is not None and ep.itl.observations >= MIN_OBSERVATIONS else 1.0
+    itl = [
+        (ep.itl.ms, ep.itl.ms, ep.itl_observed_at) if ep.itl.observations >= MIN_OBSERVATIONS else (None, None, None)
         for ep in endpoints
     ]
+    prefill = [_prefill_reading(ep.prefill_rate, now) for ep in endpoints]
+    itl_ratios, prefill_ratios = _ratios(itl, now=now), _ratios(prefill, now=now)
+    return [max(a, b) if b >= SLOW_PREFILL_FACTOR else a for a, b in zip(itl_ratios, prefill_ratios, strict=True)]
+
+
+Reading = tuple[float | None, float | None, float | None]
+"""One endpoint's (measured value with enough evidence or None, value now or None, clock
+seconds it was measured at, None when it is a lower bound from now)."""
+
+
+def _prefill_reading(rate: PrefillRate, now: float) -> Reading:
+    measured = rate.ewma_ms_per_token if rate.observations >= MIN_OBSERVATIONS else None
+    bound = rate.waiting_ms_per_token(now=now)
+    if bound is not None and (measured is None or bound > measured):
+        return measured, bound, None
+    return measured, measured, rate.observed_at
+
+
+def _ratios(readings: list[Reading], *, now: float) -> list[float]:
+    """Each value now against the median of the measured ones, a slowness aged by when
+    it was measured; 1 for every endpoint without two measured."""
+    known = [measured for measured, _, _ in readings if measured is not None]
+    if len(known) < 2:
+        return [1.0] * len(readings)
+    typical = max(statistics.median(known), 1e-3)
+    out = []
+    for _, value, at in readings:
+        ratio = 1.0 if value is None else max(value, 1e-3) / typical
+        if ratio > 1.0 and at is not None:
+            ratio = 1.0 + (ratio - 1.0) * 0.5 ** (max(0.0, now - at) / HALF_LIFE_S)
+        out.append(ratio)
+    return out
