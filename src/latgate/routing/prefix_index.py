@@ -41,8 +41,11 @@ import orjson
 
 from latgate.routing.tokens import (
     MAX_COUNTED_MESSAGES,
+    MEMO_MIN_CHARS,
     MESSAGE_OVERHEAD_TOKENS,
     REPLY_PRIMER_TOKENS,
+    _count_text,
+    _memo,
     _message_tokens,
     _prompt_tokens,
     _text_tokens,
@@ -96,7 +99,7 @@ def _walk(pieces: list[Any], *, estimate: bool) -> tuple[float, Samples | None]:
     Every message costs an estimate that :mod:`latgate.routing.tokens` makes anyway
     and one hash of a tuple of strings the body holds, whose own hashes the estimate's
     memo computed and Python keeps on them: no text is encoded or copied for it."""
-    window, block = WINDOW_CHARS, BLOCK_CHARS
+    window, block, memo = WINDOW_CHARS, BLOCK_CHARS, _memo.tokens
     keys: list[int] = []
     sample = keys.append
     offsets: list[int] = []
@@ -110,23 +113,32 @@ def _walk(pieces: list[Any], *, estimate: bool) -> tuple[float, Samples | None]:
     for piece in read:
         if type(piece) is dict:
             role, content, calls = piece.get("role"), piece.get("content"), piece.get("tool_calls")
-            if estimate:  # a message (the caller sends the system prompt and tools to tokens when dicts)
-                if calls is None and type(content) is str and "name" not in piece:
-                    total += MESSAGE_OVERHEAD_TOKENS + (_text_tokens(content) if content else 0.0)
-                else:
+            if calls is None and type(content) is str and "name" not in piece:  # text alone: most messages
+                if estimate:  # _text_tokens, inline (the caller sends the system prompt and tools to tokens when dicts)
+                    total += MESSAGE_OVERHEAD_TOKENS + (
+                        memo(content) if len(content) >= MEMO_MIN_CHARS else _count_text(content) if content else 0.0
+                    )
+            else:
+                if estimate:
                     total += _message_tokens(piece, _text_tokens)
+                try:
+                    if calls is not None:
+                        calls = orjson.dumps(calls)
+                    if type(content) is not str:
+                        content = b"" if content is None else encoded_json(content)
+                except orjson.JSONEncodeError:  # nested past orjson's depth: the wire encoding refuses the body (400)
+                    broken = True
+                    break
             if type(role) is not str and role is not None:  # the engine refuses such a message; here it only must not raise
                 role = repr(type(role))
         else:  # the system prompt, the tools, or a malformed message (counted as nothing)
             role, content, calls = None, piece, None
-        try:
-            if calls is not None:
-                calls = orjson.dumps(calls)
             if type(content) is not str:
-                content = b"" if content is None else encoded_json(content)
-        except orjson.JSONEncodeError:  # nested past orjson's depth: the wire encoding refuses the body (400)
-            broken = True
-            break
+                try:
+                    content = encoded_json(content)
+                except orjson.JSONEncodeError:
+                    broken = True
+                    break
         size = len(content)
         if size > block:  # samples within a long content: the window before each boundary
             for at in range(block, size, block):
