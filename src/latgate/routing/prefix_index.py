@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import filterfalse
+from functools import partial
 from typing import Any, NamedTuple
 
 import orjson
@@ -327,16 +327,16 @@ class PrefixIndex:
         entries = self._entries
         keys, tokens_at = prefix.keys, prefix.tokens_at
         held = self._held_tokens
-        new = set(filterfalse(entries.__contains__, keys))  # most of a session's next turn is held already
-        for i in range(len(keys) - 1, -1, -1) if new else ():  # the new ones are mostly last
-            if keys[i] in new:
-                new.remove(keys[i])
-                cost = max(MIN_ENTRY_TOKENS, tokens_at(i) - (tokens_at(i - 1) if i else 0))
-                entries[keys[i]] = cost
-                held += cost
-                if not new:
-                    break
-        deque(map(entries.move_to_end, reversed(keys)), maxlen=0)  # the first the most recent
+        touch_all = partial(deque, maxlen=0)  # consumes map(move_to_end, ...) in C
+        try:
+            touch_all(map(entries.move_to_end, reversed(keys)))  # all held: a repeated prompt
+        except KeyError:  # some are new (a session's next turn: its last samples): cost them, then touch
+            for i in range(len(keys) - 1, -1, -1):
+                if keys[i] not in entries:
+                    cost = max(MIN_ENTRY_TOKENS, tokens_at(i) - (tokens_at(i - 1) if i else 0))
+                    entries[keys[i]] = cost
+                    held += cost
+            touch_all(map(entries.move_to_end, reversed(keys)))  # the first the most recent
         capacity = self.effective_capacity_tokens
         while held > capacity and entries:
             held -= entries.popitem(last=False)[1]
