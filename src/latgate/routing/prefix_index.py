@@ -91,7 +91,7 @@ class Samples(NamedTuple):
 _last: tuple[object, object, object, Samples | None] | None = None
 
 
-def _walk(pieces: list[Any], *, estimate: bool) -> tuple[float, Samples | None]:
+def _walk(pieces: list[Any], *, estimate: bool) -> tuple[float, Samples | None]:  # long: one loop over the messages, per request; a helper per message is a call per message
     """The messages' estimate (``REPLY_PRIMER_TOKENS`` and every message, in the order
     :mod:`latgate.routing.tokens` sums them; 0.0 unless ``estimate``) and the samples of
     ``pieces`` (None: nested past orjson's depth).
