@@ -327,7 +327,7 @@ class PrefixIndex:
         entries = self._entries
         keys, tokens_at = prefix.keys, prefix.tokens_at
         held = self._held_tokens
-        touch_all = partial(deque, maxlen=0)  # consumes map(move_to_end, ...) in C
+        touch_all: partial[deque[None]] = partial(deque, maxlen=0)  # consumes map(move_to_end, ...) in C
         try:
             touch_all(map(entries.move_to_end, reversed(keys)))  # all held: a repeated prompt
         except KeyError:  # some are new (a session's next turn: its last samples): cost them, then touch
