@@ -3,7 +3,7 @@ not move with the machine's load, for comparing two versions of latgate in one r
 
     .venv/bin/python benchmarks/instructions.py [--requests 800] [--concurrency 16]
         [--mode non-stream|stream|agent] [--state off|memory|redis|both] [--endpoints 1|2|3]
-        [--baseline-src PATH/TO/OTHER/src] [--keep-profile OUT]
+        [--baseline-src PATH/TO/OTHER/src] [--keep-profile OUT] [--prefix-cache on|off]
 
 latgate runs under callgrind with instrumentation off while it starts and warms up
 (200 requests), on for the measured requests, then off again; the zero-delay mock
@@ -18,7 +18,9 @@ where the instructions go by C function, e.g. orjson, the allocator, the interpr
 the Redis script calls per request are counted from its ``INFO``), or both in one run
 with their ratio. ``--endpoints 2`` (or 3) gives the provider that many endpoints (the
 same mock upstream under other host names), so the endpoint choice and, for a body
-with messages, the prefix index run on every request. Needs ``valgrind`` (Debian package).
+with messages, the prefix index run on every request; ``--prefix-cache off`` turns the
+index off in this tree (``enable_prefix_cache = false``), to tell its cost from the
+rest. Needs ``valgrind`` (Debian package).
 
 Counts repeat within ~0.5% run to run; CPU time per request on this project's shared
 2-core machines moves by ±30%. Instructions are not time (cache misses, syscalls and
@@ -95,10 +97,12 @@ def measure(
     limits: bool = False,
     redis_url: str | None = None,
     endpoints: int = 1,
+    prefix_cache: bool = True,
 ) -> float:
     """Instructions per request (thousands) of the latgate in ``src`` (None: this one),
     with ``[auth]`` and limits when ``limits``, in Redis when ``redis_url``; its
-    callgrind output copied to ``keep`` when given."""
+    callgrind output copied to ``keep`` when given; without ``prefix_cache`` the provider
+    sets ``enable_prefix_cache = false`` (no prefix index, no sessions)."""
     up_port, gw_port = free_port(), free_port()
     mock = subprocess.Popen([sys.executable, str(Path(__file__).with_name("mock_upstream.py")), str(up_port)])
     config = workdir / "config.toml"
@@ -107,6 +111,8 @@ def measure(
         names = ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]"][:endpoints]
         urls = ", ".join(f'"http://{name}:{up_port}/v1"' for name in names)
         text = text.replace(f'api_base = "http://127.0.0.1:{up_port}/v1"', f"endpoints = [{urls}]")
+    if not prefix_cache:
+        text = text.replace("[providers.up]\n", "[providers.up]\nenable_prefix_cache = false\n")
     # under callgrind latgate runs ~50x slower: a 100 ms Redis bound would fail calls open
     config.write_text(text + ("redis_timeout_ms = 10000\n" if redis_url else ""))
     out = workdir / "callgrind.out"
@@ -158,6 +164,12 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--mode", choices=["non-stream", "stream", "agent"], default="non-stream")
     parser.add_argument("--endpoints", type=int, choices=[1, 2, 3], default=1)
+    parser.add_argument(
+        "--prefix-cache",
+        choices=["on", "off"],
+        default="on",
+        help="off: enable_prefix_cache = false, this tree only (what the prefix index and sessions cost)",
+    )
     parser.add_argument("--baseline-src", help="another latgate source tree (its src/ folder) to compare")
     parser.add_argument("--keep-profile", metavar="OUT", help="keep this tree's callgrind output as OUT")
     parser.add_argument(
@@ -191,6 +203,7 @@ def main() -> int:
                         limits=state is not None,
                         redis_url=redis_url if state == "redis" else None,
                         endpoints=args.endpoints,
+                        prefix_cache=args.prefix_cache == "on" or src is not None,
                     )
                     print(f"  {counts[state]:.1f} k instructions per request", flush=True)
                 if len(states) == 2:

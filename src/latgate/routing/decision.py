@@ -143,27 +143,12 @@ class Router:
             raise NotFound(self._not_found(public), code="model_not_found", param="model")
         notes: list[str] = []
         policy_name, policy = self._policy(headers.get("x-route-policy"), key_policy, notes)
-        budget_ms = budget_header(headers.get("x-latency-budget-ms"))
-        latency_sensitive = self._is_latency_sensitive(
-            flag_header(headers.get("x-latency-sensitive")), budget_ms, policy, public
-        )
-        if budget_ms is None and policy is not None:
-            budget_ms = policy.latency_budget_ms
-        if budget_ms is None and latency_sensitive:
-            budget_ms = self._routing.latency_threshold_ms
+        latency_sensitive, budget_ms = self._latency(headers, policy, public)
         # where the prefix index runs, the estimate's walk samples the prompt for it
         prompt_tokens = estimate_and_sample(body) if self._affine else estimate_prompt_tokens(body)
-
-        choice: tuple[str, str, str] | None = self._override(headers.get("x-route-to"), public, notes)
-        if choice is None:
-            choice, prompt_tokens = self._long_context(body, prompt_tokens, policy, public, notes)
-        if choice is None and latency_sensitive:
-            choice = self._latency_sensitive(public, notes)
-        if choice is None and policy is not None and policy.route_to:
-            choice = self._take(policy.route_to, f"policy:{policy_name}", public, notes)
-        if choice is None:
-            choice = self._model_or_default(serving, public)
-        provider, reason, upstream = choice
+        (provider, reason, upstream), prompt_tokens = self._first_rule(
+            body, headers, public, serving, (policy_name, policy), latency_sensitive, prompt_tokens, notes
+        )
         primary = Target(provider, upstream, reason)
         candidates = (primary, *self._alternatives.fallbacks(primary, public, notes))
         overflow = self._alternatives.overflow(primary, public) if budget_ms is not None else ()
@@ -187,6 +172,53 @@ class Router:
             explain=debug_header(headers.get("x-latgate-debug")),
             session_key=session,
         )
+
+    def _latency(self, headers: Mapping[str, str], policy: PolicyConfig | None, public: str) -> tuple[bool, int | None]:
+        """``(latency-sensitive, TTFT budget ms)``: the headers', else the policy's, else
+        ``latency_threshold_ms`` for a latency-sensitive request (raises as :meth:`decide`)."""
+        budget_ms = budget_header(headers.get("x-latency-budget-ms"))
+        threshold = self._routing.latency_threshold_ms
+        sensitive = flag_header(headers.get("x-latency-sensitive")) or (
+            budget_ms is not None and threshold is not None and budget_ms <= threshold
+        )
+        if not sensitive and policy is not None:
+            policy_budget_ms = policy.latency_budget_ms
+            sensitive = policy.latency_sensitive is True or (
+                policy_budget_ms is not None and threshold is not None and policy_budget_ms <= threshold
+            )
+        if not sensitive:
+            model = self._config.models.get(public)
+            sensitive = model is not None and model.latency_sensitive is True
+        if budget_ms is None and policy is not None:
+            budget_ms = policy.latency_budget_ms
+        if budget_ms is None and sensitive:
+            budget_ms = threshold
+        return sensitive, budget_ms
+
+    def _first_rule(
+        self,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+        public: str,
+        serving: dict[str, str],
+        named_policy: tuple[str | None, PolicyConfig | None],
+        latency_sensitive: bool,
+        prompt_tokens: int,
+        notes: list[str],
+    ) -> tuple[tuple[str, str, str], int]:
+        """``((provider, reason, upstream model), prompt tokens)`` of the first rule that
+        matches (the module docstring's order); prompt tokens exact if the long-context rule counted."""
+        policy_name, policy = named_policy
+        choice: tuple[str, str, str] | None = self._override(headers.get("x-route-to"), public, notes)
+        if choice is None:
+            choice, prompt_tokens = self._long_context(body, prompt_tokens, policy, public, notes)
+        if choice is None and latency_sensitive:
+            choice = self._latency_sensitive(public, notes)
+        if choice is None and policy is not None and policy.route_to:
+            choice = self._take(policy.route_to, f"policy:{policy_name}", public, notes)
+        if choice is None:
+            choice = self._model_or_default(serving, public)
+        return choice, prompt_tokens
 
     # -- the request's model ------------------------------------------------------
 
@@ -293,21 +325,6 @@ class Router:
                 return key_policy, policies[key_policy]
             notes.append(f"key policy {key_policy!r} ignored: no such policy in [routing.policies]")
         return None, None
-
-    def _is_latency_sensitive(
-        self, flag: bool, budget_ms: int | None, policy: PolicyConfig | None, public: str
-    ) -> bool:
-        threshold = self._routing.latency_threshold_ms
-        if flag or (budget_ms is not None and threshold is not None and budget_ms <= threshold):
-            return True
-        if policy is not None:
-            policy_budget_ms = policy.latency_budget_ms
-            if policy.latency_sensitive or (
-                policy_budget_ms is not None and threshold is not None and policy_budget_ms <= threshold
-            ):
-                return True
-        model = self._config.models.get(public)
-        return model is not None and model.latency_sensitive
 
     def _override(self, header: str | None, public: str, notes: list[str]) -> tuple[str, str, str] | None:
         name = header.strip() if header else None

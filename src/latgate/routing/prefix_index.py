@@ -31,17 +31,21 @@ of its ``messages``, ``system`` and ``tools``, as
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 import orjson
 
 from latgate.routing.tokens import (
     MAX_COUNTED_MESSAGES,
+    MEMO_MIN_CHARS,
     MESSAGE_OVERHEAD_TOKENS,
     REPLY_PRIMER_TOKENS,
+    _count_text,
+    _memo,
     _message_tokens,
     _prompt_tokens,
     _text_tokens,
@@ -64,23 +68,21 @@ WINDOW_CHARS = 64
 """Characters hashed before each block boundary and at each end of a message's content."""
 MAX_PROMPT_SAMPLES = 4096
 """Samples kept of one prompt (its first 4 096 messages and blocks); the rest is never matched."""
-MAX_OFFSET = 1 << 32
-"""Character offsets are kept in a sample's low 32 bits."""
-KEY_MASK = ~(MAX_OFFSET - 1)
-_OFFSET_MASK = MAX_OFFSET - 1
 
 
 class Samples(NamedTuple):
     """A prompt's samples, before its tokens are spread over them.
 
     Attributes:
-        keys: chained hashes, each with its character offset in the low 32 bits.
+        keys: chained hashes, one per sample, in order.
+        offsets: each sample's character offset (the characters read up to it).
         ends: the index in ``keys`` of each piece's (system, tools, message) last sample.
         chars: characters read (the last sample's offset).
         pieces: the prompt's pieces (system, tools, messages).
     """
 
     keys: list[int]
+    offsets: list[int]
     ends: list[int]
     chars: int
     pieces: int
@@ -89,59 +91,73 @@ class Samples(NamedTuple):
 _last: tuple[object, object, object, Samples | None] | None = None
 
 
-def _walk(pieces: list[Any], *, estimate: bool) -> tuple[float, Samples | None]:
+def _walk(pieces: list[Any], *, estimate: bool) -> tuple[float, Samples | None]:  # long: one loop over the messages, per request; a helper per message is a call per message
     """The messages' estimate (``REPLY_PRIMER_TOKENS`` and every message, in the order
     :mod:`latgate.routing.tokens` sums them; 0.0 unless ``estimate``) and the samples of
-    ``pieces`` (None: nested past orjson's depth, or past ``MAX_OFFSET`` characters)."""
-    dumps = orjson.dumps
-    window = WINDOW_CHARS
+    ``pieces`` (None: nested past orjson's depth).
+
+    Every message costs an estimate that :mod:`latgate.routing.tokens` makes anyway
+    and one hash of a tuple of strings the body holds, whose own hashes the estimate's
+    memo computed and Python keeps on them: no text is encoded or copied for it."""
+    window, block, memo = WINDOW_CHARS, BLOCK_CHARS, _memo.tokens
     keys: list[int] = []
     sample = keys.append
+    offsets: list[int] = []
+    offset = offsets.append
     ends: list[int] = []
     mark = ends.append
     total = 0.0 + REPLY_PRIMER_TOKENS if estimate else 0.0
     running = done = 0
-    sampling, broken = True, False
-    for piece in pieces:
+    read = pieces if len(pieces) <= MAX_PROMPT_SAMPLES else pieces[:MAX_PROMPT_SAMPLES]  # the rest is never matched
+    broken = False
+    for piece in read:
         if type(piece) is dict:
             role, content, calls = piece.get("role"), piece.get("content"), piece.get("tool_calls")
-            if estimate:  # a message (the caller sends the system prompt and tools to tokens when dicts)
-                if calls is None and type(content) is str and "name" not in piece:
-                    total += MESSAGE_OVERHEAD_TOKENS + (_text_tokens(content) if content else 0.0)
-                else:
+            if calls is None and type(content) is str and "name" not in piece:  # text alone: most messages
+                if estimate:  # _text_tokens, inline (the caller sends the system prompt and tools to tokens when dicts)
+                    total += MESSAGE_OVERHEAD_TOKENS + (
+                        memo(content) if len(content) >= MEMO_MIN_CHARS else _count_text(content) if content else 0.0
+                    )
+            else:
+                if estimate:
                     total += _message_tokens(piece, _text_tokens)
-            if not sampling:
-                continue
+                try:
+                    if calls is not None:
+                        calls = orjson.dumps(calls)
+                    if type(content) is not str:
+                        content = b"" if content is None else encoded_json(content)
+                except orjson.JSONEncodeError:  # nested past orjson's depth: the wire encoding refuses the body (400)
+                    broken = True
+                    break
             if type(role) is not str and role is not None:  # the engine refuses such a message; here it only must not raise
                 role = repr(type(role))
         else:  # the system prompt, the tools, or a malformed message (counted as nothing)
-            if not sampling:
-                continue
             role, content, calls = None, piece, None
-        try:
             if type(content) is not str:
-                content = b"" if content is None else encoded_json(content)
-            if calls is not None:
-                calls = dumps(calls)
-        except orjson.JSONEncodeError:  # nested past orjson's depth: the wire encoding refuses the body (400)
-            sampling, broken = False, True
-            continue
+                try:
+                    content = encoded_json(content)
+                except orjson.JSONEncodeError:
+                    broken = True
+                    break
         size = len(content)
-        if done + size >= MAX_OFFSET or len(ends) >= MAX_PROMPT_SAMPLES:  # the rest is never matched
-            sampling = False
-            continue
-        if size > BLOCK_CHARS:  # samples within a long content: the window before each boundary
-            for at in range(BLOCK_CHARS, size, BLOCK_CHARS):
+        if size > block:  # samples within a long content: the window before each boundary
+            for at in range(block, size, block):
                 running = hash((running, at, content[at - window : at]))
-                sample(running & KEY_MASK | (done + at))
+                sample(running)
+                offset(done + at)
         running = hash((running, role, content, calls))  # a long content's hash: the token estimate's, kept on it
         done += size or 1
         mark(len(keys))
-        sample(running & KEY_MASK | done)
+        sample(running)
+        offset(done)
+    if estimate and (broken or read is not pieces):  # the estimate reads every message
+        for piece in pieces[len(ends) + 1 if broken else len(read) :]:
+            if type(piece) is dict:
+                total += _message_tokens(piece, _text_tokens)
     if broken or not keys:
         return total, None
-    del keys[MAX_PROMPT_SAMPLES:]
-    return total, Samples(keys, ends, done, len(pieces))
+    del keys[MAX_PROMPT_SAMPLES:], offsets[MAX_PROMPT_SAMPLES:]
+    return total, Samples(keys, offsets, ends, done, len(pieces))
 
 
 def _pieces(body: Mapping[str, Any]) -> list[Any] | None:
@@ -192,8 +208,8 @@ class PromptPrefix:
     """One prompt's samples (see the module docstring).
 
     Attributes:
-        keys: the samples' chained hashes (this process's), each with its character
-            offset in the low 32 bits, in order.
+        keys: the samples' chained hashes (this process's), in order.
+        offsets: each sample's character offset.
         tokens_per_char: the prompt's tokens over its characters (:meth:`tokens_at`
             spreads them over the samples' offsets).
         identity: the first message's sample (the prompt's identity when the client
@@ -206,6 +222,7 @@ class PromptPrefix:
     """
 
     keys: list[int]
+    offsets: list[int]
     tokens_per_char: float
     identity: int | None = None
     session: int | None = None
@@ -213,7 +230,7 @@ class PromptPrefix:
 
     def tokens_at(self, sample: int) -> int:
         """Prompt tokens up to the sample at index ``sample`` of ``keys``."""
-        return int((self.keys[sample] & _OFFSET_MASK) * self.tokens_per_char)
+        return int(self.offsets[sample] * self.tokens_per_char)
 
     @property
     def total_tokens(self) -> int:
@@ -244,7 +261,7 @@ def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int |
     keys, ends = samples.keys, samples.ends
     per_char = prompt_tokens / samples.chars
     identity = keys[ends[0]] if samples.pieces > 1 else None
-    prefix = PromptPrefix(keys, per_char, identity, session)
+    prefix = PromptPrefix(keys, samples.offsets, per_char, identity, session)
     if len(ends) >= 3 and ends[-3] < len(keys):
         prefix.previous_tokens = prefix.tokens_at(ends[-3])
     return prefix
@@ -310,14 +327,16 @@ class PrefixIndex:
         entries = self._entries
         keys, tokens_at = prefix.keys, prefix.tokens_at
         held = self._held_tokens
-        touch = entries.move_to_end
-        for i in range(len(keys) - 1, -1, -1):
-            try:  # held already, as most of a session's next turn is
-                touch(keys[i])
-            except KeyError:
-                cost = max(MIN_ENTRY_TOKENS, tokens_at(i) - (tokens_at(i - 1) if i else 0))
-                entries[keys[i]] = cost
-                held += cost
+        touch_all: partial[deque[None]] = partial(deque, maxlen=0)  # consumes map(move_to_end, ...) in C
+        try:
+            touch_all(map(entries.move_to_end, reversed(keys)))  # all held: a repeated prompt
+        except KeyError:  # some are new (a session's next turn: its last samples): cost them, then touch
+            for i in range(len(keys) - 1, -1, -1):
+                if keys[i] not in entries:
+                    cost = max(MIN_ENTRY_TOKENS, tokens_at(i) - (tokens_at(i - 1) if i else 0))
+                    entries[keys[i]] = cost
+                    held += cost
+            touch_all(map(entries.move_to_end, reversed(keys)))  # the first the most recent
         capacity = self.effective_capacity_tokens
         while held > capacity and entries:
             held -= entries.popitem(last=False)[1]

@@ -47,6 +47,7 @@ SESSION_HEADERS = (
 )
 """Headers naming a client's session, looked up in this order after ``prompt_cache_key``."""
 GENERIC_SESSION_HEADER = "x-session-id"
+_HEADER_NAMES = frozenset((*SESSION_HEADERS, GENERIC_SESSION_HEADER))
 MAX_CLIENT_KEY_CHARS = 1024
 """Longer values are hashed on their first this many characters."""
 _USER_ID_SESSION = "_session_"
@@ -85,7 +86,9 @@ def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> int | No
     Args:
         body: the request body (chat completions, a translated Responses or Messages
             request, or an untranslated Messages body with ``metadata``).
-        headers: request headers, looked up by lowercase name.
+        headers: request headers by lowercase name (Starlette ``Headers`` or a dict
+            with lowercase keys); read once by ``keys()``, and looked up only when one
+            of the names above is there (a lookup in Starlette's scans every header).
 
     Example::
 
@@ -95,7 +98,8 @@ def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> int | No
     key = body.get("prompt_cache_key")
     if isinstance(key, str) and key:
         return _hash(key)
-    for name in SESSION_HEADERS:
+    named = not _HEADER_NAMES.isdisjoint(headers.keys())
+    for name in SESSION_HEADERS if named else ():
         value = headers.get(name)
         if value:
             return _hash("session:" + value)
@@ -109,7 +113,7 @@ def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> int | No
     qwen_session = metadata.get("sessionId") if isinstance(metadata, Mapping) else None
     if isinstance(qwen_session, str) and qwen_session:
         return _hash("session:" + qwen_session)
-    value = headers.get(GENERIC_SESSION_HEADER)
+    value = headers.get(GENERIC_SESSION_HEADER) if named else None
     return _hash("session:" + value) if value else None
 
 
