@@ -39,7 +39,6 @@ KNOWN_FUNCTIONS: set[str] = {
     "latgate.routing.selection:Selector.plan",
     "latgate.routing.snapshots:Snapshots.take",
     "latgate.forwarding.relay:StreamRelay._relay",
-    "latgate.routing.admission:Admission.hold",
     "latgate.routing.decision:Router.decide",
     "latgate.routing.policies.predicted_ttft:choose_power_of_two",
 }

@@ -11,7 +11,10 @@ import dataclasses
 from collections.abc import Sequence
 
 from latgate.foundation.errors import GatewayError, Overloaded
+from latgate.foundation.metrics import Metrics
+from latgate.routing.priority import CLASS_NAMES
 from latgate.routing.queue_outlook import retry_after_seconds
+from latgate.routing.queue_stats import QueueStats
 from latgate.routing.targets import RouteDecision, Target
 
 
@@ -56,3 +59,36 @@ def elsewhere(decision: RouteDecision) -> RouteDecision:
 def shed_error(message: str, wait_ms: float) -> GatewayError:
     """503 with ``Retry-After``: the predicted wait, rounded up (:func:`retry_after_seconds`)."""
     return Overloaded(message, code="queue_full", headers={"retry-after": str(retry_after_seconds(wait_ms))})
+
+
+def refuse(
+    decision: RouteDecision,
+    *,
+    priority: int,
+    stats: QueueStats,
+    metrics: Metrics,
+    explain: dict[str, str] | None,
+    text: str,
+    retry_ms: float,
+    waited_s: float,
+) -> RouteDecision:
+    """A request of class ``priority`` that cannot wait for ``decision``'s provider
+    (``text`` says why, after ``waited_s`` seconds): the candidates left when it has a
+    budget and any are left (counted ``overflow``), else :class:`Overloaded` (503,
+    ``Retry-After`` from ``retry_ms``; counted ``shed``).
+
+    Raises:
+        Overloaded: it has nowhere else to go.
+    """
+    name = decision.provider
+    klass = CLASS_NAMES[priority]
+    rest = elsewhere(decision) if decision.budget_ms is not None else decision
+    if rest is not decision:
+        stats.overflow += 1
+        metrics.record_queue_wait(provider=name, priority=klass, outcome="overflow", seconds=waited_s)
+        if explain is not None:
+            explain["admission"] = f"not held: {text}"
+        return rest
+    stats.shed += 1
+    metrics.record_queue_wait(provider=name, priority=klass, outcome="shed", seconds=waited_s)
+    raise shed_error(f"provider {name!r} is at capacity: {text}; {klass} request not queued", retry_ms)
