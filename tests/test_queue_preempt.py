@@ -51,8 +51,10 @@ class Full:
         assert self.guard is not None
 
     async def hold(self, priority: int, tenant: str) -> Any:
-        """The decision after the queue for a request of ``tenant`` arriving now."""
+        """The decision after the queue for a request of ``tenant`` arriving now; it then
+        takes its slot (as its attempt does, until the test ends)."""
         held, _ = await self.admission.hold(self.router.decide(BODY, {}), Ask(priority, tenant, self.clock(), 100))
+        self.pool.begin(self.runtime, self.endpoint)
         return held
 
     def attempt(self, tenant: str, *, stream: bool = False) -> tuple[asyncio.Future[Any], SimpleNamespace]:
@@ -111,22 +113,42 @@ def test_an_interactive_request_on_a_full_pool_takes_the_youngest_batch_attempts
     asyncio.run(main())
 
 
-def test_a_quiet_keys_batch_request_within_its_share_preempts_the_flood_and_the_next_one_waits_its_turn() -> None:
+def test_a_quiet_keys_batch_requests_within_their_share_preempt_the_flood_and_the_one_past_it_waits_its_turn() -> None:
     full = Full()
 
     async def main() -> None:
         attempts, waiting = await flood_full(full)
-        first = asyncio.ensure_future(full.hold(BATCH, "quiet"))
+        # two keys on 4 slots: the quiet key's share is 2 slots' worth of requests ahead of the flood's service
+        taken = [asyncio.ensure_future(full.hold(BATCH, "quiet")) for _ in range(2)]
         await settle()
-        assert first.done() and first.result().reason == "waited:vllm", "its share was unused: the flood gave a slot"
-        assert sum(a.done() for a in attempts) == 1
-        second = asyncio.ensure_future(full.hold(BATCH, "quiet"))
+        assert all(t.done() and t.result().reason == "waited:vllm" for t in taken), "its share was unused: the flood gave slots"
+        assert sum(a.done() for a in attempts) == 2
+        third = asyncio.ensure_future(full.hold(BATCH, "quiet"))
         await settle()
-        assert not second.done(), "one slot taken for it: now it waits in the queue like the flood"
-        assert sum(a.done() for a in attempts) == 1
-        for task in [*attempts, *waiting, second]:
+        assert not third.done(), "past its share: it waits in the queue like the flood"
+        assert sum(a.done() for a in attempts) == 2
+        for task in [*attempts, *waiting, third]:
             task.cancel()
-        await asyncio.gather(*attempts, *waiting, second, return_exceptions=True)
+        await asyncio.gather(*attempts, *waiting, third, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["before-its-first-content", "non-streamed"])
+def test_the_batch_headroom_is_left_free_unless_a_running_batch_attempt_would_give_its_slot_up_at_once(stream: bool) -> None:
+    full = Full()
+
+    async def main() -> None:
+        attempts = []
+        for _ in range(3):  # one slot left: the headroom
+            attempts.append(full.attempt("flood", stream=stream)[0])
+            await settle()
+        batch = asyncio.ensure_future(full.hold(BATCH, "flood"))
+        await settle()
+        assert batch.done() is not stream, "a stream before its content would drain its slot: the headroom is kept"
+        for task in [*attempts, batch]:
+            task.cancel()
+        await asyncio.gather(*attempts, batch, return_exceptions=True)
 
     asyncio.run(main())
 

@@ -6,7 +6,8 @@ Capacity is what latgate knows of each endpoint: the engine's own gauges
 the running count seen when the engine answered busy. A pool with any endpoint of
 unknown capacity has no queue: its requests go on at once, as before. A request that
 finds a free slot, or a pool without a queue, costs one pass over its pool's endpoints.
-A ``batch`` request leaves the last ``batch_headroom_slots`` free slots to the others.
+A ``batch`` request leaves the last ``batch_headroom_slots`` free slots to the others,
+less the running ``batch`` attempts that would give theirs up at once (preemption).
 
 A request that finds its pool full (:meth:`Admission.hold`):
 
@@ -17,7 +18,8 @@ A request that finds its pool full (:meth:`Admission.hold`):
 2. with ``preempt`` on, takes at once the slot of a running ``batch`` attempt whose
    client has received nothing yet (:mod:`latgate.routing.queue_preempt`), when it is
    of a class above ``batch``, or a ``batch`` request of a tenant within its fair share
-   while another tenant has a backlog; that attempt is cut and queued again;
+   (its equal part of the slots ahead of the others' service at most) while another
+   tenant has a backlog; that attempt is cut and queued again;
 3. else waits when its predicted wait fits its bound;
 4. else goes on at once to the candidates left when it has a budget and there are any
    (the fallbacks, else the overflow candidates; reason ``overflow:FROM``), else is
@@ -57,7 +59,7 @@ from latgate.routing.priority import BATCH, CLASS_NAMES
 from latgate.routing.queue import Place, Waiter, WaitQueue
 from latgate.routing.queue_outlook import WaitOutlook, batch_headroom, free_endpoint, has_room
 from latgate.routing.queue_preempt import HELD_LEASES, Preemptible
-from latgate.routing.queue_refuse import fits_budget, refuse, shed_error
+from latgate.routing.queue_refuse import fits_budget, refuse, shed_error, wait_bound_ms
 from latgate.routing.queue_stats import QueueStats, queue_state
 from latgate.routing.targets import RouteDecision
 
@@ -141,7 +143,7 @@ class Admission:
             return decision, None
         name = decision.provider
         queue, runtime, now = self._queues[name], self._pool[name], self._pool.clock()
-        headroom = batch_headroom(runtime, self.settings.batch_headroom_slots) if ask.priority == BATCH else 0
+        headroom = self._headroom(runtime) if ask.priority == BATCH else 0
         if not queue.waiting and not self._promised[name] and has_room(self._pool, runtime, now, headroom):
             return decision, None
         place = self._place(decision, ask, now, headroom)
@@ -151,7 +153,7 @@ class Admission:
             priority=ask.priority, deadline=now + place.bound_ms / 1000.0, tenant=ask.tenant, cost_tokens=ask.cost_tokens,
             enqueued_at=now, handle=asyncio.get_running_loop().create_future(),
         )  # fmt: skip
-        if place.bound_ms >= 0.0 and self._preempt(name, ask):
+        if place.bound_ms >= 0.0 and self._preempt(name, ask, place.slots):
             if ask.priority == BATCH:
                 queue.charge(waiter)  # the slot is its share's
             self._promised[name].append(waiter)  # the preempted attempt's slot is reserved for it
@@ -180,7 +182,7 @@ class Admission:
         if view is None:
             return None
         elapsed_ms = (self._timer() - ask.received_at) * 1000.0
-        bound_ms = self._bound_ms(ask.priority, decision.budget_ms, elapsed_ms, view.ttft_ms)
+        bound_ms = wait_bound_ms(self.settings, ask.priority, decision.budget_ms, elapsed_ms, view.ttft_ms)
         # its share's and deadline's place, behind the requests a preempted slot is promised to
         ahead = self._queues[name].ahead_of(ask.priority, ask.tenant, now + bound_ms / 1000.0) + len(self._promised[name])
         if view.free > ahead + headroom:
@@ -189,7 +191,7 @@ class Admission:
         wait_ms = shown_ms = self.outlook.corrected_ms(name, ask.priority, predicted_ms)
         if decision.budget_ms is not None and (len(decision.candidates) > 1 or decision.overflow):
             wait_ms *= WAIT_P90_FACTOR
-        return Place(view.ttft_ms, elapsed_ms, bound_ms, predicted_ms, wait_ms, shown_ms)
+        return Place(view.ttft_ms, elapsed_ms, bound_ms, predicted_ms, wait_ms, shown_ms, view.slots)
 
     async def _wait(
         self, decision: RouteDecision, ask: Ask, waiter: Waiter, place: Place, explain: dict[str, str] | None
@@ -261,7 +263,7 @@ class Admission:
         """Whether a preempted request may go back to the queue: its class's longest
         wait is not over yet (the hold bounds the wait again)."""
         elapsed_ms = (self._timer() - ask.received_at) * 1000.0
-        return self._bound_ms(ask.priority, None, elapsed_ms, 0.0) > 0.0
+        return wait_bound_ms(self.settings, ask.priority, None, elapsed_ms, 0.0) > 0.0
 
     def retry_ms(self, provider: str, priority: int) -> float:
         """The wait predicted now for a newcomer of class ``priority`` on ``provider``
@@ -311,25 +313,18 @@ class Admission:
             return 0.0
         return HELD_LEASES * max((self.lease_seconds(ep) for ep in self._pool[name].endpoints), default=0.0)
 
-    def _bound_ms(self, priority: int, budget: int | None, elapsed_ms: float, ttft_ms: float) -> float:
-        """How long the request may still wait: its budget's slack, at most its class's
-        longest wait."""
-        settings = self.settings
-        longest = settings.batch_max_wait_ms if priority == BATCH else settings.max_wait_ms
-        bound = longest - elapsed_ms
-        if budget is not None:
-            bound = min(bound, budget - elapsed_ms - ttft_ms)
-        return bound
-
-    def _preempt(self, name: str, ask: Ask) -> bool:
+    def _preempt(self, name: str, ask: Ask, slots: int) -> bool:
         """Cut a running ``batch`` attempt on ``name`` for ``ask`` instead of letting it wait:
         for a request of a class above ``batch``, or for a ``batch`` one of a tenant within
-        its share while another has a backlog (:mod:`latgate.routing.queue_preempt`); True
-        when one was cut."""
+        its share (:meth:`WaitQueue.within_share`, with a burst of its equal part of the
+        pool's ``slots``) while another has a backlog (:mod:`latgate.routing.queue_preempt`);
+        True when one was cut."""
         if not self.settings.preempt:
             return False
         queue = self._queues[name]
-        if ask.priority == BATCH and not queue.within_share(BATCH, ask.tenant):
+        tenants = queue.backlogged(BATCH) | {ask.tenant}  # a burst up to its equal part of the slots
+        burst_tokens = ask.cost_tokens * max(0, slots // len(tenants) - 1)
+        if ask.priority == BATCH and not queue.within_share(BATCH, ask.tenant, burst_tokens):
             return False
         return self._preemptible[name].preempt(priority=ask.priority, tenant=ask.tenant, backlogged=queue.backlogged(BATCH))
 
@@ -365,12 +360,19 @@ class Admission:
             self._pool.reserve(endpoint)
             waiter.handle.set_result(endpoint)
 
+    def _headroom(self, runtime: ProviderRuntime) -> int:
+        """Free slots of ``runtime`` a ``batch`` request leaves: ``batch_headroom_slots``
+        less the running ``batch`` attempts that would give theirs up at once (preempt on)."""
+        headroom = batch_headroom(runtime, self.settings.batch_headroom_slots)
+        if self.settings.preempt and headroom:
+            return max(0, headroom - self._preemptible[runtime.name].closable())
+        return headroom
+
     def _next_waiter(self, runtime: ProviderRuntime, now: float) -> Waiter | None:
         """The queued waiter a free slot of ``runtime`` goes to (out of the queue), or None:
         a ``batch`` one when only the headroom is free."""
         queue = self._queues[runtime.name]
-        headroom = batch_headroom(runtime, self.settings.batch_headroom_slots)
-        if queue.top_priority() == BATCH and not has_room(self._pool, runtime, now, headroom):
+        if queue.top_priority() == BATCH and not has_room(self._pool, runtime, now, self._headroom(runtime)):
             return None
         waiter = queue.pop()
         if waiter is not None:

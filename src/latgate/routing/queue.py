@@ -67,6 +67,7 @@ class Place:
         wait_ms: that, corrected by the waits that came true (with somewhere else to go,
             times a safety factor): what it is held to.
         shown_ms: the corrected wait: what ``Retry-After`` says.
+        slots: the pool's capacity (slots of the endpoints that can take traffic).
     """
 
     ttft_ms: float
@@ -75,6 +76,7 @@ class Place:
     predicted_ms: float
     wait_ms: float
     shown_ms: float
+    slots: int
 
 
 @dataclass(slots=True)
@@ -181,22 +183,23 @@ class WaitQueue:
         """The tenants with waiters of class ``priority``."""
         return {w.tenant for w in self.waiting if w.priority == priority}
 
-    def within_share(self, priority: int, tenant: str) -> bool:
+    def within_share(self, priority: int, tenant: str, burst_tokens: float = 0.0) -> bool:
         """True when ``tenant`` has no waiter of class ``priority`` and its share of that
-        class has ended by the class's virtual time: it has been served no more than its
-        fair share, so a slot taken for it (:meth:`charge`) is one it is owed."""
+        class ends at most ``burst_tokens`` past the class's virtual time: it has been
+        served no more than its fair share (and that burst), so a slot taken for it
+        (:meth:`charge`) is one it is owed."""
         if any(w.priority == priority and w.tenant == tenant for w in self.waiting):
             return False
-        return self.finish.get((priority, tenant), 0.0) <= self.virtual.get(priority, 0.0)
+        return self.finish.get((priority, tenant), 0.0) <= self.virtual.get(priority, 0.0) + burst_tokens
 
     def charge(self, waiter: Waiter) -> None:
-        """Count ``waiter``'s cost in its tenant's share as if it had waited and been
-        served now (a slot taken for it by preemption), without queueing it."""
+        """Count ``waiter``'s cost in its tenant's share (a slot taken for it by preemption)
+        without queueing it; the class's virtual time stays (it moves as waiters are served
+        in order, and this one went out of order)."""
         share = (waiter.priority, waiter.tenant)
         start = max(self.virtual.get(waiter.priority, 0.0), self.finish.get(share, 0.0))
         waiter.tag = start
         self.finish[share] = start + waiter.cost_tokens
-        self.virtual[waiter.priority] = max(self.virtual.get(waiter.priority, 0.0), start)
 
     def remove(self, waiter: Waiter) -> bool:
         """Take ``waiter`` out (it gave up or was answered elsewhere); False if it was not in."""

@@ -4,18 +4,21 @@ yet gives its slot to a request that would otherwise wait for one.
 Each ``batch`` attempt on a provider with preemption on runs under
 :meth:`Preemptible.run` until it returns (its first byte: nothing has reached the client
 yet). A stream of a tenant with a ``batch`` backlog (its requests wait: it asks more than
-it is served) is then *held*: its first content is kept back, the upstream generating on,
-for up to a lease of its provider (what a request is seen to hold a slot, about its
-whole generation), so it stays preemptible while it runs; the client gets its stream
-when the hold ends, the buffered part at once. A non-streamed attempt is preemptible
-until its answer comes; a stream with keep-alives (:mod:`latgate.forwarding.keepalive`)
-is not held, and is never preempted once its head went out.
+it is served) is then *held*: its content is kept back, the upstream generating on, to
+the stream's end, at most :data:`HELD_LEASES` leases of its provider (what a request is
+seen to hold a slot), so it stays preemptible while it runs; the client gets its stream
+when the hold ends, what was held at once. A non-streamed attempt is preemptible
+until its answer comes. A stream whose keep-alive head went out
+(:mod:`latgate.forwarding.keepalive`, ``first_token_keepalive_sec``) is never preempted,
+and its hold ends.
 
 When the gateway queue preempts (:meth:`Preemptible.preempt`), it cancels the attempt
 :func:`~latgate.routing.queue.choose_preemption` picks (the youngest of the tenant
-holding the most, least work lost): its upstream connection is closed, so the engine
-aborts the generation and frees its slot (vLLM aborts a request whose client went
-away), and :meth:`run` raises :class:`Preempted`. The forwarder puts the request back in
+holding the most, least work lost), first among those whose slot frees at once: a held
+stream's or a non-streamed attempt's upstream connection is closed, so the engine aborts
+the generation and frees its slot (vLLM aborts a request whose client went away); a
+stream cut before its first content has its connection drained briefly first
+(:data:`latgate.transport.h1conn.DRAIN_SECONDS`). :meth:`run` raises :class:`Preempted`. The forwarder puts the request back in
 the queue while its own bound allows (:meth:`latgate.forwarding.forward.Forwarder.forward`),
 else it is answered 503 with ``Retry-After`` and ``x-latgate-preempted: 1``.
 """
@@ -85,6 +88,11 @@ class Preemptible:
         """Attempts that may be preempted now."""
         return sum(1 for entry in self._running if not _committed(entry.early))
 
+    def closable(self) -> int:
+        """Attempts that may be preempted now and whose engine slot frees at once when they
+        are (a held stream, a non-streamed answer)."""
+        return sum(1 for entry in self._running if entry.closable and not _committed(entry.early))
+
     def preempt(self, *, priority: int, tenant: str, backlogged: Collection[str]) -> bool:
         """For a request of class ``priority`` and ``tenant`` that needs a slot: cut the
         attempt :func:`~latgate.routing.queue.choose_preemption` picks among those whose
@@ -120,10 +128,10 @@ class Preemptible:
                 await _cancelled(task)
                 raise preempted
             result = task.result()
-            hold = self._hold_seconds(exchange.tenant) if early is None and _is_stream(result) else 0.0
+            hold = self._hold_seconds(exchange.tenant) if _is_stream(result) and not _committed(early) else 0.0
             if hold > 0.0 and entry in self._running:
                 entry.closable = True
-                if await _held(result, entry.cut, hold):
+                if await _held(result, entry.cut, hold, early):
                     preempted = self._preempted(exchange)
                     await _discard(result)
                     raise preempted
@@ -144,17 +152,17 @@ class Preemptible:
         )
 
 
-async def _held(relay: Any, cut: asyncio.Future[None], seconds: float) -> bool:
+async def _held(relay: Any, cut: asyncio.Future[None], seconds: float, early: Any) -> bool:
     """Read ``relay``'s upstream body into its head (through its tap, as the attempt read
-    the events before the first content) until the stream's end, ``seconds``, or ``cut``;
-    True when cut. A read still pending when the hold ends is handed to the relay. All
+    the events before the first content) until the stream's end, ``seconds``, ``cut``, or
+    a read after ``early`` (its keep-alive head) went out; True when cut. A read still pending when the hold ends is handed to the relay. All
     of a stream held to its end goes out as one head: its time per token is then not
     sampled (no read came after the first content), never sampled from a burst."""
     loop = asyncio.get_running_loop()
     ends_at = loop.time() + seconds
     tap = relay.tap
     body = relay.body
-    while not tap.done and tap.error is None:
+    while not tap.done and tap.error is None and not _committed(early):
         read = asyncio.ensure_future(anext(body))
         await asyncio.wait((read, cut), timeout=max(0.0, ends_at - loop.time()), return_when=asyncio.FIRST_COMPLETED)
         if cut.done():

@@ -1,5 +1,6 @@
-"""Where a request the gateway queue cannot hold goes: on to the candidates left
-(*overflow*, reason ``overflow:FROM``), or a 503 with ``Retry-After`` (*shed*).
+"""How long a request may wait in the gateway queue, and where one it cannot hold goes:
+on to the candidates left (*overflow*, reason ``overflow:FROM``), or a 503 with
+``Retry-After`` (*shed*).
 
 Used by :class:`~latgate.routing.admission.Admission` when a wait cannot fit a request's
 bound, and by the forwarder when an endpoint answers busy.
@@ -10,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from latgate.foundation.config.schema import QueueConfig
 from latgate.foundation.errors import GatewayError, Overloaded
 from latgate.foundation.metrics import Metrics
-from latgate.routing.priority import CLASS_NAMES
+from latgate.routing.priority import BATCH, CLASS_NAMES
 from latgate.routing.queue_outlook import retry_after_seconds
 from latgate.routing.queue_stats import QueueStats
 from latgate.routing.targets import RouteDecision, Target
@@ -22,6 +24,17 @@ def fits_budget(*, elapsed_ms: float, wait_ms: float, ttft_ms: float, budget_ms:
     """True when a request ``elapsed_ms`` after its arrival, waiting ``wait_ms`` and then
     ``ttft_ms`` to its first token, meets its budget."""
     return elapsed_ms + wait_ms + ttft_ms <= budget_ms
+
+
+def wait_bound_ms(settings: QueueConfig, priority: int, budget_ms: int | None, elapsed_ms: float, ttft_ms: float) -> float:
+    """How long a request of class ``priority`` ``elapsed_ms`` after its arrival may still
+    wait (ms; < 0: already too late): its budget's slack (less the pool's ``ttft_ms``), at
+    most its class's longest wait (``[routing.queue] max_wait_ms``, ``batch_max_wait_ms``)."""
+    longest = settings.batch_max_wait_ms if priority == BATCH else settings.max_wait_ms
+    bound = longest - elapsed_ms
+    if budget_ms is not None:
+        bound = min(bound, budget_ms - elapsed_ms - ttft_ms)
+    return bound
 
 
 def overflow_targets(rest: Sequence[Target], decision: RouteDecision, full: str) -> list[Target]:
