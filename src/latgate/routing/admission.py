@@ -19,7 +19,10 @@ A request that finds its pool full (:meth:`Admission.hold`):
    client has received nothing yet (:mod:`latgate.routing.queue_preempt`), when it is
    of a class above ``batch``, or a ``batch`` request of a tenant within its fair share
    (its equal part of the slots ahead of the others' service at most) while another
-   tenant has a backlog; that attempt is cut and queued again;
+   tenant has a backlog; that attempt is cut and queued again, and the request goes on
+   at once (reason ``waited:FROM``, 0 ms): no await lies between the cut and its
+   attempt taking the slot, so the slot freed as the cut attempt unwinds is not given
+   to a waiter meanwhile;
 3. else waits when its predicted wait fits its bound;
 4. else goes on at once to the candidates left when it has a budget and there are any
    (the fallbacks, else the overflow candidates; reason ``overflow:FROM``), else is
@@ -29,7 +32,7 @@ A request that finds its pool full (:meth:`Admission.hold`):
 Waiting requests take freed slots in class order, fair shares of tokens between keys
 (and sessions) inside a class, then earliest deadline (:class:`~latgate.routing.queue.WaitQueue`).
 A slot freed (a request there ended, or a load read shows room) is reserved at once for
-the waiter it goes to, first for a request that preempted. A waiter whose slot comes too
+the waiter it goes to. A waiter whose slot comes too
 late for its budget goes on to the candidates left instead; one whose bound runs out
 likewise, or gets 503. A request that waited is routed with reason ``waited:FROM`` and
 ``X-Latgate-Queue-Ms``; waits are counted in
@@ -114,7 +117,6 @@ class Admission:
         self.outlook = WaitOutlook(pool)
         self._queues = {name: WaitQueue(max_waiting=settings.max_waiting) for name in pool.providers}
         self._stats = {name: QueueStats() for name in pool.providers}
-        self._promised: dict[str, list[Waiter]] = {name: [] for name in pool.providers}  # FIFO
         self._preemptible = {
             name: Preemptible(name, partial(self._count_preempted, name), partial(self._hold_seconds, name), timer)
             for name in pool.providers
@@ -144,7 +146,7 @@ class Admission:
         name = decision.provider
         queue, runtime, now = self._queues[name], self._pool[name], self._pool.clock()
         headroom = self._headroom(runtime) if ask.priority == BATCH else 0
-        if not queue.waiting and not self._promised[name] and has_room(self._pool, runtime, now, headroom):
+        if not queue.waiting and has_room(self._pool, runtime, now, headroom):
             return decision, None
         place = self._place(decision, ask, now, headroom)
         if place is None:  # a slot none before it can take, or no known capacity
@@ -156,21 +158,19 @@ class Admission:
         if place.bound_ms >= 0.0 and self._preempt(name, ask, place.slots):
             if ask.priority == BATCH:
                 queue.charge(waiter)  # the slot is its share's
-            self._promised[name].append(waiter)  # the preempted attempt's slot is reserved for it
-            place.wait_ms = 0.0
-        elif place.wait_ms > place.bound_ms:
+            return self._admitted(decision, ask, None, place, 0.0, explain), 0.0
+        if place.wait_ms > place.bound_ms:
             text = f"{name} wait {_ms(place.wait_ms)} > {_ms(max(0.0, place.bound_ms))} left"
             return self._refuse(decision, ask, explain, text, retry_ms=place.shown_ms, waited_s=0.0), None
-        else:
-            out = queue.push(waiter)
-            if out is waiter:
-                text = f"{name} queue full ({len(queue)} waiting)"
-                return self._refuse(decision, ask, explain, text, retry_ms=place.shown_ms, waited_s=0.0), None
-            self._metrics.queue_depth_gauge(name, CLASS_NAMES[ask.priority]).inc()
-            if out is not None:
-                self._drop(name, out)
-                message = f"shed from {name}'s queue for a request of a higher class"
-                out.handle.set_exception(shed_error(message, self.retry_ms(name, out.priority)))
+        out = queue.push(waiter)
+        if out is waiter:
+            text = f"{name} queue full ({len(queue)} waiting)"
+            return self._refuse(decision, ask, explain, text, retry_ms=place.shown_ms, waited_s=0.0), None
+        self._metrics.queue_depth_gauge(name, CLASS_NAMES[ask.priority]).inc()
+        if out is not None:
+            self._drop(name, out)
+            message = f"shed from {name}'s queue for a request of a higher class"
+            out.handle.set_exception(shed_error(message, self.retry_ms(name, out.priority)))
         return await self._wait(decision, ask, waiter, place, explain)
 
     def _place(self, decision: RouteDecision, ask: Ask, now: float, headroom: int) -> Place | None:
@@ -183,8 +183,7 @@ class Admission:
             return None
         elapsed_ms = (self._timer() - ask.received_at) * 1000.0
         bound_ms = wait_bound_ms(self.settings, ask.priority, decision.budget_ms, elapsed_ms, view.ttft_ms)
-        # its share's and deadline's place, behind the requests a preempted slot is promised to
-        ahead = self._queues[name].ahead_of(ask.priority, ask.tenant, now + bound_ms / 1000.0) + len(self._promised[name])
+        ahead = self._queues[name].ahead_of(ask.priority, ask.tenant, now + bound_ms / 1000.0)  # its share's and deadline's place
         if view.free > ahead + headroom:
             return None
         predicted_ms = self.outlook.predict_ms(view, ahead=ahead)  # from the leases alone
@@ -225,18 +224,20 @@ class Admission:
         self,
         decision: RouteDecision,
         ask: Ask,
-        endpoint: EndpointRuntime,
+        endpoint: EndpointRuntime | None,
         place: Place,
         waited: float,
         explain: dict[str, str] | None,
     ) -> RouteDecision:
-        """A waiter given ``endpoint``'s slot after ``waited`` seconds: the decision it goes
-        on with (reason ``waited:FROM``), or the candidates left when the slot came too late."""
+        """A waiter given ``endpoint``'s slot after ``waited`` seconds (None: the slot of
+        the attempt it preempted, at once): the decision it goes on with (reason
+        ``waited:FROM``), or the candidates left when the slot came too late."""
         name = decision.provider
         stats, klass, waited_ms = self._stats[name], CLASS_NAMES[ask.priority], waited * 1000.0
-        self.outlook.learn(name, ask.priority, predicted_ms=place.predicted_ms, actual_ms=waited_ms)
         stats.last_wait_ms = waited_ms
-        self._pool.release(endpoint)  # the slot held for it: the plan made now takes it
+        if endpoint is not None:  # (a preemption is no outcome of the wait prediction)
+            self.outlook.learn(name, ask.priority, predicted_ms=place.predicted_ms, actual_ms=waited_ms)
+            self._pool.release(endpoint)  # the slot held for it: the plan made now takes it
         budget = decision.budget_ms
         if budget is not None and not fits_budget(
             elapsed_ms=place.elapsed_ms + waited_ms, wait_ms=0.0, ttft_ms=place.ttft_ms, budget_ms=budget
@@ -247,7 +248,8 @@ class Admission:
         stats.admitted += 1
         self._metrics.record_queue_wait(provider=name, priority=klass, outcome="admitted", seconds=waited)
         if explain is not None:
-            explain["admission"] = f"waited {_ms(waited_ms)} for {name} (predicted {_ms(place.wait_ms)}, {klass})"
+            how = f"waited {_ms(waited_ms)} for" if endpoint is not None else "preempted a batch request on"
+            explain["admission"] = f"{how} {name} (predicted {_ms(place.wait_ms)}, {klass})"
         primary = dataclasses.replace(decision.candidates[0], reason=f"waited:{name}")
         return dataclasses.replace(decision, reason=primary.reason, candidates=(primary, *decision.candidates[1:]))
 
@@ -340,19 +342,18 @@ class Admission:
     def _freed(self, runtime: ProviderRuntime, endpoint: EndpointRuntime, held_seconds: float | None) -> None:
         if held_seconds is not None and held_seconds > 0:
             self.outlook.observe_lease(endpoint, held_seconds)
-        if self._queues[runtime.name].waiting or self._promised[runtime.name]:
+        if self._queues[runtime.name].waiting:
             self._wake(runtime)
 
     def _wake(self, runtime: ProviderRuntime) -> None:
-        """Slots of ``runtime`` may have freed: give each, reserved, to the next request a
-        preempted slot is promised to, else to the next waiter."""
-        queue, promised = self._queues[runtime.name], self._promised[runtime.name]
+        """Slots of ``runtime`` may have freed: give each, reserved, to the next waiter."""
+        queue = self._queues[runtime.name]
         now = self._pool.clock()
-        while queue.waiting or promised:
+        while queue.waiting:
             endpoint = free_endpoint(self._pool, runtime, now)
             if endpoint is None:
                 return
-            waiter = promised.pop(0) if promised else self._next_waiter(runtime, now)
+            waiter = self._next_waiter(runtime, now)
             if waiter is None:
                 return  # the headroom is kept for the other classes
             if waiter.handle.done():
@@ -387,8 +388,6 @@ class Admission:
         future = waiter.handle
         if self._queues[name].remove(waiter):
             self._drop(name, waiter)
-        if waiter in self._promised[name]:
-            self._promised[name].remove(waiter)
         if future.done() and not future.cancelled() and future.exception() is None:
             self._pool.release(future.result())
             self._wake(self._pool[name])

@@ -55,6 +55,7 @@ class _Running:
     started_at: float
     early: Any  # the request's keep-alive head (EarlyHead), None without one
     closable: bool  # cutting it closes its upstream connection at once (the engine frees its slot now)
+    relay: Any = None  # a held stream's relay
     cut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -108,6 +109,8 @@ class Preemptible:
                 entry = group[index]
                 self._running.remove(entry)
                 entry.cut.set_result(None)
+                if entry.relay is not None:  # now: the engine frees the slot as the request that cut it is sent
+                    _close_connection(entry.relay)
                 return True
         return False
 
@@ -130,7 +133,7 @@ class Preemptible:
             result = task.result()
             hold = self._hold_seconds(exchange.tenant) if _is_stream(result) and not _committed(early) else 0.0
             if hold > 0.0 and entry in self._running:
-                entry.closable = True
+                entry.closable, entry.relay = True, result
                 if await _held(result, entry.cut, hold, early):
                     preempted = self._preempted(exchange)
                     await _discard(result)
@@ -200,11 +203,17 @@ async def _discard(result: Any) -> None:
     HTTP/1.1 response is its own body iterator: ``close_connection``), so the engine
     aborts the generation, then its slot (``on_close``)."""
     if _is_stream(result):
-        close_connection = getattr(result.body, "close_connection", None)
-        if close_connection is not None:
-            close_connection()
+        _close_connection(result)
         with contextlib.suppress(Exception):
             await result.on_close()
+
+
+def _close_connection(relay: Any) -> None:
+    """Close ``relay``'s upstream connection at once, when its body can say so (latgate's
+    HTTP/1.1 response is its own body iterator: ``close_connection``, idempotent)."""
+    close_connection = getattr(relay.body, "close_connection", None)
+    if close_connection is not None:
+        close_connection()
 
 
 async def _cancelled(task: asyncio.Task[Any]) -> None:
