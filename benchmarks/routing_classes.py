@@ -26,7 +26,8 @@ Reported per system: interactive first tokens within budget (failures are misses
 p99 TTFT and the ratio to idle; the quiet key's p99 TTFT and the ratio to alone; batch
 requests served, shed (503 with ``Retry-After``) and failed otherwise, and batch
 throughput (completion tokens/s) as a share of what the pool has left after the
-interactive traffic (its 8 slots x 50 tokens/s, less the interactive tokens).
+interactive traffic (its 8 slots x 50 tokens/s, less the interactive tokens), and the
+machine's 1-minute load average as the system's run started and ended (``load_1m``).
 Targets (issue 22): >= 95% within budget, p99 <= 1.5x idle; every batch request served
 or shed, batch throughput >= 80% of what is left; quiet p99 <= 1.5x alone. Numbers are
 of one run on a shared machine: compare the rows.
@@ -39,6 +40,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import random
 import sys
 import time
@@ -250,7 +252,9 @@ def run(*, seed: int, duration_s: float, scale: float, systems: list[str], dump:
     ``dump``: a path to write each request's outcome to (JSON lines), or None."""
     alone = make_trace(seed=seed, duration_s=min(duration_s, 30.0), scale=scale, flood=False)
     with _running("latgate-classes") as base:
+        load_before = os.getloadavg()[0]
         outcomes, _ = asyncio.run(run_trace(base, alone))
+        alone_load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     idle_p99 = percentile([o.ttft_s for o in outcomes if o.kind == "interactive" and o.ttft_s is not None], 99)
     alone_p99 = percentile([o.ttft_s for o in outcomes if o.ttft_s is not None], 99)
     print(f"quiet key alone: interactive p99 {rounded(idle_p99)} s, all p99 {rounded(alone_p99)} s", flush=True)
@@ -263,30 +267,36 @@ def run(*, seed: int, duration_s: float, scale: float, systems: list[str], dump:
             print(f"{system}: {missing}", flush=True)
             continue
         with _running(system) as base:
+            load_before = os.getloadavg()[0]
             outcomes, wall = asyncio.run(run_trace(base, trace))
+            load_after = os.getloadavg()[0]
         rows[system] = summarize(outcomes, wall, idle_p99=idle_p99, alone_p99=alone_p99)
+        rows[system]["load_1m"] = [round(load_before, 2), round(load_after, 2)]
         if dump is not None:
             with open(dump, "a") as out:
                 out.writelines(json.dumps({"system": system, **dataclasses.asdict(o)}) + "\n" for o in outcomes)
         print(f"{system}: {json.dumps(rows[system])}", flush=True)
     counts = {kind: sum(1 for a in trace if a.kind == kind) for kind in ("interactive", "batch")}
     scenario = {"seed": seed, "duration_s": duration_s, "scale": scale, "slots": SLOTS, "budget_ms": BUDGET_MS, "mix": counts}
-    return {"scenario": scenario, "idle_p99_s": rounded(idle_p99), "alone_p99_s": rounded(alone_p99), "systems": rows}
+    return {
+        "scenario": scenario, "idle_p99_s": rounded(idle_p99), "alone_p99_s": rounded(alone_p99),
+        "alone_load_1m": alone_load, "systems": rows,
+    }  # fmt: skip
 
 
 def table(document: dict[str, Any]) -> str:
     lines = [
-        "| system | interactive within budget | interactive p99 (x idle) | quiet key p99 (x alone) | batch served / shed / failed | batch tok/s (share of left) |",
-        "|---|---|---|---|---|---|",
+        "| system | interactive within budget | interactive p99 (x idle) | quiet key p99 (x alone) | batch served / shed / failed | batch tok/s (share of left) | load (1 min) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, row in document["systems"].items():
         if "skipped" in row:
-            lines.append(f"| `{name}` | {row['skipped']} | | | | |")
+            lines.append(f"| `{name}` | {row['skipped']} | | | | | |")
             continue
         lines.append(
             f"| `{name}` | {row['interactive_within_budget']:.1%} | {row['interactive_ttft_p99_s']} s ({row['interactive_p99_vs_idle']}x) "
             f"| {row['quiet_ttft_p99_s']} s ({row['quiet_p99_vs_alone']}x) | {row['batch_served']} / {row['batch_shed']} / {row['batch_failed']} "
-            f"| {row['batch_tok_s']} ({row['batch_share_of_left']}) |"
+            f"| {row['batch_tok_s']} ({row['batch_share_of_left']}) | {row['load_1m'][0]}-{row['load_1m'][1]} |"
         )
     return "\n".join(lines)
 

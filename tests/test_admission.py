@@ -298,34 +298,6 @@ def test_the_wait_prediction_is_corrected_by_the_waits_that_came_true() -> None:
     assert admission.describe()["tile-rt"]["wait_correction"] == {"default": 2.0}, "twice as long as predicted"
 
 
-def test_a_batch_stream_whose_head_went_out_with_keepalives_is_not_preempted() -> None:
-    from latgate.forwarding.exchange import Exchange
-    from latgate.forwarding.keepalive import EarlyHead
-    from latgate.foundation.errors import GatewayError
-
-    _, _, admission, _, _ = setup()
-    guard = admission.guard("tile-rt", BATCH)
-    assert guard is not None
-
-    async def main() -> None:
-        never = asyncio.Event()
-        sent, waiting = EarlyHead(), EarlyHead()
-        sent.commit()  # its 200 head and keep-alives reached the client
-        streaming = Exchange(request_id="a", received_at=0.0, path="/v1/chat/completions", stream=True)
-        held = Exchange(request_id="b", received_at=0.0, path="/v1/chat/completions", stream=True)
-        first = asyncio.ensure_future(guard.run(never.wait(), streaming, sent))
-        await asyncio.sleep(0)  # its guard holds it now
-        assert not admission._preempt("tile-rt", INTERACTIVE, 500), "the client has its head: never cut"
-        second = asyncio.ensure_future(guard.run(never.wait(), held, waiting))
-        await asyncio.sleep(0)
-        assert admission._preempt("tile-rt", INTERACTIVE, 500)
-        with pytest.raises(GatewayError):
-            await second
-        assert held.queue_outcome == "preempted" and streaming.queue_outcome is None
-        first.cancel()
-        await asyncio.gather(first, return_exceptions=True)
-
-
 def test_a_shed_batch_requests_retry_after_is_its_predicted_wait() -> None:
     router, pool, holder, runtime, endpoint = vllm_setup(batch_wait=1000)
     holder.outlook.leases[endpoint.key] = 2.5  # the running request holds its slot 2.5 s

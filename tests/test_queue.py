@@ -126,11 +126,37 @@ def test_the_wait_correction_follows_outcomes_and_never_makes_the_prediction_opt
     assert correction(2.0, actual_ms=10.0, predicted_ms=math.inf) == 2.0
 
 
-def test_preemption_takes_the_newest_batch_request_and_only_for_a_higher_class() -> None:
-    admitted = [(BATCH, 1.0), (DEFAULT, 3.0), (BATCH, 2.0)]
-    assert choose_preemption(admitted, priority=INTERACTIVE) == 2
-    assert choose_preemption(admitted, priority=BATCH) is None
-    assert choose_preemption([(DEFAULT, 1.0)], priority=INTERACTIVE) is None
+def test_preemption_takes_the_youngest_attempt_of_the_tenant_holding_the_most() -> None:
+    running = [("flood", 1.0), ("quiet", 3.0), ("flood", 2.0), ("flood", 0.5)]
+    assert choose_preemption(running, priority=INTERACTIVE, tenant="quiet", backlogged=()) == 2, "flood's newest"
+    assert choose_preemption([("quiet", 3.0)], priority=DEFAULT, tenant="quiet", backlogged=()) == 0
+    assert choose_preemption([], priority=INTERACTIVE, tenant="quiet", backlogged=()) is None
+
+
+def test_a_batch_request_preempts_only_another_tenants_attempt_and_only_of_a_tenant_with_a_backlog() -> None:
+    running = [("flood", 1.0), ("quiet", 3.0), ("flood", 2.0)]
+    assert choose_preemption(running, priority=BATCH, tenant="quiet", backlogged={"flood"}) == 2
+    assert choose_preemption(running, priority=BATCH, tenant="quiet", backlogged=()) is None, "no backlog: its slots are its share"
+    assert choose_preemption(running, priority=BATCH, tenant="flood", backlogged={"flood", "quiet"}) == 1
+    assert choose_preemption([("quiet", 3.0)], priority=BATCH, tenant="quiet", backlogged={"quiet"}) is None, "never its own"
+
+
+def test_a_tenant_is_within_its_share_until_its_charged_slots_outrun_the_virtual_time() -> None:
+    queue = WaitQueue(max_waiting=10)
+    assert queue.within_share(BATCH, "quiet"), "a newcomer is owed its share"
+    queue.charge(Waiter(priority=BATCH, deadline=9.0, tenant="quiet", cost_tokens=100, enqueued_at=0.0))
+    assert not queue.within_share(BATCH, "quiet"), "one slot taken: 100 tokens ahead of the virtual time"
+    for _ in range(3):
+        queue.push(Waiter(priority=BATCH, deadline=9.0, tenant="flood", cost_tokens=60, enqueued_at=0.0))
+    assert queue.backlogged(BATCH) == {"flood"} and queue.waiting_of(BATCH, "flood") == 3
+    queue.pop()  # flood's first share: 0..60
+    queue.pop()  # its second: 60..120, the virtual time at 60
+    assert not queue.within_share(BATCH, "quiet")
+    queue.pop()  # the virtual time at 120: the flood was served as much as the quiet key
+    assert queue.within_share(BATCH, "quiet")
+    assert not WaitQueue(max_waiting=1, waiting=[Waiter(BATCH, 9.0, "quiet", 1, 0.0)]).within_share(BATCH, "quiet"), (
+        "a tenant with a waiter of its own has a backlog"
+    )
 
 
 @pytest.mark.parametrize(

@@ -280,3 +280,34 @@ def test_over_the_retry_budget_a_failure_goes_on_to_the_next_provider_without_re
     assert sims["failing"][1].stats.requests_total == attempts_on_failing
     denied = 'latgate_retry_budget_exceeded_total{kind="retry",provider="failing"} 1.0' in metrics
     assert denied == (attempts_on_failing == 1)
+
+
+def test_a_held_batch_stream_preempted_mid_generation_is_answered_whole_by_its_retry_never_half_streamed() -> None:
+    # a first token after 500 ms: the second batch stream is queued (a backlog) before the
+    # first one's content comes, so that one is held back, preemptible, while it generates
+    sim = SimOptions(name="vllm", ttft_overhead_ms=500.0, tpot_ms=20.0, tpot_growth_ms=0.0, max_output_tokens=400)
+    with pool_stack(sim, queue="batch_max_wait_ms = 30000") as stack, ThreadPoolExecutor(2) as threads:
+        chat = stack.v1 + "/chat/completions"
+        body = {"model": MODEL, "messages": ASK, "stream": True, "max_tokens": 40}
+        endpoint = lambda: httpx.get(stack.url + "/admin/providers").json()["providers"]["vllm"]["endpoints"][0]
+        batch = [threads.submit(httpx.post, chat, json=body, headers={"X-Latgate-Priority": "batch"}, timeout=30)]
+        poll(lambda: endpoint()["in_flight"] == 1)
+        batch.append(threads.submit(httpx.post, chat, json=body, headers={"X-Latgate-Priority": "batch"}, timeout=30))
+        poll(lambda: queue_of(stack)["waiting_by_priority"]["batch"] == 1)
+        poll(lambda: endpoint()["ttft_model"]["observations"] == 1)  # the first one's content reached latgate
+        interactive = httpx.post(
+            chat, json={**body, "max_tokens": 4}, headers={"X-Latgate-Priority": "interactive"}, timeout=30
+        )
+        answers = [f.result() for f in batch]
+        admin = queue_of(stack)
+        disconnects = stack.sims["vllm"].state.sim.disconnects
+    assert interactive.status_code == 200 and interactive.text.rstrip().endswith("data: [DONE]"), interactive.text
+    assert admin["preempted"] == 1, "the held stream gave its slot up"
+    assert disconnects == 1, "its upstream connection was closed: the engine stopped generating it"
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        chunks = [line for line in answer.text.splitlines() if line.startswith("data: {")]
+        assert answer.text.count("data: [DONE]") == 1 and answer.text.rstrip().endswith("data: [DONE]")
+        assert sum('"content"' in chunk for chunk in chunks) <= 41 and answer.text.count('"role"') == 1, (
+            "one whole answer, not the preempted attempt's start and then its retry"
+        )

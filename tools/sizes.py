@@ -34,7 +34,6 @@ KNOWN_MODULES: dict[str, str] = {}
 
 #: functions over the limit today without a reason beside them (the list only shrinks)
 KNOWN_FUNCTIONS: set[str] = {
-    "latgate.routing.admission:Admission.hold",
 }
 
 

@@ -6,36 +6,40 @@ Capacity is what latgate knows of each endpoint: the engine's own gauges
 the running count seen when the engine answered busy. A pool with any endpoint of
 unknown capacity has no queue: its requests go on at once, as before. A request that
 finds a free slot, or a pool without a queue, costs one pass over its pool's endpoints.
+A ``batch`` request leaves the last ``batch_headroom_slots`` free slots to the others,
+less the running ``batch`` attempts that would give theirs up at once (preemption).
 
 A request that finds its pool full (:meth:`Admission.hold`):
 
-1. is given a predicted wait (:mod:`latgate.routing.queue_outlook`): the slot that
-   frees for the ``k+1``-th in line (``k`` waiting before it), from the slots' leases,
-   at least what the capacity gives on a cold pool, times a correction per class
-   learnt from the waits that came true;
-2. waits when that fits its bound: a request with a budget must still meet it (time
-   since it arrived + wait + the pool's TTFT p90 <= budget); one without, its class's
-   longest wait (``[routing.queue] max_wait_ms``, ``batch_max_wait_ms``);
-3. otherwise goes on at once to the candidates left when it has a budget and there are
-   any (the fallbacks, else the overflow candidates; reason ``overflow:FROM``), else
-   is answered 503 with ``Retry-After`` (the predicted wait, rounded up) now, never
-   after a wait that could not work: a ``batch`` request is *shed*. An
-   ``interactive`` request that would miss its budget first takes the slot of a
-   ``batch`` request admitted but without its first byte yet (*preemption*:
-   :mod:`latgate.routing.queue_preempt`), when ``preempt`` is on.
+1. is given a predicted wait (:mod:`latgate.routing.queue_outlook`) and a bound: a
+   request with a budget must still meet it (time since it arrived + wait + the pool's
+   TTFT p90 <= budget); one without, its class's longest wait (``[routing.queue]
+   max_wait_ms``, ``batch_max_wait_ms``);
+2. with ``preempt`` on, takes at once the slot of a running ``batch`` attempt whose
+   client has received nothing yet (:mod:`latgate.routing.queue_preempt`), when it is
+   of a class above ``batch``, or a ``batch`` request of a tenant within its fair share
+   (its equal part of the slots ahead of the others' service at most) while another
+   tenant has a backlog; that attempt is cut and queued again, and the request goes on
+   at once (reason ``waited:FROM``, 0 ms): no await lies between the cut and its
+   attempt taking the slot, so the slot freed as the cut attempt unwinds is not given
+   to a waiter meanwhile;
+3. else waits when its predicted wait fits its bound;
+4. else goes on at once to the candidates left when it has a budget and there are any
+   (the fallbacks, else the overflow candidates; reason ``overflow:FROM``), else is
+   answered 503 with ``Retry-After`` (the predicted wait, rounded up) now, never after
+   a wait that could not work: a ``batch`` request is *shed*.
 
 Waiting requests take freed slots in class order, fair shares of tokens between keys
 (and sessions) inside a class, then earliest deadline (:class:`~latgate.routing.queue.WaitQueue`).
 A slot freed (a request there ended, or a load read shows room) is reserved at once for
-the waiter it goes to. A waiter whose slot comes too late for its budget goes on to the
-candidates left instead; one whose bound runs out likewise, or gets 503. A request that
-waited is routed with reason ``waited:FROM`` and ``X-Latgate-Queue-Ms``; waits are
-counted in ``latgate_queue_wait_seconds{provider,priority,outcome}`` and
-``latgate_queue_depth``, shown in ``/admin/providers`` (``queue``) and ``/ui``, and with
-``X-Latgate-Debug: 1`` explained in ``X-Latgate-Admission``.
-
-Nothing waits under a strategy other than ``latgate``, or with ``[routing.queue]
-enabled = false`` or ``[routing] admission = false``.
+the waiter it goes to. A waiter whose slot comes too
+late for its budget goes on to the candidates left instead; one whose bound runs out
+likewise, or gets 503. A request that waited is routed with reason ``waited:FROM`` and
+``X-Latgate-Queue-Ms``; waits are counted in
+``latgate_queue_wait_seconds{provider,priority,outcome}`` and ``latgate_queue_depth``,
+shown in ``/admin/providers`` (``queue``) and ``/ui``, and with ``X-Latgate-Debug: 1``
+explained in ``X-Latgate-Admission``. Nothing waits under a strategy other than
+``latgate``, or with ``[routing.queue] enabled = false`` or ``[routing] admission = false``.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from latgate.foundation.config.schema import QueueConfig
 from latgate.foundation.errors import Overloaded
@@ -53,27 +58,17 @@ from latgate.foundation.metrics import Metrics
 from latgate.live.providers.endpoint import EndpointRuntime
 from latgate.live.providers.pool import ProviderPool
 from latgate.live.providers.runtime import ProviderRuntime
-from latgate.routing.priority import BATCH, CLASS_NAMES, INTERACTIVE
-from latgate.routing.queue import Waiter, WaitQueue
+from latgate.routing.priority import BATCH, CLASS_NAMES
+from latgate.routing.queue import Place, Waiter, WaitQueue
 from latgate.routing.queue_outlook import WaitOutlook, batch_headroom, free_endpoint, has_room
-from latgate.routing.queue_preempt import Preemptible
-from latgate.routing.queue_refuse import elsewhere, fits_budget, shed_error
+from latgate.routing.queue_preempt import HELD_LEASES, Preemptible
+from latgate.routing.queue_refuse import fits_budget, refuse, shed_error, wait_bound_ms
+from latgate.routing.queue_stats import QueueStats, queue_state
 from latgate.routing.targets import RouteDecision
 
 WAIT_P90_FACTOR = 1.25
 """A request with somewhere else to go waits only when this multiple of its predicted
 wait fits: a wait is a gamble the overflow candidate does not ask for."""
-
-
-@dataclass(slots=True)
-class _Stats:
-    """One provider's queue outcomes since start (``/admin/providers``; kept by a reload)."""
-
-    admitted: int = 0
-    overflow: int = 0
-    shed: int = 0
-    preempted: int = 0
-    last_wait_ms: float | None = None
 
 
 @dataclass(slots=True)
@@ -121,9 +116,10 @@ class Admission:
         self.enabled = enabled
         self.outlook = WaitOutlook(pool)
         self._queues = {name: WaitQueue(max_waiting=settings.max_waiting) for name in pool.providers}
-        self._stats = {name: _Stats() for name in pool.providers}
+        self._stats = {name: QueueStats() for name in pool.providers}
         self._preemptible = {
-            name: Preemptible(name, self._counter_of_preempted(name)) for name in pool.providers
+            name: Preemptible(name, partial(self._count_preempted, name), partial(self._hold_seconds, name), timer)
+            for name in pool.providers
         }
         if enabled:
             pool.slot_freed = self._freed
@@ -136,8 +132,9 @@ class Admission:
         """The decision to plan with, and the ms it waited (None: it found room).
 
         As it is when its pool has room or no known capacity; with its primary's reason
-        ``waited:FROM`` once a slot was given to it; with the primary left out (reason
-        ``overflow:FROM``) when it cannot wait within its budget and has candidates left.
+        ``waited:FROM`` once a slot was given to it (at once when it preempted a
+        ``batch`` attempt for it); with the primary left out (reason ``overflow:FROM``)
+        when it cannot wait within its budget and has candidates left.
 
         Raises:
             Overloaded: 503 with ``Retry-After`` (its predicted wait): it cannot wait
@@ -147,97 +144,121 @@ class Admission:
         if not self.enabled:
             return decision, None
         name = decision.provider
-        queue = self._queues[name]
-        runtime = self._pool[name]
-        now = self._pool.clock()
-        headroom = batch_headroom(runtime, self.settings.batch_headroom_slots) if ask.priority == BATCH else 0
+        queue, runtime, now = self._queues[name], self._pool[name], self._pool.clock()
+        headroom = self._headroom(runtime) if ask.priority == BATCH else 0
         if not queue.waiting and has_room(self._pool, runtime, now, headroom):
             return decision, None
-        view = self.outlook.view(runtime, decision.prompt_tokens, now, completion_tokens=max(0, ask.cost_tokens - decision.prompt_tokens))
-        if view is None:
+        place = self._place(decision, ask, now, headroom)
+        if place is None:  # a slot none before it can take, or no known capacity
             return decision, None
-        budget, elapsed_ms = decision.budget_ms, (self._timer() - ask.received_at) * 1000.0
-        bound_ms = self._bound_ms(ask.priority, budget, elapsed_ms, view.ttft_ms)
-        ahead = queue.ahead_of(ask.priority, ask.tenant, now + bound_ms / 1000.0)  # its share's and deadline's place
-        if view.free > ahead + headroom:  # a slot none before it can take
-            return decision, None
-        stats = self._stats[name]
-        klass = CLASS_NAMES[ask.priority]
-        predicted_ms = self.outlook.predict_ms(view, ahead=ahead)  # from the leases alone
-        wait_ms = shown_ms = self.outlook.corrected_ms(name, ask.priority, predicted_ms)
-        if budget is not None and (len(decision.candidates) > 1 or decision.overflow):
-            wait_ms *= WAIT_P90_FACTOR
-        if wait_ms > bound_ms >= 0.0 and self._preempt(name, ask.priority, budget):
-            # a slot frees as the preempted attempt is cancelled: no wait left (the bound
-            # already keeps the first token's time); with no slack left, nothing is preempted
-            wait_ms = 0.0
-        if wait_ms > bound_ms:
-            text = f"{name} wait {_ms(wait_ms)} > {_ms(max(0.0, bound_ms))} left"
-            return self._refuse(decision, ask, explain, text, retry_ms=shown_ms, waited_s=0.0), None
-        future: asyncio.Future[EndpointRuntime] = asyncio.get_running_loop().create_future()
         waiter = Waiter(
-            priority=ask.priority, deadline=now + bound_ms / 1000.0, tenant=ask.tenant, cost_tokens=ask.cost_tokens,
-            enqueued_at=now, handle=future,
+            priority=ask.priority, deadline=now + place.bound_ms / 1000.0, tenant=ask.tenant, cost_tokens=ask.cost_tokens,
+            enqueued_at=now, handle=asyncio.get_running_loop().create_future(),
         )  # fmt: skip
+        if place.bound_ms >= 0.0 and self._preempt(name, ask, place.slots):
+            if ask.priority == BATCH:
+                queue.charge(waiter)  # the slot is its share's
+            return self._admitted(decision, ask, None, place, 0.0, explain), 0.0
+        if place.wait_ms > place.bound_ms:
+            text = f"{name} wait {_ms(place.wait_ms)} > {_ms(max(0.0, place.bound_ms))} left"
+            return self._refuse(decision, ask, explain, text, retry_ms=place.shown_ms, waited_s=0.0), None
         out = queue.push(waiter)
         if out is waiter:
             text = f"{name} queue full ({len(queue)} waiting)"
-            return self._refuse(decision, ask, explain, text, retry_ms=shown_ms, waited_s=0.0), None
-        self._metrics.queue_depth_gauge(name, klass).inc()
+            return self._refuse(decision, ask, explain, text, retry_ms=place.shown_ms, waited_s=0.0), None
+        self._metrics.queue_depth_gauge(name, CLASS_NAMES[ask.priority]).inc()
         if out is not None:
             self._drop(name, out)
             message = f"shed from {name}'s queue for a request of a higher class"
             out.handle.set_exception(shed_error(message, self.retry_ms(name, out.priority)))
+        return await self._wait(decision, ask, waiter, place, explain)
+
+    def _place(self, decision: RouteDecision, ask: Ask, now: float, headroom: int) -> Place | None:
+        """Where a request that found no room it may take stands: its bound, and its wait
+        predicted from the leases of the slots ahead of it; None when a slot is free for
+        it after all (none before it can take it) or a capacity is unknown."""
+        name = decision.provider
+        view = self.outlook.view(
+            self._pool[name], decision.prompt_tokens, now, completion_tokens=max(0, ask.cost_tokens - decision.prompt_tokens)
+        )
+        if view is None:
+            return None
+        elapsed_ms = (self._timer() - ask.received_at) * 1000.0
+        bound_ms = wait_bound_ms(self.settings, ask.priority, decision.budget_ms, elapsed_ms, view.ttft_ms)
+        ahead = self._queues[name].ahead_of(ask.priority, ask.tenant, now + bound_ms / 1000.0)  # its share's and deadline's place
+        if view.free > ahead + headroom:
+            return None
+        predicted_ms = self.outlook.predict_ms(view, ahead=ahead)  # from the leases alone
+        wait_ms = shown_ms = self.outlook.corrected_ms(name, ask.priority, predicted_ms)
+        if decision.budget_ms is not None and (len(decision.candidates) > 1 or decision.overflow):
+            wait_ms *= WAIT_P90_FACTOR
+        return Place(view.ttft_ms, elapsed_ms, bound_ms, predicted_ms, wait_ms, shown_ms, view.slots)
+
+    async def _wait(
+        self, decision: RouteDecision, ask: Ask, waiter: Waiter, place: Place, explain: dict[str, str] | None
+    ) -> tuple[RouteDecision, float | None]:
+        """Wait for the slot ``waiter`` is given (within its bound), then as :meth:`hold` says."""
+        name = decision.provider
+        stats = self._stats[name]
         started = self._timer()
         try:
-            async with asyncio.timeout(max(0.0, bound_ms) / 1000.0):
-                endpoint = await future
+            async with asyncio.timeout(max(0.0, place.bound_ms) / 1000.0):
+                endpoint = await waiter.handle
         except TimeoutError:
             waited_ms = (self._timer() - started) * 1000.0
-            self._forget(queue, waiter)
+            self._forget(name, waiter)
             stats.last_wait_ms = waited_ms
-            text = f"gave up on {name} after {_ms(waited_ms)} (predicted {_ms(wait_ms)})"
-            return self._refuse(
-                decision,
-                ask,
-                explain,
-                text,
-                retry_ms=self.retry_ms(name, ask.priority),
-                waited_s=waited_ms / 1000.0,
-            ), waited_ms
+            text = f"gave up on {name} after {_ms(waited_ms)} (predicted {_ms(place.wait_ms)})"
+            retry_ms = self.retry_ms(name, ask.priority)
+            return self._refuse(decision, ask, explain, text, retry_ms=retry_ms, waited_s=waited_ms / 1000.0), waited_ms
         except asyncio.CancelledError:  # the client left while waiting
-            self._forget(queue, waiter)
+            self._forget(name, waiter)
             raise
         except Overloaded as shed:  # pushed out by a higher class
             stats.shed += 1
-            self._metrics.record_queue_wait(
-                provider=name, priority=klass, outcome="shed", seconds=self._timer() - started
-            )
+            seconds = self._timer() - started
+            self._metrics.record_queue_wait(provider=name, priority=CLASS_NAMES[ask.priority], outcome="shed", seconds=seconds)
             raise shed from None
         waited = self._timer() - started
-        waited_ms = waited * 1000.0
-        self.outlook.learn(name, ask.priority, predicted_ms=predicted_ms, actual_ms=waited_ms)
+        return self._admitted(decision, ask, endpoint, place, waited, explain), waited * 1000.0
+
+    def _admitted(
+        self,
+        decision: RouteDecision,
+        ask: Ask,
+        endpoint: EndpointRuntime | None,
+        place: Place,
+        waited: float,
+        explain: dict[str, str] | None,
+    ) -> RouteDecision:
+        """A waiter given ``endpoint``'s slot after ``waited`` seconds (None: the slot of
+        the attempt it preempted, at once): the decision it goes on with (reason
+        ``waited:FROM``), or the candidates left when the slot came too late."""
+        name = decision.provider
+        stats, klass, waited_ms = self._stats[name], CLASS_NAMES[ask.priority], waited * 1000.0
         stats.last_wait_ms = waited_ms
-        self._pool.release(endpoint)  # the slot held for it: the plan made now takes it
+        if endpoint is not None:  # (a preemption is no outcome of the wait prediction)
+            self.outlook.learn(name, ask.priority, predicted_ms=place.predicted_ms, actual_ms=waited_ms)
+            self._pool.release(endpoint)  # the slot held for it: the plan made now takes it
+        budget = decision.budget_ms
         if budget is not None and not fits_budget(
-            elapsed_ms=elapsed_ms + waited_ms, wait_ms=0.0, ttft_ms=view.ttft_ms, budget_ms=budget
+            elapsed_ms=place.elapsed_ms + waited_ms, wait_ms=0.0, ttft_ms=place.ttft_ms, budget_ms=budget
         ):
-            self._wake(runtime)  # too late for its budget: the slot goes to the next waiter
+            self._wake(self._pool[name])  # too late for its budget: the slot goes to the next waiter
             text = f"slot of {name} came after {_ms(waited_ms)}: too late for budget {budget}ms"
-            return self._refuse(decision, ask, explain, text, retry_ms=0.0, waited_s=waited), waited_ms
+            return self._refuse(decision, ask, explain, text, retry_ms=0.0, waited_s=waited)
         stats.admitted += 1
         self._metrics.record_queue_wait(provider=name, priority=klass, outcome="admitted", seconds=waited)
         if explain is not None:
-            explain["admission"] = f"waited {_ms(waited_ms)} for {name} (predicted {_ms(wait_ms)}, {klass})"
+            how = f"waited {_ms(waited_ms)} for" if endpoint is not None else "preempted a batch request on"
+            explain["admission"] = f"{how} {name} (predicted {_ms(place.wait_ms)}, {klass})"
         primary = dataclasses.replace(decision.candidates[0], reason=f"waited:{name}")
-        return dataclasses.replace(
-            decision, reason=primary.reason, candidates=(primary, *decision.candidates[1:])
-        ), waited_ms
+        return dataclasses.replace(decision, reason=primary.reason, candidates=(primary, *decision.candidates[1:]))
 
     def guard(self, provider: str, priority: int) -> Preemptible | None:
         """For a ``batch`` request about to be sent to ``provider`` (with preemption on):
-        what to run its attempt in until its first byte (:meth:`Preemptible.run`), so an
-        ``interactive`` request may take its slot; None for any other request."""
+        what to run its attempt in until its first byte (:meth:`Preemptible.run`), so a
+        request that would wait may take its slot; None for any other request."""
         if priority != BATCH or not self.enabled or not self.settings.preempt:
             return None
         return self._preemptible[provider]
@@ -246,7 +267,7 @@ class Admission:
         """Whether a preempted request may go back to the queue: its class's longest
         wait is not over yet (the hold bounds the wait again)."""
         elapsed_ms = (self._timer() - ask.received_at) * 1000.0
-        return self._bound_ms(ask.priority, None, elapsed_ms, 0.0) > 0.0
+        return wait_bound_ms(self.settings, ask.priority, None, elapsed_ms, 0.0) > 0.0
 
     def retry_ms(self, provider: str, priority: int) -> float:
         """The wait predicted now for a newcomer of class ``priority`` on ``provider``
@@ -260,31 +281,14 @@ class Admission:
 
     def describe(self) -> dict[str, dict[str, object]]:
         """Per provider: requests waiting now by class and the outcomes since start (for
-        ``/admin/providers`` and ``/ui``)."""
-        out: dict[str, dict[str, object]] = {}
-        for name, queue in self._queues.items():
-            stats = self._stats[name]
-            waiting = {klass: 0 for klass in CLASS_NAMES}
-            for waiter in queue.waiting:
-                waiting[CLASS_NAMES[waiter.priority]] += 1
-            out[name] = {
-                "enabled": self.enabled,
-                "waiting": len(queue),
-                "waiting_by_priority": waiting,
-                "admitted": stats.admitted,
-                "overflow": stats.overflow,
-                "shed": stats.shed,
-                "preempted": stats.preempted,
-                "last_wait_ms": None if stats.last_wait_ms is None else round(stats.last_wait_ms, 1),
-                "wait_correction": {
-                    CLASS_NAMES[k]: round(v, 3) for k, v in sorted(self.outlook.corrections[name].items())
-                },
-                "lease_ms": {
-                    ep.config.id: round(self.lease_seconds(ep) * 1000.0, 1)
-                    for ep in self._pool[name].endpoints
-                },
-            }
-        return out
+        ``/admin/providers`` and ``/ui``: :func:`~latgate.routing.queue_stats.queue_state`)."""
+        return {
+            name: queue_state(
+                enabled=self.enabled, queue=queue, stats=self._stats[name], corrections=self.outlook.corrections[name],
+                lease_ms={ep.config.id: self.lease_seconds(ep) * 1000.0 for ep in self._pool[name].endpoints},
+            )
+            for name, queue in self._queues.items()
+        }
 
     def lease_seconds(self, endpoint: EndpointRuntime) -> float:
         """Seconds a request is expected to hold a slot: :meth:`WaitOutlook.lease_seconds`."""
@@ -302,57 +306,40 @@ class Admission:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _counter_of_preempted(self, name: str) -> Callable[[], None]:
-        def preempted() -> None:
-            self._stats[name].preempted += 1
-            self._metrics.record_queue_wait(provider=name, priority="batch", outcome="preempted", seconds=0.0)
+    def _count_preempted(self, name: str) -> None:
+        self._stats[name].preempted += 1
+        self._metrics.record_queue_wait(provider=name, priority="batch", outcome="preempted", seconds=0.0)
 
-        return preempted
+    def _hold_seconds(self, name: str, tenant: str) -> float:
+        """A ``batch`` stream of ``tenant`` is held preemptible while the tenant has a
+        backlog on ``name``: to its end, at most :data:`HELD_LEASES` of the pool's lease."""
+        if not self._queues[name].waiting_of(BATCH, tenant):
+            return 0.0
+        return HELD_LEASES * max((self.lease_seconds(ep) for ep in self._pool[name].endpoints), default=0.0)
 
-    def _bound_ms(self, priority: int, budget: int | None, elapsed_ms: float, ttft_ms: float) -> float:
-        """How long the request may still wait: its budget's slack, at most its class's
-        longest wait."""
-        settings = self.settings
-        longest = settings.batch_max_wait_ms if priority == BATCH else settings.max_wait_ms
-        bound = longest - elapsed_ms
-        if budget is not None:
-            bound = min(bound, budget - elapsed_ms - ttft_ms)
-        return bound
-
-    def _preempt(self, name: str, priority: int, budget: int | None) -> bool:
-        """Cancel the newest preemptible ``batch`` attempt on ``name`` for an interactive
-        request with a budget; True when one was cancelled."""
-        if priority < INTERACTIVE or budget is None or not self.settings.preempt:
+    def _preempt(self, name: str, ask: Ask, slots: int) -> bool:
+        """Cut a running ``batch`` attempt on ``name`` for ``ask`` instead of letting it wait:
+        for a request of a class above ``batch``, or for a ``batch`` one of a tenant within
+        its share (:meth:`WaitQueue.within_share`, with a burst of its equal part of the
+        pool's ``slots``) while another has a backlog (:mod:`latgate.routing.queue_preempt`);
+        True when one was cut."""
+        if not self.settings.preempt:
             return False
-        return self._preemptible[name].preempt(priority=priority)
+        queue = self._queues[name]
+        tenants = queue.backlogged(BATCH) | {ask.tenant}  # a burst up to its equal part of the slots
+        burst_tokens = ask.cost_tokens * max(0, slots // len(tenants) - 1)
+        if ask.priority == BATCH and not queue.within_share(BATCH, ask.tenant, burst_tokens):
+            return False
+        return self._preemptible[name].preempt(priority=ask.priority, tenant=ask.tenant, backlogged=queue.backlogged(BATCH))
 
     def _refuse(
-        self,
-        decision: RouteDecision,
-        ask: Ask,
-        explain: dict[str, str] | None,
-        text: str,
-        *,
-        retry_ms: float,
-        waited_s: float,
+        self, decision: RouteDecision, ask: Ask, explain: dict[str, str] | None, text: str, *, retry_ms: float, waited_s: float
     ) -> RouteDecision:
-        """The request cannot wait: the candidates left when it has a budget and any are
-        left, else :class:`Overloaded` (503, ``Retry-After`` from ``retry_ms``)."""
-        name = decision.provider
-        stats = self._stats[name]
-        klass = CLASS_NAMES[ask.priority]
-        rest = elsewhere(decision) if decision.budget_ms is not None else decision
-        if rest is not decision:
-            stats.overflow += 1
-            self._metrics.record_queue_wait(
-                provider=name, priority=klass, outcome="overflow", seconds=waited_s
-            )
-            if explain is not None:
-                explain["admission"] = f"not held: {text}"
-            return rest
-        stats.shed += 1
-        self._metrics.record_queue_wait(provider=name, priority=klass, outcome="shed", seconds=waited_s)
-        raise shed_error(f"provider {name!r} is at capacity: {text}; {klass} request not queued", retry_ms)
+        """The request cannot wait: :func:`~latgate.routing.queue_refuse.refuse`."""
+        return refuse(
+            decision, priority=ask.priority, stats=self._stats[decision.provider], metrics=self._metrics, explain=explain,
+            text=text, retry_ms=retry_ms, waited_s=waited_s,
+        )  # fmt: skip
 
     def _freed(self, runtime: ProviderRuntime, endpoint: EndpointRuntime, held_seconds: float | None) -> None:
         if held_seconds is not None and held_seconds > 0:
@@ -361,37 +348,51 @@ class Admission:
             self._wake(runtime)
 
     def _wake(self, runtime: ProviderRuntime) -> None:
-        """Slots of ``runtime`` may have freed: give each to the next waiter, reserved."""
+        """Slots of ``runtime`` may have freed: give each, reserved, to the next waiter."""
         queue = self._queues[runtime.name]
         now = self._pool.clock()
         while queue.waiting:
             endpoint = free_endpoint(self._pool, runtime, now)
             if endpoint is None:
                 return
-            if queue.top_priority() == BATCH and not has_room(self._pool, runtime, now, batch_headroom(runtime, self.settings.batch_headroom_slots)):
+            waiter = self._next_waiter(runtime, now)
+            if waiter is None:
                 return  # the headroom is kept for the other classes
-            waiter = queue.pop()
-            assert waiter is not None
-            self._metrics.queue_depth_gauge(runtime.name, CLASS_NAMES[waiter.priority]).dec()
             if waiter.handle.done():
                 continue
             self._pool.reserve(endpoint)
             waiter.handle.set_result(endpoint)
 
+    def _headroom(self, runtime: ProviderRuntime) -> int:
+        """Free slots of ``runtime`` a ``batch`` request leaves: ``batch_headroom_slots``
+        less the running ``batch`` attempts that would give theirs up at once (preempt on)."""
+        headroom = batch_headroom(runtime, self.settings.batch_headroom_slots)
+        if self.settings.preempt and headroom:
+            return max(0, headroom - self._preemptible[runtime.name].closable())
+        return headroom
+
+    def _next_waiter(self, runtime: ProviderRuntime, now: float) -> Waiter | None:
+        """The queued waiter a free slot of ``runtime`` goes to (out of the queue), or None:
+        a ``batch`` one when only the headroom is free."""
+        queue = self._queues[runtime.name]
+        if queue.top_priority() == BATCH and not has_room(self._pool, runtime, now, self._headroom(runtime)):
+            return None
+        waiter = queue.pop()
+        if waiter is not None:
+            self._drop(runtime.name, waiter)
+        return waiter
+
     def _drop(self, name: str, waiter: Waiter) -> None:
         self._metrics.queue_depth_gauge(name, CLASS_NAMES[waiter.priority]).dec()
 
-    def _forget(self, queue: WaitQueue, waiter: Waiter) -> None:
+    def _forget(self, name: str, waiter: Waiter) -> None:
         """Drop a waiter that stopped waiting; a slot given to it meanwhile is passed on."""
         future = waiter.handle
-        if queue.remove(waiter):
-            name = next(name for name, q in self._queues.items() if q is queue)
+        if self._queues[name].remove(waiter):
             self._drop(name, waiter)
         if future.done() and not future.cancelled() and future.exception() is None:
-            endpoint = future.result()
-            self._pool.release(endpoint)
-            runtime = next(r for r in self._pool.providers.values() if endpoint in r.endpoints)
-            self._wake(runtime)
+            self._pool.release(future.result())
+            self._wake(self._pool[name])
         else:
             future.cancel()
 

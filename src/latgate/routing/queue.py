@@ -13,15 +13,17 @@ per provider and asks it, on plain data, three things:
   SIGCOMM 1996): a quiet key is not starved by a flood, and a key that was idle earns
   no credit; inside a tenant, the earliest deadline (EDF), then arrival.
 
-:func:`choose_preemption` picks the admitted ``batch`` request (before its first byte)
-that gives its slot to an ``interactive`` request that would otherwise miss its budget.
+:func:`choose_preemption` picks the running ``batch`` request (its client has received
+nothing yet) that gives its slot to a request that would otherwise wait: one of a higher
+class, or a ``batch`` one of a tenant within its share (:meth:`WaitQueue.within_share`)
+while another tenant has a backlog.
 Times are the caller's clock seconds; nothing here sleeps or reads a clock.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +52,31 @@ class Waiter:
     handle: Any = None
     seq: int = 0
     tag: float = 0.0
+
+
+@dataclass(slots=True)
+class Place:
+    """Where a request that found its pool full stands, in ms
+    (:meth:`latgate.routing.admission.Admission.hold`).
+
+    Attributes:
+        ttft_ms: the pool's TTFT p90 for its prompt.
+        elapsed_ms: since it arrived.
+        bound_ms: how long it may still wait (< 0: a slot now is already too late).
+        predicted_ms: its wait from the slots' leases alone.
+        wait_ms: that, corrected by the waits that came true (with somewhere else to go,
+            times a safety factor): what it is held to.
+        shown_ms: the corrected wait: what ``Retry-After`` says.
+        slots: the pool's capacity (slots of the endpoints that can take traffic).
+    """
+
+    ttft_ms: float
+    elapsed_ms: float
+    bound_ms: float
+    predicted_ms: float
+    wait_ms: float
+    shown_ms: float
+    slots: int
 
 
 @dataclass(slots=True)
@@ -148,6 +175,32 @@ class WaitQueue:
                 del self.finish[share]
         return chosen
 
+    def waiting_of(self, priority: int, tenant: str) -> int:
+        """Waiters of class ``priority`` charged to ``tenant`` (0: no backlog of its own)."""
+        return sum(1 for w in self.waiting if w.priority == priority and w.tenant == tenant)
+
+    def backlogged(self, priority: int) -> set[str]:
+        """The tenants with waiters of class ``priority``."""
+        return {w.tenant for w in self.waiting if w.priority == priority}
+
+    def within_share(self, priority: int, tenant: str, burst_tokens: float = 0.0) -> bool:
+        """True when ``tenant`` has no waiter of class ``priority`` and its share of that
+        class ends at most ``burst_tokens`` past the class's virtual time: it has been
+        served no more than its fair share (and that burst), so a slot taken for it
+        (:meth:`charge`) is one it is owed."""
+        if any(w.priority == priority and w.tenant == tenant for w in self.waiting):
+            return False
+        return self.finish.get((priority, tenant), 0.0) <= self.virtual.get(priority, 0.0) + burst_tokens
+
+    def charge(self, waiter: Waiter) -> None:
+        """Count ``waiter``'s cost in its tenant's share (a slot taken for it by preemption)
+        without queueing it; the class's virtual time stays (it moves as waiters are served
+        in order, and this one went out of order)."""
+        share = (waiter.priority, waiter.tenant)
+        start = max(self.virtual.get(waiter.priority, 0.0), self.finish.get(share, 0.0))
+        waiter.tag = start
+        self.finish[share] = start + waiter.cost_tokens
+
     def remove(self, waiter: Waiter) -> bool:
         """Take ``waiter`` out (it gave up or was answered elsewhere); False if it was not in."""
         try:
@@ -193,25 +246,40 @@ def predicted_wait_ms(remaining_ms: Sequence[float], *, ahead: int, lease_ms: fl
     return sorted(remaining_ms)[index] + rounds * (lease_ms or 0.0)
 
 
-def choose_preemption(admitted: Sequence[tuple[int, float]], *, priority: int) -> int | None:
-    """Which admitted request (before its first byte) gives its slot to a request of class
-    ``priority`` that would otherwise miss its budget.
+def choose_preemption(
+    running: Sequence[tuple[str, float]], *, priority: int, tenant: str, backlogged: Collection[str]
+) -> int | None:
+    """Which running ``batch`` attempt (its client has received nothing yet) gives its slot
+    to a request that would otherwise wait.
 
     Args:
-        admitted: ``(class, admitted_at)`` of each request admitted and not yet answered.
+        running: ``(tenant, started_at)`` of each preemptible ``batch`` attempt (clock seconds).
         priority: the class of the request that needs a slot.
+        tenant: whose request it is.
+        backlogged: the tenants with ``batch`` requests waiting (asking more than they are served).
 
     Returns:
-        The index of the most recently admitted ``batch`` request (the least work
-        lost), only for a class above ``batch``; None when there is none.
+        The index of the youngest attempt (the least work lost) of the tenant holding the
+        most of them: among every tenant's for a class above ``batch``; for a ``batch``
+        request, among the other tenants' that have a backlog (the caller checks that
+        the request's own tenant is within its share). None when there is none.
+
+    Example::
+
+        choose_preemption([("flood", 1.0), ("flood", 2.0), ("quiet", 3.0)],
+                          priority=BATCH, tenant="quiet", backlogged={"flood"})  # 1
     """
-    if priority <= BATCH:
+    if priority > BATCH:
+        candidates = list(range(len(running)))
+    else:
+        candidates = [i for i, (owner, _) in enumerate(running) if owner != tenant and owner in backlogged]
+    if not candidates:
         return None
-    best: int | None = None
-    for index, (klass, admitted_at) in enumerate(admitted):
-        if klass == BATCH and (best is None or admitted_at > admitted[best][1]):
-            best = index
-    return best
+    held: dict[str, int] = {}
+    for index in candidates:
+        held[running[index][0]] = held.get(running[index][0], 0) + 1
+    victim = max(held, key=lambda owner: held[owner])
+    return max((i for i in candidates if running[i][0] == victim), key=lambda i: running[i][1])
 
 
 def correction(ratio: float | None, *, actual_ms: float, predicted_ms: float, alpha: float = 0.3) -> float:

@@ -1,5 +1,6 @@
-"""Where a request the gateway queue cannot hold goes: on to the candidates left
-(*overflow*, reason ``overflow:FROM``), or a 503 with ``Retry-After`` (*shed*).
+"""How long a request may wait in the gateway queue, and where one it cannot hold goes:
+on to the candidates left (*overflow*, reason ``overflow:FROM``), or a 503 with
+``Retry-After`` (*shed*).
 
 Used by :class:`~latgate.routing.admission.Admission` when a wait cannot fit a request's
 bound, and by the forwarder when an endpoint answers busy.
@@ -10,8 +11,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from latgate.foundation.config.schema import QueueConfig
 from latgate.foundation.errors import GatewayError, Overloaded
+from latgate.foundation.metrics import Metrics
+from latgate.routing.priority import BATCH, CLASS_NAMES
 from latgate.routing.queue_outlook import retry_after_seconds
+from latgate.routing.queue_stats import QueueStats
 from latgate.routing.targets import RouteDecision, Target
 
 
@@ -19,6 +24,17 @@ def fits_budget(*, elapsed_ms: float, wait_ms: float, ttft_ms: float, budget_ms:
     """True when a request ``elapsed_ms`` after its arrival, waiting ``wait_ms`` and then
     ``ttft_ms`` to its first token, meets its budget."""
     return elapsed_ms + wait_ms + ttft_ms <= budget_ms
+
+
+def wait_bound_ms(settings: QueueConfig, priority: int, budget_ms: int | None, elapsed_ms: float, ttft_ms: float) -> float:
+    """How long a request of class ``priority`` ``elapsed_ms`` after its arrival may still
+    wait (ms; < 0: already too late): its budget's slack (less the pool's ``ttft_ms``), at
+    most its class's longest wait (``[routing.queue] max_wait_ms``, ``batch_max_wait_ms``)."""
+    longest = settings.batch_max_wait_ms if priority == BATCH else settings.max_wait_ms
+    bound = longest - elapsed_ms
+    if budget_ms is not None:
+        bound = min(bound, budget_ms - elapsed_ms - ttft_ms)
+    return bound
 
 
 def overflow_targets(rest: Sequence[Target], decision: RouteDecision, full: str) -> list[Target]:
@@ -56,3 +72,36 @@ def elsewhere(decision: RouteDecision) -> RouteDecision:
 def shed_error(message: str, wait_ms: float) -> GatewayError:
     """503 with ``Retry-After``: the predicted wait, rounded up (:func:`retry_after_seconds`)."""
     return Overloaded(message, code="queue_full", headers={"retry-after": str(retry_after_seconds(wait_ms))})
+
+
+def refuse(
+    decision: RouteDecision,
+    *,
+    priority: int,
+    stats: QueueStats,
+    metrics: Metrics,
+    explain: dict[str, str] | None,
+    text: str,
+    retry_ms: float,
+    waited_s: float,
+) -> RouteDecision:
+    """A request of class ``priority`` that cannot wait for ``decision``'s provider
+    (``text`` says why, after ``waited_s`` seconds): the candidates left when it has a
+    budget and any are left (counted ``overflow``), else :class:`Overloaded` (503,
+    ``Retry-After`` from ``retry_ms``; counted ``shed``).
+
+    Raises:
+        Overloaded: it has nowhere else to go.
+    """
+    name = decision.provider
+    klass = CLASS_NAMES[priority]
+    rest = elsewhere(decision) if decision.budget_ms is not None else decision
+    if rest is not decision:
+        stats.overflow += 1
+        metrics.record_queue_wait(provider=name, priority=klass, outcome="overflow", seconds=waited_s)
+        if explain is not None:
+            explain["admission"] = f"not held: {text}"
+        return rest
+    stats.shed += 1
+    metrics.record_queue_wait(provider=name, priority=klass, outcome="shed", seconds=waited_s)
+    raise shed_error(f"provider {name!r} is at capacity: {text}; {klass} request not queued", retry_ms)

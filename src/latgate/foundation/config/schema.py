@@ -217,12 +217,14 @@ class QueueConfig(Frozen):
         max_wait_ms: the longest any request waits for a slot.
         batch_max_wait_ms: the longest a ``batch`` request waits; past it (or predicted
             past it) it is shed with 503 and ``Retry-After``.
-        batch_headroom_slots: free slots a ``batch`` request never takes, kept for the
+        batch_headroom_slots: free slots a ``batch`` request does not take, kept for the
             other classes so an interactive turn finds a slot at once instead of the next
-            to free; only on a provider with at least 4 slots per headroom slot.
-        preempt: an ``interactive`` request that would miss its budget may take the slot
-            of a ``batch`` request admitted before its first byte (that one is queued
-            again, or answered 503 with ``x-latgate-preempted``).
+            to free, less the running ``batch`` requests that would give theirs up at once
+            (``preempt``); only on a provider with at least 4 slots per headroom slot.
+        preempt: a request that would wait (above ``batch``, or ``batch`` of a key within
+            its share while another key has a backlog) takes the slot of a ``batch`` one
+            its client has had nothing of (held back while its key has a backlog; it is
+            queued again, or answered 503 with ``x-latgate-preempted``).
         retry_budget_percent: retries plus hedges in flight per provider, at most this
             share of its active requests (Envoy's ``budget_percent``).
         retry_budget_min: this many retries plus hedges in flight are always allowed.
