@@ -178,9 +178,7 @@ class Admission:
         predicted from the leases of the slots ahead of it; None when a slot is free for
         it after all (none before it can take it) or a capacity is unknown."""
         name = decision.provider
-        view = self.outlook.view(
-            self._pool[name], decision.prompt_tokens, now, completion_tokens=max(0, ask.cost_tokens - decision.prompt_tokens)
-        )
+        view = self.outlook.view(self._pool[name], decision.prompt_tokens, now, completion_tokens=max(0, ask.cost_tokens - decision.prompt_tokens))
         if view is None:
             return None
         elapsed_ms = (self._timer() - ask.received_at) * 1000.0

@@ -160,15 +160,13 @@ class ProviderPool:
         prefix: PromptPrefix | None = None,
         completion_tokens: int = 0,
     ) -> Ticket:
-        """Count an attempt in flight on ``endpoint`` from now; :meth:`end` must follow
-        (the forwarder calls it from the attempt's exit stack, a plain callback: cheaper
-        per request than an async context manager). With the prompt's ``prefix``, the
-        tokens ``endpoint`` is believed to hold are taken out of its TTFT observation
-        and the rest counts as prefill ahead of later requests until its first token.
-        ``completion_tokens``: what the request is expected to generate (0: unknown),
-        kept with its start in ``endpoint.leases``."""
+        """Count an attempt in flight on ``endpoint`` from now; :meth:`end` must follow (the forwarder
+        calls it from the attempt's exit stack, a plain callback: cheaper per request than an async
+        context manager). With the prompt's ``prefix``, the tokens ``endpoint`` is believed to hold
+        are taken out of its TTFT observation and the rest counts as prefill ahead of later requests
+        until its first token; ``completion_tokens`` (0: unknown) is kept in ``endpoint.leases``."""
         ticket = Ticket(prompt_tokens=prompt_tokens, queue_ms=queue_ms, started_at=time.perf_counter())
-        ticket.estimated_prompt_tokens = prompt_tokens
+        ticket.estimated_prompt_tokens, ticket.completion_tokens = prompt_tokens, completion_tokens
         if prefix is not None and endpoint.prefix_index is not None:
             cached = self.cached_tokens(endpoint, prefix)
             ticket.prefix, ticket.cached_tokens = prefix, cached
@@ -182,7 +180,6 @@ class ProviderPool:
         if ticket.prefilling:  # its work: the prefill ahead of it and its own
             endpoint.prefill_rate.sent(ticket, at=sent_at, work_tokens=endpoint.prefill_tokens)
         endpoint.starts.append(sent_at)
-        ticket.completion_tokens = completion_tokens
         endpoint.leases.append((sent_at, completion_tokens))
         endpoint.in_flight += 1
         endpoint.requests += 1
