@@ -1,7 +1,7 @@
 """Retry storm: one of a pool's two endpoints fails every request; the retry budget keeps
 the retries, and so the healthy endpoint's added load, a bounded share (issue 22).
 
-    .venv/bin/python benchmarks/routing_slo.py --retry-storm [--duration 20] [--rate 20] [--json OUT.json]
+    .venv/bin/python benchmarks/retry_storm.py [--duration 20] [--rate 20] [--json OUT.json]
 
 Loopback, three processes: two simulators (``bad`` answers every generation 500,
 ``good`` serves: 40 ms to first token, 10 ms a token, 32 slots), latgate in front of
@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -122,10 +123,10 @@ def run_one(name: str, times: list[float]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """``routing_slo.py --retry-storm [--duration S] [--rate R] [--seed N] [--json OUT]``."""
+    """``retry_storm.py [--duration S] [--rate R] [--seed N] [--json OUT]``."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="routing_slo.py --retry-storm")
+    parser = argparse.ArgumentParser(prog="retry_storm.py")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=20.0)
@@ -147,3 +148,8 @@ def main(argv: list[str]) -> int:
     if args.json:
         args.json.write_text(json.dumps({"duration_s": args.duration, "rate": args.rate, "seed": args.seed, "runs": rows}, indent=2) + "\n")
     return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.exit(main(sys.argv[1:]))
