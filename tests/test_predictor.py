@@ -144,11 +144,11 @@ def test_decode_pool_starts_with_a_faster_prior_than_a_hosted_upstream() -> None
 def test_after_a_burst_the_wait_is_what_the_oldest_request_has_left() -> None:
     ep = endpoint()
     ep.slot_seconds = 0.8
-    ep.starts = [10.0] * 8 + [10.1] * 2  # a burst filled every slot at once; 2 wait
+    ep.leases = [(t, 0) for t in [10.0] * 8 + [10.1] * 2]  # a burst filled every slot at once; 2 wait
     ep.in_flight = 10
     # this request waits for the 3rd of the 8 running to leave: 0.7 s left at 10.1 s
     assert ep.queue_ms(now=10.1) == pytest.approx(700.0)
-    ep.starts = [9.3, 9.4, 9.5, 9.6, 9.7, 9.8, 9.9, 10.0]  # staggered: the oldest is nearly done
+    ep.leases = [(t, 0) for t in (9.3, 9.4, 9.5, 9.6, 9.7, 9.8, 9.9, 10.0)]  # staggered: the oldest is nearly done
     ep.in_flight = 8
     assert ep.queue_ms(now=10.0) == pytest.approx(100.0)
 
@@ -156,7 +156,7 @@ def test_after_a_burst_the_wait_is_what_the_oldest_request_has_left() -> None:
 def test_more_waiting_than_slots_adds_a_whole_round_per_turn() -> None:
     ep = endpoint()
     ep.slot_seconds = 0.5
-    ep.starts = [0.0] * 17
+    ep.leases = [(0.0, 0)] * 17
     ep.in_flight = 17
     assert ep.queue_ms(now=0.0) == pytest.approx(1000.0)  # 10 must leave: 8 at 0.5 s, then 2 more at 1 s
 
@@ -164,7 +164,7 @@ def test_more_waiting_than_slots_adds_a_whole_round_per_turn() -> None:
 def test_a_request_routed_but_not_yet_sent_counts_as_load() -> None:
     ep = endpoint()
     ep.slot_seconds = 0.8
-    ep.starts, ep.in_flight = [10.0] * 8, 8
+    ep.leases, ep.in_flight = [(10.0, 0)] * 8, 8
     assert ep.queue_ms(now=10.0) == pytest.approx(800.0)
     ep.pending = 8  # a burst routed in one go: the next one waits a whole further round
     assert ep.load(now=10.0) == 16

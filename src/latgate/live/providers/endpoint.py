@@ -92,8 +92,6 @@ class EndpointRuntime:
         engine_cache: the prefix-cache facts on the engine's ``/metrics`` (capacity in
             tokens, block size, hit counters: :mod:`latgate.live.providers.engine_cache`),
             from its last load read; None before one, or for engines without them.
-        starts: clock seconds at which each of latgate's requests in flight was sent,
-            oldest first.
         leases: ``(sent_at, expected completion tokens)`` of each of latgate's requests
             in flight (0 tokens: unknown), oldest first: what the gateway queue's wait
             prediction prices each held slot at (:mod:`latgate.routing.queue_outlook`).
@@ -144,7 +142,6 @@ class EndpointRuntime:
     engine_own_in_flight: int = 0
     engine_cache: EngineCacheFacts | None = None
     inferred_capacity: int | None = None
-    starts: list[float] = field(default_factory=list)
     leases: list[tuple[float, int]] = field(default_factory=list)
     pending: int = 0
     probe_ok: bool | None = None
@@ -289,11 +286,11 @@ class EndpointRuntime:
         ahead = self.in_flight + self.pending + others - capacity + 1
         if ahead <= 0:
             return 0.0
-        starts = self.starts
-        if others or len(starts) != self.in_flight:
+        leases = self.leases
+        if others or len(leases) != self.in_flight:
             return ahead * self.slot_seconds * 1000.0 / capacity
         rounds, index = divmod(ahead - 1, capacity)
-        started = starts[index] if index < len(starts) else now  # routed, not yet sent: starts now
+        started = leases[index][0] if index < len(leases) else now  # routed, not yet sent: starts now
         left = self.slot_seconds - (now - started)
         return (max(0.0, left) + rounds * self.slot_seconds) * 1000.0
 

@@ -179,7 +179,6 @@ class ProviderPool:
         ticket.sent_at = sent_at = self.clock()
         if ticket.prefilling:  # its work: the prefill ahead of it and its own
             endpoint.prefill_rate.sent(ticket, at=sent_at, work_tokens=endpoint.prefill_tokens)
-        endpoint.starts.append(sent_at)
         endpoint.leases.append((sent_at, completion_tokens))
         endpoint.in_flight += 1
         endpoint.requests += 1
@@ -189,7 +188,6 @@ class ProviderPool:
     def end(self, provider: ProviderRuntime, endpoint: EndpointRuntime, ticket: Ticket) -> None:
         """The attempt is over: a censored one teaches the TTFT fit a lower bound; an
         answered one, how long it held a batch slot."""
-        endpoint.starts.remove(ticket.sent_at)
         endpoint.leases.remove((ticket.sent_at, ticket.completion_tokens))
         endpoint.in_flight -= 1
         if ticket.prefilling:

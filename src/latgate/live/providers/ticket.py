@@ -23,7 +23,7 @@ class Ticket:
         budget_deadline: its first-token deadline came from the request's budget: missing
             it is a latency verdict (the censored TTFT), not an error of the endpoint.
         sent_at: the pool clock's reading when it was sent (its entry in the
-            endpoint's ``starts``).
+            endpoint's ``leases``).
         prefix: the prompt's samples (:mod:`latgate.routing.prefix_index`), recorded in
             the endpoint's prefix index at its first token; None without one.
         cached_tokens: prompt tokens the endpoint was believed to hold when it was sent
