@@ -48,7 +48,7 @@ async def readyz(request: Request) -> Response:
     answered = default is None or _answered(default)
     available = {name: sum(pool.available(ep) for ep in p.endpoints) for name, p in pool.providers.items()}
     ready = answered and any(available.values())
-    status = "ready" if ready else "unavailable" if answered else _unreached(default)
+    status = "ready" if ready else "unavailable" if answered or default is None else _unreached(default)
     body = orjson.dumps({"status": status, "available_endpoints": available})
     return Response(body, status_code=200 if ready else 503, media_type="application/json")
 
