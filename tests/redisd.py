@@ -32,15 +32,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def redis_server(*options: str) -> Iterator[str]:
-    """Run ``redis-server`` on loopback with ``options`` added to its command line
-    (``"--requirepass", "pw"``); yields ``redis://127.0.0.1:PORT/0``."""
+def redis_server(*options: str, port: int | None = None) -> Iterator[str]:
+    """Run ``redis-server`` on loopback (on ``port``, else a free one) with ``options``
+    added to its command line (``"--requirepass", "pw"``); yields ``redis://127.0.0.1:PORT/0``."""
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip(
             "redis-server is not installed: `apt-get install redis-server` (.ci/run does it) to run the Redis tests"
         )
-    port = free_port()
+    port = port or free_port()
     args = [
         exe,
         "--port",

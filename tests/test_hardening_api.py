@@ -112,3 +112,25 @@ def test_bad_bodies_get_a_400_envelope_never_a_500(
         if words:
             assert words in error["message"]
     assert "Traceback" not in r.text
+
+
+@pytest.mark.parametrize(
+    ("headers", "content", "code", "param"),
+    [
+        ({"X-Latgate-Priority": "urgent"}, None, "invalid_header_value", "X-Latgate-Priority"),
+        ({"X-Latency-Budget-Ms": "fast"}, None, "invalid_header_value", "X-Latency-Budget-Ms"),
+        ({"X-Latency-Sensitive": "maybe"}, None, "invalid_header_value", "X-Latency-Sensitive"),
+        ({}, b'{"model": "m", "messages": [', "invalid_json", None),
+        ({}, b"", "invalid_json", None),
+        ({}, b"[1, 2, 3]", "invalid_type", None),
+    ],
+    ids=["priority", "budget", "sensitive", "not JSON", "empty", "not an object"],
+)
+def test_a_bad_header_value_or_body_has_an_error_code(
+    served, headers: dict[str, str], content: bytes | None, code: str, param: str | None
+) -> None:
+    body = content if content is not None else b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    r = httpx.post(served + "/v1/chat/completions", content=body, headers={"content-type": "application/json", **headers})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param)

@@ -68,6 +68,7 @@ def test_an_x_route_to_400_names_only_the_providers_serving_the_keys_models(stac
     assert answer.status_code == 400, answer.text
     message = answer.json()["error"]["message"]
     assert "internal" not in message and "providers this key may use: public" in message, message
+    assert (answer.json()["error"]["code"], answer.json()["error"]["param"]) == ("invalid_header_value", "X-Route-To")
 
 
 @pytest.mark.parametrize("header", ["Authorization", "X-Latency-Budget-Ms"])

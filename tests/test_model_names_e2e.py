@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -88,6 +89,27 @@ def test_an_unknown_name_is_a_404_model_not_found_listing_the_names(asked: str) 
         assert error["code"] == "model_not_found" and error["param"] == "model"
         assert "coder-large, qwen2.5-7b" in error["message"]
         assert running["d"][1].stats.requests_total == running["a"][1].stats.requests_total == 0
+
+
+def test_a_near_miss_name_gets_a_did_you_mean_in_the_routes_envelope() -> None:
+    """``glm-5`` where only ``glm-5.1`` is served: the 404 suggests the close spelling,
+    in the OpenAI envelope on chat and in Anthropic's on /v1/messages; a name near
+    nothing gets no suggestion. Nothing is sent upstream (the upstream is a dead port)."""
+    text = '[providers.p]\napi_base = "http://127.0.0.1:9/v1"\nmodels = ["glm-5.1", "qwen2.5-72b-instruct"]\n'
+    with gateway(text) as gw:
+        with pytest.raises(openai.NotFoundError) as raised:
+            ask(gw.url, "glm-5")
+        with pytest.raises(anthropic.NotFoundError) as caught:
+            anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0).messages.create(
+                model="glm-5", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+            )
+        with pytest.raises(openai.NotFoundError) as far:
+            ask(gw.url, "claude-sonnet-4-5")
+    assert raised.value.body["code"] == "model_not_found"
+    assert raised.value.body["message"].startswith("model 'glm-5' is not served here (did you mean 'glm-5.1'?); available models: ")
+    assert caught.value.body["error"]["type"] == "not_found_error"
+    assert "(did you mean 'glm-5.1'?)" in caught.value.body["error"]["message"]
+    assert "did you mean" not in far.value.body["message"]
 
 
 def test_a_catch_all_alias_serves_any_name_and_is_not_listed_as_a_model() -> None:

@@ -144,6 +144,12 @@ def test_an_answer_cut_at_max_output_tokens_is_incomplete_in_the_response_and_it
     assert events[-1].type == "response.incomplete"
     assert events[-1].response.incomplete_details.reason == "max_output_tokens"
     assert [item.status for item in events[-1].response.output] == ["incomplete"]
+    # as docs/clients.md says: the SDK's final-response helper wants response.completed
+    with (
+        client.responses.stream(model="glm-5.1", input="hello", max_output_tokens=3, store=False) as stream,
+        pytest.raises(RuntimeError, match="response.completed"),
+    ):
+        stream.get_final_response()
 
 
 def test_a_cut_answer_leaves_the_items_finished_before_the_cut_completed() -> None:

@@ -12,10 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 from apis import post_head, read_answer
+from clocks import ManualClock
 from completions import CHAT_BODY, chat_completion, proxied_posts, stream_with_usage
 from processes import poll
 from redis.asyncio import Redis
-from redisd import redis_server
+from redisd import free_port, redis_server
 from replay import ReplayScript, replay_server
 from servers import listening_socket
 from stack import gateway, gateway_file
@@ -393,6 +394,30 @@ def test_unreachable_redis_fails_fast_then_backs_off_without_io(caplog) -> None:
     text = "\n".join(record.getMessage() for record in caplog.records)
     assert "unreachable" in text
     assert "hunter2" not in text and str(port) not in text
+
+
+def test_an_unreachable_redis_is_logged_with_its_cause_and_its_return_at_info(caplog) -> None:
+    """The warning says why (a refused connection), never the URL's password or port;
+    Redis coming back is an INFO line."""
+    port = free_port()  # nothing listens there until redis-server starts on it below
+    clock = ManualClock()
+    caplog.set_level(logging.INFO, logger="latgate.store")
+
+    async def scenario() -> bool:
+        store = RedisStore(url=f"redis://:hunter2@127.0.0.1:{port}/0", timeout_seconds=2, backoff_seconds=5, clock=clock)
+        with pytest.raises(StoreUnavailable):
+            await store.acquire([Quota(key="k", limit=5, cost=1)])
+        with redis_server("--requirepass", "hunter2", port=port):
+            clock.now += 6  # past the back-off: the next call tries Redis again
+            verdict = await store.acquire([Quota(key="k", limit=5, cost=1)])
+            await store.aclose()
+        return verdict.allowed
+
+    assert asyncio.run(scenario())
+    down, back = [(r.levelno, r.getMessage()) for r in caplog.records if "shared store" in r.getMessage()]
+    assert down[0] == logging.WARNING and "unreachable (cannot connect: connection refused)" in down[1], down
+    assert back == (logging.INFO, "the shared store (Redis) is reachable again")
+    assert "hunter2" not in caplog.text and str(port) not in caplog.text
 
 
 def test_limits_survive_a_config_reload(flushed, tmp_path: Path) -> None:

@@ -182,7 +182,7 @@ def test_with_redis_down_placements_are_kept_in_process_and_nothing_raises(caplo
         await never.aclose()
 
     asyncio.run(scenario())
-    assert "session placements: the shared store (Redis) is unreachable (RespError)" in caplog.text
+    assert "session placements: the shared store (Redis) is unreachable (cannot connect: connection refused)" in caplog.text
     assert "127.0.0.1" not in caplog.text
 
 

@@ -8,6 +8,7 @@ import collections
 import concurrent.futures
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 
 import httpx
@@ -142,7 +143,10 @@ def test_debug_header_lists_the_candidates_with_their_predicted_ttft() -> None:
         candidates = response.headers["x-latgate-route-candidates"]
         assert "pool-0 " in candidates and "pool-1 " in candidates and candidates.count("chosen") == 1
         assert "ms" in candidates
+        assert candidates.count(" n0 (prior)") == 2, candidates  # nothing measured yet
         assert "x-latgate-route-candidates" not in send(gw, body()).headers
+        again = send(gw, body(), headers={"X-Latgate-Debug": "1"}).headers["x-latgate-route-candidates"]
+        assert re.search(r"pool-[01] \d+ms n[1-9]\d* \(\d+s old\)", again), again  # the evidence's age
 
 
 def test_admin_route_explains_a_decision_with_live_state_and_sends_nothing() -> None:

@@ -38,7 +38,8 @@ async def readyz(request: Request) -> Response:
     answered a request or a probe since start, else 503; the body counts available
     endpoints per provider. Until the default route has answered, each call probes its
     endpoints (as the monitor would) before answering, so a gateway that reaches
-    nothing is never reported ready."""
+    nothing is never reported ready, and its ``status`` names the probes' failure
+    causes (``connection refused``...; never an address)."""
     gateway = _gateway(request)
     pool = gateway.pool
     default = pool.providers.get(gateway.config.routing.default_route)
@@ -47,9 +48,18 @@ async def readyz(request: Request) -> Response:
     answered = default is None or _answered(default)
     available = {name: sum(pool.available(ep) for ep in p.endpoints) for name, p in pool.providers.items()}
     ready = answered and any(available.values())
-    status = "ready" if ready else "unavailable" if answered else "default route not reached yet"
+    status = "ready" if ready else "unavailable" if answered or default is None else _unreached(default)
     body = orjson.dumps({"status": status, "available_endpoints": available})
     return Response(body, status_code=200 if ready else 503, media_type="application/json")
+
+
+def _unreached(default: ProviderRuntime) -> str:
+    """Why the default route is not ready: its endpoints' probe failures (causes only,
+    never an address), or that nothing is known yet."""
+    causes = sorted({ep.probe_cause for ep in default.endpoints if ep.probe_cause})
+    if not causes:
+        return f"default route {default.name!r} not reached yet"
+    return f"default route {default.name!r} has no reachable endpoint: {'; '.join(causes)}"
 
 
 def _answered(runtime: ProviderRuntime) -> bool:

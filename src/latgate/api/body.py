@@ -114,7 +114,7 @@ async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
                 raise BodyTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
             chunks.append(chunk)
     if not size:
-        raise InvalidRequest("request body is empty; expected a JSON object")
+        raise InvalidRequest("request body is empty; expected a JSON object", code="invalid_json")
     try:
         if size > LARGE_BODY_BYTES:  # joined and parsed off the event loop, in slices (latgate.forwarding.largebody)
             body = await asyncio.to_thread(join_and_parse, chunks)
@@ -123,10 +123,12 @@ async def read_json_object(request: Request, *, max_bytes: int) -> ClientBody:
             body = orjson.loads(raw)
     except (orjson.JSONDecodeError, ValueError, RecursionError) as exc:
         if "utf-8" in str(exc).lower():  # orjson's words ("str is not valid UTF-8: surrogates not allowed", at char 0) say less
-            raise InvalidRequest("request body is not valid UTF-8: send JSON text encoded as UTF-8") from None
-        raise InvalidRequest(f"request body is not valid JSON: {str(exc).splitlines()[0]}") from None
+            why = "request body is not valid UTF-8: send JSON text encoded as UTF-8"
+        else:
+            why = f"request body is not valid JSON: {str(exc).splitlines()[0]}"
+        raise InvalidRequest(why, code="invalid_json") from None
     if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object")
+        raise InvalidRequest("request body must be a JSON object", code="invalid_type")
     parsed = ClientBody(body)
     if size > LARGE_BODY_BYTES:
         release_when_freed(parsed)

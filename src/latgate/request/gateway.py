@@ -299,7 +299,7 @@ class Gateway:
             providers = [name for name in self.config.providers if any(name in self.router.serving_providers(m) for m in usable)]
             return InvalidRequest(
                 f"X-Route-To names unknown provider {route_to.strip()[:64]!r}; providers this key may use: {', '.join(providers) or 'none'}",
-                param="X-Route-To",
+                param="X-Route-To", code="invalid_header_value",
             )
         return error
 

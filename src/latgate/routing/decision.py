@@ -50,7 +50,7 @@ from latgate.foundation.config.schema import Config, PolicyConfig
 from latgate.foundation.errors import InvalidRequest, NotFound
 from latgate.routing.alternatives import Alternatives
 from latgate.routing.headers import budget_header, debug_header, flag_header
-from latgate.routing.models import model_key, rule_model, skipped_note, upstream_model
+from latgate.routing.models import near_model, rule_model, skipped_note, upstream_model
 from latgate.routing.prefix_index import estimate_and_sample
 from latgate.routing.sessions import session_key
 from latgate.routing.strategies.registry import predicts
@@ -303,8 +303,8 @@ class Router:
 
     def _not_found(self, public: str) -> str:
         """The 404 message: the available names, and a same-model one when there is one."""
-        same = [name for name in self._public_models if model_key(name) == model_key(public)]
-        hint = f" (did you mean {same[0]!r}?)" if same else ""
+        near = near_model(public, list(self._public_models))
+        hint = f" (did you mean {near!r}?)" if near else ""
         return (
             f"model {public!r} is not served here{hint}; available models: {', '.join(self._public_models)}"
         )
@@ -336,7 +336,7 @@ class Router:
         if name not in self._providers:
             raise InvalidRequest(
                 f"X-Route-To names unknown provider {name!r}; known providers: {', '.join(self._providers)}",
-                param="X-Route-To",
+                param="X-Route-To", code="invalid_header_value",
             )
         return self._take(name, "override", public, notes)
 

@@ -47,7 +47,7 @@ def flag_header(value: str | None) -> bool:
         return False
     raise InvalidRequest(
         f"X-Latency-Sensitive must be {_FLAG_VALUES_TEXT}, not {shown_value(value)}",
-        param="X-Latency-Sensitive",
+        param="X-Latency-Sensitive", code="invalid_header_value",
     )
 
 
@@ -64,7 +64,7 @@ def budget_header(value: str | None) -> int | None:
     if not _DIGITS.fullmatch(text):
         raise InvalidRequest(
             f"X-Latency-Budget-Ms must be a non-negative whole number of milliseconds, not {shown_value(value)}",
-            param="X-Latency-Budget-Ms",
+            param="X-Latency-Budget-Ms", code="invalid_header_value",
         )
     return int(text)
 

@@ -12,6 +12,8 @@ words (``-instruct``, ``-mini``) or changes a number is another model.
 
 from __future__ import annotations
 
+import difflib
+
 from latgate.foundation.config.schema import ProviderConfig
 
 #: organisation words that lead some served names without naming the model
@@ -50,6 +52,19 @@ def model_key(name: str) -> str:
 def same_model(public: str, served: str) -> bool:
     """True when ``public`` and ``served`` name the same model (equal :func:`model_key`)."""
     return model_key(public) == model_key(served)
+
+
+def near_model(public: str, served: list[str]) -> str | None:
+    """The served name a 404 suggests for ``public``: one naming the same model
+    (:func:`same_model`), else the closest spelling (``difflib``, ratio >= 0.6, on the
+    :func:`model_key` forms: ``glm-5`` -> ``glm-5.1``), else None. For the message
+    only: a near name is never routed to."""
+    same = [name for name in served if same_model(public, name)]
+    if same:
+        return same[0]
+    keys = {model_key(name): name for name in reversed(served)}
+    close = difflib.get_close_matches(model_key(public), list(keys), n=1, cutoff=0.6)
+    return keys[close[0]] if close else None
 
 
 def skipped_note(provider: ProviderConfig, public: str) -> str:

@@ -30,12 +30,14 @@ class Considered:
     itl_observations: int = 0
     cached_tokens: int | None = None
     prefill_ms: float | None = None
+    age_seconds: float | None = None  # since the last first token measured; None: none yet
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "cached_tokens": self.cached_tokens,
             "prefill_ms": None if self.prefill_ms is None else round(self.prefill_ms, 1),
             "observations": self.observations,
+            "age_seconds": None if self.age_seconds is None else round(self.age_seconds, 3),
             "predicted_itl_ms": None if self.predicted_itl_ms is None else round(self.predicted_itl_ms, 2),
             "itl_observations": self.itl_observations,
             "predicted_e2e_ms": None if self.predicted_e2e_ms is None else round(self.predicted_e2e_ms, 1),
@@ -109,15 +111,18 @@ class RoutePlan:
     reserved: bool = False
 
     def explain_header(self) -> str:
-        """``ENDPOINT TTFTms nOBS[ cached N prefill Pms][ itl ITLms e2e E2Ems][ CIRCUIT (EVIDENCE)][ chosen]; ...[; left FROM: EVIDENCE][; e2e for N completion tokens (SOURCE)]``
-        for ``X-Latgate-Route-Candidates`` (``nOBS``: first tokens measured; ``cached``:
+        """``ENDPOINT TTFTms nOBS (AGEs old|prior)[ cached N prefill Pms][ itl ITLms e2e E2Ems][ CIRCUIT (EVIDENCE)][ chosen]; ...[; left FROM: EVIDENCE][; e2e for N completion tokens (SOURCE)]``
+        for ``X-Latgate-Route-Candidates`` (``nOBS``: first tokens measured, ``AGEs old``:
+        seconds since the last one, as ``/admin/providers`` ``ttft_model.age_seconds``, the
+        prediction fading towards the prior as it ages; ``prior``: none yet; ``cached``:
         prompt tokens it is believed to hold, ``prefill``: the predicted prefill of the
         rest plus the fixed part; ``itl``: predicted time per output token, ``e2e``:
         TTFT plus ITL per further token)."""
         parts = []
         e2e = False
         for c in self.considered:
-            text = f"{c.endpoint} {c.predicted_ttft_ms:.0f}ms n{c.observations}"
+            age = "prior" if c.age_seconds is None or not c.observations else f"{c.age_seconds:.0f}s old"
+            text = f"{c.endpoint} {c.predicted_ttft_ms:.0f}ms n{c.observations} ({age})"
             if c.cached_tokens is not None and c.prefill_ms is not None:
                 text += f" cached {c.cached_tokens} prefill {c.prefill_ms:.0f}ms"
             if c.predicted_e2e_ms is not None and c.predicted_itl_ms is not None:

@@ -47,7 +47,7 @@ def priority_header(value: str | None) -> int | None:
     except KeyError:
         raise InvalidRequest(
             f"X-Latgate-Priority must be interactive, default or batch (or 2, 1, 0), not {shown_value(value)}",
-            param="X-Latgate-Priority",
+            param="X-Latgate-Priority", code="invalid_header_value",
         ) from None
 
 

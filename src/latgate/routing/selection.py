@@ -337,6 +337,7 @@ class Selector:
     def _consider(
         self, plan: RoutePlan, runtime: ProviderRuntime, views: list[EndpointView], chosen: int
     ) -> None:
+        now = self._pool.clock()
         for index, (ep, view) in enumerate(zip(runtime.endpoints, views, strict=True)):
             plan.considered.append(
                 Considered(
@@ -348,6 +349,7 @@ class Selector:
                     circuit=self._pool.breaker.circuit(ep.key),
                     chosen=index == chosen,
                     observations=ep.predictor.observations,
+                    age_seconds=None if ep.observed_at is None else now - ep.observed_at,
                     evidence=ep.ejection_evidence,
                     predicted_itl_ms=view.predicted_itl_ms
                     if view.predicted_itl_ms > 0

@@ -98,7 +98,8 @@ class EndpointRuntime:
         pending: requests routed here whose attempt has not started yet (a hedged
             request's first attempt starts in its own task): counted as load so that
             a burst routed in one go does not all see the same empty endpoint.
-        probe_ok / probe_ms / probe_at: the last active probe.
+        probe_ok / probe_ms / probe_at: the last active probe; probe_cause: why it failed
+            (``connection refused``, ``timed out``, ``HTTP 503``; no address), None when ok.
         answered_at: clock seconds of the last request it answered (None before one).
         trial_until: clock seconds until which a half-open circuit's trial is taken
             (handed to a request, or running); 0 when the next request may be the trial.
@@ -147,6 +148,7 @@ class EndpointRuntime:
     probe_ok: bool | None = None
     probe_ms: float | None = None
     probe_at: float | None = None
+    probe_cause: str | None = None
     answered_at: float | None = None
     trial_until: float = 0.0
     observed_at: float | None = None

@@ -120,13 +120,15 @@ class Monitor:
                     url=url, headers=runtime.auth_headers, timeout_seconds=timeout, egress=runtime.egress
                 )
             ok = response.status_code < 500
+            cause = None if ok else f"HTTP {response.status_code}"
         except UpstreamFailure as failure:
             if failure.kind == "local":  # latgate had no descriptor: says nothing of the endpoint
                 return
-            ok = False
+            ok, cause = False, str(failure)  # the cause, never the URL (UpstreamFailure)
         except TimeoutError:
-            ok = False
-        self.pool.record_probe(runtime, endpoint, ok=ok, ms=(time.perf_counter() - started) * 1000.0)
+            ok, cause = False, f"no answer within probe_timeout_sec ({timeout:g} s)"
+        ms = (time.perf_counter() - started) * 1000.0
+        self.pool.record_probe(runtime, endpoint, ok=ok, ms=ms, cause=cause)
 
     async def _read_load(self, runtime: ProviderRuntime, endpoint: EndpointRuntime) -> None:
         connector = runtime.connector

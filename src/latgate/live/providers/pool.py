@@ -339,10 +339,10 @@ class ProviderPool:
         endpoint.observe_full(now=self.clock())
 
     def record_probe(
-        self, provider: ProviderRuntime, endpoint: EndpointRuntime, *, ok: bool, ms: float
+        self, provider: ProviderRuntime, endpoint: EndpointRuntime, *, ok: bool, ms: float, cause: str | None = None
     ) -> None:
-        """An active probe's result (see :mod:`latgate.live.providers.monitor`)."""
-        endpoint.probe_ok, endpoint.probe_ms, endpoint.probe_at = ok, ms, self.clock()
+        """An active probe's result, ``cause`` why it failed (see :mod:`latgate.live.providers.monitor`)."""
+        endpoint.probe_ok, endpoint.probe_ms, endpoint.probe_at, endpoint.probe_cause = ok, ms, self.clock(), cause
         self._apply(provider, endpoint, self.breaker.on_probe(endpoint.key, ok=ok))
 
     def record_engine_load(

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from latgate.live.store.base import Quota, StoreUnavailable, Verdict
 from latgate.live.store.later import SendLater
-from latgate.live.store.resp import RespAuthError, RespClient, RespError, RespTimeout, Script, bulk
+from latgate.live.store.resp import RespAuthError, RespClient, RespError, Script, bulk, failure_reason
 
 log = logging.getLogger("latgate.store")
 T = TypeVar("T")
@@ -249,16 +249,12 @@ class RedisStore:
                 else:
                     log.warning(
                         "the shared store (Redis) is unreachable (%s); retrying every %.1f s",
-                        _reason(exc),
+                        failure_reason(exc),
                         self._backoff,
                     )
             raise StoreUnavailable("the shared store (Redis) is unreachable") from None
         if self._down:
             self._down = False
-            log.warning("the shared store (Redis) is reachable again")
+            log.info("the shared store (Redis) is reachable again")
         return result
 
-
-def _reason(exc: Any) -> str:
-    """The exception's type only: a message could carry host and port."""
-    return "timeout" if isinstance(exc, (TimeoutError, RespTimeout)) else type(exc).__name__

@@ -28,8 +28,12 @@ from typing import Any, cast
 
 from latgate.foundation.config.redis_url import DEFAULT_PORT, RedisAddress
 from latgate.live.store.resp_wire import INCOMPLETE, RespError, Script, bulk, encode, parse
+from latgate.transport.errors import failure_cause
 
-__all__ = ["DEFAULT_PORT", "RedisAddress", "RespAuthError", "RespClient", "RespError", "RespTimeout", "Script", "bulk"]
+__all__ = [
+    "DEFAULT_PORT", "RedisAddress", "RespAuthError", "RespClient", "RespError", "RespTimeout", "Script", "bulk",
+    "failure_reason",
+]  # fmt: skip
 
 #: the reply timer may run this much before its deadline (timer resolution)
 TIMER_SLACK_SECONDS = 0.002
@@ -40,6 +44,19 @@ TIMER_SLACK_SECONDS = 0.002
 class RespTimeout(RespError):
     """Redis did not answer a command within the client's timeout; the connection was
     dropped (the next call opens another)."""
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Why a Redis call failed, for a log line an operator can act on, naming no address
+    and no password: ``cannot connect: connection refused`` (or ``DNS name not found``,
+    ``TLS: ...``, ``no answer within redis_timeout_ms``), ``timeout (no reply within
+    redis_timeout_ms)``, ``the connection to Redis was lost``, or Redis's own error
+    reply (``LOADING ...``); latgate's :class:`RespError` messages hold no address."""
+    if isinstance(exc, TimeoutError | RespTimeout):
+        return "timeout (no reply within redis_timeout_ms)"
+    if isinstance(exc, RespError):
+        return str(exc)
+    return failure_cause(exc)
 
 
 class RespAuthError(RespError):
@@ -153,8 +170,9 @@ class RespClient:
                     if sock is not None:
                         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 await self._hello(protocol)
-        except OSError as exc:
-            raise RespError(f"cannot connect ({type(exc).__name__})") from None
+        except OSError as exc:  # TimeoutError (the connect deadline) is an OSError
+            why = "no answer within redis_timeout_ms" if isinstance(exc, TimeoutError) else failure_cause(exc)
+            raise RespError(f"cannot connect: {why}") from None
         return protocol
 
     def _new_protocol(self) -> _Protocol:

@@ -44,7 +44,7 @@ from typing import Any
 
 from latgate.foundation.config.schema import StateConfig
 from latgate.live.store.later import SendLater
-from latgate.live.store.resp import RespClient, RespError, Script, bulk
+from latgate.live.store.resp import RespClient, RespError, Script, bulk, failure_reason
 
 log = logging.getLogger("latgate.store")
 
@@ -303,13 +303,13 @@ class RedisSessionMap(LocalSessionMap):
                 log.warning(
                     "session placements: the shared store (Redis) is unreachable (%s); kept in process, "
                     "retrying every %.1f s",
-                    type(exc).__name__,
+                    failure_reason(exc),
                     self._backoff,
                 )
             return None
         if self._down:
             self._down = False
-            log.warning("session placements: the shared store (Redis) is reachable again")
+            log.info("session placements: the shared store (Redis) is reachable again")
         return result
 
 
