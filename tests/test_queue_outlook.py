@@ -59,6 +59,23 @@ def test_a_held_slot_is_priced_at_the_learned_time_per_token() -> None:
     assert view.remaining_ms == [endpoint.predictor.predict_ms(0) + 100 * 5.0]
 
 
+def test_short_observed_leases_do_not_price_a_long_requests_slot_before_the_time_per_token_is_known() -> None:
+    # the trial's case: a warm-up of one-token requests taught a 50 ms lease; a 40-token
+    # stream then held the slot ~2 s while the wait was predicted from the 50 ms
+    _, pool, runtime, endpoint, clock = cold_pool()
+    outlook = WaitOutlook(pool)
+    outlook.observe_lease(endpoint, 0.05)
+    assert endpoint.itl.ms is None, "one-token requests teach no time per token"
+    pool.begin(runtime, endpoint, completion_tokens=40)
+    view = outlook.view(runtime, 10, clock())
+    assert view is not None
+    priced = endpoint.predictor.predict_ms(0) + 40 * endpoint.itl.prior_ms
+    assert view.remaining_ms == [priced] and priced > 50.0
+    endpoint.itl.observe(0.5)  # once the endpoint's streams say how fast it is, that decides
+    view = outlook.view(runtime, 10, clock())
+    assert view is not None and view.remaining_ms == [endpoint.predictor.predict_ms(0) + 40 * 0.5]
+
+
 def test_a_slot_of_unknown_length_on_a_cold_pool_is_priced_at_the_waiting_requests_own_completion() -> None:
     _, pool, runtime, endpoint, clock = cold_pool()
     outlook = WaitOutlook(pool)

@@ -115,11 +115,15 @@ class WaitOutlook:
         """The whole lease (ms) of a request expected to generate ``completion_tokens``
         on ``endpoint``: its fitted TTFT plus those tokens times the time per token
         (learned, else the role's prior). ``unknown_ms`` (:meth:`lease_seconds`) for a
-        length unknown (0), and while the time per token is only its prior but a lease
-        has been observed there (the observed hold says more than the prior)."""
-        if completion_tokens <= 0 or (endpoint.itl.ms is None and endpoint.key in self.leases):
+        length unknown (0). While the time per token is only its prior but leases have
+        been observed there, the longer of the two: observed leases of short requests
+        (a warm-up of one-token requests) say nothing of a long one's hold."""
+        if completion_tokens <= 0:
             return unknown_ms
-        return self._priced_ms(endpoint, completion_tokens)
+        priced = self._priced_ms(endpoint, completion_tokens)
+        if endpoint.itl.ms is None and endpoint.key in self.leases:
+            return max(unknown_ms, priced)
+        return priced
 
     @staticmethod
     def _priced_ms(endpoint: EndpointRuntime, completion_tokens: float) -> float:
