@@ -375,3 +375,68 @@ def test_a_budgeted_request_is_not_refused_for_its_own_clients_waiters_it_goes_b
             task.cancel()
 
     asyncio.run(main())
+
+
+BUDGET = {"x-latency-budget-ms": "500"}
+
+
+def test_an_interactive_request_on_a_full_single_pool_with_no_overflow_target_is_served_late_rather_than_503() -> None:
+    router, pool, holder, _, metrics = setup(text=POOL.format(batch_wait=10_000))
+    runtime = pool["vllm"]
+    endpoint = runtime.endpoints[0]
+    holder.outlook.leases[endpoint.key] = 2.5  # the running request holds the one slot 2.5 s: 500 ms cannot be met
+    lease = pool.begin(runtime, endpoint)
+
+    async def main() -> None:
+        late = asyncio.ensure_future(hold(holder, router.decide(BODY, BUDGET), INTERACTIVE))
+        await asyncio.sleep(0)
+        assert not late.done() and holder.describe()["vllm"]["waiting_by_priority"]["interactive"] == 1, "not refused: it waits"
+        holder._timer.now += 2.5
+        pool.end(runtime, endpoint, lease)
+        assert (await late).reason == "late:vllm", "served best-effort, its budget missed"
+
+    asyncio.run(main())
+    queue = holder.describe()["vllm"]
+    assert (queue["late"], queue["admitted"], queue["shed"], queue["overflow"]) == (1, 0, 0, 0)
+    assert 'latgate_queue_wait_seconds_count{outcome="late",priority="interactive",provider="vllm"} 1.0' in metrics.render()[0].decode()
+
+
+def test_a_request_served_late_still_gets_503_when_its_wait_is_past_its_class_longest_wait() -> None:
+    router, pool, holder, _, _ = setup(text=POOL.format(batch_wait=10_000) + "max_wait_ms = 1000\n")  # the TTL
+    runtime = pool["vllm"]
+    endpoint = runtime.endpoints[0]
+    holder.outlook.leases[endpoint.key] = 2.5
+    pool.begin(runtime, endpoint)
+    with pytest.raises(Overloaded) as refused:
+        asyncio.run(hold(holder, router.decide(BODY, BUDGET), INTERACTIVE))
+    assert refused.value.status == 503 and refused.value.headers == {"retry-after": "3"}
+    assert "interactive request not queued" in refused.value.message
+    assert holder.describe()["vllm"]["shed"] == 1
+
+
+def test_a_batch_request_with_a_budget_it_cannot_meet_is_still_shed_at_once() -> None:
+    router, pool, holder, runtime, endpoint = vllm_setup()
+    holder.outlook.leases[endpoint.key] = 2.5
+    pool.begin(runtime, endpoint)
+    with pytest.raises(Overloaded) as shed:
+        asyncio.run(hold(holder, router.decide(BODY, BUDGET), BATCH))
+    assert shed.value.status == 503 and "batch request not queued" in shed.value.message
+
+
+def test_a_request_served_late_waits_in_its_budgets_deadline_place_not_its_longest_waits() -> None:
+    router, pool, holder, runtime, endpoint = vllm_setup()
+    holder.outlook.leases[endpoint.key] = 2.5
+    lease = pool.begin(runtime, endpoint)
+
+    async def main() -> None:
+        unbudgeted = asyncio.ensure_future(hold(holder, router.decide(BODY, {}), DEFAULT))  # deadline: 30 s from now
+        await asyncio.sleep(0)
+        budgeted = asyncio.ensure_future(hold(holder, router.decide(BODY, BUDGET), DEFAULT))  # deadline already past
+        await asyncio.sleep(0)
+        assert holder.describe()["vllm"]["waiting"] == 2
+        pool.end(runtime, endpoint, lease)
+        assert (await budgeted).reason in ("waited:vllm", "late:vllm")
+        assert not unbudgeted.done(), "it queued first but its deadline is later"
+        unbudgeted.cancel()
+
+    asyncio.run(main())

@@ -72,7 +72,7 @@ class Exchange:
     priority: int = 1  # latgate.routing.priority class number (1: default)
     tenant: str = ""  # the key's name, else the client's address: its fair share in the gateway queue
     queue_ms: float | None = None  # time it waited in the gateway queue (X-Latgate-Queue-Ms); None: did not wait
-    queue_outcome: str | None = None  # admitted, overflow, shed, preempted, requeued (access line)
+    queue_outcome: str | None = None  # admitted, late, overflow, shed, preempted, requeued (access line)
     # the completion tokens it is expected to produce and where that came from, computed once
     # (Selector.expected_completion) before its token limits; read by the queue and the plan
     expected_completion: tuple[int, str] | None = None

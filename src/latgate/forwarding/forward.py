@@ -189,7 +189,7 @@ class Forwarder:
                 exchange.admission = notes.get("admission")
         if queue_ms is not None:
             exchange.queue_ms = waited + queue_ms
-            exchange.queue_outcome = "admitted" if decision.reason.startswith("waited:") else "overflow"
+            exchange.queue_outcome = {"waited": "admitted", "late": "late"}.get(decision.reason.partition(":")[0], "overflow")
         return decision
 
     def _may_retry(self, provider: ProviderRuntime, kind: str) -> bool:

@@ -133,7 +133,7 @@ class Metrics:
         self.hedge_wins = Counter("latgate_hedge_wins", "Hedged requests answered first by the copy (the original was cancelled)", ("provider",), registry=r)
         self.provider_info = Gauge("latgate_provider_info", "1 per configured provider, labelled with its role, connector and engine (empty when unset): dashboards join on it instead of naming providers", ("provider", "role", "connector", "engine"), multiprocess_mode="livemax", registry=r)
         # queue (issue 22): the gateway queue of every pool with a known capacity, and the retry/hedge budgets
-        self.queue_wait = Histogram("latgate_queue_wait_seconds", "Time a request found its pool full and waited in the gateway queue (0: decided at once), by provider, priority class and outcome (admitted, overflow, shed, preempted)", ("provider", "priority", "outcome"), buckets=QUEUE_BUCKETS_SECONDS, registry=r)
+        self.queue_wait = Histogram("latgate_queue_wait_seconds", "Time a request found its pool full and waited in the gateway queue (0: decided at once), by provider, priority class and outcome (admitted, late, overflow, shed, preempted)", ("provider", "priority", "outcome"), buckets=QUEUE_BUCKETS_SECONDS, registry=r)
         self.queue_depth = Gauge("latgate_queue_depth", "Requests waiting in the gateway queue now, by provider and priority class", ("provider", "priority"), multiprocess_mode="livesum", registry=r)
         self.budget_denied = Counter("latgate_retry_budget_exceeded", "Retries and hedges not sent: over the provider's retry budget, or (hedge_slow) most of its endpoints at capacity at once", ("provider", "kind"), registry=r)
         self.overhead = Histogram("latgate_gateway_overhead_seconds", "Time latgate itself spent on a request before sending it upstream", buckets=OVERHEAD_BUCKETS_SECONDS, registry=r)
@@ -238,7 +238,8 @@ class Metrics:
 
     def record_queue_wait(self, *, provider: str, priority: str, outcome: str, seconds: float) -> None:
         """A request that found ``provider`` full: how long it waited (0 when decided at
-        once) and how it ended (``admitted``, ``overflow``, ``shed``, ``preempted``)."""
+        once) and how it ended (``admitted``, ``late``: admitted after its budget with nowhere
+        else to go, ``overflow``, ``shed``, ``preempted``)."""
         self._child(self.queue_wait, provider, priority, outcome).observe(seconds)
 
     def start_queue_series(self, provider: str, classes: tuple[str, ...]) -> None:

@@ -12,9 +12,11 @@ less the running ``batch`` attempts that would give theirs up at once (preemptio
 A request that finds its pool full (:meth:`Admission.hold`):
 
 1. is given a predicted wait (:mod:`latgate.routing.queue_outlook`) and a bound: a
-   request with a budget must still meet it (time since it arrived + wait + the pool's
-   TTFT p90 <= budget); one without, its class's longest wait (``[routing.queue]
-   max_wait_ms``, ``batch_max_wait_ms``);
+   request with a budget and somewhere else to go, or of class ``batch``, must still
+   meet it (time since it arrived + wait + the pool's TTFT p90 <= budget); any other,
+   its class's longest wait (``[routing.queue] max_wait_ms``, ``batch_max_wait_ms``):
+   a budget is a preference, so with nowhere else to go it waits in its deadline's
+   place and is served *late* (reason ``late:FROM``) if its slot comes after it;
 2. with ``preempt`` on, takes at once the slot of a running ``batch`` attempt whose
    client has received nothing yet (:mod:`latgate.routing.queue_preempt`), when it is
    of a class above ``batch``, or a ``batch`` request of a tenant within its fair share
@@ -27,15 +29,16 @@ A request that finds its pool full (:meth:`Admission.hold`):
 4. else goes on at once to the candidates left when it has a budget and there are any
    (the fallbacks, else the overflow candidates; reason ``overflow:FROM``), else is
    answered 503 with ``Retry-After`` (the predicted wait, rounded up) now, never after
-   a wait that could not work: a ``batch`` request is *shed*.
+   a wait that could not work (a ``batch`` request is *shed*; any other is past its
+   class's longest wait).
 
 Waiting requests take freed slots in class order, fair shares of tokens between keys
 (and sessions) inside a class, then earliest deadline (:class:`~latgate.routing.queue.WaitQueue`).
 A slot freed (a request there ended, or a load read shows room) is reserved at once for
-the waiter it goes to. A waiter whose slot comes too
-late for its budget goes on to the candidates left instead; one whose bound runs out
-likewise, or gets 503. A request that waited is routed with reason ``waited:FROM`` and
-``X-Latgate-Queue-Ms``; waits are counted in
+the waiter it goes to. A waiter whose slot comes too late for its budget goes on to the
+candidates left instead (or, served late, takes it); one whose bound runs out likewise,
+or gets 503. A request that waited is routed with reason ``waited:FROM`` (``late:FROM``)
+and ``X-Latgate-Queue-Ms``; waits are counted in
 ``latgate_queue_wait_seconds{provider,priority,outcome}`` and ``latgate_queue_depth``,
 shown in ``/admin/providers`` (``queue``) and ``/ui``, and with ``X-Latgate-Debug: 1``
 explained in ``X-Latgate-Admission``. Nothing waits under a strategy other than
@@ -46,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,7 +64,7 @@ from latgate.routing.priority import BATCH, CLASS_NAMES
 from latgate.routing.queue import Place, Waiter, WaitQueue
 from latgate.routing.queue_outlook import WaitOutlook, batch_headroom, free_endpoint, has_room
 from latgate.routing.queue_preempt import HELD_LEASES, Preemptible
-from latgate.routing.queue_refuse import fits_budget, refuse, shed_error, wait_bound_ms
+from latgate.routing.queue_refuse import fits_budget, ms_text, refuse, served_late, shed_error, wait_bound_ms
 from latgate.routing.queue_stats import QueueStats, queue_state
 from latgate.routing.targets import RouteDecision
 
@@ -133,13 +135,15 @@ class Admission:
 
         As it is when its pool has room or no known capacity; with its primary's reason
         ``waited:FROM`` once a slot was given to it (at once when it preempted a
-        ``batch`` attempt for it); with the primary left out (reason ``overflow:FROM``)
+        ``batch`` attempt for it), ``late:FROM`` when that slot came after its budget and
+        it had nowhere else to go; with the primary left out (reason ``overflow:FROM``)
         when it cannot wait within its budget and has candidates left.
 
         Raises:
             Overloaded: 503 with ``Retry-After`` (its predicted wait): it cannot wait
-                within its bound and has nowhere else to go (a ``batch`` request:
-                shed), or was shed from a full queue for a higher class.
+                within its bound (a ``batch`` request's budget, else its class's
+                longest wait) and has nowhere else to go, or was shed from a full queue
+                (its count) for a higher class.
         """
         if not self.enabled:
             return decision, None
@@ -152,15 +156,15 @@ class Admission:
         if place is None:  # a slot none before it can take, or no known capacity
             return decision, None
         waiter = Waiter(
-            priority=ask.priority, deadline=now + place.bound_ms / 1000.0, tenant=ask.tenant, cost_tokens=ask.cost_tokens,
+            priority=ask.priority, deadline=now + place.deadline_ms / 1000.0, tenant=ask.tenant, cost_tokens=ask.cost_tokens,
             enqueued_at=now, handle=asyncio.get_running_loop().create_future(),
         )  # fmt: skip
-        if place.bound_ms >= 0.0 and self._preempt(name, ask, place.slots):
+        if place.deadline_ms >= 0.0 and self._preempt(name, ask, place.slots):  # not for one late anyway
             if ask.priority == BATCH:
                 queue.charge(waiter)  # the slot is its share's
             return self._admitted(decision, ask, None, place, 0.0, explain), 0.0
         if place.wait_ms > place.bound_ms:
-            text = f"{name} wait {_ms(place.wait_ms)} > {_ms(max(0.0, place.bound_ms))} left"
+            text = f"{name} wait {ms_text(place.wait_ms)} > {ms_text(max(0.0, place.bound_ms))} left"
             return self._refuse(decision, ask, explain, text, retry_ms=place.shown_ms, waited_s=0.0), None
         out = queue.push(waiter)
         if out is waiter:
@@ -181,16 +185,17 @@ class Admission:
         view = self.outlook.view(self._pool[name], decision.prompt_tokens, now, completion_tokens=max(0, ask.cost_tokens - decision.prompt_tokens))
         if view is None:
             return None
-        elapsed_ms = (self._timer() - ask.received_at) * 1000.0
-        bound_ms = wait_bound_ms(self.settings, ask.priority, decision.budget_ms, elapsed_ms, view.ttft_ms)
-        ahead = self._queues[name].ahead_of(ask.priority, ask.tenant, now + bound_ms / 1000.0)  # its share's and deadline's place
+        elapsed_ms, late = (self._timer() - ask.received_at) * 1000.0, served_late(decision, ask.priority)
+        deadline_ms = wait_bound_ms(self.settings, ask.priority, decision.budget_ms, elapsed_ms, view.ttft_ms)
+        bound_ms = wait_bound_ms(self.settings, ask.priority, None, elapsed_ms, 0.0) if late else deadline_ms
+        ahead = self._queues[name].ahead_of(ask.priority, ask.tenant, now + deadline_ms / 1000.0)  # its share's and deadline's place
         if view.free > ahead + headroom:
             return None
         predicted_ms = self.outlook.predict_ms(view, ahead=ahead)  # from the leases alone
         wait_ms = shown_ms = self.outlook.corrected_ms(name, ask.priority, predicted_ms)
         if decision.budget_ms is not None and (len(decision.candidates) > 1 or decision.overflow):
             wait_ms *= WAIT_P90_FACTOR
-        return Place(view.ttft_ms, elapsed_ms, bound_ms, predicted_ms, wait_ms, shown_ms, view.slots)
+        return Place(view.ttft_ms, elapsed_ms, bound_ms, predicted_ms, wait_ms, shown_ms, view.slots, deadline_ms, late)
 
     async def _wait(
         self, decision: RouteDecision, ask: Ask, waiter: Waiter, place: Place, explain: dict[str, str] | None
@@ -206,7 +211,7 @@ class Admission:
             waited_ms = (self._timer() - started) * 1000.0
             self._forget(name, waiter)
             stats.last_wait_ms = waited_ms
-            text = f"gave up on {name} after {_ms(waited_ms)} (predicted {_ms(place.wait_ms)})"
+            text = f"gave up on {name} after {ms_text(waited_ms)} (predicted {ms_text(place.wait_ms)})"
             retry_ms = self.retry_ms(name, ask.priority)
             return self._refuse(decision, ask, explain, text, retry_ms=retry_ms, waited_s=waited_ms / 1000.0), waited_ms
         except asyncio.CancelledError:  # the client left while waiting
@@ -239,18 +244,18 @@ class Admission:
             self.outlook.learn(name, ask.priority, predicted_ms=place.predicted_ms, actual_ms=waited_ms)
             self._pool.release(endpoint)  # the slot held for it: the plan made now takes it
         budget = decision.budget_ms
-        if budget is not None and not fits_budget(
-            elapsed_ms=place.elapsed_ms + waited_ms, wait_ms=0.0, ttft_ms=place.ttft_ms, budget_ms=budget
-        ):
+        on_time = budget is None or fits_budget(elapsed_ms=place.elapsed_ms + waited_ms, wait_ms=0.0, ttft_ms=place.ttft_ms, budget_ms=budget)
+        if not on_time and not place.late:
             self._wake(self._pool[name])  # too late for its budget: the slot goes to the next waiter
-            text = f"slot of {name} came after {_ms(waited_ms)}: too late for budget {budget}ms"
+            text = f"slot of {name} came after {ms_text(waited_ms)}: too late for budget {budget}ms"
             return self._refuse(decision, ask, explain, text, retry_ms=0.0, waited_s=waited)
-        stats.admitted += 1
-        self._metrics.record_queue_wait(provider=name, priority=klass, outcome="admitted", seconds=waited)
+        outcome = "admitted" if on_time else "late"  # late: its budget predicted missed, nowhere else to go
+        stats.admitted, stats.late = stats.admitted + on_time, stats.late + (not on_time)
+        self._metrics.record_queue_wait(provider=name, priority=klass, outcome=outcome, seconds=waited)
         if explain is not None:
-            how = f"waited {_ms(waited_ms)} for" if endpoint is not None else "preempted a batch request on"
-            explain["admission"] = f"{how} {name} (predicted {_ms(place.wait_ms)}, {klass})"
-        primary = dataclasses.replace(decision.candidates[0], reason=f"waited:{name}")
+            how = f"waited {ms_text(waited_ms)} for" if endpoint is not None else "preempted a batch request on"
+            explain["admission"] = f"{how} {name} (predicted {ms_text(place.wait_ms)}, {klass}{'' if on_time else ', late'})"
+        primary = dataclasses.replace(decision.candidates[0], reason=f"{'waited' if on_time else 'late'}:{name}")
         return dataclasses.replace(decision, reason=primary.reason, candidates=(primary, *decision.candidates[1:]))
 
     def guard(self, provider: str, priority: int) -> Preemptible | None:
@@ -393,7 +398,3 @@ class Admission:
             self._wake(self._pool[name])
         else:
             future.cancel()
-
-
-def _ms(value: float) -> str:
-    return "inf" if math.isinf(value) else f"{value:.0f}ms"

@@ -62,12 +62,17 @@ class Place:
     Attributes:
         ttft_ms: the pool's TTFT p90 for its prompt.
         elapsed_ms: since it arrived.
-        bound_ms: how long it may still wait (< 0: a slot now is already too late).
+        bound_ms: how long it may still wait (< 0: a slot now is already too late): its
+            budget's slack, or its class's longest wait when it is served ``late``.
         predicted_ms: its wait from the slots' leases alone.
         wait_ms: that, corrected by the waits that came true (with somewhere else to go,
             times a safety factor): what it is held to.
         shown_ms: the corrected wait: what ``Retry-After`` says.
         slots: the pool's capacity (slots of the endpoints that can take traffic).
+        deadline_ms: its budget's slack (else ``bound_ms``): what orders it among the
+            waiters (earliest deadline first), past or not.
+        late: it is served best-effort when no slot comes within its budget: it has a
+            budget, is not ``batch`` and has no candidate left to overflow to.
     """
 
     ttft_ms: float
@@ -77,6 +82,8 @@ class Place:
     wait_ms: float
     shown_ms: float
     slots: int
+    deadline_ms: float
+    late: bool
 
 
 @dataclass(slots=True)

@@ -1,6 +1,8 @@
 """How long a request may wait in the gateway queue, and where one it cannot hold goes:
 on to the candidates left (*overflow*, reason ``overflow:FROM``), or a 503 with
-``Retry-After`` (*shed*).
+``Retry-After`` (*shed*). A latency budget is a routing preference, not a deadline: a
+request of a class above ``batch`` whose budget no candidate can meet is served *late*
+(:func:`served_late`), bounded only by its class's longest wait.
 
 Used by :class:`~latgate.routing.admission.Admission` when a wait cannot fit a request's
 bound, and by the forwarder when an endpoint answers busy.
@@ -9,6 +11,7 @@ bound, and by the forwarder when an endpoint answers busy.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from latgate.foundation.config.schema import QueueConfig
@@ -35,6 +38,13 @@ def wait_bound_ms(settings: QueueConfig, priority: int, budget_ms: int | None, e
     if budget_ms is not None:
         bound = min(bound, budget_ms - elapsed_ms - ttft_ms)
     return bound
+
+
+def served_late(decision: RouteDecision, priority: int) -> bool:
+    """True when a request of class ``priority`` that cannot meet its budget on
+    ``decision``'s provider waits there best-effort instead of being refused: it has a
+    budget, is not ``batch``, and has no candidate left to overflow to (:func:`elsewhere`)."""
+    return priority != BATCH and decision.budget_ms is not None and elsewhere(decision) is decision
 
 
 def overflow_targets(rest: Sequence[Target], decision: RouteDecision, full: str) -> list[Target]:
@@ -105,3 +115,8 @@ def refuse(
     stats.shed += 1
     metrics.record_queue_wait(provider=name, priority=klass, outcome="shed", seconds=waited_s)
     raise shed_error(f"provider {name!r} is at capacity: {text}; {klass} request not queued", retry_ms)
+
+
+def ms_text(value: float) -> str:
+    """``value`` ms as the queue's explanations show it: ``"120ms"``, ``"inf"``."""
+    return "inf" if math.isinf(value) else f"{value:.0f}ms"

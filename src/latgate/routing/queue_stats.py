@@ -14,12 +14,14 @@ class QueueStats:
     """One provider's queue outcomes since start (kept by a reload).
 
     Attributes:
-        admitted / overflow / shed / preempted: requests given a slot after a wait, sent
-            on to other candidates, answered 503, and cut before their first byte.
+        admitted / late / overflow / shed / preempted: requests given a slot after a wait
+            (``late``: after their budget, with nowhere else to go), sent on to other
+            candidates, answered 503, and cut before their first byte.
         last_wait_ms: the last wait that ended (given a slot or given up), ms.
     """
 
     admitted: int = 0
+    late: int = 0
     overflow: int = 0
     shed: int = 0
     preempted: int = 0
@@ -39,6 +41,7 @@ def queue_state(
         "waiting": len(queue),
         "waiting_by_priority": waiting,
         "admitted": stats.admitted,
+        "late": stats.late,
         "overflow": stats.overflow,
         "shed": stats.shed,
         "preempted": stats.preempted,

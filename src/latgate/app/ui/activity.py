@@ -19,7 +19,7 @@ RECENT_REQUESTS = 300
 #: counter-derived events kept (hedges, fallbacks, retries, ejections)
 RECENT_EVENTS = 200
 #: route reason prefixes that are events in their own right
-REASON_EVENTS = {"overflow": "overflow", "waited": "admission wait", "predicted_miss": "predicted miss"}
+REASON_EVENTS = {"overflow": "overflow", "waited": "admission wait", "late": "served late", "predicted_miss": "predicted miss"}
 
 
 class Activity:
