@@ -234,7 +234,10 @@ def _report(error: ErrorDetails, model_cls: type[BaseModel], problems: Problems,
     message = message[0].lower() + message[1:]
     field = _field(model_cls, loc)
     value = error.get("input")
-    problems.add(key, f"{message} (got {show(value)})", _type_fix(kind, leaf, field, value))
+    fix = _type_fix(kind, leaf, field, value)
+    if loc and isinstance(loc[-1], int) and kind.startswith("string_"):  # an item of a list of strings
+        fix = f'write each item as a quoted string, e.g. {leaf} = ["..."]'
+    problems.add(key, f"{message} (got {show(value)})", fix)
 
 
 _MESSAGES = {
