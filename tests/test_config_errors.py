@@ -200,8 +200,7 @@ def test_a_quoted_number_or_boolean_is_a_type_error_naming_key_table_and_type(tm
         """,
     )
     assert errors == [
-        '2: server.port: expected a whole number, not a quoted string (got "8001"); '
-        "write a whole number from 0 to 65535, e.g. port = 8000",
+        '2: server.port: expected a whole number, not a quoted string (got "8001"); write a whole number from 0 to 65535, e.g. port = 8000',
         '5: providers.p.models[0]: input should be a valid string (got 1); write each item as a quoted string, e.g. models = ["..."]',
         '5: providers.p.models[1]: input should be a valid string (got 2); write each item as a quoted string, e.g. models = ["..."]',
         '6: providers.p.timeout_sec: expected a number, not a quoted string (got "30"); write a number above 0, e.g. timeout_sec = 600',
