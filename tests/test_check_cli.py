@@ -320,13 +320,19 @@ def test_an_empty_models_list_is_refused_with_the_way_to_serve_any_model(tmp_pat
 
 
 @pytest.mark.parametrize("value", ["abc", "99999", "8000.5", ""])
-def test_a_quoted_number_is_the_number_and_a_quoted_non_number_gets_the_range(tmp_path, value):
+def test_a_variable_number_is_the_number_and_a_non_number_gets_the_range(tmp_path, value):
     config = tmp_path / "config.toml"
-    config.write_text(f'[server]\nport = "${{GW_PORT}}"\n[defaults]\nmax_retries = "3"\n{_UP}')
+    config.write_text(f'[server]\nport = "${{GW_PORT}}"\n[defaults]\nmax_retries = "${{RETRIES:-3}}"\n{_UP}')
     accepted = run_check("--config", str(config), env={"GW_PORT": "18791"})
     assert accepted.returncode == 0, accepted.stderr
     assert "server   127.0.0.1:18791   auth: none" in accepted.stdout
     assert "(max_retries 3)" in accepted.stdout
+    # a number written in quotes is not one (only a variable's value, always a string, is converted)
+    config.write_text(f'[defaults]\nmax_retries = "3"\n{_UP}')
+    (line,) = run_check("--config", str(config)).stderr.splitlines()
+    assert line.endswith('2: defaults.max_retries: expected a whole number, not a quoted string (got "3"); '
+                         "write a whole number from 0 to 10, e.g. max_retries = 1"), line
+    config.write_text(f'[server]\nport = "${{GW_PORT}}"\n{_UP}')
     refused = run_check("--config", str(config), env={"GW_PORT": value})
     assert refused.returncode == 1
     (line,) = refused.stderr.splitlines()
