@@ -208,6 +208,13 @@ def test_a_quoted_number_or_boolean_is_a_type_error_naming_key_table_and_type(tm
     ]
 
 
+@pytest.mark.parametrize(("written", "meant"), [("vllm_connector", "vllm"), ("sglang-connector", "sglang"), ("tile-rt", "tile_rt_connector")])
+def test_a_connector_typo_is_pointed_to_the_connector_it_names(tmp_path: Path, written: str, meant: str) -> None:
+    text = f'[providers.p]\napi_base = "http://127.0.0.1:9102/v1"\nconnector = "{written}"\n'
+    (error,) = check_errors(tmp_path, text)
+    assert error.startswith(f'3: providers.p.connector: unknown connector "{written}"; did you mean "{meant}"? '), error
+
+
 BASE_FIX = 'write api_base = "http://127.0.0.1:9102/v1"'
 URL_FIX = 'write url = "http://127.0.0.1:9103/serving"'
 
