@@ -320,13 +320,19 @@ def test_an_empty_models_list_is_refused_with_the_way_to_serve_any_model(tmp_pat
 
 
 @pytest.mark.parametrize("value", ["abc", "99999", "8000.5", ""])
-def test_a_quoted_number_is_the_number_and_a_quoted_non_number_gets_the_range(tmp_path, value):
+def test_a_variable_number_is_the_number_and_a_non_number_gets_the_range(tmp_path, value):
     config = tmp_path / "config.toml"
-    config.write_text(f'[server]\nport = "${{GW_PORT}}"\n[defaults]\nmax_retries = "3"\n{_UP}')
+    config.write_text(f'[server]\nport = "${{GW_PORT}}"\n[defaults]\nmax_retries = "${{RETRIES:-3}}"\n{_UP}')
     accepted = run_check("--config", str(config), env={"GW_PORT": "18791"})
     assert accepted.returncode == 0, accepted.stderr
     assert "server   127.0.0.1:18791   auth: none" in accepted.stdout
     assert "(max_retries 3)" in accepted.stdout
+    # a number written in quotes is not one (only a variable's value, always a string, is converted)
+    config.write_text(f'[defaults]\nmax_retries = "3"\n{_UP}')
+    (line,) = run_check("--config", str(config)).stderr.splitlines()
+    assert line.endswith('2: defaults.max_retries: expected a whole number, not a quoted string (got "3"); '
+                         "write a whole number from 0 to 10, e.g. max_retries = 1"), line
+    config.write_text(f'[server]\nport = "${{GW_PORT}}"\n{_UP}')
     refused = run_check("--config", str(config), env={"GW_PORT": value})
     assert refused.returncode == 1
     (line,) = refused.stderr.splitlines()
@@ -405,10 +411,20 @@ def test_check_suggests_only_a_fallback_that_applies_and_warns_about_one_that_ca
     hint = _section(run_check("--config", str(config)).stdout, "routing")
     meta = "meta-llama/Meta-Llama-3-8B-Instruct"
     aliased = f'{{ vllm = "{meta}", openai = "gpt-4o-mini" }}'
-    assert (
-        f'to fail over, e.g. fallbacks = {{ "vllm" = ["openai"] }}, with under [aliases]: "{meta}" = {aliased}; '
-        f'"llama-3-8b" = {aliased}'
-    ) in hint, hint
+    # openai lists another model (gpt-4o-mini): no alias to it is suggested, so no fallback
+    assert "to fail over" not in hint and "gpt-4o-mini" not in hint, hint
+    acceptance = Path(__file__).parent / "fixtures" / "acceptance" / "provider-table.config.toml"
+    hint = _section(run_check("--config", str(acceptance)).stdout, "routing")
+    assert "then fails: no other provider is tried" in hint and '"qwen2.5-72b-instruct" = {' not in hint, hint
+    # another provider listing the same models under its own spellings: aliased to those
+    config.write_text(
+        '[providers.a]\napi_base = "http://127.0.0.1:9/v1"\nmodels = ["llama-3-8b-instruct", "qwen2.5-72b-instruct"]\n'
+        '[providers.b]\napi_base = "http://127.0.0.1:10/v1"\n'
+        'models = ["meta-llama/Meta-Llama-3-8B-Instruct", "Qwen/Qwen2.5-72B-Instruct"]\n[routing]\ndefault_route = "a"\n'
+    )
+    hint = _section(run_check("--config", str(config)).stdout, "routing")
+    assert '"qwen2.5-72b-instruct" = { a = "qwen2.5-72b-instruct", b = "Qwen/Qwen2.5-72B-Instruct" }' in hint, hint
+    config.write_text(README_PAIRING)
 
     # as the hint used to say: the fallback alone, which openai can never take
     config.write_text(README_PAIRING.replace('default_route = "vllm"', 'default_route = "vllm"\nfallbacks = { "vllm" = ["openai"] }'))

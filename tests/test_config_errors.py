@@ -185,6 +185,36 @@ def test_a_list_key_written_as_a_string_or_a_table_as_a_list_gets_the_shape_to_w
     assert not any("valid tuple" in e or "valid list" in e for e in errors)
 
 
+def test_a_quoted_number_or_boolean_is_a_type_error_naming_key_table_and_type(tmp_path: Path) -> None:
+    errors = check_errors(
+        tmp_path,
+        """\
+        [server]
+        port = "8001"
+        [providers.p]
+        api_base = "http://127.0.0.1:9102/v1"
+        models = [1, 2]
+        timeout_sec = "30"
+        [routing.queue]
+        enabled = "off"
+        """,
+    )
+    assert errors == [
+        '2: server.port: expected a whole number, not a quoted string (got "8001"); write a whole number from 0 to 65535, e.g. port = 8000',
+        '5: providers.p.models[0]: input should be a valid string (got 1); write each item as a quoted string, e.g. models = ["..."]',
+        '5: providers.p.models[1]: input should be a valid string (got 2); write each item as a quoted string, e.g. models = ["..."]',
+        '6: providers.p.timeout_sec: expected a number, not a quoted string (got "30"); write a number above 0, e.g. timeout_sec = 600',
+        '8: routing.queue.enabled: expected true or false, not a quoted string (got "off"); write enabled = true or enabled = false',
+    ]
+
+
+@pytest.mark.parametrize(("written", "meant"), [("vllm_connector", "vllm"), ("sglang-connector", "sglang"), ("tile-rt", "tile_rt_connector")])
+def test_a_connector_typo_is_pointed_to_the_connector_it_names(tmp_path: Path, written: str, meant: str) -> None:
+    text = f'[providers.p]\napi_base = "http://127.0.0.1:9102/v1"\nconnector = "{written}"\n'
+    (error,) = check_errors(tmp_path, text)
+    assert error.startswith(f'3: providers.p.connector: unknown connector "{written}"; did you mean "{meant}"? '), error
+
+
 BASE_FIX = 'write api_base = "http://127.0.0.1:9102/v1"'
 URL_FIX = 'write url = "http://127.0.0.1:9103/serving"'
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import signal
 
@@ -88,6 +89,18 @@ def test_reload_masks_a_key_pasted_into_the_config_in_its_answer_and_its_log(ser
     assert '"sk-***" is not an environment variable name' in response.json()["error"]["message"]
     assert key not in response.text and key not in caplog.text and "sk-***" in caplog.text
     assert provider_of(url) == "a"
+
+
+def test_reload_logs_the_warning_serve_logs_at_start_for_an_unset_key_variable(served, sims, caplog) -> None:
+    url, path = served
+    unset = "LATGATE_RELOAD_TEST_UNSET_KEY"
+    assert unset not in os.environ
+    path.write_text(default_route_config(sims, default="b").replace("[routing]", f'api_key_env = "{unset}"\n[routing]'))
+    with caplog.at_level(logging.WARNING, logger="latgate"):
+        assert httpx.post(url + "/admin/reload").status_code == 200  # a warning at start, so not refused here
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and f"api_key_env {unset} is not set" in r.message]
+    assert len(warned) == 1, caplog.text
+    assert provider_of(url) == "b"
 
 
 def test_reload_of_a_deleted_config_file_is_rejected(served) -> None:

@@ -226,3 +226,4 @@ def test_route_example_request_with_another_config_names_the_models_it_serves() 
         [sys.executable, "-m", "latgate", "route", "--help"], capture_output=True, text=True, timeout=60, check=False
     ).stdout
     assert "bundled" in help_text and "config.toml" in help_text
+    assert "contacting nothing" not in help_text and "--url asks a running gateway" in help_text

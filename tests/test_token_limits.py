@@ -1,14 +1,15 @@
 """A token-limit field no engine can take (``max_tokens: 1e20``, ``2.5``, ``0``, a
-string) is refused by latgate itself with a 400 saying what is wrong, naming the field
+string; a float, even ``10.0``) is refused by latgate itself with a 400 saying what is wrong, naming the field
 the client sent, in every route's envelope: ``max_tokens`` / ``max_completion_tokens``
 on chat completions, ``max_tokens`` on completions and ``/v1/messages``,
 ``max_output_tokens`` on the Responses API (whose translation would have named the
-upstream's ``max_completion_tokens``). Nothing goes upstream. Through a real gateway,
+upstream's ``max_completion_tokens``), and on ``/admin/route``. Nothing goes upstream. Through a real gateway,
 a replayed upstream and the openai / anthropic SDKs."""
 
 from __future__ import annotations
 
 import anthropic
+import httpx
 import openai
 import pytest
 from completions import chat_completion
@@ -83,9 +84,10 @@ def test_a_token_limit_too_large_is_called_too_large_on_every_route(stack, route
         (0, "must be at least 1 token, not 0", "integer_below_min_value"),
         ("64", "must be an integer number of tokens, not a string", "invalid_type"),
         (2**31, "is too large (2147483648 tokens)", "integer_above_max_value"),
+        (10.0, "must be an integer number of tokens, not the float 10.0; send 10", "invalid_type"),
     ],
 )
-@pytest.mark.parametrize("route", ["chat max_tokens", "responses", "messages"])
+@pytest.mark.parametrize("route", list(SENDS))
 def test_each_kind_of_bad_token_limit_says_what_is_wrong(stack, route: str, value, said: str, expected_code) -> None:
     _, gw = stack
     field, message, code = _refusal(gw, route, value)
@@ -96,3 +98,17 @@ def test_each_kind_of_bad_token_limit_says_what_is_wrong(stack, route: str, valu
 def test_a_valid_token_limit_still_goes_through(stack) -> None:
     _, gw = stack
     assert _openai(gw).chat.completions.create(model="m", messages=USER, max_tokens=2**31 - 1).choices
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "code"),
+    [("max_tokens", TOO_LARGE, "integer_above_max_value"), ("max_output_tokens", 10.0, "invalid_type"),
+     ("max_completion_tokens", 0, "integer_below_min_value")],
+)  # fmt: skip
+def test_admin_route_refuses_the_token_limits_the_api_routes_refuse(stack, field: str, value, code: str) -> None:
+    _, gw = stack
+    body = {"model": "m", "messages": USER, field: value}
+    answer = httpx.post(gw.url + "/admin/route", json=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["code"] == code and answer.json()["error"]["param"] == field
+    assert httpx.post(gw.url + "/admin/route", json={**body, field: 64}, timeout=30).status_code == 200

@@ -66,6 +66,11 @@ def test_the_live_page_shows_providers_and_a_request_sent_while_it_watches(tmp_p
         assert state["events"], "the flaky decode pool made no retry or fallback"
         page.wait_for("document.querySelectorAll('#events li:not(.empty)').length > 0")
         page.wait_for("document.querySelectorAll('canvas.chart').length === 3")
+        # a prefix index line only where the pool has endpoints to place a prefix among
+        single = [n for n, p in state["providers"].items() if len(p["endpoints"]) == 1 and p["endpoints"][0].get("prefix_index")]
+        assert single, "no single-endpoint pool with a prefix index in the demo stack"
+        shown = "[...document.querySelectorAll('[data-provider]')].filter(c => c.querySelector('.prefix-index'))"
+        assert not set(page.evaluate(f"{shown}.map(c => c.dataset.provider)")) & set(single)
         page.screenshot(ARTIFACTS / "ui.png")
         assert (ARTIFACTS / "ui.png").stat().st_size > 10_000
         assert page.errors == [], json.dumps(page.errors, indent=1)

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from latgate import __version__
-from latgate.api.body import error_response, read_json_object
+from latgate.api.body import TOKEN_LIMIT_FIELDS, check_token_limits, error_response, read_json_object
 from latgate.foundation.errors import GatewayError
 from latgate.live.providers import ProviderRuntime
 from latgate.live.providers.monitor import Monitor
@@ -93,6 +93,7 @@ async def route(request: Request) -> Response:
     gateway = _gateway(request)
     try:
         body = await read_json_object(request, max_bytes=gateway.config.server.max_body_bytes)
+        check_token_limits(body, TOKEN_LIMIT_FIELDS)  # as the API routes refuse them
         decision = gateway.decide(body, request.headers)
     except GatewayError as error:
         return error_response(error, request_id=request_id(request.headers.get("x-request-id")))

@@ -153,16 +153,21 @@ def require(body: dict[str, Any], field: str, kind: type | tuple[type, ...], *, 
 #: and the engines' int32 parameters take.
 MAX_TOKEN_LIMIT = 2**31 - 1
 
+#: Every token-limit field a request body of any route may carry (``/admin/route`` takes
+#: the body of any of them).
+TOKEN_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
 
 def check_token_limits(body: Mapping[str, Any], fields: tuple[str, ...]) -> None:
     """Refuse a token-limit field (``max_tokens``, ``max_output_tokens``...) of ``body``
-    that no engine can take, saying what is wrong; absent or ``null`` ones pass, and so
-    does a whole number written as a float (``64.0``: the engine's to judge).
+    that no engine can take, saying what is wrong; absent or ``null`` ones pass. A float
+    is refused even when whole (``64.0``), as OpenAI's API refuses one for an integer field.
 
     Raises:
         InvalidRequest: (400, ``param`` the field) not a number (code ``invalid_type``),
-            not a whole number (``invalid_type``), under 1 (``integer_below_min_value``)
-            or over :data:`MAX_TOKEN_LIMIT` (``integer_above_max_value``), OpenAI's codes.
+            not a whole number (``invalid_type``), under 1 (``integer_below_min_value``),
+            over :data:`MAX_TOKEN_LIMIT` (``integer_above_max_value``) or a whole float
+            (``invalid_type``), OpenAI's codes.
     """
     for field in fields:
         value = body.get(field)
@@ -186,6 +191,12 @@ def check_token_limits(body: Mapping[str, Any], fields: tuple[str, ...]) -> None
                 f"'{field}' is too large ({value:.15g} tokens); send an integer from 1 to {MAX_TOKEN_LIMIT}",
                 param=field,
                 code="integer_above_max_value",
+            )
+        if isinstance(value, float):
+            raise InvalidRequest(
+                f"'{field}' must be an integer number of tokens, not the float {value!r}; send {int(value)}",
+                param=field,
+                code="invalid_type",
             )
 
 

@@ -6,7 +6,9 @@ builds a new :class:`~latgate.request.gateway.Gateway` from it, and only then sw
 already in flight keep the ``Gateway`` they started with and finish on the old config;
 new requests get the new one. An invalid file changes nothing: its errors (every
 mistake, each with file, line, key and fix) are returned or logged, and the old
-config keeps serving.
+config keeps serving. A valid file's warnings are logged as ``serve`` logs them at start
+(:func:`~latgate.routing.warnings.startup_warnings`: an ``api_key_env`` naming an unset
+variable, its name only, and so on); like at start they do not stop it.
 
 What carries over: the metrics (counters keep counting, so ``rate()`` stays continuous),
 the pooled upstream client when the ``[defaults]`` timeouts are unchanged, the
@@ -37,6 +39,7 @@ from latgate.foundation.config.schema import Config, ServerConfig
 from latgate.foundation.errors import InvalidRequest
 from latgate.foundation.retired import KeptAcrossReloads
 from latgate.request.gateway import Gateway, request_id
+from latgate.routing.warnings import startup_warnings
 from latgate.transport.upstream import UpstreamClient, UpstreamTransport
 
 log = logging.getLogger("latgate")
@@ -182,6 +185,8 @@ class Reloader:
         self._state.gateway = gateway
         result = _compare(old.config, config, self.listening)
         log.info(result.summary())
+        for warning in startup_warnings(config, self._env):  # what serve logs at start (an unset api_key_env...)
+            log.warning(warning)
         return result
 
     def reload_logged(self) -> bool:

@@ -18,7 +18,7 @@ from latgate import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("latgate.process.server", "run the gateway"),
     "check": ("latgate.commands.check", "validate the config and print providers, models and routes"),
-    "route": ("latgate.commands.route", "print the routing decision for a request body, contacting nothing"),
+    "route": ("latgate.commands.route", "print the routing decision for a request body: a dry run from the config, or --url asks a running gateway"),
     "sim": ("latgate.commands.sim.cli", "run an OpenAI-compatible engine simulator"),
     "demo": ("latgate.commands.demo", "start one simulator per provider, then the gateway"),
     "bench": ("latgate.commands.bench.cli", "measure TTFT, e2e latency and tokens/s against a base URL"),

@@ -2,7 +2,7 @@
 
 Loads the config, reads a request body (a JSON file, ``-`` for stdin) and prints, as
 JSON, the decision :class:`~latgate.routing.decision.Router` makes for it, contacting
-nothing::
+nothing (``--url``, below, asks a gateway instead)::
 
     {"provider": "sglang_tilelang", "endpoint": "sglang_tilelang-0",
      "model": "meta-llama/Meta-Llama-3-8B-Instruct", "reason": "long_context",

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from latgate.foundation.config.schema import Config
 from latgate.routing.decision import Router
-from latgate.routing.models import skipped_note
+from latgate.routing.models import same_model, skipped_note
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -256,8 +256,9 @@ def _alias_entry(config: Config, router: Router, public: str, provider: str, ser
 def fallback_suggestion(config: Config, router: Router | None = None) -> str | None:
     """A ``fallbacks = { ... }`` line for the default route that would apply to every
     model it serves: another provider serving them (a hosted ``role = "upstream"`` one
-    first), else the first other provider with the ``[aliases]`` tables it needs. None
-    when there is no other provider."""
+    first), else the first other provider that lists each of them under its own spelling,
+    with the ``[aliases]`` tables that says so. None when no other provider serves them
+    all (an alias to a different model is never suggested)."""
     router = router or Router(config, exact_tokenizers={})
     default = config.routing.default_route
     others = sorted(
@@ -275,12 +276,19 @@ def fallback_suggestion(config: Config, router: Router | None = None) -> str | N
     for name in others:
         if all(router.rule_upstream(name, public) is not None for public in models):
             return line.format(default=default, next=name)
-    name = next((n for n in others if config.providers[n].models), others[0])
-    missing = [public for public in models if router.rule_upstream(name, public) is None]
-    return (
-        line.format(default=default, next=name)
-        + f", with under [aliases]: {alias_entries(config, router, name, missing)}"
-    )
+    for name in others:
+        missing = [public for public in models if router.rule_upstream(name, public) is None]
+        spelled = {public: _same_model_served(config, name, public) for public in missing}
+        if all(spelled.values()):
+            entries = "; ".join(_alias_entry(config, router, p, name, str(served)) for p, served in spelled.items())
+            return line.format(default=default, next=name) + f", with under [aliases]: {entries}"
+    return None
+
+
+def _same_model_served(config: Config, provider: str, public: str) -> str | None:
+    """The model ``provider`` lists that is ``public`` under another spelling, if any: an
+    alias to any other (a 72B model's to an 8B one) would change the answers."""
+    return next((served for served in config.providers[provider].models if same_model(public, served)), None)
 
 
 def _key(name: str) -> str:

@@ -1,7 +1,8 @@
 """Environment variable references in config values: ``${VAR}``, ``${VAR:-default}``, ``${env:VAR}``.
 
 Every string value (not table keys), at any depth, is expanded once; the result is not
-expanded again. The rule for a variable that has no value:
+expanded again (a number or boolean key takes such a string as its value: the result is
+:class:`~latgate.foundation.config.scalars.Expanded`). The rule for a variable that has no value:
 
 - ``${VAR}`` / ``${env:VAR}`` with ``VAR`` unset is a config error naming the key and the
   variable (a silently empty URL or model name would only fail later, further away);
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 
 from latgate.foundation.config.errors import Problems
 from latgate.foundation.config.keys import key_path, show
+from latgate.foundation.config.scalars import Expanded
 
 _REFERENCE = re.compile(r"\$\{(?P<body>[^}]*)(?P<close>\}?)")
 _BODY = re.compile(r"(?:env:)?(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>.*))?", re.DOTALL)
@@ -79,4 +81,5 @@ def _expand_string(text: str, *, env: Mapping[str, str], problems: Problems, key
             return reference
         return env[name]
 
-    return _REFERENCE.sub(replace, text)
+    expanded = _REFERENCE.sub(replace, text)
+    return Expanded(expanded) if "${" in text else expanded

@@ -128,14 +128,18 @@ def key_path(prefix: str, *parts: str | int) -> str:
 def closest(name: str, choices: Collection[str]) -> str | None:
     """The valid name nearest to ``name``, or None.
 
-    difflib's best match (ratio >= 0.6) first; failing that, a choice that contains
-    ``name`` or is contained in it, ignoring case and ``-``/``_`` (``tile-rt`` ->
-    ``tile_rt_connector``).
+    The longest choice written inside ``name`` first (``vllm_connector`` -> ``vllm``, not
+    ``tile_rt_connector``, which only shares its ending); then difflib's best match
+    (ratio >= 0.6); failing that, a choice that contains ``name``; each ignoring case and
+    ``-``/``_`` (``tile-rt`` -> ``tile_rt_connector``).
     """
+    folded = _fold(name)
+    inside = [c for c in choices if len(c) >= 3 and _fold(c) in folded]
+    if inside:
+        return max(inside, key=len)
     matches = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
     if matches:
         return matches[0]
-    folded = _fold(name)
     if len(folded) < 3:
         return None
     return next((c for c in choices if len(c) >= 3 and (folded in _fold(c) or _fold(c) in folded)), None)
@@ -234,7 +238,10 @@ def _report(error: ErrorDetails, model_cls: type[BaseModel], problems: Problems,
     message = message[0].lower() + message[1:]
     field = _field(model_cls, loc)
     value = error.get("input")
-    problems.add(key, f"{message} (got {show(value)})", _type_fix(kind, leaf, field, value))
+    fix = _type_fix(kind, leaf, field, value)
+    if loc and isinstance(loc[-1], int) and kind.startswith("string_"):  # an item of a list of strings
+        fix = f'write each item as a quoted string, e.g. {leaf} = ["..."]'
+    problems.add(key, f"{message} (got {show(value)})", fix)
 
 
 _MESSAGES = {

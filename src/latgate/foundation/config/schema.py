@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import functools
 import re
-import types
-import typing
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-from pydantic_core import PydanticCustomError
+
+from latgate.foundation.config.scalars import reject_converted_scalar
 
 _VERSION_SEGMENT = re.compile(r"(?:^|/)v\d+(?:beta\d*|alpha\d*)?(?:/|$)")
 
@@ -25,7 +24,8 @@ class Frozen(BaseModel):
     """Base for config models: immutable, unknown fields rejected, numbers strict.
 
     A number field (``int``/``float``) takes neither ``true``/``false`` (pydantic would
-    read ``port = true`` as port 1) nor ``inf``/``nan`` (TOML has both; an infinite
+    read ``port = true`` as port 1) nor a string (``port = "8001"``; nor does a ``bool``
+    field, ``enabled = "off"``) nor ``inf``/``nan`` (TOML has both; an infinite
     timeout overflows the event loop's timer on every request).
     """
 
@@ -33,19 +33,10 @@ class Frozen(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_boolean_numbers(cls, value: object, info: ValidationInfo) -> object:
-        if isinstance(value, bool) and info.field_name is not None:
-            kinds = _annotation_kinds(cls.model_fields[info.field_name].annotation)
-            if bool not in kinds and (int in kinds or float in kinds):
-                raise PydanticCustomError("bool_not_number", "expected a number, not true/false")
+    def _strict_scalars(cls, value: object, info: ValidationInfo) -> object:
+        if info.field_name is not None:
+            reject_converted_scalar(cls.model_fields[info.field_name].annotation, value)
         return value
-
-
-def _annotation_kinds(annotation: object) -> tuple[object, ...]:
-    """The members of a union annotation (``int | None`` -> ``(int, NoneType)``), else itself."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return typing.get_args(annotation)
-    return (annotation,)
 
 
 def versioned_base(api_base: str, *, exact: bool = False) -> str:

@@ -76,7 +76,8 @@ function renderTotals(state) {
   $("totals").innerHTML = tiles.map(([v, label]) => `<div class="tile"><b>${esc(v)}</b><span>${esc(label)}</span></div>`).join("");
 }
 
-function endpointHtml(e) {
+// pooled: the endpoint shares its pool with others, so a prefix index has a placement to make
+function endpointHtml(e, pooled) {
   const m = e.ttft_model || {};
   const cap = e.capacity || 0;
   const load = cap ? Math.min(100, (100 * e.in_flight) / cap) : 0;
@@ -84,7 +85,7 @@ function endpointHtml(e) {
   const probe = e.probe ? `${e.probe.ok ? "ok" : "failed"} ${ms(e.probe.ms)} ms <span>(${age(e.probe.age_seconds)})</span>` : "off";
   const evidence = `${m.observations ?? 0} obs` + (m.age_seconds != null ? `, ${age(m.age_seconds)}` : "");
   const pct = (v) => (v == null ? "–" : `${(100 * v).toFixed(0)}%`);
-  const index = e.prefix_index;
+  const index = pooled ? e.prefix_index : null;
   const hits = e.cache_hits;
   const cache = index
     ? `${esc(index.entries)} samples · ${esc(index.held_tokens)} / ${esc(index.effective_capacity_tokens)} tok`
@@ -129,7 +130,7 @@ function renderProviders(state) {
     const queued = q && `queue ${q.waiting} waiting (${q.waiting_by_priority.interactive} interactive, ${q.waiting_by_priority.default} default, ${q.waiting_by_priority.batch} batch) · ${q.admitted} waited · ${q.overflow} overflowed · ${q.shed} shed · ${q.preempted} preempted`;
     const badges = [p.role && `role ${p.role}`, p.engine && `engine ${p.engine}`, p.connector && `connector ${p.connector}`, ...(p.models || []), queued].filter(Boolean);
     card.querySelector(".badges").innerHTML = badges.map((b) => `<span class="badge">${esc(b)}</span>`).join("");
-    card.querySelector(".eps").innerHTML = p.endpoints.map(endpointHtml).join("");
+    card.querySelector(".eps").innerHTML = p.endpoints.map((e) => endpointHtml(e, p.endpoints.length > 1)).join("");
     drawChart(card.querySelector("canvas"), history[name] || [], estimates[name] || [], state.now);
   }
   for (const card of [...root.children]) if (!(card.dataset.provider in state.providers)) card.remove();
