@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from queues import poll
 from stack import FAST, Stack, gateway, simulators
 
 from latgate.commands.sim import SimOptions
@@ -97,17 +97,6 @@ def events(text: str) -> list[Any]:
 
 def tile_endpoint(stack: Stack) -> dict[str, Any]:
     return httpx.get(stack.url + "/admin/providers").json()["providers"]["tile-rt"]["endpoints"][0]
-
-
-def poll(condition, *, seconds: float = 10.0) -> Any:
-    """The condition's first truthy value, polled until a deadline (no fixed sleeps)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError("condition not met in time")
 
 
 @contextlib.contextmanager
