@@ -15,7 +15,6 @@ from apis import post_head, read_answer
 from completions import CHAT_BODY, chat_completion, proxied_posts, stream_with_usage
 from processes import poll
 from redis.asyncio import Redis
-from redisd import redis_server
 from replay import ReplayScript, replay_server
 from servers import listening_socket
 from stack import gateway, gateway_file
@@ -29,23 +28,6 @@ from latgate.transport.upstream import UpstreamClient
 
 COMPLETION = chat_completion()
 KEY = {"Authorization": "Bearer sk-a"}
-
-
-@pytest.fixture(scope="module")
-def redis_url():
-    with redis_server() as url:
-        yield url
-
-
-@pytest.fixture
-def flushed(redis_url):
-    async def flush() -> None:
-        client = Redis.from_url(redis_url)
-        await client.flushdb()
-        await client.aclose()
-
-    asyncio.run(flush())
-    return redis_url
 
 
 def config_text(base: str, redis: str, *, rpm: int = 3, endpoints: int = 1) -> str:
