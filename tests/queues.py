@@ -7,8 +7,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import httpx
 from clocks import ManualClock
 from processes import poll as poll_every
 from stack import Stack, gateway, simulators
@@ -72,6 +73,23 @@ def simulated_pool(template: str, sim: SimOptions, **fields: str) -> Iterator[St
         with gateway(template.format(url=url, **fields)) as stack:
             stack.sims = {sim.name: app}
             yield stack
+
+
+@contextlib.contextmanager
+def held_streams(
+    url: str, body: dict[str, Any], count: int = 1, *, headers: dict[str, str] | None = None
+) -> Iterator[list[httpx.Response]]:
+    """``count`` streamed requests of ``body`` POSTed to ``url``, each held open after
+    its first line (its slot taken) until the block ends: their responses."""
+    with httpx.Client(timeout=30) as client, contextlib.ExitStack() as stack:
+        responses, lines = [], []
+        for _ in range(count):
+            response = stack.enter_context(client.stream("POST", url, json=body, headers=headers or {}))
+            iterator = response.iter_lines()
+            next(iterator)
+            responses.append(response)
+            lines.append(iterator)  # kept: a dropped iterator closes its response
+        yield responses
 
 
 def poll(condition: Callable[[], T], *, seconds: float = 15.0) -> T:

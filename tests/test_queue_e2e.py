@@ -13,7 +13,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from queues import poll, simulated_pool
+from queues import held_streams, poll, simulated_pool
 from stack import FAST, Stack, gateway, simulators
 
 from latgate.commands.sim import SimOptions
@@ -70,12 +70,9 @@ def queue_of(stack: Stack) -> dict[str, Any]:
 @contextlib.contextmanager
 def slot_taken(stack: Stack, *, headers: dict[str, str] | None = None) -> Iterator[None]:
     """The pool's one slot held by a long stream through the gateway, until the block ends."""
-    with httpx.Client(timeout=30) as client:
-        body = {"model": MODEL, "messages": ASK, "stream": True, "max_tokens": 400}
-        with client.stream("POST", stack.v1 + "/chat/completions", json=body, headers=headers or {}) as response:
-            lines = response.iter_lines()
-            next(lines)
-            yield
+    body = {"model": MODEL, "messages": ASK, "stream": True, "max_tokens": 400}
+    with held_streams(stack.v1 + "/chat/completions", body, headers=headers):
+        yield
 
 
 ROUTES = [
