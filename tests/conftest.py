@@ -8,9 +8,12 @@ upstream's answer and its SSE chunks), ``replay``, ``servers``, ``h1_upstreams``
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
+from redis.asyncio import Redis
+from redisd import redis_server
 from stack import Stack, demo_stack
 
 
@@ -21,3 +24,23 @@ def demo() -> Iterator[Stack]:
     module that needs other simulator options defines its own ``demo``."""
     with demo_stack() as stack:
         yield stack
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """A real redis-server (:func:`redisd.redis_server`), one per test module: its URL."""
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture
+def flushed(redis_url: str) -> str:
+    """The module's redis-server emptied (``FLUSHALL``) before the test: its URL."""
+
+    async def flush() -> None:
+        client = Redis.from_url(redis_url)
+        await client.flushall()
+        await client.aclose()
+
+    asyncio.run(flush())
+    return redis_url

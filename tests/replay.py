@@ -564,6 +564,22 @@ def load_stream(name: str) -> bytes:
     return (STREAMS_DIR / f"{name}.sse").read_bytes()
 
 
+def dechunked(raw: bytes) -> bytes:
+    """The payload of an HTTP/1.1 chunked body (RFC 9112 section 7.1), for recorded wire
+    bytes: a recording cut part-way gives what arrived before the cut."""
+    body, at = b"", 0
+    while True:
+        line_end = raw.find(b"\r\n", at)
+        if line_end < 0:
+            return body
+        size = int(raw[at:line_end], 16)
+        if size == 0:
+            return body
+        start = line_end + 2
+        body += raw[start : start + size]
+        at = start + size + 2
+
+
 def load_expect(name: str) -> StreamExpect:
     """The facts in ``tests/fixtures/streams/NAME.expect.json``."""
     raw = json.loads((STREAMS_DIR / f"{name}.expect.json").read_text(encoding="utf-8"))

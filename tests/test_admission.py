@@ -6,14 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from clocks import ManualClock
+from queues import ONE_SLOT_POOL, queued_pool
 
-from latgate.foundation.config import load_config_text
 from latgate.foundation.errors import Overloaded
-from latgate.foundation.metrics import Metrics
 from latgate.live.providers import ProviderPool
 from latgate.routing.admission import Admission, Ask
-from latgate.routing.decision import Router
 from latgate.routing.priority import BATCH, DEFAULT, INTERACTIVE
 from latgate.routing.queue_refuse import fits_budget
 
@@ -41,15 +38,9 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def setup(*, admission: bool = True, slot_seconds: float = 0.3, text: str = CONFIG):
-    config = load_config_text(text, source="test.toml")
-    clock = ManualClock(0.0)
-    metrics = Metrics(providers=config.providers, models=["m"])
-    pool = ProviderPool(config, metrics=metrics, env={}, clock=clock)
-    holder = Admission(pool=pool, metrics=metrics, settings=config.routing.queue, enabled=admission, timer=clock)
-    for runtime in pool.providers.values():
-        for ep in runtime.endpoints:
-            holder.outlook.leases[ep.key] = slot_seconds  # as if observed: requests hold a slot 300 ms
-    return Router(config), pool, holder, clock, metrics
+    # as if observed: requests hold a slot 300 ms
+    queued = queued_pool(text, enabled=admission, lease_seconds=slot_seconds)
+    return queued.router, queued.pool, queued.admission, queued.clock, queued.metrics
 
 
 async def hold(admission: Admission, decision, priority: int = DEFAULT, **kwargs):
@@ -167,15 +158,7 @@ def test_the_lease_time_is_learnt_from_the_requests_that_held_a_node() -> None:
     assert admission.describe()["tile-rt"]["lease_ms"]["tile-rt-0"] < 1000.0
 
 
-POOL = """
-[providers.vllm]
-api_base = "http://127.0.0.1:9/v1"
-models = ["m"]
-max_batch_size = 1
-
-[routing]
-default_route = "vllm"
-
+POOL = ONE_SLOT_POOL + """
 [routing.queue]
 batch_max_wait_ms = {batch_wait}
 """

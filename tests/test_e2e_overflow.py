@@ -6,8 +6,9 @@ why. Simulators with different decode speeds stand in for the pools."""
 from __future__ import annotations
 
 import httpx
+from queues import poll
 from stack import Stack
-from test_tilert_e2e import ASK, LATENCY, MODEL, SLOW_TILE, held_streams, poll, tile_endpoint, tilert_stack
+from test_tilert_e2e import ASK, LATENCY, MODEL, SLOW_TILE, held_streams, tile_endpoint, tilert_stack
 
 from latgate.commands.sim import SimOptions
 

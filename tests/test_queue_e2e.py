@@ -5,7 +5,6 @@ the first byte, a key's priority ceiling, and the TileRT stand-in's burst."""
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,6 +13,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from queues import held_streams, poll, simulated_pool
 from stack import FAST, Stack, gateway, simulators
 
 from latgate.commands.sim import SimOptions
@@ -58,22 +58,8 @@ SLOW = SimOptions(name="vllm", ttft_overhead_ms=1.0, tpot_ms=20.0, tpot_growth_m
 @contextlib.contextmanager
 def pool_stack(sim: SimOptions = SLOW, *, queue: str = "", extra: str = "") -> Iterator[Stack]:
     """One vLLM-style simulator with one batch slot behind a gateway."""
-    with simulators({"vllm": sim}) as sims:
-        url, app = sims["vllm"]
-        with gateway(CONFIG.format(url=url, queue=queue, extra=extra)) as stack:
-            stack.sims = {"vllm": app}
-            yield stack
-
-
-def poll(condition, *, seconds: float = 15.0) -> Any:
-    """The condition's first truthy value, polled until a deadline (no fixed sleeps)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError("condition not met in time")
+    with simulated_pool(CONFIG, sim, queue=queue, extra=extra) as stack:
+        yield stack
 
 
 def queue_of(stack: Stack) -> dict[str, Any]:
@@ -84,12 +70,9 @@ def queue_of(stack: Stack) -> dict[str, Any]:
 @contextlib.contextmanager
 def slot_taken(stack: Stack, *, headers: dict[str, str] | None = None) -> Iterator[None]:
     """The pool's one slot held by a long stream through the gateway, until the block ends."""
-    with httpx.Client(timeout=30) as client:
-        body = {"model": MODEL, "messages": ASK, "stream": True, "max_tokens": 400}
-        with client.stream("POST", stack.v1 + "/chat/completions", json=body, headers=headers or {}) as response:
-            lines = response.iter_lines()
-            next(lines)
-            yield
+    body = {"model": MODEL, "messages": ASK, "stream": True, "max_tokens": 400}
+    with held_streams(stack.v1 + "/chat/completions", body, headers=headers):
+        yield
 
 
 ROUTES = [

@@ -6,35 +6,20 @@ from __future__ import annotations
 
 import asyncio
 
-from clocks import ManualClock
+from queues import ONE_SLOT_POOL, queued_pool
 
-from latgate.foundation.config import load_config_text
-from latgate.foundation.metrics import Metrics
-from latgate.live.providers import ProviderPool
-from latgate.routing.admission import Admission, Ask
-from latgate.routing.decision import Router
+from latgate.routing.admission import Ask
 from latgate.routing.priority import DEFAULT
 from latgate.routing.queue_outlook import WaitOutlook, expected_hold_ms
 
-POOL = """
-[providers.vllm]
-api_base = "http://127.0.0.1:9/v1"
-models = ["m"]
-max_batch_size = 1
-
-[routing]
-default_route = "vllm"
-expected_completion_tokens = 256
-"""
+POOL = ONE_SLOT_POOL + "expected_completion_tokens = 256\n"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
 
 
-def cold_pool():
-    config = load_config_text(POOL, source="test.toml")
-    clock = ManualClock(0.0)
-    pool = ProviderPool(config, metrics=Metrics(providers=config.providers, models=["m"]), env={}, clock=clock)
-    runtime = pool["vllm"]
-    return config, pool, runtime, runtime.endpoints[0], clock
+def cold_pool(text: str = POOL):
+    queued = queued_pool(text)
+    runtime = queued.pool["vllm"]
+    return queued, queued.pool, runtime, runtime.endpoints[0], queued.clock
 
 
 def test_a_held_slot_is_priced_at_its_own_requests_expected_completion_not_the_default() -> None:
@@ -90,9 +75,8 @@ def test_a_slot_of_unknown_length_on_a_cold_pool_is_priced_at_the_waiting_reques
 
 def test_a_request_with_a_small_max_tokens_waits_for_a_cold_pools_slot_held_by_one_like_it() -> None:
     # the trial's case: "pool wait 5320ms > 2996ms left" for max_tokens 100 (256 tokens at 20 ms)
-    config, pool, runtime, endpoint, clock = cold_pool()
-    holder = Admission(pool=pool, metrics=Metrics(providers=config.providers, models=["m"]), settings=config.routing.queue, enabled=True, timer=clock)
-    router = Router(config)
+    queued, pool, runtime, endpoint, clock = cold_pool()
+    holder, router = queued.admission, queued.router
     lease = pool.begin(runtime, endpoint, completion_tokens=100)
 
     async def main() -> None:
@@ -117,11 +101,7 @@ def test_expected_hold_is_the_rest_of_the_lease_then_the_overrun_so_far() -> Non
 def test_a_slot_held_past_its_lease_is_expected_to_free_after_one_still_within_its_lease() -> None:
     # a slowed endpoint's request outlived its lease: waiting on it as if it freed now is
     # how a waiter spends its budget's slack for nothing
-    config = load_config_text(POOL.replace("max_batch_size = 1", "max_batch_size = 2"), source="test.toml")
-    clock = ManualClock(0.0)
-    pool = ProviderPool(config, metrics=Metrics(providers=config.providers, models=["m"]), env={}, clock=clock)
-    runtime = pool["vllm"]
-    endpoint = runtime.endpoints[0]
+    _, pool, runtime, endpoint, clock = cold_pool(POOL.replace("max_batch_size = 1", "max_batch_size = 2"))
     outlook = WaitOutlook(pool)
     endpoint.itl.observe(20.0)
     outlook.observe_lease(endpoint, 0.7)  # warm: no capacity floor

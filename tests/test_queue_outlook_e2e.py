@@ -4,14 +4,12 @@ behind the gateway, real clients on loopback. A held slot is priced at its own r
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
-from stack import Stack, gateway, simulators
+from queues import held_streams, poll, simulated_pool
+from stack import Stack
 
 from latgate.commands.sim import SimOptions
 
@@ -41,26 +39,6 @@ SLOW = SimOptions(name="pool", ttft_overhead_ms=1.0, tpot_ms=200.0, tpot_growth_
 ASK = [{"role": "user", "content": "hi"}]
 
 
-def poll(condition: Callable[[], Any], *, seconds: float = 15.0) -> Any:
-    """The condition's first truthy value, polled until a deadline (no fixed sleeps)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError("condition not met in time")
-
-
-@contextlib.contextmanager
-def cold_pool() -> Iterator[Stack]:
-    with simulators({"pool": SLOW}) as sims:
-        url, app = sims["pool"]
-        with gateway(CONFIG.format(url=url)) as stack:
-            stack.sims = {"pool": app}
-            yield stack
-
-
 def waiting(stack: Stack) -> int:
     return httpx.get(stack.url + "/admin/providers").json()["providers"]["pool"]["queue"]["waiting"]
 
@@ -74,11 +52,9 @@ def first_line(url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple
 
 def test_on_a_cold_pool_a_request_with_a_small_max_tokens_waits_for_the_slot_instead_of_a_503() -> None:
     body = {"model": "m", "messages": ASK, "stream": True, "max_tokens": 100}
-    with cold_pool() as stack, ThreadPoolExecutor(1) as threads, httpx.Client(timeout=30) as client:
+    with simulated_pool(CONFIG, SLOW) as stack, ThreadPoolExecutor(1) as threads:
         chat = stack.v1 + "/chat/completions"
-        with client.stream("POST", chat, json=body) as held:  # holds the one slot
-            lines = held.iter_lines()  # kept: a dropped line iterator closes the stream
-            next(lines)
+        with held_streams(chat, body):  # holds the one slot
             # 3300 ms: about 3000 ms left after the TTFT p90; the slot is predicted to free in
             # ~2.2 s (its request's 100 tokens), not ~5.3 s (256 tokens)
             newcomer = threads.submit(first_line, chat, body, {"x-latency-budget-ms": "3300"})

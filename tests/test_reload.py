@@ -5,10 +5,13 @@ flight finish on the config they started with."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
 import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -39,6 +42,30 @@ def served(tmp_path, sims):
     path.write_text(default_route_config(sims, default="a"))
     with gateway_file(path) as stack:
         yield stack.url, path
+
+
+@contextlib.contextmanager
+def gated_stream(
+    tmp_path: Path, sims: dict[str, str]
+) -> Iterator[tuple[str, Path, httpx.Client, httpx.Response, Callable[[], None]]]:
+    """A gateway loaded from a config file routing by default to an upstream that holds
+    its stream, one stream sent through it and begun upstream: (gateway URL, config path,
+    the client, the stream, ``release``: the upstream finishes the stream). Released when
+    the block leaves at the latest."""
+    gated = GatedUpstream()
+    with serve_app(gated) as gated_url:
+        path = tmp_path / "config.toml"
+        path.write_text(default_route_config({"gated": gated_url, "b": sims["b"]}, default="gated"))
+        with gateway_file(path) as stack, httpx.Client(timeout=30) as client:
+            try:
+                stream = client.send(
+                    client.build_request("POST", stack.url + "/v1/chat/completions", json={**CHAT, "stream": True}),
+                    stream=True,
+                )
+                assert gated.started.wait(timeout=10)
+                yield stack.url, path, client, stream, gated.gate.set
+            finally:
+                gated.gate.set()
 
 
 def provider_of(url: str) -> str:
@@ -112,28 +139,18 @@ def test_reload_of_a_deleted_config_file_is_rejected(served) -> None:
 
 
 def test_a_stream_in_flight_finishes_on_the_config_it_started_with(tmp_path, sims) -> None:
-    gated = GatedUpstream()
-    with serve_app(gated) as gated_url:
-        path = tmp_path / "config.toml"
-        path.write_text(default_route_config({"gated": gated_url, "b": sims["b"]}, default="gated"))
-        with gateway_file(path) as stack, httpx.Client(timeout=30) as client:
-            url = stack.url
-            try:
-                request = client.build_request(
-                    "POST", url + "/v1/chat/completions", json={**CHAT, "stream": True}
-                )
-                stream = client.send(request, stream=True)
-                assert stream.headers["x-latgate-provider"] == "gated"
-                assert gated.started.wait(timeout=10)
-                path.write_text(default_route_config({"b": sims["b"]}, default="b"))
-                reloaded = client.post(url + "/admin/reload").json()
-                assert reloaded["removed"] == ["gated"] and reloaded["providers"] == ["b"]
-                assert provider_of(url) == "b"
-                assert list(client.get(url + "/admin/providers").json()["providers"]) == ["b"]
-            finally:
-                gated.gate.set()
-            lines = [line for line in stream.iter_lines() if line]
-            stream.close()
+    with gated_stream(tmp_path, sims) as (url, path, client, stream, release):
+        try:
+            assert stream.headers["x-latgate-provider"] == "gated"
+            path.write_text(default_route_config({"b": sims["b"]}, default="b"))
+            reloaded = client.post(url + "/admin/reload").json()
+            assert reloaded["removed"] == ["gated"] and reloaded["providers"] == ["b"]
+            assert provider_of(url) == "b"
+            assert list(client.get(url + "/admin/providers").json()["providers"]) == ["b"]
+        finally:
+            release()
+        lines = [line for line in stream.iter_lines() if line]
+        stream.close()
     assert lines[-1] == "data: [DONE]" and any('" two"' in line for line in lines)
 
 
@@ -357,30 +374,20 @@ def test_a_reload_moving_an_endpoint_to_another_url_starts_it_afresh(tmp_path, s
 
 
 def test_a_stream_in_flight_across_a_reload_settles_against_the_carried_counts(tmp_path, sims) -> None:
-    gated = GatedUpstream()
-    with serve_app(gated) as gated_url:
-        path = tmp_path / "config.toml"
-        path.write_text(default_route_config({"gated": gated_url, "b": sims["b"]}, default="gated"))
-        with gateway_file(path) as stack, httpx.Client(timeout=30) as client:
-            url = stack.url
-            try:
-                stream = client.send(
-                    client.build_request("POST", url + "/v1/chat/completions", json={**CHAT, "stream": True}),
-                    stream=True,
-                )
-                assert gated.started.wait(timeout=10)
-                assert client.post(url + "/admin/reload").status_code == 200  # the same file
-                gated_endpoint = client.get(url + "/admin/providers").json()["providers"]["gated"]["endpoints"][0]
-                assert gated_endpoint["in_flight"] == 1  # the old stream, still running
-            finally:
-                gated.gate.set()
-            lines = [line for line in stream.iter_lines() if line]
-            stream.close()
-            assert lines[-1] == "data: [DONE]"
+    with gated_stream(tmp_path, sims) as (url, _, client, stream, release):
+        try:
+            assert client.post(url + "/admin/reload").status_code == 200  # the same file
+            gated_endpoint = client.get(url + "/admin/providers").json()["providers"]["gated"]["endpoints"][0]
+            assert gated_endpoint["in_flight"] == 1  # the old stream, still running
+        finally:
+            release()
+        lines = [line for line in stream.iter_lines() if line]
+        stream.close()
+        assert lines[-1] == "data: [DONE]"
 
-            def settled() -> dict | None:
-                ep = client.get(url + "/admin/providers").json()["providers"]["gated"]["endpoints"][0]
-                return ep if ep["in_flight"] == 0 else None
+        def settled() -> dict | None:
+            ep = client.get(url + "/admin/providers").json()["providers"]["gated"]["endpoints"][0]
+            return ep if ep["in_flight"] == 0 else None
 
-            assert poll(settled, timeout=10, what="the stream's end to be counted")["requests"] == 1
-            assert 'latgate_in_flight_requests{provider="gated"} 0.0' in client.get(url + "/metrics").text
+        assert poll(settled, timeout=10, what="the stream's end to be counted")["requests"] == 1
+        assert 'latgate_in_flight_requests{provider="gated"} 0.0' in client.get(url + "/metrics").text

@@ -13,27 +13,13 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from replay import dechunked
 
 from latgate.forwarding.sse import StreamTap
 from latgate.transport.errors import UpstreamFailure
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODEL = re.compile(rb'"model": ?"([^"]+)"')
-
-
-def dechunked(raw: bytes) -> bytes:
-    """An HTTP/1.1 chunked body's payload (a recording cut part-way: what arrived)."""
-    body, at = b"", 0
-    while True:
-        line_end = raw.find(b"\r\n", at)
-        if line_end < 0:
-            return body
-        size = int(raw[at:line_end], 16)
-        if size == 0:
-            return body
-        start = line_end + 2
-        body += raw[start : start + size]
-        at = start + size + 2
 
 
 def recorded_streams() -> dict[str, bytes]:

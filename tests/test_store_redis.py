@@ -32,23 +32,6 @@ COMPLETION = chat_completion()
 KEY = {"Authorization": "Bearer sk-a"}
 
 
-@pytest.fixture(scope="module")
-def redis_url():
-    with redis_server() as url:
-        yield url
-
-
-@pytest.fixture
-def flushed(redis_url):
-    async def flush() -> None:
-        client = Redis.from_url(redis_url)
-        await client.flushdb()
-        await client.aclose()
-
-    asyncio.run(flush())
-    return redis_url
-
-
 def config_text(base: str, redis: str, *, rpm: int = 3, endpoints: int = 1) -> str:
     addresses = ", ".join(f'"{base}/r{i}"' for i in range(endpoints))
     return (

@@ -8,7 +8,6 @@ import asyncio
 import gc
 import weakref
 
-import pytest
 from clocks import ManualClock
 from redis.asyncio import Redis
 from redisd import free_port, redis_server
@@ -21,23 +20,6 @@ from latgate.live.store.sessions import (
     SessionMaps,
     open_session_map,
 )
-
-
-@pytest.fixture(scope="module")
-def redis_url():
-    with redis_server() as url:
-        yield url
-
-
-@pytest.fixture
-def flushed(redis_url):
-    async def flush() -> None:
-        client = Redis.from_url(redis_url)
-        await client.flushall()
-        await client.aclose()
-
-    asyncio.run(flush())
-    return redis_url
 
 
 def test_the_local_map_forgets_the_least_recently_used_beyond_its_bound() -> None:

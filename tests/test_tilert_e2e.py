@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,6 +13,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from queues import held_streams as queued_streams
+from queues import poll
 from stack import FAST, Stack, gateway, simulators
 
 from latgate.commands.sim import SimOptions
@@ -99,30 +100,12 @@ def tile_endpoint(stack: Stack) -> dict[str, Any]:
     return httpx.get(stack.url + "/admin/providers").json()["providers"]["tile-rt"]["endpoints"][0]
 
 
-def poll(condition, *, seconds: float = 10.0) -> Any:
-    """The condition's first truthy value, polled until a deadline (no fixed sleeps)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError("condition not met in time")
-
-
-@contextlib.contextmanager
-def held_streams(url: str, count: int, *, headers: dict[str, str] | None = None) -> Iterator[list[httpx.Response]]:
+def held_streams(
+    url: str, count: int, *, headers: dict[str, str] | None = None
+) -> contextlib.AbstractContextManager[list[httpx.Response]]:
     """``count`` streamed chat requests to ``url``, held open after their first line."""
-    with httpx.Client(timeout=30) as client, contextlib.ExitStack() as stack:
-        responses, lines = [], []
-        for _ in range(count):
-            body = {"model": MODEL, "messages": ASK, "stream": True, "max_tokens": 400}
-            response = stack.enter_context(client.stream("POST", url, json=body, headers=headers or {}))
-            iterator = response.iter_lines()
-            next(iterator)
-            responses.append(response)
-            lines.append(iterator)  # kept: a dropped iterator closes its response
-        yield responses
+    body = {"model": MODEL, "messages": ASK, "stream": True, "max_tokens": 400}
+    return queued_streams(url, body, count, headers=headers)
 
 
 SLOW_TILE = SimOptions(profile="tilert", name="tile-rt", decode_nodes=2, ttft_overhead_ms=1.0, tpot_ms=20.0, max_output_tokens=400)

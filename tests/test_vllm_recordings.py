@@ -11,7 +11,7 @@ import httpx
 import orjson
 import pytest
 from completions import chat_completion
-from replay import ReplayScript, replay_server, split_bytes, split_points
+from replay import ReplayScript, dechunked, replay_server, split_bytes, split_points
 from stack import gateway, replay_gateway, requests_total
 
 from latgate.forwarding.sse import StreamTap
@@ -21,16 +21,7 @@ RECORDINGS = Path(__file__).parent / "fixtures" / "vllm-0.32-cpu"
 
 def recorded_body(name: str) -> bytes:
     """The SSE body of ``NAME.raw`` with its HTTP chunked framing removed."""
-    raw = (RECORDINGS / name).read_bytes()
-    body, at = b"", 0
-    while True:
-        line_end = raw.index(b"\r\n", at)
-        size = int(raw[at:line_end], 16)
-        if size == 0:
-            return body
-        start = line_end + 2
-        body += raw[start : start + size]
-        at = start + size + 2
+    return dechunked((RECORDINGS / name).read_bytes())
 
 
 def forwarded(body: bytes, pieces: list[int], **options: object) -> bytes:
