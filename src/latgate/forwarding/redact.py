@@ -19,7 +19,9 @@ own, so a one-character key does not blank out every word holding that letter.
 
 Used on error paths and on stream bytes that are not chunks only, never per chunk;
 the common case (ASCII text without ``\\``, ``%`` or ``&``) is read with string
-methods, not character by character.
+methods, not character by character. Successful answers (chunks, whole bodies) get the
+hot path's check instead, :func:`scrub_key_echoes`: a plain bytes search for each key
+as JSON writes it.
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ import re
 import unicodedata
 from typing import Any
 
+import orjson
+
 from latgate.foundation.config.masking import mask_secrets
 
 REDACTED = "<redacted>"
+REDACTED_BYTES = REDACTED.encode()
 #: the shortest run of the provider's key's characters that is redacted where an
 #: upstream echoes it: long enough that it does not occur by chance in a message (a
 #: random 8-character run of a 62-letter alphabet is one in 2e14), short enough to
@@ -264,6 +269,39 @@ def redact_text(text: str, secrets: tuple[bytes, ...] = ()) -> str:
     if cut >= 0:
         text = text[:cut].rstrip() + " (traceback removed)"
     return bounded_text(mask_secrets(_redact_str(text, secrets)))
+
+
+@functools.lru_cache(maxsize=64)  # one tuple per provider key
+def key_echo_forms(secrets: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """The byte strings :func:`scrub_key_echoes` looks for: each of ``secrets`` of at
+    least :data:`MIN_KEY_RUN_CHARS` characters as it is, JSON-escaped (``"`` and ``\\``
+    as ``\\"``, ``\\\\``; RFC 8259, section 7) and with ``/`` also written ``\\/``
+    (PHP's ``json_encode``, several Java encoders); duplicates dropped, so a key of
+    letters, digits and ``-_`` is one form. A shorter key is left out: as bare bytes it
+    would match inside ordinary words and JSON (a whole-word match is the error paths'
+    :func:`redact_key`)."""
+    forms: list[bytes] = []
+    for secret in secrets:
+        text = secret.decode("utf-8", "replace")
+        if len(text) < MIN_KEY_RUN_CHARS:
+            continue
+        escaped = orjson.dumps(text)[1:-1]
+        for form in (secret, escaped, escaped.replace(b"/", b"\\/")):
+            if form not in forms:
+                forms.append(form)
+    return tuple(forms)
+
+
+def scrub_key_echoes(data: bytes, forms: tuple[bytes, ...]) -> bytes:
+    """``data`` (a chunk, a run of whole SSE events, a whole answer body) with every
+    occurrence of each of ``forms`` (:func:`key_echo_forms`) replaced by ``<redacted>``,
+    which keeps a JSON string one. A plain bytes search per form (no copy when none is
+    there): cheap enough for every chunk. A key written otherwise (``\\u``-escaped
+    letters, split between two chunks' texts) is not found here."""
+    for form in forms:
+        if form in data:
+            data = data.replace(form, REDACTED_BYTES)
+    return data
 
 
 #: how deep :func:`redact_json` goes into an error object; anything deeper is dropped

@@ -41,6 +41,7 @@ same result.
 
 from __future__ import annotations
 
+from latgate.forwarding.redact import REDACTED_BYTES
 from latgate.forwarding.sse_edits import _CRLF_SEP, _LF_SEP, StreamEdits
 from latgate.forwarding.sse_facts import _FOREIGN
 from latgate.transport.errors import UpstreamFailure
@@ -146,6 +147,10 @@ class StreamTap(StreamEdits):
             if self._rewrite is not None:
                 for old, new in self._rewrite:
                     data = data.replace(old, new)
+            if self._echoes:  # the provider's key, should the upstream echo it (sse_edits)
+                for echo in self._echoes:
+                    if echo in data:
+                        data = data.replace(echo, REDACTED_BYTES)
             return data, units
         return self.feed_framed(data)
 
