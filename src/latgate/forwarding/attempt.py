@@ -26,7 +26,7 @@ from latgate.forwarding.failures import NO_FIRST_TOKEN, Failures, aborted_answer
 from latgate.forwarding.hedge import LostRace, Race
 from latgate.forwarding.keepalive import EarlyHead
 from latgate.forwarding.recorder import Recorder
-from latgate.forwarding.redact import key_echo_forms, scrub_key_echoes
+from latgate.forwarding.redact import scrub_key_echoes
 from latgate.forwarding.relay import StreamRelay, max_stream_seconds
 from latgate.forwarding.sse import StreamTap
 from latgate.forwarding.stream_start import StreamStart
@@ -334,7 +334,7 @@ class AttemptSender:
             raise self.failures.failed(provider, endpoint, missed) from None
         except UpstreamFailure as failure:
             raise self.failures.failed(provider, endpoint, failure) from None
-        data = scrub_key_echoes(data, key_echo_forms(provider_secrets(provider)))  # the key, should it be echoed
+        data = scrub_key_echoes(data, provider_secrets(provider))  # the provider's key, should it be echoed
         try:
             parsed = orjson.loads(data)
         except orjson.JSONDecodeError:

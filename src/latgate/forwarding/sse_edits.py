@@ -17,8 +17,8 @@ upstream wrote it.
   stream's own.
 - The provider's key, should an upstream echo it in chunk data (an ``id``, ``model``,
   ``system_fingerprint``, a delta's text), becomes ``<redacted>``
-  (:func:`~latgate.forwarding.redact.scrub_key_echoes`, a bytes search per key form in
-  each run of whole events forwarded). The framing forwards whole events only, so a key
+  (:class:`~latgate.forwarding.redact.KeyEchoes`, a bytes search in each run of whole
+  events forwarded). The framing forwards whole events only, so a key
   split between two reads of the upstream body is whole in the bytes searched, and
   nothing is held back for it.
 
@@ -33,7 +33,7 @@ import re
 
 import orjson
 
-from latgate.forwarding.redact import key_echo_forms, redact_text, scrub_key_echoes
+from latgate.forwarding.redact import key_echoes, redact_text
 from latgate.forwarding.sse_facts import ChunkFacts
 
 _LF_SEP = b"\n\n"
@@ -57,7 +57,7 @@ class StreamEdits(ChunkFacts):
     ) -> None:
         super().__init__(drop_usage_chunk=drop_usage_chunk, text_error=text_error)
         self._secrets = secrets
-        self._echoes = key_echo_forms(secrets)  # the key as chunk data could carry it; () for none
+        self._echoes = key_echoes(secrets)  # the key as chunk data could carry it; None for none
         self._sep: bytes | None = None  # the stream's event separator, once framing saw one
         self._rewrite: tuple[tuple[bytes, bytes], ...] | None = None
         if model_rewrite is not None:
@@ -72,7 +72,7 @@ class StreamEdits(ChunkFacts):
         if self._rewrite is not None and data:
             for old, new in self._rewrite:
                 data = data.replace(old, new)
-        return scrub_key_echoes(data, self._echoes) if self._echoes else data
+        return data if self._echoes is None else self._echoes.scrubbed(data)
 
     def release_held(self) -> bytes:
         """The events held back for a usage chunk that will not come (the upstream
