@@ -163,3 +163,11 @@ def test_a_short_key_is_not_searched_for_in_answers() -> None:
     stream = b"".join(_chat_events("abc"))
     forwarded, _ = tap_pieces([stream], StreamTap(secrets=(b"abc",)))
     assert forwarded == stream
+
+
+def test_each_key_of_several_is_redacted_in_every_json_form() -> None:
+    keys = (b'key-with-"quote"-and-\\-0123', b"second/key/0123456789")
+    chunk = json.dumps({"a": keys[0].decode(), "b": keys[1].decode(), "c": "@"}).encode()
+    chunk = chunk.replace(b"@", keys[1].replace(b"/", b"\\/"))  # "\/" as PHP writes "/"
+    forwarded, _ = tap_pieces([b"data: " + chunk + b"\n\n"], StreamTap(secrets=keys))
+    assert b"0123" not in forwarded and forwarded.count(b"<redacted>") == 3, forwarded
