@@ -87,7 +87,7 @@ def _decoded_unit(match: re.Match[str]) -> str:
     """The character an escape or reference stands for ("" for whitespace)."""
     kind, text = match.lastgroup, match.group()
     if kind == "json":
-        tail = text.lstrip("\\")
+        tail = text.lstrip("\\") or "\\"  # an escaped backslash alone (``\\\\``) stands for one
         char = chr(int(tail[1:], 16)) if tail[0] == "u" and len(tail) == 5 else _JSON_ESCAPES.get(tail, tail)
     elif kind == "pct":
         char = chr(int(text[1:], 16))
