@@ -311,6 +311,13 @@ class KeyEchoes:
         return data
 
 
+@functools.lru_cache(maxsize=64)  # one per provider key: the same tuple each request, hashed once
+def bare_key(authorization: str) -> tuple[bytes, ...]:
+    """The key of an ``Authorization`` header's value (``Bearer KEY``) as the redaction
+    functions take it (``secrets``): ``(KEY,)``, or ``()`` for no header."""
+    return (authorization.removeprefix("Bearer ").encode(),) if authorization else ()
+
+
 @functools.lru_cache(maxsize=64)  # one tuple per provider key
 def key_echoes(secrets: tuple[bytes, ...]) -> KeyEchoes | None:
     """The :class:`KeyEchoes` of ``secrets`` (the provider's key); ``None`` when none is
