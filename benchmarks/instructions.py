@@ -4,6 +4,7 @@ not move with the machine's load, for comparing two versions of latgate in one r
     .venv/bin/python benchmarks/instructions.py [--requests 800] [--concurrency 16]
         [--mode non-stream|stream|agent] [--state off|memory|redis|both] [--endpoints 1|2|3]
         [--baseline-src PATH/TO/OTHER/src] [--keep-profile OUT] [--prefix-cache on|off]
+        [--upstream-key]
 
 latgate runs under callgrind with instrumentation off while it starts and warms up
 (200 requests), on for the measured requests, then off again; the zero-delay mock
@@ -20,7 +21,8 @@ with their ratio. ``--endpoints 2`` (or 3) gives the provider that many endpoint
 same mock upstream under other host names), so the endpoint choice and, for a body
 with messages, the prefix index run on every request; ``--prefix-cache off`` turns the
 index off in this tree (``enable_prefix_cache = false``), to tell its cost from the
-rest. Needs ``valgrind`` (Debian package).
+rest. ``--upstream-key`` gives the provider a key (``api_key_env``, both trees), so the
+per-chunk and per-answer search for its echoes runs. Needs ``valgrind`` (Debian package).
 
 Counts repeat within ~0.5% run to run; CPU time per request on this project's shared
 2-core machines moves by ±30%. Instructions are not time (cache misses, syscalls and
@@ -98,6 +100,7 @@ def measure(
     redis_url: str | None = None,
     endpoints: int = 1,
     prefix_cache: bool = True,
+    upstream_key: bool = False,
 ) -> float:
     """Instructions per request (thousands) of the latgate in ``src`` (None: this one),
     with ``[auth]`` and limits when ``limits``, in Redis when ``redis_url``; its
@@ -113,10 +116,14 @@ def measure(
         text = text.replace(f'api_base = "http://127.0.0.1:{up_port}/v1"', f"endpoints = [{urls}]")
     if not prefix_cache:
         text = text.replace("[providers.up]\n", "[providers.up]\nenable_prefix_cache = false\n")
+    if upstream_key:
+        text = text.replace("[providers.up]\n", '[providers.up]\napi_key_env = "LATGATE_BENCH_UPSTREAM_KEY"\n')
     # under callgrind latgate runs ~50x slower: a 100 ms Redis bound would fail calls open
     config.write_text(text + ("redis_timeout_ms = 10000\n" if redis_url else ""))
     out = workdir / "callgrind.out"
     env = dict(os.environ)
+    if upstream_key:  # a key of a hosted provider's shape
+        env["LATGATE_BENCH_UPSTREAM_KEY"] = "sk-proj-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z" * 2
     if src:
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     command = latgate_serve_command(config, port=gw_port)
@@ -170,6 +177,7 @@ def main() -> int:
         default="on",
         help="off: enable_prefix_cache = false, this tree only (what the prefix index and sessions cost)",
     )
+    parser.add_argument("--upstream-key", action="store_true", help="the provider has a key (its echoes are searched)")
     parser.add_argument("--baseline-src", help="another latgate source tree (its src/ folder) to compare")
     parser.add_argument("--keep-profile", metavar="OUT", help="keep this tree's callgrind output as OUT")
     parser.add_argument(
@@ -204,6 +212,7 @@ def main() -> int:
                         redis_url=redis_url if state == "redis" else None,
                         endpoints=args.endpoints,
                         prefix_cache=args.prefix_cache == "on" or src is not None,
+                        upstream_key=args.upstream_key,
                     )
                     print(f"  {counts[state]:.1f} k instructions per request", flush=True)
                 if len(states) == 2:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from completions import content
 from replay import load_expect, load_stream, split_bytes, split_points, stream_fixture_names
 from sse_tap import as_forwarded, tap_pieces
 
@@ -88,8 +89,14 @@ def test_a_trailing_event_without_its_blank_line_is_forwarded_at_end_of_stream()
     assert units == 1
 
 
-def test_malformed_json_is_forwarded_but_not_counted() -> None:
+def test_data_that_is_not_json_ends_the_stream_as_an_in_band_error() -> None:
     tap = StreamTap()
-    forwarded, units = tap_pieces([b"data: {not json\n\n", b"data: [DONE]\n\n"], tap)
-    assert forwarded == b"data: {not json\n\ndata: [DONE]\n\n"
-    assert units == 0 and tap.done
+    forwarded, units = tap_pieces([content("hi"), b"data: {not json\n\n", content("after")], tap)
+    assert forwarded == content("hi")  # nothing from the unreadable event on
+    assert units == 1 and tap.error_kind == "stream_bad_event" and "not JSON" in tap.error["message"]
+
+
+def test_empty_data_is_no_error() -> None:
+    tap = StreamTap()
+    forwarded, _ = tap_pieces([b"data: \n\n", b"data: [DONE]\n\n"], tap)
+    assert tap.error is None and tap.done and forwarded.endswith(b"data: [DONE]\n\n")

@@ -66,3 +66,9 @@ def test_an_error_event_before_the_first_token_is_redacted_too(api, body) -> Non
 def test_redacted_text_keeps_ordinary_words_and_numbers() -> None:
     text = "context length 8192 exceeded: 9000 tokens (model Meta-Llama-3-8B-Instruct, file.py line 3)"
     assert redact_text(text) == text
+
+
+def test_an_escaped_backslash_beside_the_key_is_read_as_one() -> None:
+    """JSON's ``\\\\`` (a Windows path in an upstream's message) is one backslash, not an error."""
+    key = b"sk-abcdefgh12345678"
+    assert redact_text(r"path C:\\dir, key sk-abcdefgh12345678", (key,)) == r"path C:\\dir, key <redacted>"

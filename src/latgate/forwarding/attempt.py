@@ -26,6 +26,7 @@ from latgate.forwarding.failures import NO_FIRST_TOKEN, Failures, aborted_answer
 from latgate.forwarding.hedge import LostRace, Race
 from latgate.forwarding.keepalive import EarlyHead
 from latgate.forwarding.recorder import Recorder
+from latgate.forwarding.redact import scrub_key_echoes
 from latgate.forwarding.relay import StreamRelay, max_stream_seconds
 from latgate.forwarding.sse import StreamTap
 from latgate.forwarding.stream_start import StreamStart
@@ -216,8 +217,7 @@ class AttemptSender:
             if not handed_off:
                 await stack.aclose()
 
-    # long: the read up to the first content: one loop under the first-token deadline whose locals (head, early,
-    # not_sse, the tap's state) the relay takes over; per-chunk work on the hot path, kept in one frame
+    # long: one loop under the first-token deadline (per-chunk work) whose locals the relay takes over
     async def _start_stream(
         self,
         attempt: Attempt,
@@ -293,8 +293,7 @@ class AttemptSender:
         stack.callback(self._record_decode, provider, endpoint, exchange, tap, ticket)
         handed = stack.pop_all()
         transform = attempt.routed.transform
-        if transform is not None:
-            content_type = transform.stream_content_type
+        content_type = content_type if transform is None else transform.stream_content_type
         return StreamRelay(
             headers=client_headers(exchange, content_type),
             head=b"".join(head),
@@ -317,9 +316,9 @@ class AttemptSender:
         a non-streamed answer only once the whole completion is generated, so one would
         cut, and re-run elsewhere, every long generation. Keep-alive whitespace and ``:``
         comment lines before a chunked answer are skipped
-        (:class:`~latgate.transport.prelude.KeepalivePrelude`). Its usage is taken and the
-        model name rewritten. An event stream (the request's ``stream: false`` ignored)
-        or an HTML page is refused unread, as the provider's failure."""
+        (:class:`~latgate.transport.prelude.KeepalivePrelude`). The key's echoes redacted,
+        its usage taken, the model name rewritten. An event stream (``stream: false``
+        ignored) or an HTML page is refused unread, as the provider's failure."""
         provider, endpoint, exchange = attempt.provider, attempt.endpoint, attempt.routed.exchange
         content_type = response.headers.get("content-type", "")
         if content_type.startswith(("text/html", "text/event-stream")):  # a page, or a stream nobody asked for
@@ -335,6 +334,7 @@ class AttemptSender:
             raise self.failures.failed(provider, endpoint, missed) from None
         except UpstreamFailure as failure:
             raise self.failures.failed(provider, endpoint, failure) from None
+        data = scrub_key_echoes(data, provider_secrets(provider))  # the provider's key, should it be echoed
         try:
             parsed = orjson.loads(data)
         except orjson.JSONDecodeError:

@@ -30,7 +30,7 @@ from urllib.parse import urljoin, urlsplit
 
 import orjson
 
-from latgate.forwarding.redact import redact, redact_json, redact_text, upstream_label
+from latgate.forwarding.redact import bare_key, redact, redact_json, redact_text, upstream_label
 from latgate.foundation.config.masking import mask_secrets
 from latgate.foundation.errors import (
     GatewayError,
@@ -345,8 +345,7 @@ def retry_after_header(value: str, seconds: float) -> str:
 
 def provider_secrets(provider: ProviderRuntime) -> tuple[bytes, ...]:
     """The provider's key as it could appear in an echo (the bare key, not only the header)."""
-    header = provider.auth_headers.get("authorization", "")
-    return (header.removeprefix("Bearer ").encode(),) if header else ()
+    return bare_key(provider.auth_headers.get("authorization", ""))
 
 
 def _credentials_hint(provider: ProviderRuntime) -> str:

@@ -19,7 +19,9 @@ own, so a one-character key does not blank out every word holding that letter.
 
 Used on error paths and on stream bytes that are not chunks only, never per chunk;
 the common case (ASCII text without ``\\``, ``%`` or ``&``) is read with string
-methods, not character by character.
+methods, not character by character. Successful answers (chunks, whole bodies) get the
+hot path's check instead, :class:`KeyEchoes`: a plain bytes search for the key as
+JSON writes it.
 """
 
 from __future__ import annotations
@@ -29,11 +31,15 @@ import functools
 import html.entities
 import re
 import unicodedata
+from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from latgate.foundation.config.masking import mask_secrets
 
 REDACTED = "<redacted>"
+REDACTED_BYTES = REDACTED.encode()
 #: the shortest run of the provider's key's characters that is redacted where an
 #: upstream echoes it: long enough that it does not occur by chance in a message (a
 #: random 8-character run of a 62-letter alphabet is one in 2e14), short enough to
@@ -81,7 +87,7 @@ def _decoded_unit(match: re.Match[str]) -> str:
     """The character an escape or reference stands for ("" for whitespace)."""
     kind, text = match.lastgroup, match.group()
     if kind == "json":
-        tail = text.lstrip("\\")
+        tail = text.lstrip("\\") or "\\"  # an escaped backslash alone (``\\\\``) stands for one
         char = chr(int(tail[1:], 16)) if tail[0] == "u" and len(tail) == 5 else _JSON_ESCAPES.get(tail, tail)
     elif kind == "pct":
         char = chr(int(text[1:], 16))
@@ -264,6 +270,80 @@ def redact_text(text: str, secrets: tuple[bytes, ...] = ()) -> str:
     if cut >= 0:
         text = text[:cut].rstrip() + " (traceback removed)"
     return bounded_text(mask_secrets(_redact_str(text, secrets)))
+
+
+#: the longest piece of a key the hot path's first search looks for, in bytes: the
+#: search's set-up is linear in it, its skips grow with it; 16 is about the best for a
+#: chunk of a few hundred bytes, and still never found by chance
+_PROBE_BYTES = 16
+#: characters JSON may write escaped (RFC 8259, section 7, and ``\\/``)
+_ESCAPABLE = re.compile(rb'["\\/]')
+
+
+@dataclass(frozen=True, slots=True)
+class KeyEchoes:
+    """The provider's key as a successful answer (a chunk, a run of whole SSE events, a
+    whole body) could echo it, for the hot path's check (:meth:`scrubbed`).
+
+    Attributes:
+        forms: each key of at least :data:`MIN_KEY_RUN_CHARS` characters as it is,
+            JSON-escaped (``"`` and ``\\`` as ``\\"``, ``\\\\``; RFC 8259, section 7)
+            and with ``/`` also written ``\\/`` (PHP's ``json_encode``, several Java
+            encoders); duplicates dropped (a key of letters, digits and ``-_`` is one).
+        probe: bytes every form holds (of one key: the last :data:`_PROBE_BYTES` of its
+            longest run without a character JSON may escape; of several keys: ``b""``),
+            searched first.
+    """
+
+    forms: tuple[bytes, ...]
+    probe: bytes
+
+    def scrubbed(self, data: bytes) -> bytes:
+        """``data`` with every occurrence of each form replaced by ``<redacted>`` (which
+        keeps a JSON string one); ``data`` itself when the probe is not in it. A plain
+        bytes search, cheap enough for every chunk. A key written otherwise
+        (``\\u``-escaped letters, split between two chunks' texts) is not found."""
+        if self.probe not in data:
+            return data
+        for form in self.forms:
+            if form in data:
+                data = data.replace(form, REDACTED_BYTES)
+        return data
+
+
+@functools.lru_cache(maxsize=64)  # one per provider key: the same tuple each request, hashed once
+def bare_key(authorization: str) -> tuple[bytes, ...]:
+    """The key of an ``Authorization`` header's value (``Bearer KEY``) as the redaction
+    functions take it (``secrets``): ``(KEY,)``, or ``()`` for no header."""
+    return (authorization.removeprefix("Bearer ").encode(),) if authorization else ()
+
+
+@functools.lru_cache(maxsize=64)  # one tuple per provider key
+def key_echoes(secrets: tuple[bytes, ...]) -> KeyEchoes | None:
+    """The :class:`KeyEchoes` of ``secrets`` (the provider's key); ``None`` when none is
+    :data:`MIN_KEY_RUN_CHARS` characters or longer. A shorter key is left out: as bare
+    bytes it would match inside ordinary words and JSON (a whole-word match is the error
+    paths' :func:`redact_key`)."""
+    keys = [secret for secret in secrets if len(secret.decode("utf-8", "replace")) >= MIN_KEY_RUN_CHARS]
+    forms: list[bytes] = []
+    for secret in keys:
+        escaped = orjson.dumps(secret.decode("utf-8", "replace"))[1:-1]
+        for form in (secret, escaped, escaped.replace(b"/", b"\\/")):
+            if form not in forms:
+                forms.append(form)
+    if not keys:
+        return None
+    probe = b""
+    if len(keys) == 1:
+        probe = max(_ESCAPABLE.split(keys[0]), key=len)[-_PROBE_BYTES:]
+    return KeyEchoes(forms=tuple(forms), probe=probe)
+
+
+def scrub_key_echoes(data: bytes, secrets: tuple[bytes, ...]) -> bytes:
+    """``data`` (a whole answer) with the echoes of ``secrets`` redacted
+    (:meth:`KeyEchoes.scrubbed`)."""
+    echoes = key_echoes(secrets)
+    return data if echoes is None else echoes.scrubbed(data)
 
 
 #: how deep :func:`redact_json` goes into an error object; anything deeper is dropped

@@ -10,8 +10,8 @@ here with one watcher task keeps the per-chunk path to one ``send`` call.
 
 An upstream that finished every choice and closed without ``data: [DONE]`` gets one
 appended (the OpenAI SDKs and most clients wait for it). After output began, a failing
-upstream (a broken connection, an in-band error event or an error written into the
-text, whose text is redacted, or a close before every choice had its
+upstream (a broken connection, an in-band error event, an event whose data is not JSON
+or an error written into the text, whose text is redacted, or a close before every choice had its
 ``finish_reason``: see :func:`~latgate.forwarding.sse.stream_unfinished`) ends the stream
 with one SSE error event
 ``data: {"error": {...}}`` and no ``[DONE]``, so clients see a failure rather than a

@@ -26,10 +26,11 @@ Nothing the tap did not read as a chunk reaches the client as the upstream wrote
 an upstream's text there may echo its key (``: debug auth=Bearer sk-...``). A comment
 is replaced by a bare ``:`` (it keeps an idle connection alive, its text means nothing
 to a client); any other bytes of an event that are not chunk data (``event:``/``id:``
-fields, ``data`` that is not JSON, a JSON value that is no chunk, a CR that a client
-would read as a line end) are forwarded redacted, their line endings normalised to the
-stream's own. An ``event: error`` block is an in-band error whatever its data (plain
-text too). The one field kept as written is a Responses stream's ``event:`` line naming
+fields, empty ``data``, a JSON value that is no chunk, a CR that a client would read as
+a line end) are forwarded redacted, their line endings normalised to the stream's own.
+``data`` that is not JSON ends the stream as an in-band error (``stream_bad_event``): a
+client could not read it. An ``event: error`` block is an in-band error whatever its
+data (plain text too). The one field kept as written is a Responses stream's ``event:`` line naming
 its data's ``type``.
 
 Cost: reading events is the relay's per-token work, so the common case is kept to a
@@ -42,7 +43,7 @@ same result.
 from __future__ import annotations
 
 from latgate.forwarding.sse_edits import _CRLF_SEP, _LF_SEP, StreamEdits
-from latgate.forwarding.sse_facts import _FOREIGN
+from latgate.forwarding.sse_facts import _FOREIGN, BAD_EVENT
 from latgate.transport.errors import UpstreamFailure
 
 _DATA = b"data: "
@@ -83,8 +84,8 @@ class StreamTap(StreamEdits):
         error: the first ``error`` object an event carried (or the error a content
             delta wrote into the text); such events, and any after them, are not
             forwarded (the relay sends its own redacted error event instead).
-        error_kind: ``decode_error`` for an error written into the text, else
-            ``error_event``.
+        error_kind: ``decode_error`` for an error written into the text,
+            ``stream_bad_event`` for data that is not JSON, else ``error_event``.
         events: complete events seen.
     """
 
@@ -146,6 +147,9 @@ class StreamTap(StreamEdits):
             if self._rewrite is not None:
                 for old, new in self._rewrite:
                     data = data.replace(old, new)
+            echoes = self._echoes  # the provider's key, should the upstream echo it (sse_edits)
+            if echoes is not None and echoes.probe in data:
+                data = echoes.scrubbed(data)
             return data, units
         return self.feed_framed(data)
 
@@ -275,9 +279,13 @@ class StreamTap(StreamEdits):
                 other = True
         payload = b"\n".join(parts)
         if name == b"error":  # an in-band error, whatever its data says (plain text too)
-            if not parts or self._chunk(payload) != -1 or self.error is None:
+            if parts and self.error is None:
+                self._chunk(payload)  # a JSON error object is the error
+                if self.error_kind == BAD_EVENT:  # plain text: an error event still, its text the message
+                    self.error, self.error_kind = None, "error_event"
+            if self.error is None:
                 text = payload.decode("utf-8", "replace").strip()
-                self.error = self.error or {"message": text or "the upstream sent an error event"}
+                self.error = {"message": text or "the upstream sent an error event"}
             return -1, None
         if not parts:  # comments, fields without data; line ends alone are as harmless as they came
             return 0, (self._foreign(event, sep) if event.strip(b"\r\n") else None)

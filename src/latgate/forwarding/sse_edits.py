@@ -15,6 +15,12 @@ upstream wrote it.
 - Bytes that are not chunk data reach the client redacted: a comment as a bare ``:``,
   any other line through :func:`~latgate.forwarding.redact.redact_text`, line endings the
   stream's own.
+- The provider's key, should an upstream echo it in chunk data (an ``id``, ``model``,
+  ``system_fingerprint``, a delta's text), becomes ``<redacted>``
+  (:class:`~latgate.forwarding.redact.KeyEchoes`, a bytes search in each run of whole
+  events forwarded). The framing forwards whole events only, so a key
+  split between two reads of the upstream body is whole in the bytes searched, and
+  nothing is held back for it.
 
 :class:`StreamEdits` sits between the chunk facts (:mod:`latgate.forwarding.sse_facts`),
 which flag what to drop, strip or stamp, and the framing (:mod:`latgate.forwarding.sse`),
@@ -27,7 +33,7 @@ import re
 
 import orjson
 
-from latgate.forwarding.redact import redact_text
+from latgate.forwarding.redact import key_echoes, redact_text
 from latgate.forwarding.sse_facts import ChunkFacts
 
 _LF_SEP = b"\n\n"
@@ -39,7 +45,7 @@ _LINE_END = re.compile(rb"\r\n|\r|\n")
 class StreamEdits(ChunkFacts):
     """The tap's edits (see :class:`~latgate.forwarding.sse.StreamTap` for the arguments)."""
 
-    __slots__ = ("_held", "_rewrite", "_secrets", "_sep")
+    __slots__ = ("_echoes", "_held", "_rewrite", "_secrets", "_sep")
 
     def __init__(
         self,
@@ -51,6 +57,7 @@ class StreamEdits(ChunkFacts):
     ) -> None:
         super().__init__(drop_usage_chunk=drop_usage_chunk, text_error=text_error)
         self._secrets = secrets
+        self._echoes = key_echoes(secrets)  # the key as chunk data could carry it; None for none
         self._sep: bytes | None = None  # the stream's event separator, once framing saw one
         self._rewrite: tuple[tuple[bytes, bytes], ...] | None = None
         if model_rewrite is not None:
@@ -61,10 +68,11 @@ class StreamEdits(ChunkFacts):
         self._held: list[tuple[bytes, bool]] | None = None
 
     def _rewritten(self, data: bytes) -> bytes:
+        """``data`` (whole events) as forwarded: the model name rewritten, the key's echoes redacted."""
         if self._rewrite is not None and data:
             for old, new in self._rewrite:
                 data = data.replace(old, new)
-        return data
+        return data if self._echoes is None else self._echoes.scrubbed(data)
 
     def release_held(self) -> bytes:
         """The events held back for a usage chunk that will not come (the upstream

@@ -30,6 +30,10 @@ from latgate.forwarding.chunk_template import ChunkTemplate
 _TEMPLATE_BUDGET = 4
 #: what :meth:`ChunkFacts._chunk` returns for data that is not a chunk (forwarded redacted)
 _FOREIGN = -2
+#: the error kind of a stream ended by an event whose data is not JSON
+BAD_EVENT = "stream_bad_event"
+#: that error's message (the event's own text, which may echo a key, is not shown)
+UNREADABLE_EVENT = "the upstream sent an event latgate cannot read (not JSON)"
 
 
 class ChunkFacts:
@@ -105,7 +109,7 @@ class ChunkFacts:
             try:  # bytes that are not UTF-8 (U+FFFD): an error event so written is still one
                 chunk = orjson.loads(payload.decode("utf-8", "replace"))
             except orjson.JSONDecodeError:
-                return _FOREIGN
+                return self._unreadable(payload)
         if not isinstance(chunk, dict) or 13 in payload:  # 13: a CR, which a client reads as a line end
             return _FOREIGN
         error = chunk.get("error")
@@ -140,6 +144,17 @@ class ChunkFacts:
                 self._learn -= 1
                 self._template = ChunkTemplate.of(payload, delta) or self._template
         return units
+
+    def _unreadable(self, payload: bytes) -> int:
+        """Data that is not JSON: the stream's end, as an in-band error
+        (:data:`BAD_EVENT`: a client could not read the event, a translation could not
+        either); empty data is no event's content (forwarded redacted)."""
+        if not payload.strip():
+            return _FOREIGN
+        if self.error is None:
+            self.error = {"message": UNREADABLE_EVENT, "type": "api_error"}
+            self.error_kind = BAD_EVENT
+        return -1
 
     def _choice_units(self, chunk: dict[str, Any], choices: Any) -> int:
         """Content units in a parsed chunk's ``choices`` (a non-empty value), each
