@@ -2,13 +2,16 @@
 not move with the machine's load, for comparing two versions of latgate in one run.
 
     .venv/bin/python benchmarks/instructions.py [--requests 800] [--concurrency 16]
-        [--mode non-stream|stream|agent] [--state off|memory|redis|both] [--endpoints 1|2|3]
+        [--mode non-stream|stream|agent|anthropic] [--state off|memory|redis|both] [--endpoints 1|2|3]
         [--baseline-src PATH/TO/OTHER/src] [--keep-profile OUT] [--prefix-cache on|off]
         [--upstream-key]
 
 latgate runs under callgrind with instrumentation off while it starts and warms up
 (200 requests), on for the measured requests, then off again; the zero-delay mock
-upstream (``mock_upstream.py``) and the load generator run natively. With
+upstream (``mock_upstream.py``) and the load generator run natively. ``--mode agent``
+sends the ~100 KB Cline-like chat body of ``agent_bodies.py``, ``--mode anthropic`` its
+~100 KB Claude-Code-like ``/v1/messages`` body (content blocks, ``tool_use`` /
+``tool_result``), both non-streamed; the other modes a two-word chat. With
 ``--baseline-src`` (e.g. ``git worktree add /tmp/base HEAD~5`` then
 ``--baseline-src /tmp/base/src``) the same is done for that tree (put first on
 ``PYTHONPATH``) and the ratio printed. ``--keep-profile OUT`` keeps this tree's
@@ -44,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent_bodies import chat_body
+from agent_bodies import chat_body, messages_body
 from loadgen import Conn, request_bytes
 from peers import Latgate, Redis, wait_port
 from serving import free_port, latgate_serve_command
@@ -136,13 +139,16 @@ def measure(
     try:
         wait_port(up_port, timeout=30)
         wait_port(gw_port, timeout=600, proc=gateway)
+        path = "/v1/chat/completions"
         if mode == "agent":  # the ~100 KB Cline-like body of agent_bodies.py
             body = chat_body("bench", stream=False)
+        elif mode == "anthropic":  # the ~100 KB Claude-Code-like /v1/messages body of agent_bodies.py
+            body, path = messages_body("bench", stream=False), "/v1/messages"
         else:
             body = json.dumps(
                 {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "stream": mode == "stream"}
             ).encode()
-        request = request_bytes(port=gw_port, path="/v1/chat/completions", body=body)
+        request = request_bytes(port=gw_port, path=path, body=body)
         asyncio.run(send_exactly(port=gw_port, request=request, total=WARM_UP_REQUESTS, concurrency=concurrency))
         subprocess.run(["callgrind_control", "-i", "on", str(gateway.pid)], check=True, capture_output=True)
         scripts = redis_scripts(redis_url) if redis_url else 0
@@ -169,7 +175,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=800)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--mode", choices=["non-stream", "stream", "agent"], default="non-stream")
+    parser.add_argument("--mode", choices=["non-stream", "stream", "agent", "anthropic"], default="non-stream")
     parser.add_argument("--endpoints", type=int, choices=[1, 2, 3], default=1)
     parser.add_argument(
         "--prefix-cache",
