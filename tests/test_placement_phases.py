@@ -135,3 +135,17 @@ def test_a_headerless_conversation_leaves_a_home_whose_prefill_in_flight_overrun
     queued = [0, 0, 0, TURN_TOKENS]
     assert turn(endpoints, placements, 3, history_tokens=held, now=10.1, home=3, queued=queued) == 3
     assert turn(endpoints, placements, 7, history_tokens=held, now=10.6, home=3, queued=queued) != 3
+
+
+def test_a_replica_slower_all_along_is_not_priced_fast_before_its_first_tokens_are_measured() -> None:
+    """r3's streams are twice as slow; its first tokens are not measured yet (one, below
+    the evidence needed): its speed is its streams', 2, not 1."""
+    endpoints = [replica() for _ in IDS]
+    for ep in endpoints[:3]:
+        measure(ep, at=10.0, ms_per_token=0.05)
+    for _ in range(3):
+        endpoints[3].itl.observe(8.0)
+    endpoints[3].itl_observed_at = 10.0
+    endpoints[3].prefill_rate.sent("one", at=9.0, work_tokens=TURN_TOKENS)
+    endpoints[3].prefill_rate.prefilled("one", now=9.16)
+    assert relative_speeds(endpoints, now=10.0)[3] == 2.0

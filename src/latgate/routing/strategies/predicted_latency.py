@@ -154,10 +154,11 @@ def relative_speeds(endpoints: list[EndpointRuntime], *, now: float) -> list[flo
     prefill = [_prefill_reading(ep.prefill_rate, now) for ep in endpoints]
     itl_ratios, prefill_ratios = _ratios(itl, now=now), _ratios(prefill, now=now)
     speeds = [max(a, b) if b >= SLOW_PREFILL_FACTOR else a for a, b in zip(itl_ratios, prefill_ratios, strict=True)]
-    if max(itl_ratios) >= SLOW_PREFILL_FACTOR:  # the prefill rate's own measurements, unfaded
-        unfaded = _ratios([(m, v, None) if at is not None else (m, None, None) for m, v, at in prefill], now=now)
+    measured = [m is not None and at is not None for m, _, at in prefill]  # first tokens, not a bound
+    if max(itl_ratios) >= SLOW_PREFILL_FACTOR and sum(measured) >= 2:  # the prefill rates unfaded
+        unfaded = _ratios([(m, v, None) for m, v, _ in prefill], now=now)
         for i, (a, b) in enumerate(zip(itl_ratios, unfaded, strict=True)):
-            if a >= SLOW_PREFILL_FACTOR and prefill[i][2] is not None and b <= 1.0 + CLOSE_FRACTION:
+            if a >= SLOW_PREFILL_FACTOR and measured[i] and b <= 1.0 + CLOSE_FRACTION:
                 speeds[i] = b
     return speeds
 
