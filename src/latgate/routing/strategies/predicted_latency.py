@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from latgate.routing.policies.evidence import HALF_LIFE_S, MIN_OBSERVATIONS
-from latgate.routing.policies.predicted_ttft import choose_for_session, choose_power_of_two
+from latgate.routing.policies.predicted_ttft import CLOSE_FRACTION, choose_for_session, choose_power_of_two
 from latgate.routing.strategies.base import Strategy
 from latgate.routing.strategies.placement import Placements
 from latgate.routing.strategies.registry import PREDICTED_LATENCY
@@ -140,6 +140,12 @@ def relative_speeds(endpoints: list[EndpointRuntime], *, now: float) -> list[flo
     measurement (halved every ``HALF_LIFE_S``): a replica that no turn reaches any more
     is tried again by one that has its slack there, and gets traffic back once it has
     recovered. Fewer than two measured endpoints: that ratio is 1 for every endpoint.
+    Where the two disagree the other way (the streams' mean at least
+    ``SLOW_PREFILL_FACTOR`` slower, the prefill rate's first tokens measured within
+    ``CLOSE_FRACTION`` of typical, not faded nor a bound), the prefill rate counts: it is
+    what a turn's work costs, and it restarts at a step change where the streams' mean
+    moves 15% a stream, so a replica that slowed and recovered gets turns again at its
+    first fast first tokens, not a minute later.
     """
     itl = [
         (ep.itl.ms, ep.itl.ms, ep.itl_observed_at) if ep.itl.observations >= MIN_OBSERVATIONS else (None, None, None)
@@ -147,7 +153,14 @@ def relative_speeds(endpoints: list[EndpointRuntime], *, now: float) -> list[flo
     ]
     prefill = [_prefill_reading(ep.prefill_rate, now) for ep in endpoints]
     itl_ratios, prefill_ratios = _ratios(itl, now=now), _ratios(prefill, now=now)
-    return [max(a, b) if b >= SLOW_PREFILL_FACTOR else a for a, b in zip(itl_ratios, prefill_ratios, strict=True)]
+    speeds = [max(a, b) if b >= SLOW_PREFILL_FACTOR else a for a, b in zip(itl_ratios, prefill_ratios, strict=True)]
+    measured = [m is not None and at is not None for m, _, at in prefill]  # first tokens, not a bound
+    if max(itl_ratios) >= SLOW_PREFILL_FACTOR and sum(measured) >= 2:  # the prefill rates unfaded
+        unfaded = _ratios([(m, v, None) for m, v, _ in prefill], now=now)
+        for i, (a, b) in enumerate(zip(itl_ratios, unfaded, strict=True)):
+            if a >= SLOW_PREFILL_FACTOR and measured[i] and b <= 1.0 + CLOSE_FRACTION:
+                speeds[i] = b
+    return speeds
 
 
 Reading = tuple[float | None, float | None, float | None]
