@@ -135,6 +135,7 @@ def test_route_clients_serve_and_demo_also_name_every_missing_address(tmp_path):
         ("routing", 'latency_threshold_ms = "fast"', "e.g. latency_threshold_ms = 200"),
         ("providers.p", "max_batch_size = 0", "e.g. max_batch_size = 8"),
         ("providers.p", 'timeout_sec = "long"', "e.g. timeout_sec = 600"),
+        ("providers.p", "prefix_cache_tokens = 0", "e.g. prefix_cache_tokens = 262144"),
     ],
 )
 def test_number_errors_suggest_a_value_that_fits_the_key(tmp_path, section, line, fix):
@@ -522,3 +523,24 @@ def test_the_latency_threshold_warning_names_a_decode_pool_never_a_hosted_api(tm
         'add route_latency_sensitive_to = "tile-rt" under [routing] to send them to the low-latency decode pool '
         '(role = "decode")'
     ), warning
+
+
+def test_a_queue_section_under_a_strategy_without_the_queue_is_a_warning(tmp_path):
+    config = tmp_path / "config.toml"
+    base = '[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n[health]\nprobe_interval_sec = 0\n'
+    config.write_text(base + '[routing]\nstrategy = "round_robin"\n[routing.queue]\nenabled = true\npreempt = true\n')
+    result = run_check("--config", str(config))
+    assert result.returncode == 0, result.stderr
+    warnings = result.stdout.split("\nwarnings\n", 1)[1]
+    assert "[routing.queue] (enabled, preempt) does nothing with strategy = 'round_robin'" in warnings
+    config.write_text(base + '[routing.queue]\nenabled = true\npreempt = true\n')  # the default strategy has it
+    assert "[routing.queue]" not in run_check("--config", str(config)).stdout.partition("\nwarnings\n")[2]
+
+
+def test_an_unknown_key_in_a_nested_table_gets_the_nearest_name(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text('[providers.p]\napi_base = "http://127.0.0.1:9/v1"\n[routing.queue]\npremept = true\nmax_waitng = 4\n')
+    result = run_check("--config", str(config))
+    assert result.returncode == 1
+    assert 'routing.queue.premept: unknown key; did you mean "preempt"?' in result.stderr
+    assert 'routing.queue.max_waitng: unknown key; did you mean "max_waiting"?' in result.stderr

@@ -11,6 +11,7 @@ from latgate.foundation.config.schema import Config
 from latgate.foundation.config.warnings import config_warnings
 from latgate.routing.decision import Router
 from latgate.routing.reach import reach_warnings
+from latgate.routing.strategies.registry import predicts
 
 
 def startup_warnings(config: Config, env: Mapping[str, str] | None = None, *, can_listen: bool = True) -> list[str]:
@@ -29,9 +30,24 @@ def routing_warnings(config: Config) -> list[str]:
       suggested, else adding one;
     - a rule or fallback that can never apply, a model left without a fallback, a
       default route listing no models that takes names another provider lists
-      (:func:`latgate.routing.reach.reach_warnings`).
+      (:func:`latgate.routing.reach.reach_warnings`);
+    - a ``[routing.queue]`` section written for a strategy that has no gateway queue.
     """
-    return [mask_secrets(warning) for warning in _latency_threshold_unrouted(config) + reach_warnings(config)]
+    found = _latency_threshold_unrouted(config) + reach_warnings(config) + _queue_unused(config)
+    return [mask_secrets(warning) for warning in found]
+
+
+def _queue_unused(config: Config) -> list[str]:
+    """``[routing.queue]`` keys set (enabled, preempt, bounds) while ``[routing] strategy``
+    is one without the queue: they do nothing."""
+    routing = config.routing
+    if not routing.queue.model_fields_set or predicts(routing.strategy) or not routing.queue.enabled:
+        return []
+    written = ", ".join(sorted(routing.queue.model_fields_set))
+    return [
+        f"[routing.queue] ({written}) does nothing with strategy = {routing.strategy!r}: only "
+        '"predicted_latency" holds requests in a gateway queue; remove the section or change the strategy'
+    ]
 
 
 def _latency_threshold_unrouted(config: Config) -> list[str]:

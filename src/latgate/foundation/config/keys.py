@@ -229,7 +229,9 @@ def _report(error: ErrorDetails, model_cls: type[BaseModel], problems: Problems,
     leaf = next((part for part in reversed(loc) if isinstance(part, str)), key)
     kind = str(error["type"])
     if kind == "extra_forbidden":
-        problems.add(key, "unknown key", "remove it (see docs/configuration.md)")
+        parent = _model_at(model_cls, loc[:-1])
+        near = closest(str(loc[-1]), parent.model_fields) if parent is not None else None
+        problems.add(key, "unknown key", f'did you mean "{near}"?' if near else "remove it (see docs/configuration.md)")
         return
     if kind == "missing":
         problems.add(key, "missing", f"add {leaf} = ...")
@@ -299,6 +301,14 @@ def _field(model_cls: type[BaseModel], loc: tuple[int | str, ...]) -> FieldInfo 
     return field
 
 
+def _model_at(model_cls: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The model a location's table is an instance of (``()`` -> ``model_cls``)."""
+    if not loc:
+        return model_cls
+    field = _field(model_cls, loc)
+    return _nested_model(field.annotation) if field is not None else None
+
+
 def _nested_model(annotation: object) -> type[BaseModel] | None:
     """The model inside ``Model``, ``Model | None``, ``tuple[Model, ...]``, ``dict[str, Model]``."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -347,6 +357,7 @@ NUMBER_EXAMPLES: dict[str, int] = {
     "max_context_tokens": 131072,
     "rpm": 60,
     "tpm": 100000,
+    "prefix_cache_tokens": 262144,
 }
 """Example values of the number keys that have no numeric default (optional ones)."""
 
