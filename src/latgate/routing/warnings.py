@@ -44,10 +44,8 @@ def _queue_unused(config: Config) -> list[str]:
     if not routing.queue.model_fields_set or predicts(routing.strategy) or not routing.queue.enabled:
         return []
     written = ", ".join(sorted(routing.queue.model_fields_set))
-    return [
-        f"[routing.queue] ({written}) does nothing with strategy = {routing.strategy!r}: only "
-        '"predicted_latency" holds requests in a gateway queue; remove the section or change the strategy'
-    ]
+    why = '"predicted_latency" holds requests in a gateway queue; remove the section or change the strategy'
+    return [f"[routing.queue] ({written}) does nothing with strategy = {routing.strategy!r}: only {why}"]
 
 
 def _latency_threshold_unrouted(config: Config) -> list[str]:
