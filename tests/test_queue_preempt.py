@@ -195,8 +195,8 @@ def test_a_batch_stream_whose_head_went_out_with_keepalives_is_not_preempted() -
 
 
 class Relay:
-    """A stream's relay as the attempt hands it over (head, tap, body, on_close), its upstream
-    body fed by the test; ``b"[DONE]"`` ends it."""
+    """A stream's relay as the attempt hands it over (head, tap, body, on_close, abort), its
+    upstream body fed by the test; ``b"[DONE]"`` ends it."""
 
     def __init__(self) -> None:
         self.head = b"first "
@@ -204,7 +204,7 @@ class Relay:
         self.reads: asyncio.Queue[bytes] = asyncio.Queue()
         self.tap = SimpleNamespace(done=False, error=None, feed=self._feed)
         self.body = self
-        self.closed_connection = self.closed = False
+        self.aborted = self.closed = False
 
     def _feed(self, data: bytes) -> tuple[bytes, int]:
         self.tap.done = data == b"[DONE]"
@@ -216,8 +216,8 @@ class Relay:
     async def __anext__(self) -> bytes:
         return await self.reads.get()
 
-    def close_connection(self) -> None:
-        self.closed_connection = True
+    def abort(self) -> None:
+        self.aborted = True
 
     async def on_close(self) -> None:
         self.closed = True
@@ -262,7 +262,7 @@ def test_a_held_stream_preempted_closes_its_upstream_connection_and_is_never_sen
         await settle()
         with pytest.raises(Preempted):
             held.result()
-        assert relay.closed_connection and relay.closed, "the engine sees the disconnect at once; the slot is released"
+        assert relay.aborted and relay.closed, "the engine sees the disconnect at once; the slot is released"
         assert exchange.queue_outcome == "preempted" and len(guard) == 0
 
     asyncio.run(main())

@@ -19,10 +19,10 @@ A request that finds its pool full (:meth:`Admission.hold`):
    client has received nothing yet (:mod:`latgate.routing.queue_preempt`), when it is
    of a class above ``batch``, or a ``batch`` request of a tenant within its fair share
    (its equal part of the slots ahead of the others' service at most) while another
-   tenant has a backlog; that attempt is cut and queued again, and the request goes on
-   at once (reason ``waited:FROM``, 0 ms): no await lies between the cut and its
-   attempt taking the slot, so the slot freed as the cut attempt unwinds is not given
-   to a waiter meanwhile;
+   tenant has a backlog; the request goes on at once (reason ``waited:FROM``, 0 ms): no
+   await lies between the cut and its attempt taking the slot, so the slot freed as the
+   cut attempt unwinds is not given to a waiter meanwhile. The cut one asks again
+   (:attr:`Ask.preempted`): these steps, with 503 ``x-latgate-preempted`` for a shed;
 3. else waits when its predicted wait fits its bound;
 4. else goes on at once to the candidates left when it has a budget and there are any
    (the fallbacks, else the overflow candidates; reason ``overflow:FROM``), else is
@@ -62,7 +62,7 @@ from latgate.routing.priority import BATCH, CLASS_NAMES
 from latgate.routing.queue import Place, Waiter, WaitQueue
 from latgate.routing.queue_outlook import WaitOutlook, batch_headroom, free_endpoint, has_room
 from latgate.routing.queue_preempt import HELD_LEASES, Preemptible
-from latgate.routing.queue_refuse import fits_budget, refuse, shed_error, wait_bound_ms
+from latgate.routing.queue_refuse import fits_budget, preempted_error, refuse, shed_error, wait_bound_ms
 from latgate.routing.queue_stats import QueueStats, queue_state
 from latgate.routing.targets import RouteDecision
 
@@ -80,12 +80,16 @@ class Ask:
         tenant: whose fair share it is charged to (key name, else client address).
         received_at: ``time.perf_counter()`` seconds when the gateway received it.
         cost_tokens: prompt plus expected completion tokens.
+        preempted: it was cut before its first byte and asks again: when it cannot wait
+            (its bound, the queue's count, a higher class pushing it out), the answer is
+            :class:`~latgate.routing.queue_preempt.Preempted` at once, never a shed.
     """
 
     priority: int
     tenant: str
     received_at: float
     cost_tokens: int
+    preempted: bool = False
 
 
 class Admission:
@@ -138,8 +142,8 @@ class Admission:
 
         Raises:
             Overloaded: 503 with ``Retry-After`` (its predicted wait): it cannot wait
-                within its bound and has nowhere else to go (a ``batch`` request:
-                shed), or was shed from a full queue for a higher class.
+                within its bound and has nowhere else to go (``batch``: shed), or was shed
+                from a full queue for a higher class; ``Preempted`` for an ask preempted.
         """
         if not self.enabled:
             return decision, None
@@ -213,6 +217,9 @@ class Admission:
             self._forget(name, waiter)
             raise
         except Overloaded as shed:  # pushed out by a higher class
+            if ask.preempted:  # its cut was counted
+                why = "was pushed out of the queue for a higher class"
+                raise preempted_error(name, why, self.retry_ms(name, ask.priority)) from None
             stats.shed += 1
             seconds = self._timer() - started
             self._metrics.record_queue_wait(provider=name, priority=CLASS_NAMES[ask.priority], outcome="shed", seconds=seconds)
@@ -260,12 +267,6 @@ class Admission:
         if priority != BATCH or not self.enabled or not self.settings.preempt:
             return None
         return self._preemptible[provider]
-
-    def may_requeue(self, ask: Ask) -> bool:
-        """Whether a preempted request may go back to the queue: its class's longest
-        wait is not over yet (the hold bounds the wait again)."""
-        elapsed_ms = (self._timer() - ask.received_at) * 1000.0
-        return wait_bound_ms(self.settings, ask.priority, None, elapsed_ms, 0.0) > 0.0
 
     def retry_ms(self, provider: str, priority: int) -> float:
         """The wait predicted now for a newcomer of class ``priority`` on ``provider``
@@ -336,7 +337,7 @@ class Admission:
         """The request cannot wait: :func:`~latgate.routing.queue_refuse.refuse`."""
         return refuse(
             decision, priority=ask.priority, stats=self._stats[decision.provider], metrics=self._metrics, explain=explain,
-            text=text, retry_ms=retry_ms, waited_s=waited_s,
+            text=text, retry_ms=retry_ms, waited_s=waited_s, preempted=ask.preempted,
         )  # fmt: skip
 
     def _freed(self, runtime: ProviderRuntime, endpoint: EndpointRuntime, held_seconds: float | None) -> None:
