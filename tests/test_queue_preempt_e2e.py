@@ -119,7 +119,8 @@ def test_a_held_flood_stream_preempted_mid_generation_into_a_full_queue_gets_its
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # the flood's second stream waits (the queue's one place); its first is held back while
-    # it generates, cut for an interactive turn, and cannot go back: the queue is full
+    # it generates (150 tokens at 20 ms: the hold outlasts a loaded machine's polls), cut
+    # for an interactive turn, and cannot go back: the queue is full
     caplog.set_level(logging.INFO, logger="latgate.access")
     sim = SimOptions(
         name="vllm", ttft_overhead_ms=500.0, tpot_ms=20.0, tpot_growth_ms=0.0, max_output_tokens=400
@@ -129,7 +130,7 @@ def test_a_held_flood_stream_preempted_mid_generation_into_a_full_queue_gets_its
         ThreadPoolExecutor(2) as threads,
     ):
         chat = stack.v1 + "/chat/completions"
-        body = {"model": MODEL, "messages": ASK, "stream": True, "max_tokens": 40}
+        body = {"model": MODEL, "messages": ASK, "stream": True, "max_tokens": 150}
         endpoint = lambda: httpx.get(stack.url + "/admin/providers").json()["providers"]["vllm"]["endpoints"][
             0
         ]
