@@ -145,7 +145,8 @@ def test_a_held_flood_stream_preempted_mid_generation_into_a_full_queue_gets_its
         poll(lambda: endpoint()["ttft_model"]["observations"] == 1)  # the held one's content reached latgate
         interactive = httpx.post(chat, json={**body, "max_tokens": 4}, headers=INTERACTIVE, timeout=30)
         cut, served = held.result(), waiting.result()
-        metrics = httpx.get(stack.url + "/metrics").text
+        metrics, admin = httpx.get(stack.url + "/metrics").text, queue_of(stack)
+    assert admin["preempted"] == 1, f"the held stream was not cut (its hold ended first?): {admin}"
     assert interactive.status_code == 200 and interactive.text.rstrip().endswith("data: [DONE]"), (
         interactive.text
     )
