@@ -37,14 +37,20 @@ class Stack:
         return self.url + "/v1"
 
 
-def requests_total(base_url: str, code: str | int) -> float:
-    """``latgate_requests_total`` for HTTP status ``code``, summed over providers and
-    models, read from the gateway's ``/metrics`` at ``base_url`` (no ``/v1``)."""
-    text = httpx.get(base_url + "/metrics", timeout=10).text
+def requests_total(base_url: str, code: str | int, *, provider: str | None = None) -> float:
+    """``latgate_requests_total`` for HTTP status ``code``, summed over models and over
+    providers (or of ``provider`` only: ``none`` for latgate's own refusals), read from
+    the gateway's ``/metrics`` at ``base_url`` (no ``/v1``)."""
+    return requests_total_in(httpx.get(base_url + "/metrics", timeout=10).text, code, provider=provider)
+
+
+def requests_total_in(metrics: str, code: str | int, *, provider: str | None = None) -> float:
+    """:func:`requests_total` read from a ``/metrics`` text."""
+    wanted = [f'code="{code}"'] + ([] if provider is None else [f'provider="{provider}"'])
     return sum(
         float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("latgate_requests_total{") and f'code="{code}"' in line
+        for line in metrics.splitlines()
+        if line.startswith("latgate_requests_total{") and all(label in line for label in wanted)
     )
 
 

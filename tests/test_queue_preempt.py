@@ -13,6 +13,7 @@ from clocks import ManualClock
 
 from latgate.forwarding.keepalive import EarlyHead
 from latgate.foundation.config import load_config_text
+from latgate.foundation.errors import Overloaded
 from latgate.foundation.metrics import Metrics
 from latgate.live.providers import ProviderPool
 from latgate.routing.admission import Admission, Ask
@@ -195,8 +196,8 @@ def test_a_batch_stream_whose_head_went_out_with_keepalives_is_not_preempted() -
 
 
 class Relay:
-    """A stream's relay as the attempt hands it over (head, tap, body, on_close), its upstream
-    body fed by the test; ``b"[DONE]"`` ends it."""
+    """A stream's relay as the attempt hands it over (head, tap, body, on_close, abort), its
+    upstream body fed by the test; ``b"[DONE]"`` ends it."""
 
     def __init__(self) -> None:
         self.head = b"first "
@@ -204,7 +205,7 @@ class Relay:
         self.reads: asyncio.Queue[bytes] = asyncio.Queue()
         self.tap = SimpleNamespace(done=False, error=None, feed=self._feed)
         self.body = self
-        self.closed_connection = self.closed = False
+        self.aborted = self.closed = False
 
     def _feed(self, data: bytes) -> tuple[bytes, int]:
         self.tap.done = data == b"[DONE]"
@@ -216,8 +217,8 @@ class Relay:
     async def __anext__(self) -> bytes:
         return await self.reads.get()
 
-    def close_connection(self) -> None:
-        self.closed_connection = True
+    def abort(self) -> None:
+        self.aborted = True
 
     async def on_close(self) -> None:
         self.closed = True
@@ -262,7 +263,30 @@ def test_a_held_stream_preempted_closes_its_upstream_connection_and_is_never_sen
         await settle()
         with pytest.raises(Preempted):
             held.result()
-        assert relay.closed_connection and relay.closed, "the engine sees the disconnect at once; the slot is released"
+        assert relay.aborted and relay.closed, "the engine sees the disconnect at once; the slot is released"
         assert exchange.queue_outcome == "preempted" and len(guard) == 0
+
+    asyncio.run(main())
+
+
+def test_a_preempted_request_the_queue_would_shed_gets_its_503_saying_so_and_counts_no_shed() -> None:
+    full = Full()
+
+    async def main() -> None:
+        attempts, waiting = await flood_full(full)
+        # cut 11 s after it arrived: past batch_max_wait_ms (10 s), as the hold bounds any request
+        late = Ask(BATCH, "flood", full.clock() - 11.0, 100, preempted=True)
+        with pytest.raises(Preempted) as refused:
+            await full.admission.hold(full.router.decide(BODY, {}), late)
+        assert refused.value.status == 503 and refused.value.headers["x-latgate-preempted"] == "1"
+        assert int(refused.value.headers["retry-after"]) >= 1 and "cannot wait again" in refused.value.message
+        assert (full.admission.describe()["vllm"]["shed"], full.admission.describe()["vllm"]["waiting"]) == (0, 2)
+        # the same request not preempted is shed as ever
+        with pytest.raises(Overloaded) as shed:
+            await full.admission.hold(full.router.decide(BODY, {}), Ask(BATCH, "flood", full.clock() - 11.0, 100))
+        assert not isinstance(shed.value, Preempted) and shed.value.code == "queue_full"
+        for task in attempts + waiting:
+            task.cancel()
+        await asyncio.gather(*attempts, *waiting, return_exceptions=True)
 
     asyncio.run(main())

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import httpx
 from completions import content
 from h1_upstreams import SECRET, RawUpstream, chunk
-from stack import gateway
+from stack import gateway, requests_total
 
 STREAM = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -75,6 +75,8 @@ def test_a_full_pool_is_503_overloaded_without_retry_or_health_mark() -> None:
             refused = client.post("/chat/completions", json=STREAM)
             assert refused.status_code == 503
             assert refused.json()["error"]["code"] == "overloaded"
+            assert requests_total(url, 503, provider="up") == 0, "latgate's own limit is not the provider's 5xx"
+            assert requests_total(url, 503, provider="none") == 1
             assert len(up.requests) == 2  # not sent, not retried
             assert metric(url, "latgate_retries_total") == 0
             state = endpoint_state(url)

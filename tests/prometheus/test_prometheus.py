@@ -111,6 +111,9 @@ route_to = "broken"
 [routing.policies.queued]
 route_to = "queued"
 
+[routing.queue]
+batch_max_wait_ms = 1
+
 [health]
 probe_interval_sec = 1
 probe_failure_threshold = 2
@@ -225,10 +228,11 @@ def overflow(stack: Stack, client: httpx.Client) -> httpx.Response:
     return response
 
 
-def queued(stack: Stack, client: httpx.Client) -> httpx.Response:
-    """A request that waits in the gateway queue: a stream holds the one slot of the
-    "queued" pool (8 tokens at 20 ms), and the request routed there is admitted when it
-    ends."""
+def queued(stack: Stack, client: httpx.Client) -> tuple[httpx.Response, httpx.Response]:
+    """A request that waits in the gateway queue and one it sheds: a stream holds the one
+    slot of the "queued" pool (8 tokens at 20 ms); a ``batch`` request routed there is
+    shed at once (503, latgate's own: provider ``none``), the next is admitted when the
+    stream ends. Returns (admitted, shed)."""
     policy = {"X-Route-Policy": "queued"}
     with httpx.Client(timeout=30) as holder:
         body = {**BODY, "stream": True}
@@ -236,10 +240,12 @@ def queued(stack: Stack, client: httpx.Client) -> httpx.Response:
             assert held.headers["x-latgate-provider"] == "queued"
             chunks = held.iter_raw()
             next(chunks)
+            shed = chat(client, headers={**policy, "X-Latgate-Priority": "batch"})
             response = chat(client, headers=policy)
             del chunks
     assert response.status_code == 200 and float(response.headers["x-latgate-queue-ms"]) > 0, response.headers
-    return response
+    assert shed.status_code == 503 and shed.json()["error"]["code"] == "queue_full", shed.text
+    return response, shed
 
 
 def cached_turns(client: httpx.Client) -> httpx.Response:
@@ -264,7 +270,7 @@ def traffic_round(stack: Stack) -> dict[str, httpx.Response]:
         out["hedged"] = chat(client, headers={"X-Route-Policy": "hedged"})
         out["overflow"] = overflow(stack, client)
         out["error"] = chat(client, headers={"X-Route-Policy": "broken"})
-        out["queued"] = queued(stack, client)
+        out["queued"], out["shed"] = queued(stack, client)
         out["cached"] = cached_turns(client)
     return out
 
@@ -353,6 +359,16 @@ def test_every_alert_expression_evaluates_and_every_rule_is_healthy(traffic, pro
     rules = [r for group in prom.api("rules")["groups"] for r in group["rules"]]
     assert {r["name"] for r in rules} == {rule["alert"] for rule in alert_rules()}
     assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+
+
+def test_latgates_own_503s_are_no_providers_5xx_in_the_error_alert(traffic, prom: Prometheus) -> None:
+    # each round's shed batch request: a 503 of latgate's own, under provider none
+    own = prom.values('sum(latgate_requests_total{code="503",provider="none"})')
+    assert own and own[0] >= 2, own
+    rule = next(r for r in alert_rules() if r["alert"] == "LatgateHighErrorRate")
+    measured = re.sub(r"\s*>\s*[\d.]+$", "", " ".join(rule["expr"].split()))
+    providers = {sample["metric"].get("provider") for sample in prom.query(measured)}
+    assert "broken" in providers and "none" not in providers, providers
 
 
 def test_alerts_fire_for_a_provider_that_is_down_and_failing(traffic, prom: Prometheus) -> None:

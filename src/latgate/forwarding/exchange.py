@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from latgate.forwarding.usage import cached_prompt_tokens, usage_counts
+from latgate.foundation.errors import GatewayError, Overloaded
 
 #: requests_total ``code`` for a client that went away before the response ended (nginx's).
 CLIENT_CLOSED = 499
@@ -73,9 +74,18 @@ class Exchange:
     tenant: str = ""  # the key's name, else the client's address: its fair share in the gateway queue
     queue_ms: float | None = None  # time it waited in the gateway queue (X-Latgate-Queue-Ms); None: did not wait
     queue_outcome: str | None = None  # admitted, late, overflow, shed, preempted, requeued (access line)
+    refused: bool = False  # latgate's own refusal, no provider's failure: counted under provider "none"
     # the completion tokens it is expected to produce and where that came from, computed once
     # (Selector.expected_completion) before its token limits; read by the queue and the plan
     expected_completion: tuple[int, str] | None = None
+
+    def fail(self, error: GatewayError) -> None:
+        """End with ``error``: its status and kind (the access line's ``error``), and
+        ``refused`` for latgate's own limit (:class:`~latgate.foundation.errors.Overloaded`:
+        a full queue's shed, a preemption's 503, latgate's upstream pool full)."""
+        self.status = error.status
+        self.error_kind = error.code or error.type
+        self.refused = isinstance(error, Overloaded)
 
     def apply_usage(self, usage: dict[str, Any] | None) -> bool:
         """Take token counts from an OpenAI ``usage`` object when it has them (chat

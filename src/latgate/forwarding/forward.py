@@ -163,10 +163,9 @@ class Forwarder:
             try:
                 return await self._forward(Routed(exchange, held, plan, body, path, transform, early))
             except Preempted:
-                # before its first byte, so nothing reached the client: back to the queue
-                # while its own bound allows, else the 503 saying it was preempted
-                if not self.admission.may_requeue(ask):
-                    raise
+                # before its first byte, so nothing reached the client: back to the queue,
+                # whose hold answers the 503 saying it was preempted where it would shed it
+                ask.preempted = True
                 exchange.queue_outcome = "requeued"
             finally:
                 if plan.reserved:  # no attempt started (a bad body, a cancelled request)
@@ -181,8 +180,8 @@ class Forwarder:
         waited = exchange.queue_ms or 0.0  # a requeued request: its earlier wait too
         try:
             decision, queue_ms = await self.admission.hold(decision, ask, explain=notes)
-        except Overloaded:
-            exchange.queue_outcome = "shed"
+        except Overloaded as refused:
+            exchange.queue_outcome = "preempted" if isinstance(refused, Preempted) else "shed"
             raise
         finally:
             if notes:

@@ -209,7 +209,7 @@ class EarlyStream:
             body = self.transform.finish(error=error.message)
         else:
             body = error_event(error.message, code=error.code or error.type)
-        ex.status, ex.error_kind = error.status, error.code or error.type
+        ex.fail(error)
         self.recorder.finish(ex)
         with contextlib.suppress(OSError):
             await send({"type": "http.response.body", "body": body, "more_body": True})

@@ -86,7 +86,9 @@ class Recorder:
     def _count(self, exchange: Exchange, e2e_seconds: float) -> None:
         metrics = self.metrics
         provider = exchange.provider or "none"
-        metrics.record_request(provider=provider, model=exchange.public_model, code=exchange.status)
+        # latgate's own refusals (no provider took it, or its limit, its queue, a preemption) under "none"
+        answered_by = "none" if exchange.refused else provider
+        metrics.record_request(provider=answered_by, model=exchange.public_model, code=exchange.status)
         if not exchange.provider:
             return
         # what the headers said: the provider that answered and its route reason

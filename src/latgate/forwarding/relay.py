@@ -114,6 +114,16 @@ class StreamRelay:
     head_sent: bool = field(default=False, init=False)
     _gaps: list[float] = field(default_factory=list, init=False)  # seconds between consecutive reads that carried content
 
+    def abort(self) -> None:
+        """Close the upstream connection at once, for a relay that will not be sent (a held
+        ``batch`` stream preempted: :mod:`latgate.routing.queue_preempt`), so the engine
+        stops generating it (vLLM aborts a request whose client went away); ``on_close``
+        still releases its slot. Idempotent; nothing for a body that cannot close its
+        connection (latgate's HTTP/1.1 response can: ``close_connection``)."""
+        close_connection = getattr(self.body, "close_connection", None)
+        if close_connection is not None:
+            close_connection()
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ex = self.exchange
         state = {"closing": False, "disconnected": False}

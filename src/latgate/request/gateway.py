@@ -237,8 +237,7 @@ class Gateway:
         """Record a request that ended in ``error`` (metrics, access log); returns the
         response headers naming where it went, when it went anywhere
         (``X-Latgate-Provider``, ``X-Latgate-Route-Reason``), for any envelope."""
-        exchange.status = error.status
-        exchange.error_kind = error.code or error.type
+        exchange.fail(error)
         if error.cause is not None:
             exchange.cause = error.cause
         self.recorder.finish(exchange)

@@ -21,16 +21,15 @@ A request that finds its pool full (:meth:`Admission.hold`):
    client has received nothing yet (:mod:`latgate.routing.queue_preempt`), when it is
    of a class above ``batch``, or a ``batch`` request of a tenant within its fair share
    (its equal part of the slots ahead of the others' service at most) while another
-   tenant has a backlog; that attempt is cut and queued again, and the request goes on
-   at once (reason ``waited:FROM``, 0 ms): no await lies between the cut and its
-   attempt taking the slot, so the slot freed as the cut attempt unwinds is not given
-   to a waiter meanwhile;
+   tenant has a backlog; the request goes on at once (reason ``waited:FROM``, 0 ms): no
+   await lies between the cut and its attempt taking the slot, so the slot freed as the
+   cut attempt unwinds is not given to a waiter meanwhile. The cut one asks again
+   (:attr:`Ask.preempted`): these steps, with 503 ``x-latgate-preempted`` for a shed;
 3. else waits when its predicted wait fits its bound;
 4. else goes on at once to the candidates left when it has a budget and there are any
    (the fallbacks, else the overflow candidates; reason ``overflow:FROM``), else is
-   answered 503 with ``Retry-After`` (the predicted wait, rounded up) now, never after
-   a wait that could not work (a ``batch`` request is *shed*; any other is past its
-   class's longest wait).
+   answered 503 with ``Retry-After`` (the predicted wait, rounded up) now, never after a
+   wait that could not work (``batch``: *shed*; any other: past its class's longest wait).
 
 Waiting requests take freed slots in class order, fair shares of tokens between keys
 (and sessions) inside a class, then earliest deadline (:class:`~latgate.routing.queue.WaitQueue`).
@@ -38,11 +37,10 @@ A slot freed (a request there ended, or a load read shows room) is reserved at o
 the waiter it goes to. A waiter whose slot comes too late for its budget goes on to the
 candidates left instead (or, served late, takes it); one whose bound runs out likewise,
 or gets 503. A request that waited is routed with reason ``waited:FROM`` (``late:FROM``)
-and ``X-Latgate-Queue-Ms``; waits are counted in
-``latgate_queue_wait_seconds{provider,priority,outcome}`` and ``latgate_queue_depth``,
-shown in ``/admin/providers`` (``queue``) and ``/ui``, and with ``X-Latgate-Debug: 1``
-explained in ``X-Latgate-Admission``. Nothing waits under a strategy other than
-``latgate``, or with ``[routing.queue] enabled = false`` or ``[routing] admission = false``.
+and ``X-Latgate-Queue-Ms``; waits are counted in ``latgate_queue_wait_seconds`` and
+``latgate_queue_depth``, shown in ``/admin/providers`` and ``/ui``, and explained in
+``X-Latgate-Admission`` (``X-Latgate-Debug: 1``). Nothing waits under a strategy other
+than ``latgate``, or with ``[routing.queue] enabled = false`` or ``admission = false``.
 """
 
 from __future__ import annotations
@@ -60,11 +58,12 @@ from latgate.foundation.metrics import Metrics
 from latgate.live.providers.endpoint import EndpointRuntime
 from latgate.live.providers.pool import ProviderPool
 from latgate.live.providers.runtime import ProviderRuntime
+from latgate.routing import queue_refuse
 from latgate.routing.priority import BATCH, CLASS_NAMES
 from latgate.routing.queue import Place, Waiter, WaitQueue
 from latgate.routing.queue_outlook import WaitOutlook, batch_headroom, free_endpoint, has_room
 from latgate.routing.queue_preempt import HELD_LEASES, Preemptible
-from latgate.routing.queue_refuse import fits_budget, ms_text, refuse, served_late, shed_error, wait_bound_ms
+from latgate.routing.queue_refuse import fits_budget, ms_text, preempted_error, refuse, served_late
 from latgate.routing.queue_stats import QueueStats, queue_state
 from latgate.routing.targets import RouteDecision
 
@@ -82,12 +81,16 @@ class Ask:
         tenant: whose fair share it is charged to (key name, else client address).
         received_at: ``time.perf_counter()`` seconds when the gateway received it.
         cost_tokens: prompt plus expected completion tokens.
+        preempted: it was cut before its first byte and asks again: when it cannot wait
+            (its bound, the queue's count, a higher class pushing it out), the answer is
+            :class:`~latgate.routing.queue_preempt.Preempted` at once, never a shed.
     """
 
     priority: int
     tenant: str
     received_at: float
     cost_tokens: int
+    preempted: bool = False
 
 
 class Admission:
@@ -141,9 +144,9 @@ class Admission:
 
         Raises:
             Overloaded: 503 with ``Retry-After`` (its predicted wait): it cannot wait
-                within its bound (a ``batch`` request's budget, else its class's
-                longest wait) and has nowhere else to go, or was shed from a full queue
-                (its count) for a higher class.
+                within its bound (a ``batch`` request's budget, else its class's longest
+                wait) and has nowhere else to go, or was shed from a full queue (its count)
+                for a higher class. ``Preempted``: an ask preempted that it cannot take back.
         """
         if not self.enabled:
             return decision, None
@@ -174,7 +177,7 @@ class Admission:
         if out is not None:
             self._drop(name, out)
             message = f"shed from {name}'s queue for a request of a higher class"
-            out.handle.set_exception(shed_error(message, self.retry_ms(name, out.priority)))
+            out.handle.set_exception(queue_refuse.shed_error(message, self.retry_ms(name, out.priority)))
         return await self._wait(decision, ask, waiter, place, explain)
 
     def _place(self, decision: RouteDecision, ask: Ask, now: float, headroom: int) -> Place | None:
@@ -186,8 +189,8 @@ class Admission:
         if view is None:
             return None
         elapsed_ms, late = (self._timer() - ask.received_at) * 1000.0, served_late(decision, ask.priority)
-        deadline_ms = wait_bound_ms(self.settings, ask.priority, decision.budget_ms, elapsed_ms, view.ttft_ms)
-        bound_ms = wait_bound_ms(self.settings, ask.priority, None, elapsed_ms, 0.0) if late else deadline_ms
+        deadline_ms = queue_refuse.wait_bound_ms(self.settings, ask.priority, decision.budget_ms, elapsed_ms, view.ttft_ms)
+        bound_ms = queue_refuse.wait_bound_ms(self.settings, ask.priority, None, elapsed_ms, 0.0) if late else deadline_ms
         ahead = self._queues[name].ahead_of(ask.priority, ask.tenant, now + deadline_ms / 1000.0)  # its share's and deadline's place
         if view.free > ahead + headroom:
             return None
@@ -218,6 +221,9 @@ class Admission:
             self._forget(name, waiter)
             raise
         except Overloaded as shed:  # pushed out by a higher class
+            if ask.preempted:  # its cut was counted
+                why = "was pushed out of the queue for a higher class"
+                raise preempted_error(name, why, self.retry_ms(name, ask.priority)) from None
             stats.shed += 1
             seconds = self._timer() - started
             self._metrics.record_queue_wait(provider=name, priority=CLASS_NAMES[ask.priority], outcome="shed", seconds=seconds)
@@ -265,12 +271,6 @@ class Admission:
         if priority != BATCH or not self.enabled or not self.settings.preempt:
             return None
         return self._preemptible[provider]
-
-    def may_requeue(self, ask: Ask) -> bool:
-        """Whether a preempted request may go back to the queue: its class's longest
-        wait is not over yet (the hold bounds the wait again)."""
-        elapsed_ms = (self._timer() - ask.received_at) * 1000.0
-        return wait_bound_ms(self.settings, ask.priority, None, elapsed_ms, 0.0) > 0.0
 
     def retry_ms(self, provider: str, priority: int) -> float:
         """The wait predicted now for a newcomer of class ``priority`` on ``provider``
@@ -341,7 +341,7 @@ class Admission:
         """The request cannot wait: :func:`~latgate.routing.queue_refuse.refuse`."""
         return refuse(
             decision, priority=ask.priority, stats=self._stats[decision.provider], metrics=self._metrics, explain=explain,
-            text=text, retry_ms=retry_ms, waited_s=waited_s,
+            text=text, retry_ms=retry_ms, waited_s=waited_s, preempted=ask.preempted,
         )  # fmt: skip
 
     def _freed(self, runtime: ProviderRuntime, endpoint: EndpointRuntime, held_seconds: float | None) -> None:

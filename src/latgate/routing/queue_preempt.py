@@ -19,8 +19,10 @@ stream's or a non-streamed attempt's upstream connection is closed, so the engin
 the generation and frees its slot (vLLM aborts a request whose client went away); a
 stream cut before its first content has its connection drained briefly first
 (:data:`latgate.transport.h1conn.DRAIN_SECONDS`). :meth:`run` raises :class:`Preempted`. The forwarder puts the request back in
-the queue while its own bound allows (:meth:`latgate.forwarding.forward.Forwarder.forward`),
-else it is answered 503 with ``Retry-After`` and ``x-latgate-preempted: 1``.
+the queue (:meth:`latgate.forwarding.forward.Forwarder.forward`), whose hold applies its
+bounds as to any request (predicted wait against the slack left, count, longest wait):
+where it would shed it, the request is answered at once 503 with ``Retry-After`` and
+``x-latgate-preempted: 1`` (:func:`latgate.routing.queue_refuse.preempted_error`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ most this many of its pool's leases."""
 
 class Preempted(Overloaded):
     """A ``batch`` request whose slot went to another request before its first byte:
-    503 with ``Retry-After`` and ``x-latgate-preempted: 1`` (when it cannot wait again)."""
+    503 with ``Retry-After`` and ``x-latgate-preempted: 1`` when it cannot wait again
+    (as :meth:`Preemptible.run` raises it, the forwarder's signal to queue it again)."""
 
     code = "preempted"
 
@@ -110,7 +113,7 @@ class Preemptible:
                 self._running.remove(entry)
                 entry.cut.set_result(None)
                 if entry.relay is not None:  # now: the engine frees the slot as the request that cut it is sent
-                    _close_connection(entry.relay)
+                    entry.relay.abort()
                 return True
         return False
 
@@ -194,26 +197,18 @@ async def _resumed(read: asyncio.Future[bytes], body: AsyncIterator[bytes]) -> A
 
 
 def _is_stream(result: Any) -> bool:
-    """A stream's relay, not yet sent (its head, tap, body and ``on_close``), not a whole answer."""
+    """A stream's relay, not yet sent (its head, tap, body, ``on_close`` and ``abort``:
+    :class:`latgate.forwarding.relay.StreamRelay`), not a whole answer."""
     return callable(getattr(result, "on_close", None)) and hasattr(result, "tap")
 
 
 async def _discard(result: Any) -> None:
-    """Close a relay that will never be sent: its upstream connection at once (latgate's
-    HTTP/1.1 response is its own body iterator: ``close_connection``), so the engine
-    aborts the generation, then its slot (``on_close``)."""
+    """Close a relay that will never be sent: its upstream connection at once (its
+    ``abort``), so the engine aborts the generation, then its slot (``on_close``)."""
     if _is_stream(result):
-        _close_connection(result)
+        result.abort()
         with contextlib.suppress(Exception):
             await result.on_close()
-
-
-def _close_connection(relay: Any) -> None:
-    """Close ``relay``'s upstream connection at once, when its body can say so (latgate's
-    HTTP/1.1 response is its own body iterator: ``close_connection``, idempotent)."""
-    close_connection = getattr(relay.body, "close_connection", None)
-    if close_connection is not None:
-        close_connection()
 
 
 async def _cancelled(task: asyncio.Task[Any]) -> None:

@@ -1,8 +1,10 @@
 """How long a request may wait in the gateway queue, and where one it cannot hold goes:
 on to the candidates left (*overflow*, reason ``overflow:FROM``), or a 503 with
-``Retry-After`` (*shed*). A latency budget is a routing preference, not a deadline: a
-request of a class above ``batch`` whose budget no candidate can meet is served *late*
-(:func:`served_late`), bounded only by its class's longest wait.
+``Retry-After`` (*shed*; a request preempted before its first byte that the queue cannot
+take back gets its own 503, with ``x-latgate-preempted``, instead). A latency budget is a
+routing preference, not a deadline: a request of a class above ``batch`` whose budget no
+candidate can meet is served *late* (:func:`served_late`), bounded only by its class's
+longest wait.
 
 Used by :class:`~latgate.routing.admission.Admission` when a wait cannot fit a request's
 bound, and by the forwarder when an endpoint answers busy.
@@ -19,6 +21,7 @@ from latgate.foundation.errors import GatewayError, Overloaded
 from latgate.foundation.metrics import Metrics
 from latgate.routing.priority import BATCH, CLASS_NAMES
 from latgate.routing.queue_outlook import retry_after_seconds
+from latgate.routing.queue_preempt import Preempted
 from latgate.routing.queue_stats import QueueStats
 from latgate.routing.targets import RouteDecision, Target
 
@@ -84,6 +87,13 @@ def shed_error(message: str, wait_ms: float) -> GatewayError:
     return Overloaded(message, code="queue_full", headers={"retry-after": str(retry_after_seconds(wait_ms))})
 
 
+def preempted_error(provider: str, why: str, wait_ms: float) -> Preempted:
+    """503 with ``Retry-After`` (the predicted wait, rounded up) and ``x-latgate-preempted: 1``:
+    a request cut on ``provider`` before its first byte that cannot wait again (``why``)."""
+    message = f"preempted on {provider!r} before its first byte by a request that needed its slot, and {why}; retry later"
+    return Preempted(message, headers={"retry-after": str(retry_after_seconds(wait_ms)), "x-latgate-preempted": "1"})
+
+
 def refuse(
     decision: RouteDecision,
     *,
@@ -94,14 +104,17 @@ def refuse(
     text: str,
     retry_ms: float,
     waited_s: float,
+    preempted: bool = False,
 ) -> RouteDecision:
     """A request of class ``priority`` that cannot wait for ``decision``'s provider
     (``text`` says why, after ``waited_s`` seconds): the candidates left when it has a
     budget and any are left (counted ``overflow``), else :class:`Overloaded` (503,
-    ``Retry-After`` from ``retry_ms``; counted ``shed``).
+    ``Retry-After`` from ``retry_ms``; counted ``shed``). ``preempted``: it was cut before
+    its first byte and is back in the queue: then :class:`Preempted` instead, counted
+    nowhere (its cut was counted ``preempted``).
 
     Raises:
-        Overloaded: it has nowhere else to go.
+        Overloaded: it has nowhere else to go (:class:`Preempted` when ``preempted``).
     """
     name = decision.provider
     klass = CLASS_NAMES[priority]
@@ -112,6 +125,8 @@ def refuse(
         if explain is not None:
             explain["admission"] = f"not held: {text}"
         return rest
+    if preempted:
+        raise preempted_error(name, f"cannot wait again: {text}", retry_ms)
     stats.shed += 1
     metrics.record_queue_wait(provider=name, priority=klass, outcome="shed", seconds=waited_s)
     raise shed_error(f"provider {name!r} is at capacity: {text}; {klass} request not queued", retry_ms)
