@@ -110,7 +110,8 @@ def test_a_preempted_stream_the_queue_takes_back_is_answered_whole_after_the_int
     assert preempted.text.count(opener) == 1, "one answer, not the cut attempt's start and then its retry"
     assert preempted.text.rstrip().splitlines()[-1].startswith(last), preempted.text[-300:]
     (line,) = [line for line in access_lines(caplog) if line["priority"] == "batch"]
-    assert (line["status"], line["queue_outcome"]) == (200, "admitted")
+    assert (line["status"], line["queue_outcome"]) == (200, "requeued"), "preempted, then given a slot again"
+    assert line["queue_ms"] is not None and line["queue_ms"] >= 0
     assert (admin["preempted"], admin["shed"]) == (1, 0)
     assert requests_total_in(metrics, 200, provider="vllm") == 2
 

@@ -188,7 +188,8 @@ class Forwarder:
                 exchange.admission = notes.get("admission")
         if queue_ms is not None:
             exchange.queue_ms = waited + queue_ms
-            exchange.queue_outcome = {"waited": "admitted", "late": "late"}.get(decision.reason.partition(":")[0], "overflow")
+            outcome = {"waited": "admitted", "late": "late"}.get(decision.reason.partition(":")[0], "overflow")
+            exchange.queue_outcome = "requeued" if ask.preempted and outcome == "admitted" else outcome
         return decision
 
     def _may_retry(self, provider: ProviderRuntime, kind: str) -> bool:
