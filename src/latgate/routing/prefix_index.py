@@ -118,6 +118,14 @@ def _walk(pieces: list[Any], *, estimate: bool) -> tuple[float, Samples | None]:
                     total += MESSAGE_OVERHEAD_TOKENS + (
                         memo(content) if len(content) >= MEMO_MIN_CHARS else _count_text(content) if content else 0.0
                     )
+            elif content is None and type(calls) is list and "name" not in piece and (shown := _plain_calls(calls)):
+                if estimate:  # _message_tokens, inline, in its order
+                    own = MESSAGE_OVERHEAD_TOKENS + 0.0
+                    for _, _, name, arguments in shown:
+                        own += MESSAGE_OVERHEAD_TOKENS + (_text_tokens(name) if name else 0.0)
+                        own += _text_tokens(arguments) if arguments else 0.0
+                    total += own
+                content, calls = b"", shown
             else:
                 if estimate:
                     total += _message_tokens(piece, _text_tokens)
@@ -158,6 +166,23 @@ def _walk(pieces: list[Any], *, estimate: bool) -> tuple[float, Samples | None]:
         return total, None
     del keys[MAX_PROMPT_SAMPLES:], offsets[MAX_PROMPT_SAMPLES:]
     return total, Samples(keys, offsets, ends, done, len(pieces))
+
+
+def _plain_calls(calls: list[Any]) -> tuple[tuple[str, str, str, str], ...] | None:
+    """An assistant message's tool calls as ``(id, type, name, arguments)`` when each is
+    a dict of exactly those string fields (``function`` holding the name and arguments),
+    else None (hashed as their JSON): a tuple of strings the body holds, hashed without
+    encoding them."""
+    shown: list[tuple[str, str, str, str]] = []
+    for call in calls:
+        function = call.get("function") if type(call) is dict and len(call) == 3 else None
+        if type(function) is not dict or len(function) != 2:
+            return None
+        ident, kind, name, arguments = call.get("id"), call.get("type"), function.get("name"), function.get("arguments")
+        if type(ident) is not str or type(kind) is not str or type(name) is not str or type(arguments) is not str:
+            return None
+        shown.append((ident, kind, name, arguments))
+    return tuple(shown) if shown else None
 
 
 def _pieces(body: Mapping[str, Any]) -> list[Any] | None:
