@@ -118,14 +118,19 @@ def _walk(pieces: list[Any], *, estimate: bool) -> tuple[float, Samples | None]:
                     total += MESSAGE_OVERHEAD_TOKENS + (
                         memo(content) if len(content) >= MEMO_MIN_CHARS else _count_text(content) if content else 0.0
                     )
-            elif content is None and type(calls) is list and "name" not in piece and (shown := _plain_calls(calls)):
+            elif (
+                (content is None or type(content) is str)
+                and type(calls) is list
+                and "name" not in piece
+                and (shown := _plain_calls(calls))
+            ):  # an agent's turn: tool calls, with or without text
                 if estimate:  # _message_tokens, inline, in its order
-                    own = MESSAGE_OVERHEAD_TOKENS + 0.0
+                    own = MESSAGE_OVERHEAD_TOKENS + (_text_tokens(content) if content else 0.0)
                     for _, _, name, arguments in shown:
                         own += MESSAGE_OVERHEAD_TOKENS + (_text_tokens(name) if name else 0.0)
                         own += _text_tokens(arguments) if arguments else 0.0
                     total += own
-                content, calls = b"", shown
+                content, calls = b"" if content is None else content, shown
             else:
                 if estimate:
                     total += _message_tokens(piece, _text_tokens)
