@@ -272,8 +272,9 @@ def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int |
     """The samples of ``body``'s prompt, or None when it has no messages or prompt.
 
     A message is read as its role, its content (a string as it is, anything else as
-    its JSON) and its tool calls (their JSON), hashed with Python's own hash (per
-    process, as the index is). Within a content longer than ``BLOCK_CHARS``, the
+    its JSON) and its tool calls (each call's id, type, function name and arguments
+    when it has exactly those string fields, else their JSON), hashed with Python's own
+    hash (per process, as the index is). Within a content longer than ``BLOCK_CHARS``, the
     ``WINDOW_CHARS`` before each block boundary are hashed into a sample of their own.
     The samples are the ones routing's token estimate took in the same walk over the
     messages (:func:`estimate_and_sample`), or read now
