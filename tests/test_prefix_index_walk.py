@@ -171,6 +171,38 @@ def test_samples_taken_with_the_estimate_are_the_ones_read_alone() -> None:
         assert list(prompt_prefix(body, prompt_tokens=1000).keys) == keys  # type: ignore[union-attr]
 
 
+def _with_call(call: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": _SYSTEM},
+            {"role": "user", "content": "fix module_1.py"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": _SOURCE},
+        ],
+    }
+
+
+_PLAIN_CALL = {"id": "call_1", "type": "function", "function": {"name": "tool_1", "arguments": '{"path": "a.py"}'}}
+_OTHER_CALLS = [
+    {**_PLAIN_CALL, "function": {"name": "tool_1", "arguments": '{"path": "b.py"}'}},
+    {**_PLAIN_CALL, "id": "call_2"},
+    {**_PLAIN_CALL, "index": 0},  # another shape: hashed as its JSON
+    {**_PLAIN_CALL, "function": {"name": "tool_1", "arguments": {"path": "a.py"}}},
+    {**_PLAIN_CALL, "function": {"name": "tool_1", "arguments": '{"path": "a.py"}', "extra": 1}},
+]
+
+
+@pytest.mark.parametrize("other", _OTHER_CALLS)
+def test_a_tool_call_that_differs_in_any_field_ends_the_shared_prefix(other: dict[str, Any]) -> None:
+    plain, changed = _with_call(_PLAIN_CALL), _with_call(other)
+    assert estimate_and_sample(changed) == estimate_prompt_tokens(changed)
+    keys = [list(prompt_prefix(b, prompt_tokens=estimate_and_sample(b)).keys) for b in (plain, changed)]  # type: ignore[union-attr]
+    again = list(prompt_prefix(_with_call(dict(_PLAIN_CALL)), prompt_tokens=1000).keys)  # type: ignore[union-attr]
+    assert again == keys[0]
+    assert _shared(keys[0], keys[1]) == 4  # the system prompt's 3 samples and the user message's, not the call's
+
+
 @pytest.mark.parametrize("index", range(len(corpus())))
 def test_samples_are_the_pinned_ones(index: int) -> None:
     per_body, _ = facts(corpus())

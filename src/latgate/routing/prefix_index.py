@@ -118,6 +118,19 @@ def _walk(pieces: list[Any], *, estimate: bool) -> tuple[float, Samples | None]:
                     total += MESSAGE_OVERHEAD_TOKENS + (
                         memo(content) if len(content) >= MEMO_MIN_CHARS else _count_text(content) if content else 0.0
                     )
+            elif (
+                (content is None or type(content) is str)
+                and type(calls) is list
+                and "name" not in piece
+                and (shown := _plain_calls(calls))
+            ):  # an agent's turn: tool calls, with or without text
+                if estimate:  # _message_tokens, inline, in its order
+                    own = MESSAGE_OVERHEAD_TOKENS + (_text_tokens(content) if content else 0.0)
+                    for _, _, name, arguments in shown:
+                        own += MESSAGE_OVERHEAD_TOKENS + (_text_tokens(name) if name else 0.0)
+                        own += _text_tokens(arguments) if arguments else 0.0
+                    total += own
+                content, calls = b"" if content is None else content, shown
             else:
                 if estimate:
                     total += _message_tokens(piece, _text_tokens)
@@ -158,6 +171,23 @@ def _walk(pieces: list[Any], *, estimate: bool) -> tuple[float, Samples | None]:
         return total, None
     del keys[MAX_PROMPT_SAMPLES:], offsets[MAX_PROMPT_SAMPLES:]
     return total, Samples(keys, offsets, ends, done, len(pieces))
+
+
+def _plain_calls(calls: list[Any]) -> tuple[tuple[str, str, str, str], ...] | None:
+    """An assistant message's tool calls as ``(id, type, name, arguments)`` when each is
+    a dict of exactly those string fields (``function`` holding the name and arguments),
+    else None (hashed as their JSON): a tuple of strings the body holds, hashed without
+    encoding them."""
+    shown: list[tuple[str, str, str, str]] = []
+    for call in calls:
+        function = call.get("function") if type(call) is dict and len(call) == 3 else None
+        if type(function) is not dict or len(function) != 2:
+            return None
+        ident, kind, name, arguments = call.get("id"), call.get("type"), function.get("name"), function.get("arguments")
+        if type(ident) is not str or type(kind) is not str or type(name) is not str or type(arguments) is not str:
+            return None
+        shown.append((ident, kind, name, arguments))
+    return tuple(shown) if shown else None
 
 
 def _pieces(body: Mapping[str, Any]) -> list[Any] | None:
@@ -242,8 +272,9 @@ def prompt_prefix(body: Mapping[str, Any], *, prompt_tokens: int, session: int |
     """The samples of ``body``'s prompt, or None when it has no messages or prompt.
 
     A message is read as its role, its content (a string as it is, anything else as
-    its JSON) and its tool calls (their JSON), hashed with Python's own hash (per
-    process, as the index is). Within a content longer than ``BLOCK_CHARS``, the
+    its JSON) and its tool calls (each call's id, type, function name and arguments
+    when it has exactly those string fields, else their JSON), hashed with Python's own
+    hash (per process, as the index is). Within a content longer than ``BLOCK_CHARS``, the
     ``WINDOW_CHARS`` before each block boundary are hashed into a sample of their own.
     The samples are the ones routing's token estimate took in the same walk over the
     messages (:func:`estimate_and_sample`), or read now
