@@ -88,3 +88,14 @@ def stream_with_usage(prompt_tokens: int, completion_tokens: int) -> bytes:
     """A chat stream answering "ok", then a usage chunk of these counts, then ``[DONE]``."""
     stop = event(chat_chunk({}, finish_reason="stop"))
     return ROLE + content("ok") + stop + event(chat_chunk(usage=usage(prompt_tokens, completion_tokens))) + DONE
+
+
+def decoded_answer(text: str) -> str:
+    """An answer as a client reads it: ``text``, then every JSON document in it (SSE
+    ``data:`` lines too) decoded and written again without escapes, one a line."""
+    parts = [text]
+    for line in text.replace("\r", "").split("\n"):
+        line = line.removeprefix("data:").strip()
+        if line.startswith("{"):
+            parts.append(json.dumps(json.loads(line), ensure_ascii=False))
+    return "\n".join(parts)

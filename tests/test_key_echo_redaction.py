@@ -16,7 +16,7 @@ import logging
 import httpx
 import pytest
 from apis import BODIES
-from completions import content
+from completions import content, decoded_answer
 from h1_upstreams import SSE_HEAD, RawUpstream, chunk, config, json_reply
 from stack import gateway
 
@@ -83,18 +83,8 @@ async def _echo(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.S
         await writer.drain()
 
 
-def _decoded(text: str) -> str:
-    """The answer as a client reads it: every JSON document in it decoded (SSE data too)."""
-    parts = [text]
-    for line in text.replace("\r", "").split("\n"):
-        line = line.removeprefix("data:").strip()
-        if line.startswith("{"):
-            parts.append(json.dumps(json.loads(line), ensure_ascii=False))
-    return "\n".join(parts)
-
-
 def _assert_no_key(text: str, key: str = KEY) -> None:
-    decoded = _decoded(text)
+    decoded = decoded_answer(text)
     assert key[:MIN_KEY_RUN_CHARS] not in decoded, decoded
     assert slash_escaped(key[:MIN_KEY_RUN_CHARS]) not in decoded, decoded
     assert "bad key" in decoded, decoded  # the upstream's own words stay

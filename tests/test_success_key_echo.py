@@ -16,6 +16,7 @@ import logging
 import httpx
 import pytest
 from apis import BODIES
+from completions import decoded_answer
 from h1_upstreams import SSE_HEAD, RawUpstream, access_lines, chunk, config, json_reply
 from sse_tap import tap_pieces
 from stack import gateway
@@ -105,12 +106,7 @@ async def _echo(up: RawUpstream, reader: asyncio.StreamReader, writer: asyncio.S
 
 def _assert_no_key(text: str) -> None:
     """No echo of the key in ``text``, as sent or as a client decodes its JSON."""
-    decoded = [text]
-    for line in text.replace("\r", "").split("\n"):
-        line = line.removeprefix("data:").strip()
-        if line.startswith("{"):
-            decoded.append(json.dumps(json.loads(line), ensure_ascii=False))
-    joined = "\n".join(decoded)
+    joined = decoded_answer(text)
     assert KEY not in joined and SLASHED not in joined and "Zx81Qm2Lp0Rt7Vb3Hn5K" not in joined, joined
     assert "<redacted>" in joined, joined  # replaced where it stood, the rest kept
     assert "partial" in joined and "end" in joined, joined
